@@ -1,0 +1,400 @@
+/*
+ * mlafuse.h — fused memory-bound kernels for MLA-attention + MoE language models
+ * (GLM-4.7-Flash, DeepSeek-V2 / V2-Lite / V3 / R1, Kimi-K2).
+ *
+ * This header is the whole public C11 API and its manual: every function has its
+ * contract beside it. Ops:
+ *
+ *   mlaf_split_qk_norm   latent [T, Q+C+R] -> q = rmsnorm(q part), k_nope = rmsnorm(kv part),
+ *                        k_pe = copy of the rope part                              (SPEC §2)
+ *   mlaf_mla_kv_cache    the same, plus RoPE on k_pe and the paged KV-cache write  (SPEC §3)
+ *   mlaf_rope_q          RoPE in place on the rope columns of q [T, H, D]          (SPEC §3)
+ *   mlaf_moe_gate        MoE router: scores, bias, group mask, top-k, renormalize,
+ *                        scale, fused shared experts                               (SPEC §4)
+ *
+ * Conventions shared by every op
+ * ------------------------------
+ * - Every entry point returns an mlaf_status. The library never aborts, exits or prints.
+ *   A rejected call writes nothing; mlaf_context_last_error() then holds a message that
+ *   names the argument and the expected value, e.g.
+ *   "latent.shape[1] = 1340, expected q_lora_rank + kv_lora_rank + rope_dim = 1344".
+ * - Tensors are non-owning strided views (mlaf_tensor). Strides are in elements. The last
+ *   dimension must be contiguous (stride 1); every other stride may be anything >= the
+ *   extent it must step over (rows may be slices of a wider GEMM output). Offsets are 64-bit.
+ * - A tensor argument passed as NULL is "absent"; only arguments documented as optional may
+ *   be absent.
+ * - Ops never allocate. On the CUDA backend they enqueue on the context's stream and return:
+ *   no allocation, no synchronization, no host read of device memory, so they can be
+ *   captured in a CUDA graph. All tensors of a CUDA call must live on the context's device.
+ * - Both backends accept exactly the same arguments and reject exactly the same bad ones with
+ *   the same status and message (one validation layer serves both).
+ * - Arithmetic is fp32 with one rounding at each store. f16 / bf16 conversions round to
+ *   nearest even. Sums of squares are accumulated in fp32 and never overflow in f16.
+ * - Contexts are not thread-safe; use one context per thread. Distinct contexts are
+ *   independent. mlaf_context_free(NULL) is a no-op.
+ */
+#ifndef MLAFUSE_H
+#define MLAFUSE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(_WIN32) && defined(MLAF_BUILD_SHARED)
+#define MLAF_API __declspec(dllexport)
+#elif defined(__GNUC__)
+#define MLAF_API __attribute__((visibility("default")))
+#else
+#define MLAF_API
+#endif
+
+/* ---------------------------------------------------------------------------------------
+ * Version
+ * ------------------------------------------------------------------------------------- */
+#define MLAF_VERSION_MAJOR 0
+#define MLAF_VERSION_MINOR 1
+#define MLAF_VERSION_PATCH 0
+#define MLAF_VERSION_NUMBER (MLAF_VERSION_MAJOR * 10000 + MLAF_VERSION_MINOR * 100 + MLAF_VERSION_PATCH)
+#define MLAF_STR_(x) #x
+#define MLAF_STR(x) MLAF_STR_(x)
+#define MLAF_VERSION_STRING \
+    MLAF_STR(MLAF_VERSION_MAJOR) "." MLAF_STR(MLAF_VERSION_MINOR) "." MLAF_STR(MLAF_VERSION_PATCH)
+
+/* The version the library was built as; compare with MLAF_VERSION_NUMBER to detect a
+ * header / library mismatch. */
+MLAF_API unsigned mlaf_version_number(void);
+MLAF_API const char *mlaf_version_string(void);
+
+/* ---------------------------------------------------------------------------------------
+ * Status codes (append-only; generated from one table)
+ * ------------------------------------------------------------------------------------- */
+#define MLAF_STATUS_TABLE(X)                                                                 \
+    X(MLAF_OK, 0, "success")                                                                \
+    X(MLAF_ERR_INVALID_ARGUMENT, 1, "invalid argument")                                     \
+    X(MLAF_ERR_NULL_POINTER, 2, "required pointer is NULL")                                 \
+    X(MLAF_ERR_SHAPE, 3, "tensor shape does not match the parameters")                      \
+    X(MLAF_ERR_STRIDE, 4, "unsupported or inconsistent stride")                             \
+    X(MLAF_ERR_DTYPE, 5, "unsupported dtype")                                               \
+    X(MLAF_ERR_OVERLAP, 6, "buffers overlap outside the allowed in-place form")             \
+    X(MLAF_ERR_LIMIT, 7, "parameter outside the supported range")                           \
+    X(MLAF_ERR_BACKEND_UNAVAILABLE, 8, "backend not available on this machine or build")    \
+    X(MLAF_ERR_UNSUPPORTED, 9, "operation not supported by this backend")                   \
+    X(MLAF_ERR_DEVICE, 10, "device runtime error")                                          \
+    X(MLAF_ERR_OUT_OF_MEMORY, 11, "out of host memory (context creation only)")
+
+typedef enum mlaf_status {
+#define MLAF_STATUS_ENUM_(name, value, msg) name = value,
+    MLAF_STATUS_TABLE(MLAF_STATUS_ENUM_)
+#undef MLAF_STATUS_ENUM_
+    MLAF_STATUS_COUNT_
+} mlaf_status;
+
+/* "MLAF_ERR_SHAPE" and "tensor shape does not match the parameters"; unknown codes give
+ * "MLAF_UNKNOWN_STATUS" / "unknown status". Never NULL. */
+MLAF_API const char *mlaf_status_name(mlaf_status s);
+MLAF_API const char *mlaf_status_message(mlaf_status s);
+
+/* ---------------------------------------------------------------------------------------
+ * Dtypes and tensor views
+ * ------------------------------------------------------------------------------------- */
+typedef enum mlaf_dtype {
+    MLAF_F32 = 0,
+    MLAF_F16 = 1,
+    MLAF_BF16 = 2,
+    MLAF_I32 = 3,
+    MLAF_I64 = 4,
+    MLAF_DTYPE_COUNT_
+} mlaf_dtype;
+
+MLAF_API size_t mlaf_dtype_size(mlaf_dtype t);      /* 0 for an unknown dtype */
+MLAF_API const char *mlaf_dtype_name(mlaf_dtype t); /* "f32", "f16", "bf16", "i32", "i64" */
+
+#define MLAF_MAX_DIMS 4
+
+/* A non-owning strided view. shape[i] and stride[i] for i < ndim; strides in elements;
+ * stride[ndim-1] must be 1. The data pointer may be host or device memory depending on the
+ * context's backend. Need not be aligned beyond the dtype's own alignment. */
+typedef struct mlaf_tensor {
+    void *data;
+    mlaf_dtype dtype;
+    int32_t ndim;
+    int64_t shape[MLAF_MAX_DIMS];
+    int64_t stride[MLAF_MAX_DIMS];
+} mlaf_tensor;
+
+static inline mlaf_tensor mlaf_tensor_1d(void *data, mlaf_dtype dt, int64_t n) {
+    mlaf_tensor t = {data, dt, 1, {n, 0, 0, 0}, {1, 0, 0, 0}};
+    return t;
+}
+/* rows x cols, row_stride elements between the starts of consecutive rows. */
+static inline mlaf_tensor mlaf_tensor_2d(void *data, mlaf_dtype dt, int64_t rows, int64_t cols,
+                                         int64_t row_stride) {
+    mlaf_tensor t = {data, dt, 2, {rows, cols, 0, 0}, {row_stride, 1, 0, 0}};
+    return t;
+}
+static inline mlaf_tensor mlaf_tensor_3d(void *data, mlaf_dtype dt, int64_t d0, int64_t d1,
+                                         int64_t d2, int64_t s0, int64_t s1) {
+    mlaf_tensor t = {data, dt, 3, {d0, d1, d2, 0}, {s0, s1, 1, 0}};
+    return t;
+}
+
+/* ---------------------------------------------------------------------------------------
+ * Context
+ * ------------------------------------------------------------------------------------- */
+typedef enum mlaf_backend {
+    MLAF_BACKEND_CPU = 0,
+    MLAF_BACKEND_CUDA = 1,
+    MLAF_BACKEND_COUNT_
+} mlaf_backend;
+
+typedef enum mlaf_op {
+    MLAF_OP_SPLIT_QK_NORM = 0,
+    MLAF_OP_MLA_KV_CACHE = 1,
+    MLAF_OP_ROPE_Q = 2,
+    MLAF_OP_MOE_GATE = 3,
+    MLAF_OP_COUNT_
+} mlaf_op;
+
+/* CPU instruction-set paths. AUTO picks the best the machine has (detected at run time);
+ * the others force one path (tests and benchmarks use this). */
+typedef enum mlaf_cpu_isa {
+    MLAF_CPU_ISA_AUTO = 0,
+    MLAF_CPU_ISA_SCALAR = 1, /* portable C, always present */
+    MLAF_CPU_ISA_AVX2 = 2,   /* x86-64 AVX2 + FMA + F16C */
+    MLAF_CPU_ISA_AVX512 = 3, /* x86-64 AVX-512 F/BW/VL */
+    MLAF_CPU_ISA_COUNT_
+} mlaf_cpu_isa;
+
+typedef struct mlaf_context mlaf_context;
+
+MLAF_API const char *mlaf_backend_name(mlaf_backend b); /* "cpu", "cuda" */
+MLAF_API const char *mlaf_op_name(mlaf_op op); /* "split_qk_norm", "mla_kv_cache", ... */
+/* 1 when the backend was built in and can run here (CUDA: a device is visible), else 0. */
+MLAF_API int mlaf_backend_available(mlaf_backend b);
+/* 1 when the backend implements the op, else 0. */
+MLAF_API int mlaf_backend_supports(mlaf_backend b, mlaf_op op);
+
+/* Creates a context for a backend. CPU: threads default to all cores. CUDA: device 0 (or the
+ * calling thread's current device) and the legacy default stream.
+ * Returns MLAF_ERR_BACKEND_UNAVAILABLE (and *out = NULL) when the backend cannot run here. */
+MLAF_API mlaf_status mlaf_context_create(mlaf_context **out, mlaf_backend backend);
+MLAF_API void mlaf_context_free(mlaf_context *ctx); /* NULL is a no-op */
+MLAF_API mlaf_backend mlaf_context_backend(const mlaf_context *ctx);
+
+/* CPU threads; 0 = all cores (the default); < 0 is rejected. */
+MLAF_API mlaf_status mlaf_context_set_threads(mlaf_context *ctx, int threads);
+MLAF_API int mlaf_context_threads(const mlaf_context *ctx); /* resolved count (>= 1) */
+/* Force a CPU path; MLAF_ERR_UNSUPPORTED if this machine lacks it. */
+MLAF_API mlaf_status mlaf_context_set_cpu_isa(mlaf_context *ctx, mlaf_cpu_isa isa);
+MLAF_API mlaf_cpu_isa mlaf_context_cpu_isa(const mlaf_context *ctx); /* resolved path */
+MLAF_API const char *mlaf_cpu_isa_name(mlaf_cpu_isa isa);
+/* CUDA device ordinal and stream (a cudaStream_t passed as void*; NULL = legacy default). */
+MLAF_API mlaf_status mlaf_context_set_cuda_device(mlaf_context *ctx, int device);
+MLAF_API mlaf_status mlaf_context_set_cuda_stream(mlaf_context *ctx, void *stream);
+
+/* Message of the last failed call on this context ("" after a success). Never NULL; valid
+ * until the next call on the context. */
+MLAF_API const char *mlaf_context_last_error(const mlaf_context *ctx);
+
+/* ---------------------------------------------------------------------------------------
+ * Model presets (SPEC §1)
+ * ------------------------------------------------------------------------------------- */
+typedef enum mlaf_score_func { MLAF_SCORE_SIGMOID = 0, MLAF_SCORE_SOFTMAX = 1 } mlaf_score_func;
+/* Group score for group-limited routing: sum of the two largest biased scores in the group
+ * (DeepSeek-V3 "noaux_tc"), or the group's maximum (DeepSeek-V2 "group_limited_greedy"). */
+typedef enum mlaf_group_score { MLAF_GROUP_TOP2_SUM = 0, MLAF_GROUP_MAX = 1 } mlaf_group_score;
+/* RoPE pairs: (2i, 2i+1) interleaved (GPT-J; GLM-4.7-Flash and DeepSeek) or (i, i + R/2) NeoX. */
+typedef enum mlaf_rope_style { MLAF_ROPE_INTERLEAVED = 0, MLAF_ROPE_NEOX = 1 } mlaf_rope_style;
+
+typedef struct mlaf_model_config {
+    char name[64];
+    int32_t q_lora_rank;      /* Q; 0 = no q LoRA (the latent row is the kv-a projection alone) */
+    int32_t kv_lora_rank;     /* C > 0 */
+    int32_t qk_rope_head_dim; /* R >= 0, even */
+    int32_t qk_nope_head_dim;
+    int32_t v_head_dim;
+    int32_t num_heads;
+    int32_t n_routed_experts; /* E */
+    int32_t top_k;
+    int32_t n_group;
+    int32_t topk_group;
+    mlaf_score_func score_func;
+    mlaf_group_score group_score;
+    int32_t has_score_bias;   /* e_score_correction_bias present */
+    int32_t norm_topk_prob;   /* renormalize the top-k weights */
+    float routed_scaling_factor;
+    int32_t apply_routed_scaling; /* multiply the weights by the factor inside the router */
+    float rms_norm_eps;
+    int32_t n_shared_experts;
+    mlaf_rope_style rope_style;
+} mlaf_model_config;
+
+MLAF_API int mlaf_preset_count(void);
+/* Preset i (0 <= i < count), NULL otherwise. Preset 0 is the default, glm-4.7-flash. */
+MLAF_API const mlaf_model_config *mlaf_preset_at(int i);
+/* By name, case-insensitive; "deepseek-r1" is an alias of "deepseek-v3". NULL if unknown. */
+MLAF_API const mlaf_model_config *mlaf_preset_find(const char *name);
+
+/* ---------------------------------------------------------------------------------------
+ * split_qk_norm (SPEC §2)
+ *
+ *   latent [T, Q + C + R]        f32 | f16 | bf16, rows strided
+ *   w_q    [Q]                   latent's dtype or f32; absent iff Q == 0
+ *   w_kv   [C]                   latent's dtype or f32
+ *   q      [T, Q]    (output)    latent's dtype; absent iff Q == 0
+ *   k_nope [T, C]    (output)    latent's dtype
+ *   k_pe   [T, R]    (output)    latent's dtype; optional (absent: not written)
+ *
+ *   q[t,i]      = L[t,i]     * rstd_q(t)  * w_q[i],  rstd_q  = 1/sqrt(mean_i L[t,i]^2 + eps_q)
+ *   k_nope[t,j] = L[t,Q+j]   * rstd_kv(t) * w_kv[j], rstd_kv = 1/sqrt(mean_j L[t,Q+j]^2 + eps_kv)
+ *   k_pe[t,r]   = L[t,Q+C+r] (bit-exact)
+ *
+ * In place (the context-parallel path): q, k_nope and k_pe may be exactly the latent's own q,
+ * kv and pe columns (same data offset, same row stride, same T); afterwards the latent row
+ * holds [q_norm | k_nope_norm | k_pe]. Any other overlap of an output with an input or with
+ * another output is MLAF_ERR_OVERLAP. T = 0 is a valid no-op; T < 2^31.
+ * eps_q and eps_kv must be finite and > 0.
+ * ------------------------------------------------------------------------------------- */
+typedef struct mlaf_split_qk_norm_params {
+    int32_t q_lora_rank;  /* Q >= 0 */
+    int32_t kv_lora_rank; /* C > 0 */
+    int32_t rope_dim;     /* R >= 0 */
+    float eps_q;
+    float eps_kv;
+} mlaf_split_qk_norm_params;
+
+MLAF_API mlaf_status mlaf_split_qk_norm(mlaf_context *ctx, const mlaf_split_qk_norm_params *p,
+                                        const mlaf_tensor *latent, const mlaf_tensor *w_q,
+                                        const mlaf_tensor *w_kv, const mlaf_tensor *q,
+                                        const mlaf_tensor *k_nope, const mlaf_tensor *k_pe);
+
+/* ---------------------------------------------------------------------------------------
+ * RoPE tables (SPEC §3), shared by mla_kv_cache and rope_q
+ *
+ *   positions [T]             i32 | i64; each in [0, max_pos), else the token is rejected
+ *                             by the kernel as described per op
+ *   cos_sin   [max_pos, R]    f32, row p = [cos(p*f_0) .. cos(p*f_{R/2-1}) | sin(...) ]
+ *
+ *   interleaved: (x[2i], x[2i+1]) -> (x0*c_i - x1*s_i, x1*c_i + x0*s_i)
+ *   neox:        (x[i], x[i+R/2]) -> same formula
+ * The rotation is computed as separate fp32 products and one add / subtract (no fused
+ * multiply-add), identically in mla_kv_cache and rope_q and on every backend, so a key and a
+ * query rotated for the same position agree bit for bit.
+ * A position outside [0, max_pos) cannot be looked up; such a token is counted in the op's
+ * optional error counter and its rope values are not written (see each op).
+ * ------------------------------------------------------------------------------------- */
+typedef struct mlaf_rope_params {
+    int32_t rope_dim;        /* R > 0, even */
+    mlaf_rope_style style;
+} mlaf_rope_params;
+
+/* Builds a cos_sin table on the host: cos_sin[p, i] = cos(p * base^(-2i/R)),
+ * cos_sin[p, R/2 + i] = sin(...), computed in double and rounded once to f32.
+ * table must hold max_pos * rope_dim floats. (Scaled variants such as YaRN are built by the
+ * caller; any table of this layout is accepted.) */
+MLAF_API mlaf_status mlaf_rope_table_init(float *table, int64_t max_pos, int32_t rope_dim,
+                                          double base);
+
+/* ---------------------------------------------------------------------------------------
+ * mla_kv_cache (SPEC §3): split + both RMSNorms + RoPE on k_pe + paged KV-cache write
+ *
+ *   latent, w_q, w_kv, q       as split_qk_norm (q is the dense q_norm output)
+ *   positions [T]              i32 | i64
+ *   cos_sin   [max_pos, R]     f32
+ *   slot_mapping [T]           i32 | i64; slot = block * block_size + offset; < 0 = skip token
+ *   kv_cache  [num_blocks, block_size, C + R]   f32 | f16 | bf16, strides (s0, s1, 1) any
+ *                              that do not make rows overlap; need not match latent's dtype
+ *   k_nope    [T, C]  optional dense output (normalized), latent's dtype
+ *   k_pe      [T, R]  optional dense output (roped), latent's dtype
+ *   error_count [1]   optional i32: incremented (atomically on CUDA) once for every token
+ *                     whose slot is >= num_blocks * block_size or whose position is outside
+ *                     [0, max_pos); such a token writes no cache row, no k_pe row, and its
+ *                     q / k_nope outputs are still written. The caller zeroes it.
+ *
+ * For every token t with slot >= 0 in range: cache[slot] = [k_nope_norm | rope(k_pe)], each
+ * value rounded once to the cache dtype. Cache rows not named by slot_mapping stay
+ * bit-identical. Two tokens naming the same slot: one of them wins (unspecified which).
+ * R == 0 is accepted (no rotation); cos_sin and positions may then be absent.
+ * ------------------------------------------------------------------------------------- */
+typedef struct mlaf_mla_kv_cache_params {
+    int32_t q_lora_rank;
+    int32_t kv_lora_rank;
+    int32_t rope_dim;
+    float eps_q;
+    float eps_kv;
+    mlaf_rope_style style;
+} mlaf_mla_kv_cache_params;
+
+MLAF_API mlaf_status mlaf_mla_kv_cache(mlaf_context *ctx, const mlaf_mla_kv_cache_params *p,
+                                       const mlaf_tensor *latent, const mlaf_tensor *w_q,
+                                       const mlaf_tensor *w_kv, const mlaf_tensor *positions,
+                                       const mlaf_tensor *cos_sin,
+                                       const mlaf_tensor *slot_mapping,
+                                       const mlaf_tensor *kv_cache, const mlaf_tensor *q,
+                                       const mlaf_tensor *k_nope, const mlaf_tensor *k_pe,
+                                       const mlaf_tensor *error_count);
+
+/* ---------------------------------------------------------------------------------------
+ * rope_q (SPEC §3): RoPE in place on the last R columns of q viewed as [T, H, D]
+ *
+ *   q         [T, H, D]  f32 | f16 | bf16, strides (s0, s1, 1); D = nope_dim + R; modified
+ *   positions [T]        i32 | i64
+ *   cos_sin   [max_pos, R] f32
+ *   error_count [1]      optional i32, as in mla_kv_cache: a token whose position is outside
+ *                        [0, max_pos) is left unrotated and counted.
+ * ------------------------------------------------------------------------------------- */
+MLAF_API mlaf_status mlaf_rope_q(mlaf_context *ctx, const mlaf_rope_params *p,
+                                 const mlaf_tensor *q, const mlaf_tensor *positions,
+                                 const mlaf_tensor *cos_sin, const mlaf_tensor *error_count);
+
+/* ---------------------------------------------------------------------------------------
+ * moe_gate (SPEC §4): router top-k
+ *
+ *   logits  [T, E]       f32 | f16 | bf16, rows strided
+ *   bias    [E]          optional f32 (e_score_correction_bias: used to choose, not to weigh)
+ *   weights [T, k + S]   output, f32 or the logits' dtype
+ *   ids     [T, k + S]   output, i32
+ *   scores  [T, E]       optional output, f32: the scores s (before bias)
+ *
+ * Per token: s = sigmoid(logits) | softmax(logits); c = s + bias; if n_group > 1 keep the
+ * topk_group best groups by group score (top-2 sum of c, or max of c); choose top_k experts by
+ * c among kept groups, ids ordered by c descending, ties to the lower index; w = s[id];
+ * if renormalize: w /= sum(w) + eps; if apply_routed_scaling: w *= routed_scaling_factor.
+ * Shared experts (S > 0): slots k..k+S-1 hold ids E..E+S-1 with weight
+ * sum(routed w before scaling) / routed_scaling_factor.
+ * Non-finite scores rank below every finite one and weigh 0; ids are always distinct, valid
+ * and from kept groups.
+ *
+ * Limits: 1 <= E <= 2048; 1 <= n_group <= 64, E % n_group == 0; 1 <= topk_group <= n_group;
+ * 1 <= top_k <= min(E, 64) and top_k <= topk_group * E / n_group; the top-2 group score needs
+ * E / n_group >= 2 (when n_group > 1); S >= 0 and S <= 64; routed_scaling_factor finite and
+ * > 0; eps finite and >= 0.
+ * ------------------------------------------------------------------------------------- */
+typedef struct mlaf_moe_gate_params {
+    int32_t top_k;
+    int32_t n_group;    /* 1 = no group limit */
+    int32_t topk_group;
+    mlaf_score_func score_func;
+    mlaf_group_score group_score;
+    int32_t renormalize;
+    float routed_scaling_factor;
+    int32_t apply_routed_scaling;
+    float eps;          /* 1e-20 by default */
+    int32_t n_shared_experts;
+} mlaf_moe_gate_params;
+
+/* Parameters of a preset's router (E comes from the logits' shape). */
+MLAF_API mlaf_moe_gate_params mlaf_moe_gate_params_from_config(const mlaf_model_config *cfg);
+
+MLAF_API mlaf_status mlaf_moe_gate(mlaf_context *ctx, const mlaf_moe_gate_params *p,
+                                   const mlaf_tensor *logits, const mlaf_tensor *bias,
+                                   const mlaf_tensor *weights, const mlaf_tensor *ids,
+                                   const mlaf_tensor *scores);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* MLAFUSE_H */

@@ -1,0 +1,94 @@
+/*
+ * api.c — the public entry points: validate (validate.c), then hand the job to the
+ * context's backend. Every op goes through the same three steps, so both backends accept
+ * and reject exactly the same calls with the same status and message.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "internal.h"
+
+static const mlaf_backend_iface *iface_of(const mlaf_context *ctx) {
+    if (ctx->backend == MLAF_BACKEND_CPU) return &mlaf_cpu_backend;
+#ifdef MLAF_WITH_CUDA
+    if (ctx->backend == MLAF_BACKEND_CUDA) return &mlaf_cuda_backend;
+#endif
+    return NULL;
+}
+
+/* After validation: the op either has no work, is missing on this backend, or runs. */
+#define DISPATCH(ctx, fn, op, T, job)                                                         \
+    do {                                                                                      \
+        const mlaf_backend_iface *f_ = iface_of(ctx);                                         \
+        if (!f_ || !f_->fn)                                                                   \
+            return mlaf_fail(ctx, MLAF_ERR_UNSUPPORTED, "%s is not implemented on the %s backend", \
+                             mlaf_op_name(op), mlaf_backend_name((ctx)->backend));            \
+        (ctx)->err[0] = '\0';                                                                 \
+        if ((T) == 0) return MLAF_OK;                                                         \
+        return f_->fn(ctx, job);                                                              \
+    } while (0)
+
+mlaf_status mlaf_split_qk_norm(mlaf_context *ctx, const mlaf_split_qk_norm_params *p,
+                               const mlaf_tensor *latent, const mlaf_tensor *w_q,
+                               const mlaf_tensor *w_kv, const mlaf_tensor *q,
+                               const mlaf_tensor *k_nope, const mlaf_tensor *k_pe) {
+    if (!ctx) return MLAF_ERR_NULL_POINTER;
+    mlaf_norm_job job;
+    mlaf_status st = mlaf_check_split_qk_norm(ctx, p, latent, w_q, w_kv, q, k_nope, k_pe, &job);
+    if (st != MLAF_OK) return st;
+    DISPATCH(ctx, split_qk_norm, MLAF_OP_SPLIT_QK_NORM, job.T, &job);
+}
+
+mlaf_status mlaf_mla_kv_cache(mlaf_context *ctx, const mlaf_mla_kv_cache_params *p,
+                              const mlaf_tensor *latent, const mlaf_tensor *w_q,
+                              const mlaf_tensor *w_kv, const mlaf_tensor *positions,
+                              const mlaf_tensor *cos_sin, const mlaf_tensor *slot_mapping,
+                              const mlaf_tensor *kv_cache, const mlaf_tensor *q,
+                              const mlaf_tensor *k_nope, const mlaf_tensor *k_pe,
+                              const mlaf_tensor *error_count) {
+    if (!ctx) return MLAF_ERR_NULL_POINTER;
+    mlaf_kv_cache_job job;
+    mlaf_status st = mlaf_check_mla_kv_cache(ctx, p, latent, w_q, w_kv, positions, cos_sin,
+                                             slot_mapping, kv_cache, q, k_nope, k_pe,
+                                             error_count, &job);
+    if (st != MLAF_OK) return st;
+    DISPATCH(ctx, mla_kv_cache, MLAF_OP_MLA_KV_CACHE, job.norm.T, &job);
+}
+
+mlaf_status mlaf_rope_q(mlaf_context *ctx, const mlaf_rope_params *p, const mlaf_tensor *q,
+                        const mlaf_tensor *positions, const mlaf_tensor *cos_sin,
+                        const mlaf_tensor *error_count) {
+    if (!ctx) return MLAF_ERR_NULL_POINTER;
+    mlaf_rope_q_job job;
+    mlaf_status st = mlaf_check_rope_q(ctx, p, q, positions, cos_sin, error_count, &job);
+    if (st != MLAF_OK) return st;
+    DISPATCH(ctx, rope_q, MLAF_OP_ROPE_Q, job.T * job.H, &job);
+}
+
+mlaf_status mlaf_moe_gate(mlaf_context *ctx, const mlaf_moe_gate_params *p,
+                          const mlaf_tensor *logits, const mlaf_tensor *bias,
+                          const mlaf_tensor *weights, const mlaf_tensor *ids,
+                          const mlaf_tensor *scores) {
+    if (!ctx) return MLAF_ERR_NULL_POINTER;
+    mlaf_moe_gate_job job;
+    mlaf_status st = mlaf_check_moe_gate(ctx, p, logits, bias, weights, ids, scores, &job);
+    if (st != MLAF_OK) return st;
+    DISPATCH(ctx, moe_gate, MLAF_OP_MOE_GATE, job.T, &job);
+}
+
+mlaf_status mlaf_rope_table_init(float *table, int64_t max_pos, int32_t rope_dim, double base) {
+    if (!table) return MLAF_ERR_NULL_POINTER;
+    if (max_pos < 1 || rope_dim <= 0 || rope_dim % 2 != 0 || !(base > 1.0) || !isfinite(base))
+        return MLAF_ERR_INVALID_ARGUMENT;
+    int32_t half = rope_dim / 2;
+    for (int64_t p = 0; p < max_pos; p++) {
+        float *row = table + p * rope_dim;
+        for (int32_t i = 0; i < half; i++) {
+            double inv_freq = pow(base, -2.0 * i / rope_dim);
+            double a = (double)p * inv_freq;
+            row[i] = (float)cos(a);
+            row[half + i] = (float)sin(a);
+        }
+    }
+    return MLAF_OK;
+}

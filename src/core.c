@@ -1,0 +1,269 @@
+/*
+ * core.c — version, status table, dtypes, contexts, presets and the error helper.
+ */
+#include <ctype.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+/* ---- version --------------------------------------------------------------------------- */
+unsigned mlaf_version_number(void) { return MLAF_VERSION_NUMBER; }
+const char *mlaf_version_string(void) { return MLAF_VERSION_STRING; }
+
+/* ---- status ---------------------------------------------------------------------------- */
+const char *mlaf_status_name(mlaf_status s) {
+    switch (s) {
+#define MLAF_STATUS_NAME_(name, value, msg) \
+    case name: return #name;
+        MLAF_STATUS_TABLE(MLAF_STATUS_NAME_)
+#undef MLAF_STATUS_NAME_
+    default: return "MLAF_UNKNOWN_STATUS";
+    }
+}
+
+const char *mlaf_status_message(mlaf_status s) {
+    switch (s) {
+#define MLAF_STATUS_MSG_(name, value, msg) \
+    case name: return msg;
+        MLAF_STATUS_TABLE(MLAF_STATUS_MSG_)
+#undef MLAF_STATUS_MSG_
+    default: return "unknown status";
+    }
+}
+
+mlaf_status mlaf_fail(mlaf_context *ctx, mlaf_status status, const char *fmt, ...) {
+    if (ctx) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(ctx->err, sizeof ctx->err, fmt, ap);
+        va_end(ap);
+    }
+    return status;
+}
+
+/* ---- dtypes and names ------------------------------------------------------------------ */
+size_t mlaf_dtype_size(mlaf_dtype t) {
+    switch (t) {
+    case MLAF_F32: return 4;
+    case MLAF_F16: return 2;
+    case MLAF_BF16: return 2;
+    case MLAF_I32: return 4;
+    case MLAF_I64: return 8;
+    default: return 0;
+    }
+}
+
+const char *mlaf_dtype_name(mlaf_dtype t) {
+    static const char *const names[] = {"f32", "f16", "bf16", "i32", "i64"};
+    return (unsigned)t < MLAF_DTYPE_COUNT_ ? names[t] : "unknown";
+}
+
+const char *mlaf_backend_name(mlaf_backend b) {
+    static const char *const names[] = {"cpu", "cuda"};
+    return (unsigned)b < MLAF_BACKEND_COUNT_ ? names[b] : "unknown";
+}
+
+const char *mlaf_op_name(mlaf_op op) {
+    static const char *const names[] = {"split_qk_norm", "mla_kv_cache", "rope_q", "moe_gate"};
+    return (unsigned)op < MLAF_OP_COUNT_ ? names[op] : "unknown";
+}
+
+const char *mlaf_cpu_isa_name(mlaf_cpu_isa isa) {
+    static const char *const names[] = {"auto", "scalar", "avx2", "avx512"};
+    return (unsigned)isa < MLAF_CPU_ISA_COUNT_ ? names[isa] : "unknown";
+}
+
+/* ---- backends -------------------------------------------------------------------------- */
+static const mlaf_backend_iface *backend_iface(mlaf_backend b) {
+    if (b == MLAF_BACKEND_CPU) return &mlaf_cpu_backend;
+#ifdef MLAF_WITH_CUDA
+    if (b == MLAF_BACKEND_CUDA) return &mlaf_cuda_backend;
+#endif
+    return NULL;
+}
+
+int mlaf_backend_available(mlaf_backend b) {
+    if (b == MLAF_BACKEND_CPU) return 1;
+#ifdef MLAF_WITH_CUDA
+    if (b == MLAF_BACKEND_CUDA) return mlaf_cuda_device_count() > 0;
+#endif
+    return 0;
+}
+
+int mlaf_backend_supports(mlaf_backend b, mlaf_op op) {
+    const mlaf_backend_iface *f = backend_iface(b);
+    if (!f) return 0;
+    switch (op) {
+    case MLAF_OP_SPLIT_QK_NORM: return f->split_qk_norm != NULL;
+    case MLAF_OP_MLA_KV_CACHE: return f->mla_kv_cache != NULL;
+    case MLAF_OP_ROPE_Q: return f->rope_q != NULL;
+    case MLAF_OP_MOE_GATE: return f->moe_gate != NULL;
+    default: return 0;
+    }
+}
+
+/* ---- context --------------------------------------------------------------------------- */
+mlaf_status mlaf_context_create(mlaf_context **out, mlaf_backend backend) {
+    if (!out) return MLAF_ERR_NULL_POINTER;
+    *out = NULL;
+    if ((unsigned)backend >= MLAF_BACKEND_COUNT_) return MLAF_ERR_INVALID_ARGUMENT;
+    if (!mlaf_backend_available(backend)) return MLAF_ERR_BACKEND_UNAVAILABLE;
+    mlaf_context *ctx = (mlaf_context *)calloc(1, sizeof *ctx);
+    if (!ctx) return MLAF_ERR_OUT_OF_MEMORY;
+    ctx->backend = backend;
+    ctx->threads_requested = 0;
+    ctx->threads = mlaf_cpu_core_count();
+    ctx->isa = MLAF_CPU_ISA_SCALAR;
+    for (int i = MLAF_CPU_ISA_COUNT_ - 1; i > MLAF_CPU_ISA_SCALAR; i--)
+        if (mlaf_cpu_isa_supported((mlaf_cpu_isa)i)) {
+            ctx->isa = (mlaf_cpu_isa)i;
+            break;
+        }
+#ifdef MLAF_WITH_CUDA
+    if (backend == MLAF_BACKEND_CUDA) {
+        mlaf_status st = mlaf_cuda_bind_device(ctx, 0);
+        if (st != MLAF_OK) {
+            free(ctx);
+            return st;
+        }
+    }
+#endif
+    *out = ctx;
+    return MLAF_OK;
+}
+
+void mlaf_context_free(mlaf_context *ctx) { free(ctx); }
+
+mlaf_backend mlaf_context_backend(const mlaf_context *ctx) {
+    return ctx ? ctx->backend : MLAF_BACKEND_CPU;
+}
+
+mlaf_status mlaf_context_set_threads(mlaf_context *ctx, int threads) {
+    if (!ctx) return MLAF_ERR_NULL_POINTER;
+    if (threads < 0)
+        return mlaf_fail(ctx, MLAF_ERR_INVALID_ARGUMENT,
+                         "threads = %d, expected >= 0 (0 = all cores)", threads);
+    ctx->threads_requested = threads;
+    ctx->threads = threads == 0 ? mlaf_cpu_core_count() : threads;
+    ctx->err[0] = '\0';
+    return MLAF_OK;
+}
+
+int mlaf_context_threads(const mlaf_context *ctx) { return ctx ? ctx->threads : 0; }
+
+mlaf_status mlaf_context_set_cpu_isa(mlaf_context *ctx, mlaf_cpu_isa isa) {
+    if (!ctx) return MLAF_ERR_NULL_POINTER;
+    if ((unsigned)isa >= MLAF_CPU_ISA_COUNT_)
+        return mlaf_fail(ctx, MLAF_ERR_INVALID_ARGUMENT, "cpu isa = %d, expected 0..%d",
+                         (int)isa, MLAF_CPU_ISA_COUNT_ - 1);
+    if (isa == MLAF_CPU_ISA_AUTO) {
+        mlaf_cpu_isa best = MLAF_CPU_ISA_SCALAR;
+        for (int i = MLAF_CPU_ISA_COUNT_ - 1; i > MLAF_CPU_ISA_SCALAR; i--)
+            if (mlaf_cpu_isa_supported((mlaf_cpu_isa)i)) {
+                best = (mlaf_cpu_isa)i;
+                break;
+            }
+        ctx->isa = best;
+    } else {
+        if (!mlaf_cpu_isa_supported(isa))
+            return mlaf_fail(ctx, MLAF_ERR_UNSUPPORTED, "cpu isa %s is not supported by this %s",
+                             mlaf_cpu_isa_name(isa), "machine or build");
+        ctx->isa = isa;
+    }
+    ctx->err[0] = '\0';
+    return MLAF_OK;
+}
+
+mlaf_cpu_isa mlaf_context_cpu_isa(const mlaf_context *ctx) {
+    return ctx ? ctx->isa : MLAF_CPU_ISA_SCALAR;
+}
+
+mlaf_status mlaf_context_set_cuda_device(mlaf_context *ctx, int device) {
+    if (!ctx) return MLAF_ERR_NULL_POINTER;
+    if (ctx->backend != MLAF_BACKEND_CUDA)
+        return mlaf_fail(ctx, MLAF_ERR_INVALID_ARGUMENT,
+                         "set_cuda_device on a %s context", mlaf_backend_name(ctx->backend));
+#ifdef MLAF_WITH_CUDA
+    int n = mlaf_cuda_device_count();
+    if (device < 0 || device >= n)
+        return mlaf_fail(ctx, MLAF_ERR_INVALID_ARGUMENT, "cuda device = %d, expected 0..%d",
+                         device, n - 1);
+    mlaf_status st = mlaf_cuda_bind_device(ctx, device);
+    if (st == MLAF_OK) ctx->err[0] = '\0';
+    return st;
+#else
+    (void)device;
+    return mlaf_fail(ctx, MLAF_ERR_BACKEND_UNAVAILABLE, "built without CUDA");
+#endif
+}
+
+mlaf_status mlaf_context_set_cuda_stream(mlaf_context *ctx, void *stream) {
+    if (!ctx) return MLAF_ERR_NULL_POINTER;
+    if (ctx->backend != MLAF_BACKEND_CUDA)
+        return mlaf_fail(ctx, MLAF_ERR_INVALID_ARGUMENT,
+                         "set_cuda_stream on a %s context", mlaf_backend_name(ctx->backend));
+    ctx->cuda_stream = stream;
+    ctx->err[0] = '\0';
+    return MLAF_OK;
+}
+
+const char *mlaf_context_last_error(const mlaf_context *ctx) {
+    return ctx ? ctx->err : "context is NULL";
+}
+
+/* ---- presets (SPEC §1) ----------------------------------------------------------------- */
+static const mlaf_model_config presets[] = {
+    /* name, Q, C, R, nope, v, heads, E, top_k, n_group, topk_group, score, group score, bias,
+     * norm_topk_prob, scaling, apply scaling, eps, shared, rope style */
+    {"glm-4.7-flash", 768, 512, 64, 192, 256, 20, 64, 4, 1, 1, MLAF_SCORE_SIGMOID,
+     MLAF_GROUP_TOP2_SUM, 1, 1, 1.8f, 1, 1e-5f, 1, MLAF_ROPE_INTERLEAVED},
+    {"deepseek-v3", 1536, 512, 64, 128, 128, 128, 256, 8, 8, 4, MLAF_SCORE_SIGMOID,
+     MLAF_GROUP_TOP2_SUM, 1, 1, 2.5f, 1, 1e-6f, 1, MLAF_ROPE_INTERLEAVED},
+    {"deepseek-v2", 1536, 512, 64, 128, 128, 128, 160, 6, 8, 3, MLAF_SCORE_SOFTMAX,
+     MLAF_GROUP_MAX, 0, 0, 16.0f, 1, 1e-6f, 2, MLAF_ROPE_INTERLEAVED},
+    {"deepseek-v2-lite", 0, 512, 64, 128, 128, 16, 64, 6, 1, 1, MLAF_SCORE_SOFTMAX,
+     MLAF_GROUP_MAX, 0, 0, 1.0f, 1, 1e-6f, 2, MLAF_ROPE_INTERLEAVED},
+    {"kimi-k2", 1536, 512, 64, 128, 128, 64, 384, 8, 1, 1, MLAF_SCORE_SIGMOID,
+     MLAF_GROUP_TOP2_SUM, 1, 1, 2.827f, 1, 1e-6f, 1, MLAF_ROPE_INTERLEAVED},
+};
+
+int mlaf_preset_count(void) { return (int)(sizeof presets / sizeof presets[0]); }
+
+const mlaf_model_config *mlaf_preset_at(int i) {
+    return (i >= 0 && i < mlaf_preset_count()) ? &presets[i] : NULL;
+}
+
+static int name_eq(const char *a, const char *b) {
+    for (; *a && *b; a++, b++)
+        if (tolower((unsigned char)*a) != tolower((unsigned char)*b)) return 0;
+    return *a == *b;
+}
+
+const mlaf_model_config *mlaf_preset_find(const char *name) {
+    if (!name) return NULL;
+    if (name_eq(name, "deepseek-r1")) name = "deepseek-v3";
+    for (int i = 0; i < mlaf_preset_count(); i++)
+        if (name_eq(name, presets[i].name)) return &presets[i];
+    return NULL;
+}
+
+mlaf_moe_gate_params mlaf_moe_gate_params_from_config(const mlaf_model_config *cfg) {
+    mlaf_moe_gate_params p;
+    memset(&p, 0, sizeof p);
+    p.eps = 1e-20f;
+    p.routed_scaling_factor = 1.0f;
+    p.n_group = p.topk_group = p.top_k = 1;
+    if (!cfg) return p;
+    p.top_k = cfg->top_k;
+    p.n_group = cfg->n_group;
+    p.topk_group = cfg->topk_group;
+    p.score_func = cfg->score_func;
+    p.group_score = cfg->group_score;
+    p.renormalize = cfg->norm_topk_prob;
+    p.routed_scaling_factor = cfg->routed_scaling_factor;
+    p.apply_routed_scaling = cfg->apply_routed_scaling;
+    p.n_shared_experts = 0; /* fusing shared experts is the caller's choice */
+    return p;
+}

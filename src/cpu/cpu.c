@@ -1,0 +1,46 @@
+/*
+ * cpu.c — CPU backend table, core count and run-time instruction-set detection.
+ */
+#include <unistd.h>
+
+#include "cpu.h"
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+const mlaf_backend_iface mlaf_cpu_backend = {
+    mlaf_cpu_split_qk_norm,
+    mlaf_cpu_mla_kv_cache,
+    mlaf_cpu_rope_q,
+    mlaf_cpu_moe_gate,
+};
+
+int mlaf_cpu_core_count(void) {
+#ifdef _OPENMP
+    int n = omp_get_num_procs();
+#else
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+#endif
+    return n > 0 ? (int)n : 1;
+}
+
+int mlaf_cpu_isa_supported(mlaf_cpu_isa isa) {
+    switch (isa) {
+    case MLAF_CPU_ISA_AUTO:
+    case MLAF_CPU_ISA_SCALAR: return 1;
+#if defined(MLAF_HAVE_X86_PATHS)
+    case MLAF_CPU_ISA_AVX2:
+        __builtin_cpu_init();
+        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+               __builtin_cpu_supports("f16c");
+    case MLAF_CPU_ISA_AVX512:
+        __builtin_cpu_init();
+        return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+               __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+               __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+               __builtin_cpu_supports("f16c");
+#endif
+    default: return 0;
+    }
+}

@@ -1,0 +1,179 @@
+/*
+ * internal.h — what every backend, the oracle, the tools and the tests share: the context,
+ * the validated "jobs" each op hands to a backend, the backend table and the error helper.
+ *
+ * A job is the plain description of one validated call: raw pointers, 64-bit element
+ * strides, dims and dtypes. The validation layer (validate.c) is the only producer of jobs,
+ * so a backend can trust every field. Plain C, includable from the CUDA (.cu) sources.
+ */
+#ifndef MLAF_INTERNAL_H
+#define MLAF_INTERNAL_H
+
+#include "mlafuse.h"
+
+#include <stdarg.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define MLAF_ERR_CAP 512
+
+struct mlaf_context {
+    mlaf_backend backend;
+    int threads_requested; /* 0 = all cores */
+    int threads;           /* resolved, >= 1 */
+    mlaf_cpu_isa isa;      /* resolved CPU path (never AUTO) */
+    int cuda_device;
+    void *cuda_stream;     /* cudaStream_t */
+    int cuda_sm_count;     /* multiprocessors of cuda_device, read when the device is set */
+    char err[MLAF_ERR_CAP];
+};
+
+/* Records a message on the context (if any) and returns status; printf-style. */
+mlaf_status mlaf_fail(mlaf_context *ctx, mlaf_status status, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+
+/* ---- jobs ------------------------------------------------------------------------------ */
+
+/* split + two RMSNorms + k_pe copy; also the first half of mla_kv_cache. */
+typedef struct mlaf_norm_job {
+    int64_t T;
+    int32_t Q, C, R;
+    float eps_q, eps_kv;
+    mlaf_dtype dt;           /* latent and the dense outputs */
+    const void *latent;      /* [T, Q+C+R] */
+    int64_t latent_stride;
+    const void *w_q;         /* [Q] or NULL when Q == 0 */
+    mlaf_dtype w_q_dt;       /* dt or MLAF_F32 */
+    const void *w_kv;        /* [C] */
+    mlaf_dtype w_kv_dt;
+    void *q;                 /* [T, Q] or NULL */
+    int64_t q_stride;
+    void *k_nope;            /* [T, C]; NULL only inside mla_kv_cache (optional there) */
+    int64_t k_nope_stride;
+    void *k_pe;              /* [T, R] or NULL */
+    int64_t k_pe_stride;
+} mlaf_norm_job;
+
+typedef struct mlaf_rope_job {
+    int32_t R;               /* even; 0 only inside mla_kv_cache (then nothing rotates) */
+    mlaf_rope_style style;
+    const void *positions;   /* [T] */
+    mlaf_dtype pos_dt;       /* I32 or I64 */
+    const float *cos_sin;    /* [max_pos, R] */
+    int64_t cos_sin_stride;
+    int64_t max_pos;
+} mlaf_rope_job;
+
+typedef struct mlaf_kv_cache_job {
+    mlaf_norm_job norm;      /* k_nope / k_pe are the optional dense outputs (k_pe roped) */
+    mlaf_rope_job rope;
+    const void *slots;       /* [T] */
+    mlaf_dtype slot_dt;      /* I32 or I64 */
+    void *cache;             /* [num_blocks, block_size, C+R] */
+    mlaf_dtype cache_dt;
+    int64_t num_blocks, block_size;
+    int64_t cache_s0, cache_s1;
+    int32_t *error_count;    /* or NULL */
+} mlaf_kv_cache_job;
+
+typedef struct mlaf_rope_q_job {
+    mlaf_rope_job rope;
+    int64_t T, H;
+    int32_t D;               /* head dim; the rope part is columns [D-R, D) */
+    void *q;
+    mlaf_dtype dt;
+    int64_t s0, s1;
+    int32_t *error_count;
+} mlaf_rope_q_job;
+
+typedef struct mlaf_moe_gate_job {
+    int64_t T;
+    int32_t E;
+    int32_t top_k, n_group, topk_group, n_shared;
+    int32_t K;               /* top_k + n_shared: the output width */
+    mlaf_score_func score_func;
+    mlaf_group_score group_score;
+    int32_t renormalize, apply_scaling;
+    float scaling, eps;
+    const void *logits;
+    mlaf_dtype logits_dt;
+    int64_t logits_stride;
+    const float *bias;       /* [E] or NULL */
+    void *weights;
+    mlaf_dtype weights_dt;   /* F32 or logits_dt */
+    int64_t weights_stride;
+    int32_t *ids;
+    int64_t ids_stride;
+    float *scores;           /* [T, E] or NULL */
+    int64_t scores_stride;
+} mlaf_moe_gate_job;
+
+/* ---- validation (validate.c): the one layer every backend goes through -------------------
+ * Each returns MLAF_OK and fills *job, or records a message on ctx and returns the error. */
+mlaf_status mlaf_check_split_qk_norm(mlaf_context *ctx, const mlaf_split_qk_norm_params *p,
+                                     const mlaf_tensor *latent, const mlaf_tensor *w_q,
+                                     const mlaf_tensor *w_kv, const mlaf_tensor *q,
+                                     const mlaf_tensor *k_nope, const mlaf_tensor *k_pe,
+                                     mlaf_norm_job *job);
+mlaf_status mlaf_check_mla_kv_cache(mlaf_context *ctx, const mlaf_mla_kv_cache_params *p,
+                                    const mlaf_tensor *latent, const mlaf_tensor *w_q,
+                                    const mlaf_tensor *w_kv, const mlaf_tensor *positions,
+                                    const mlaf_tensor *cos_sin, const mlaf_tensor *slot_mapping,
+                                    const mlaf_tensor *kv_cache, const mlaf_tensor *q,
+                                    const mlaf_tensor *k_nope, const mlaf_tensor *k_pe,
+                                    const mlaf_tensor *error_count, mlaf_kv_cache_job *job);
+mlaf_status mlaf_check_rope_q(mlaf_context *ctx, const mlaf_rope_params *p, const mlaf_tensor *q,
+                              const mlaf_tensor *positions, const mlaf_tensor *cos_sin,
+                              const mlaf_tensor *error_count, mlaf_rope_q_job *job);
+mlaf_status mlaf_check_moe_gate(mlaf_context *ctx, const mlaf_moe_gate_params *p,
+                                const mlaf_tensor *logits, const mlaf_tensor *bias,
+                                const mlaf_tensor *weights, const mlaf_tensor *ids,
+                                const mlaf_tensor *scores, mlaf_moe_gate_job *job);
+
+/* ---- backends -------------------------------------------------------------------------- */
+typedef struct mlaf_backend_iface {
+    mlaf_status (*split_qk_norm)(mlaf_context *ctx, const mlaf_norm_job *job);
+    mlaf_status (*mla_kv_cache)(mlaf_context *ctx, const mlaf_kv_cache_job *job);
+    mlaf_status (*rope_q)(mlaf_context *ctx, const mlaf_rope_q_job *job);
+    mlaf_status (*moe_gate)(mlaf_context *ctx, const mlaf_moe_gate_job *job);
+} mlaf_backend_iface;
+
+/* CPU backend (src/cpu/). Entries are NULL for ops not implemented yet. */
+extern const mlaf_backend_iface mlaf_cpu_backend;
+int mlaf_cpu_isa_supported(mlaf_cpu_isa isa); /* what this machine can run */
+int mlaf_cpu_core_count(void);
+
+/* CUDA backend (src/cuda/, built only when MLAF_WITH_CUDA). */
+#ifdef MLAF_WITH_CUDA
+extern const mlaf_backend_iface mlaf_cuda_backend;
+int mlaf_cuda_device_count(void);               /* 0 when no device or no driver */
+/* Reads the device's attributes (sm count) into ctx; MLAF_ERR_DEVICE on failure. */
+mlaf_status mlaf_cuda_bind_device(mlaf_context *ctx, int device);
+#endif
+
+/* ---- memory helpers for tools and tests (not public API) --------------------------------
+ * Backend memory: device memory for CUDA, malloc for CPU. Copies are synchronous. */
+mlaf_status mlaf_mem_alloc(mlaf_backend b, void **p, size_t bytes);
+void mlaf_mem_free(mlaf_backend b, void *p);
+mlaf_status mlaf_mem_upload(mlaf_backend b, void *dst, const void *src_host, size_t bytes);
+mlaf_status mlaf_mem_download(mlaf_backend b, void *dst_host, const void *src, size_t bytes);
+/* Waits for the context's stream (CUDA) and reports an asynchronous error; CPU: MLAF_OK. */
+mlaf_status mlaf_context_sync(mlaf_context *ctx);
+
+#ifdef MLAF_WITH_CUDA
+mlaf_status mlaf_cuda_mem_alloc(void **p, size_t bytes);
+void mlaf_cuda_mem_free(void *p);
+mlaf_status mlaf_cuda_mem_copy(void *dst, const void *src, size_t bytes, int to_device);
+mlaf_status mlaf_cuda_sync(mlaf_context *ctx);
+#endif
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* MLAF_INTERNAL_H */

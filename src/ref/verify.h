@@ -1,0 +1,137 @@
+/*
+ * verify.h — the float64 oracle of every op and the checks that compare a backend with it.
+ * Shared by the C tests (tests/) and `mlafuse verify` (tools/), so both judge by the same
+ * rules (SPEC §7). Not part of the shipped library.
+ *
+ * Oracle functions read the inputs of a validated job (host memory) and write dense,
+ * row-major float64 results, unrounded; the checks round them once to the output dtype.
+ *
+ * Error units: every comparison is expressed in "units" where <= 1 passes:
+ *   f16 / bf16 outputs: |got - ref| in units in the last place of the output dtype at ref;
+ *   f32 outputs: relative error / 1e-5 (with an absolute floor scaled by the row's size).
+ */
+#ifndef MLAF_VERIFY_H
+#define MLAF_VERIFY_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../internal.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- random numbers (seeded, reproducible) --------------------------------------------- */
+typedef struct mlaf_rng {
+    uint64_t s;
+} mlaf_rng;
+void mlaf_rng_seed(mlaf_rng *r, uint64_t seed);
+uint64_t mlaf_rng_u64(mlaf_rng *r);
+double mlaf_rng_uniform(mlaf_rng *r);                 /* [0, 1) */
+double mlaf_rng_normal(mlaf_rng *r);                  /* N(0, 1) */
+/* Fills n elements of dtype dt (float types) with N(mean, stddev) values, rounded to dt. */
+void mlaf_fill_normal(mlaf_rng *r, void *p, mlaf_dtype dt, size_t n, double mean, double stddev);
+
+/* ---- guarded buffers on any backend --------------------------------------------------- *
+ * `bytes` of usable memory with MLAF_GUARD_BYTES of a known pattern on each side, on the
+ * backend's memory (device memory for CUDA). `host` mirrors the whole region (guards
+ * included) after gbuf_download; `body` points at the usable part of that mirror. */
+#define MLAF_GUARD_BYTES 256
+typedef struct mlaf_gbuf {
+    mlaf_backend backend;
+    unsigned char *dev_base; /* backend memory, guards included */
+    void *ptr;               /* backend pointer to the usable part (pass to ops) */
+    size_t bytes;
+    unsigned char *host;     /* host mirror of the full region */
+    void *body;              /* host mirror of the usable part */
+} mlaf_gbuf;
+
+/* Allocates; the usable part is filled from `init` (host, `bytes` long) or, when init is NULL,
+ * with the poison byte 0xFF (NaN in every float dtype). `misalign` shifts the usable part by
+ * that many bytes from a 256-byte boundary (0 for aligned). Returns MLAF_OK or an error. */
+mlaf_status mlaf_gbuf_alloc(mlaf_gbuf *g, mlaf_backend b, size_t bytes, const void *init,
+                            size_t misalign);
+void mlaf_gbuf_free(mlaf_gbuf *g);
+mlaf_status mlaf_gbuf_download(mlaf_gbuf *g);         /* device -> host mirror */
+mlaf_status mlaf_gbuf_upload(mlaf_gbuf *g);           /* host mirror (whole) -> device */
+int mlaf_gbuf_guards_ok(const mlaf_gbuf *g);          /* after download: 1 if intact */
+/* 1 if the usable part (after download) equals `expect` byte for byte. */
+int mlaf_gbuf_equals(const mlaf_gbuf *g, const void *expect);
+
+/* ---- error units ----------------------------------------------------------------------- */
+/* Units of |got - ref| for a value stored in dtype dt (see above); NaN / inf mismatches give
+ * +inf. `scale` is the magnitude of the quantity's terms (for f32 absolute floor), usually
+ * |ref|. */
+double mlaf_err_units(double got, double ref, mlaf_dtype dt, double scale);
+
+/* ---- verification cases ---------------------------------------------------------------- */
+typedef struct mlaf_verify_case {
+    mlaf_model_config cfg;     /* model dims and router parameters */
+    mlaf_dtype dtype;          /* latent / logits / q dtype */
+    mlaf_dtype weight_dtype;   /* norm weights: dtype or MLAF_F32 */
+    int64_t T;
+    int strided;               /* rows with padding between them (and odd pointer offsets) */
+    int in_place;              /* split_qk_norm / mla_kv_cache: outputs in the latent's columns */
+    int no_k_pe;               /* omit the optional dense k_pe output */
+    uint64_t seed;
+    /* mla_kv_cache / rope_q */
+    mlaf_rope_style rope_style;
+    int64_t block_size;        /* >= 1 */
+    mlaf_dtype cache_dtype;
+    mlaf_dtype index_dtype;    /* positions and slot_mapping: I32 or I64 */
+    /* moe_gate */
+    int moe_override;          /* 1: use `moe` and `experts` below instead of cfg's router */
+    mlaf_moe_gate_params moe;
+    int32_t experts;
+    int moe_bias;              /* -1: from cfg (has_score_bias), 0: absent, 1: present */
+    int nonfinite;             /* moe_gate: put NaN / +-inf into some logits */
+    int want_scores;           /* moe_gate: request the score matrix */
+} mlaf_verify_case;
+
+typedef struct mlaf_verify_result {
+    int passed;
+    double worst_units;        /* worst error in units (<= 1 passes) */
+    char detail[512];          /* first failure, or a one-line summary */
+} mlaf_verify_result;
+
+/* A case with the defaults: preset cfg, dtype bf16, weights in dtype, T tokens, seed. */
+mlaf_verify_case mlaf_verify_case_default(const mlaf_model_config *cfg, mlaf_dtype dt, int64_t T,
+                                          uint64_t seed);
+
+/* Run one op on ctx's backend for the case and compare with the oracle. Returns MLAF_OK when
+ * the comparison ran (see r->passed), or the error that stopped it. Each checks poisoned
+ * outputs, guard zones around every buffer, and bit-identity of what must not change. */
+mlaf_status mlaf_verify_split_qk_norm(mlaf_context *ctx, const mlaf_verify_case *c,
+                                      mlaf_verify_result *r);
+mlaf_status mlaf_verify_mla_kv_cache(mlaf_context *ctx, const mlaf_verify_case *c,
+                                     mlaf_verify_result *r);
+mlaf_status mlaf_verify_rope_q(mlaf_context *ctx, const mlaf_verify_case *c,
+                               mlaf_verify_result *r);
+mlaf_status mlaf_verify_moe_gate(mlaf_context *ctx, const mlaf_verify_case *c,
+                                 mlaf_verify_result *r);
+/* Dispatch by op. */
+mlaf_status mlaf_verify_op(mlaf_context *ctx, mlaf_op op, const mlaf_verify_case *c,
+                           mlaf_verify_result *r);
+
+/* ---- the oracle (float64, plain loops) ------------------------------------------------- */
+/* Dense outputs: q [T,Q] (NULL when Q == 0), k_nope [T,C], k_pe [T,R] (may be NULL). */
+void mlaf_ref_split_qk_norm(const mlaf_norm_job *job, double *q, double *k_nope, double *k_pe);
+/* rope on one row of R values in place, style as given; cos/sin from the table row. */
+void mlaf_ref_rope_row(double *x, int32_t R, mlaf_rope_style style, const float *cos_sin_row);
+/* q, k_nope as above; k_pe [T,R] roped (NULL allowed); rows [T, C+R] the cache row each
+ * token writes; status [T]: 1 written, 0 skipped (negative slot), -1 counted as an error. */
+void mlaf_ref_mla_kv_cache(const mlaf_kv_cache_job *job, double *q, double *k_nope, double *k_pe,
+                           double *rows, int8_t *status);
+/* q_out [T,H,D]: the whole head after rotation; status [T]: 1 rotated, -1 position invalid. */
+void mlaf_ref_rope_q(const mlaf_rope_q_job *job, double *q_out, int8_t *status);
+/* weights [T,K], ids [T,K]; sel [T, top_k + 1]: the selection value c of each chosen expert
+ * and of the best expert not chosen (-inf if none), for the tie-aware comparison;
+ * scores [T,E] (may be NULL). */
+void mlaf_ref_moe_gate(const mlaf_moe_gate_job *job, double *weights, int32_t *ids, double *sel,
+                       double *scores);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* MLAF_VERIFY_H */

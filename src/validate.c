@@ -1,0 +1,540 @@
+/*
+ * validate.c — the one validation layer every backend goes through.
+ *
+ * Each mlaf_check_* looks only at metadata (never at tensor contents, which may live on a
+ * device) and either fills a job or records a message naming the argument and what was
+ * expected. Order of checks per tensor: present, dtype, rank, shape, strides, data pointer,
+ * alignment; then overlaps between outputs and everything else.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "internal.h"
+
+#define DT_FLOAT ((1u << MLAF_F32) | (1u << MLAF_F16) | (1u << MLAF_BF16))
+#define DT_INDEX ((1u << MLAF_I32) | (1u << MLAF_I64))
+#define DT_(d) (1u << (d))
+
+#define TRY(expr)                          \
+    do {                                   \
+        mlaf_status st_ = (expr);          \
+        if (st_ != MLAF_OK) return st_;    \
+    } while (0)
+
+static const char *dtype_list(unsigned mask, char *buf, size_t cap) {
+    const char *names[8];
+    int n = 0;
+    for (int d = 0; d < MLAF_DTYPE_COUNT_; d++)
+        if (mask & (1u << d)) names[n++] = mlaf_dtype_name((mlaf_dtype)d);
+    buf[0] = '\0';
+    for (int i = 0; i < n; i++) {
+        size_t len = strlen(buf);
+        snprintf(buf + len, cap - len, "%s%s", i == 0 ? "" : (i == n - 1 ? " or " : ", "),
+                 names[i]);
+    }
+    return buf;
+}
+
+static int64_t numel(const mlaf_tensor *t) {
+    int64_t n = 1;
+    for (int i = 0; i < t->ndim; i++) n *= t->shape[i];
+    return n;
+}
+
+/* Checks everything about one tensor that does not depend on other tensors.
+ * shape[i] < 0 in `want` means "any extent" for that dim. */
+static mlaf_status check_tensor(mlaf_context *ctx, const mlaf_tensor *t, const char *name,
+                                unsigned dtypes, int ndim, const int64_t *want,
+                                const char *const *want_expr) {
+    char buf[64];
+    if (!t) return mlaf_fail(ctx, MLAF_ERR_NULL_POINTER, "%s is NULL (required)", name);
+    if ((unsigned)t->dtype >= MLAF_DTYPE_COUNT_ || !(dtypes & DT_(t->dtype)))
+        return mlaf_fail(ctx, MLAF_ERR_DTYPE, "%s.dtype = %s, expected %s", name,
+                         mlaf_dtype_name(t->dtype), dtype_list(dtypes, buf, sizeof buf));
+    if (t->ndim != ndim)
+        return mlaf_fail(ctx, MLAF_ERR_SHAPE, "%s.ndim = %d, expected %d", name, (int)t->ndim,
+                         ndim);
+    for (int i = 0; i < ndim; i++) {
+        if (t->shape[i] < 0)
+            return mlaf_fail(ctx, MLAF_ERR_SHAPE, "%s.shape[%d] = %lld, expected >= 0", name, i,
+                             (long long)t->shape[i]);
+        if (want && want[i] >= 0 && t->shape[i] != want[i]) {
+            if (want_expr && want_expr[i])
+                return mlaf_fail(ctx, MLAF_ERR_SHAPE, "%s.shape[%d] = %lld, expected %s = %lld",
+                                 name, i, (long long)t->shape[i], want_expr[i],
+                                 (long long)want[i]);
+            return mlaf_fail(ctx, MLAF_ERR_SHAPE, "%s.shape[%d] = %lld, expected %lld", name, i,
+                             (long long)t->shape[i], (long long)want[i]);
+        }
+    }
+    /* Innermost dim contiguous; outer strides non-negative and large enough that the dims
+     * inside them do not overlap (checked per dim against the extent of the next inner one). */
+    if (t->shape[ndim - 1] > 1 && t->stride[ndim - 1] != 1)
+        return mlaf_fail(ctx, MLAF_ERR_STRIDE,
+                         "%s.stride[%d] = %lld, expected 1 (elements inside a row are contiguous)",
+                         name, ndim - 1, (long long)t->stride[ndim - 1]);
+    for (int i = ndim - 2; i >= 0; i--) {
+        if (t->stride[i] < 0)
+            return mlaf_fail(ctx, MLAF_ERR_STRIDE, "%s.stride[%d] = %lld, expected >= 0", name, i,
+                             (long long)t->stride[i]);
+    }
+    if (ndim >= 2 && t->shape[ndim - 2] > 1 && t->stride[ndim - 2] < t->shape[ndim - 1])
+        return mlaf_fail(ctx, MLAF_ERR_STRIDE, "%s.stride[%d] = %lld, expected >= %s width %lld",
+                         name, ndim - 2, (long long)t->stride[ndim - 2], "the row",
+                         (long long)t->shape[ndim - 1]);
+    if (ndim == 3 && t->shape[0] > 1 && t->shape[1] > 0) {
+        /* The two outer dims, in either order of strides, must not make rows collide. */
+        int64_t s0 = t->stride[0], s1 = t->stride[1], n0 = t->shape[0], n1 = t->shape[1];
+        int64_t w = t->shape[2];
+        int ok;
+        if (n1 <= 1)
+            ok = s0 >= w;
+        else if (s0 >= s1)
+            ok = s0 >= (n1 - 1) * s1 + w;
+        else
+            ok = s1 >= (n0 - 1) * s0 + w && s0 >= w;
+        if (!ok)
+            return mlaf_fail(ctx, MLAF_ERR_STRIDE,
+                             "%s.stride = (%lld, %lld, 1) makes rows of shape (%lld, %lld, %lld) "
+                             "overlap",
+                             name, (long long)s0, (long long)s1, (long long)n0, (long long)n1,
+                             (long long)w);
+    }
+    if (numel(t) > 0) {
+        if (!t->data) return mlaf_fail(ctx, MLAF_ERR_NULL_POINTER, "%s.data is NULL", name);
+        size_t es = mlaf_dtype_size(t->dtype);
+        if ((uintptr_t)t->data % es != 0)
+            return mlaf_fail(ctx, MLAF_ERR_INVALID_ARGUMENT,
+                             "%s.data = %p is not aligned to its element size (%zu bytes)", name,
+                             t->data, es);
+    }
+    return MLAF_OK;
+}
+
+/* ---- overlap --------------------------------------------------------------------------- */
+
+typedef struct span {
+    uintptr_t lo, hi; /* [lo, hi) bytes touched, hi == lo when empty */
+} span;
+
+static span span_of(const mlaf_tensor *t) {
+    span s = {0, 0};
+    if (!t || !t->data || numel(t) == 0) return s;
+    size_t es = mlaf_dtype_size(t->dtype);
+    int64_t last = 0;
+    for (int i = 0; i < t->ndim; i++) last += (t->shape[i] - 1) * t->stride[i];
+    s.lo = (uintptr_t)t->data;
+    s.hi = s.lo + (uintptr_t)((last + 1) * (int64_t)es);
+    return s;
+}
+
+/* 1 if the two views may share a byte. Exact for the common case of two 2-D views with the
+ * same row stride in bytes (column slices of one wide buffer); conservative otherwise. */
+static int views_overlap(const mlaf_tensor *a, const mlaf_tensor *b) {
+    span sa = span_of(a), sb = span_of(b);
+    if (sa.lo == sa.hi || sb.lo == sb.hi) return 0;
+    if (sa.hi <= sb.lo || sb.hi <= sa.lo) return 0;
+    if (a->ndim == 2 && b->ndim == 2) {
+        int64_t ra = a->stride[0] * (int64_t)mlaf_dtype_size(a->dtype);
+        int64_t rb = b->stride[0] * (int64_t)mlaf_dtype_size(b->dtype);
+        int64_t wa = a->shape[1] * (int64_t)mlaf_dtype_size(a->dtype);
+        int64_t wb = b->shape[1] * (int64_t)mlaf_dtype_size(b->dtype);
+        if (a->shape[0] > 1 && b->shape[0] > 1 && ra == rb && wa + wb <= ra) {
+            /* Column byte ranges inside one period of the row stride. */
+            int64_t oa = (int64_t)(sa.lo % (uintptr_t)ra), ob = (int64_t)(sb.lo % (uintptr_t)ra);
+            int64_t d = ((ob - oa) % ra + ra) % ra; /* b's start relative to a's, in [0, ra) */
+            return !(d >= wa && d + wb <= ra);
+        }
+    }
+    return 1;
+}
+
+static mlaf_status no_overlap(mlaf_context *ctx, const mlaf_tensor *out, const char *out_name,
+                              const mlaf_tensor *other, const char *other_name) {
+    if (out && other && views_overlap(out, other))
+        return mlaf_fail(ctx, MLAF_ERR_OVERLAP, "%s overlaps %s", out_name, other_name);
+    return MLAF_OK;
+}
+
+/* The exact in-place form: `out` is the latent's own columns [col, col + width). */
+static int is_latent_columns(const mlaf_tensor *out, const mlaf_tensor *latent, int64_t col) {
+    if (!out || !latent || out->dtype != latent->dtype) return 0;
+    if (out->shape[0] != latent->shape[0]) return 0;
+    if (out->shape[0] > 1 && out->stride[0] != latent->stride[0]) return 0;
+    return (char *)out->data == (char *)latent->data + col * (int64_t)mlaf_dtype_size(latent->dtype);
+}
+
+static mlaf_status check_eps(mlaf_context *ctx, const char *name, float eps) {
+    if (!(isfinite(eps) && eps > 0.0f))
+        return mlaf_fail(ctx, MLAF_ERR_INVALID_ARGUMENT, "%s = %g, expected finite and > 0",
+                         name, (double)eps);
+    return MLAF_OK;
+}
+
+static mlaf_status check_tokens(mlaf_context *ctx, const mlaf_tensor *t, const char *name) {
+    if (t->shape[0] >= ((int64_t)1 << 31))
+        return mlaf_fail(ctx, MLAF_ERR_LIMIT, "%s.shape[0] = %lld tokens, expected < 2^31", name,
+                         (long long)t->shape[0]);
+    return MLAF_OK;
+}
+
+/* ---- split_qk_norm and the norm part of mla_kv_cache ------------------------------------ */
+
+static mlaf_status check_norm_part(mlaf_context *ctx, int32_t Q, int32_t C, int32_t R, float eps_q,
+                                   float eps_kv, const mlaf_tensor *latent,
+                                   const mlaf_tensor *w_q, const mlaf_tensor *w_kv,
+                                   const mlaf_tensor *q, const mlaf_tensor *k_nope,
+                                   int k_nope_required, const mlaf_tensor *k_pe,
+                                   mlaf_norm_job *job) {
+    if (Q < 0)
+        return mlaf_fail(ctx, MLAF_ERR_INVALID_ARGUMENT,
+                         "q_lora_rank = %d, expected >= 0 (0 = no q LoRA)", Q);
+    if (C <= 0)
+        return mlaf_fail(ctx, MLAF_ERR_INVALID_ARGUMENT, "kv_lora_rank = %d, expected > 0", C);
+    if (R < 0)
+        return mlaf_fail(ctx, MLAF_ERR_INVALID_ARGUMENT, "rope_dim = %d, expected >= 0", R);
+    if ((int64_t)Q + C + R > ((int64_t)1 << 20))
+        return mlaf_fail(ctx, MLAF_ERR_LIMIT,
+                         "q_lora_rank + kv_lora_rank + rope_dim = %lld, expected <= 1048576",
+                         (long long)Q + C + R);
+    if (Q > 0) TRY(check_eps(ctx, "eps_q", eps_q));
+    TRY(check_eps(ctx, "eps_kv", eps_kv));
+
+    static const char *const latent_expr[2] = {NULL, "q_lora_rank + kv_lora_rank + rope_dim"};
+    int64_t want[3] = {-1, (int64_t)Q + C + R, -1};
+    TRY(check_tensor(ctx, latent, "latent", DT_FLOAT, 2, want, latent_expr));
+    TRY(check_tokens(ctx, latent, "latent"));
+    int64_t T = latent->shape[0];
+    mlaf_dtype dt = latent->dtype;
+    unsigned wdt = DT_(dt) | DT_(MLAF_F32);
+
+    static const char *const wq_expr[1] = {"q_lora_rank"};
+    static const char *const wkv_expr[1] = {"kv_lora_rank"};
+    if (Q > 0) {
+        want[0] = Q;
+        TRY(check_tensor(ctx, w_q, "w_q", wdt, 1, want, wq_expr));
+    } else if (w_q) {
+        return mlaf_fail(ctx, MLAF_ERR_INVALID_ARGUMENT,
+                         "w_q is given but q_lora_rank = 0 (no q part); pass NULL");
+    }
+    want[0] = C;
+    TRY(check_tensor(ctx, w_kv, "w_kv", wdt, 1, want, wkv_expr));
+
+    static const char *const q_expr[2] = {"latent.shape[0]", "q_lora_rank"};
+    static const char *const kn_expr[2] = {"latent.shape[0]", "kv_lora_rank"};
+    static const char *const kp_expr[2] = {"latent.shape[0]", "rope_dim"};
+    unsigned odt = DT_(dt);
+    if (Q > 0) {
+        int64_t wq[2] = {T, Q};
+        TRY(check_tensor(ctx, q, "q", odt, 2, wq, q_expr));
+    } else if (q) {
+        return mlaf_fail(ctx, MLAF_ERR_INVALID_ARGUMENT,
+                         "q is given but q_lora_rank = 0 (no q part); pass NULL");
+    }
+    if (k_nope || k_nope_required) {
+        int64_t wk[2] = {T, C};
+        TRY(check_tensor(ctx, k_nope, "k_nope", odt, 2, wk, kn_expr));
+    }
+    if (k_pe) {
+        int64_t wp[2] = {T, R};
+        TRY(check_tensor(ctx, k_pe, "k_pe", odt, 2, wp, kp_expr));
+    }
+
+    /* Overlaps: each output is either exactly its own latent columns or disjoint from
+     * every input and every other output. */
+    const mlaf_tensor *outs[3] = {Q > 0 ? q : NULL, k_nope, k_pe};
+    const char *out_names[3] = {"q", "k_nope", "k_pe"};
+    int64_t cols[3] = {0, Q, (int64_t)Q + C};
+    for (int i = 0; i < 3; i++) {
+        if (!outs[i]) continue;
+        if (!is_latent_columns(outs[i], latent, cols[i]))
+            TRY(no_overlap(ctx, outs[i], out_names[i], latent,
+                           "latent (only the exact in-place form may: the output's own "
+                           "latent columns with the latent's row stride)"));
+        TRY(no_overlap(ctx, outs[i], out_names[i], w_q, "w_q"));
+        TRY(no_overlap(ctx, outs[i], out_names[i], w_kv, "w_kv"));
+        for (int j = i + 1; j < 3; j++)
+            if (outs[j]) TRY(no_overlap(ctx, outs[i], out_names[i], outs[j], out_names[j]));
+    }
+
+    memset(job, 0, sizeof *job);
+    job->T = T;
+    job->Q = Q;
+    job->C = C;
+    job->R = R;
+    job->eps_q = eps_q;
+    job->eps_kv = eps_kv;
+    job->dt = dt;
+    job->latent = latent->data;
+    job->latent_stride = latent->stride[0];
+    job->w_q = Q > 0 ? w_q->data : NULL;
+    job->w_q_dt = Q > 0 ? w_q->dtype : dt;
+    job->w_kv = w_kv->data;
+    job->w_kv_dt = w_kv->dtype;
+    if (Q > 0) {
+        job->q = q->data;
+        job->q_stride = q->stride[0];
+    }
+    if (k_nope) {
+        job->k_nope = k_nope->data;
+        job->k_nope_stride = k_nope->stride[0];
+    }
+    if (k_pe) {
+        job->k_pe = k_pe->data;
+        job->k_pe_stride = k_pe->stride[0];
+    }
+    return MLAF_OK;
+}
+
+mlaf_status mlaf_check_split_qk_norm(mlaf_context *ctx, const mlaf_split_qk_norm_params *p,
+                                     const mlaf_tensor *latent, const mlaf_tensor *w_q,
+                                     const mlaf_tensor *w_kv, const mlaf_tensor *q,
+                                     const mlaf_tensor *k_nope, const mlaf_tensor *k_pe,
+                                     mlaf_norm_job *job) {
+    if (!p) return mlaf_fail(ctx, MLAF_ERR_NULL_POINTER, "params is NULL (required)");
+    return check_norm_part(ctx, p->q_lora_rank, p->kv_lora_rank, p->rope_dim, p->eps_q,
+                           p->eps_kv, latent, w_q, w_kv, q, k_nope, 1, k_pe, job);
+}
+
+/* ---- RoPE inputs ----------------------------------------------------------------------- */
+
+static mlaf_status check_rope_inputs(mlaf_context *ctx, int32_t R, mlaf_rope_style style,
+                                     int64_t T, const mlaf_tensor *positions,
+                                     const mlaf_tensor *cos_sin, mlaf_rope_job *rope) {
+    if (style != MLAF_ROPE_INTERLEAVED && style != MLAF_ROPE_NEOX)
+        return mlaf_fail(ctx, MLAF_ERR_INVALID_ARGUMENT,
+                         "rope style = %d, expected 0 (interleaved) or 1 (neox)", (int)style);
+    if (R % 2 != 0)
+        return mlaf_fail(ctx, MLAF_ERR_INVALID_ARGUMENT, "rope_dim = %d, expected even", R);
+    static const char *const pos_expr[1] = {"tokens"};
+    static const char *const cs_expr[2] = {NULL, "rope_dim"};
+    int64_t wp[1] = {T};
+    TRY(check_tensor(ctx, positions, "positions", DT_INDEX, 1, wp, pos_expr));
+    int64_t wc[2] = {-1, R};
+    TRY(check_tensor(ctx, cos_sin, "cos_sin", DT_(MLAF_F32), 2, wc, cs_expr));
+    if (cos_sin->shape[0] < 1)
+        return mlaf_fail(ctx, MLAF_ERR_SHAPE, "cos_sin.shape[0] = %lld, expected >= 1 (max_pos)",
+                         (long long)cos_sin->shape[0]);
+    rope->R = R;
+    rope->style = style;
+    rope->positions = positions->data;
+    rope->pos_dt = positions->dtype;
+    rope->cos_sin = (const float *)cos_sin->data;
+    rope->cos_sin_stride = cos_sin->stride[0];
+    rope->max_pos = cos_sin->shape[0];
+    return MLAF_OK;
+}
+
+static mlaf_status check_error_count(mlaf_context *ctx, const mlaf_tensor *ec) {
+    if (!ec) return MLAF_OK;
+    int64_t w[1] = {1};
+    return check_tensor(ctx, ec, "error_count", DT_(MLAF_I32), 1, w, NULL);
+}
+
+/* ---- mla_kv_cache ---------------------------------------------------------------------- */
+
+mlaf_status mlaf_check_mla_kv_cache(mlaf_context *ctx, const mlaf_mla_kv_cache_params *p,
+                                    const mlaf_tensor *latent, const mlaf_tensor *w_q,
+                                    const mlaf_tensor *w_kv, const mlaf_tensor *positions,
+                                    const mlaf_tensor *cos_sin, const mlaf_tensor *slot_mapping,
+                                    const mlaf_tensor *kv_cache, const mlaf_tensor *q,
+                                    const mlaf_tensor *k_nope, const mlaf_tensor *k_pe,
+                                    const mlaf_tensor *error_count, mlaf_kv_cache_job *job) {
+    if (!p) return mlaf_fail(ctx, MLAF_ERR_NULL_POINTER, "params is NULL (required)");
+    mlaf_kv_cache_job j;
+    memset(&j, 0, sizeof j);
+    TRY(check_norm_part(ctx, p->q_lora_rank, p->kv_lora_rank, p->rope_dim, p->eps_q, p->eps_kv,
+                        latent, w_q, w_kv, q, k_nope, 0, k_pe, &j.norm));
+    int64_t T = j.norm.T;
+    int32_t C = p->kv_lora_rank, R = p->rope_dim;
+    if (R > 0) {
+        TRY(check_rope_inputs(ctx, R, p->style, T, positions, cos_sin, &j.rope));
+    } else {
+        if (p->style != MLAF_ROPE_INTERLEAVED && p->style != MLAF_ROPE_NEOX)
+            return mlaf_fail(ctx, MLAF_ERR_INVALID_ARGUMENT,
+                             "rope style = %d, expected 0 (interleaved) or 1 (neox)",
+                             (int)p->style);
+        j.rope.style = p->style;
+    }
+    static const char *const slot_expr[1] = {"latent.shape[0]"};
+    int64_t ws[1] = {T};
+    TRY(check_tensor(ctx, slot_mapping, "slot_mapping", DT_INDEX, 1, ws, slot_expr));
+    static const char *const cache_expr[3] = {NULL, NULL, "kv_lora_rank + rope_dim"};
+    int64_t wc[3] = {-1, -1, (int64_t)C + R};
+    TRY(check_tensor(ctx, kv_cache, "kv_cache", DT_FLOAT, 3, wc, cache_expr));
+    if (kv_cache->shape[1] < 1)
+        return mlaf_fail(ctx, MLAF_ERR_SHAPE, "kv_cache.shape[1] = %lld, expected >= 1 (block_size)",
+                         (long long)kv_cache->shape[1]);
+    TRY(check_error_count(ctx, error_count));
+
+    /* Outputs: q, k_nope, k_pe (checked against the latent above), cache, error_count. */
+    const mlaf_tensor *ins[6] = {latent, w_q, w_kv, positions, cos_sin, slot_mapping};
+    const char *in_names[6] = {"latent", "w_q", "w_kv", "positions", "cos_sin", "slot_mapping"};
+    const mlaf_tensor *outs[5] = {q, k_nope, k_pe, kv_cache, error_count};
+    const char *out_names[5] = {"q", "k_nope", "k_pe", "kv_cache", "error_count"};
+    for (int i = 0; i < 5; i++) {
+        if (!outs[i]) continue;
+        for (int k = (i < 3 ? 3 : 0); k < 6; k++) /* q/k_nope/k_pe vs latent/weights done */
+            if (R > 0 || (k != 3 && k != 4)) TRY(no_overlap(ctx, outs[i], out_names[i], ins[k], in_names[k]));
+        for (int k = (i < 3 ? 3 : i + 1); k < 5; k++)
+            if (outs[k]) TRY(no_overlap(ctx, outs[i], out_names[i], outs[k], out_names[k]));
+    }
+
+    j.slots = slot_mapping->data;
+    j.slot_dt = slot_mapping->dtype;
+    j.cache = kv_cache->data;
+    j.cache_dt = kv_cache->dtype;
+    j.num_blocks = kv_cache->shape[0];
+    j.block_size = kv_cache->shape[1];
+    j.cache_s0 = kv_cache->stride[0];
+    j.cache_s1 = kv_cache->stride[1];
+    j.error_count = error_count ? (int32_t *)error_count->data : NULL;
+    *job = j;
+    return MLAF_OK;
+}
+
+/* ---- rope_q ---------------------------------------------------------------------------- */
+
+mlaf_status mlaf_check_rope_q(mlaf_context *ctx, const mlaf_rope_params *p, const mlaf_tensor *q,
+                              const mlaf_tensor *positions, const mlaf_tensor *cos_sin,
+                              const mlaf_tensor *error_count, mlaf_rope_q_job *job) {
+    if (!p) return mlaf_fail(ctx, MLAF_ERR_NULL_POINTER, "params is NULL (required)");
+    if (p->rope_dim <= 0)
+        return mlaf_fail(ctx, MLAF_ERR_INVALID_ARGUMENT, "rope_dim = %d, expected > 0 and even",
+                         p->rope_dim);
+    TRY(check_tensor(ctx, q, "q", DT_FLOAT, 3, NULL, NULL));
+    TRY(check_tokens(ctx, q, "q"));
+    if (q->shape[2] < p->rope_dim)
+        return mlaf_fail(ctx, MLAF_ERR_SHAPE,
+                         "q.shape[2] = %lld, expected >= rope_dim = %d (head dim = nope + rope)",
+                         (long long)q->shape[2], p->rope_dim);
+    if (q->shape[2] > (1 << 20))
+        return mlaf_fail(ctx, MLAF_ERR_LIMIT, "q.shape[2] = %lld, expected <= 1048576",
+                         (long long)q->shape[2]);
+    mlaf_rope_q_job j;
+    memset(&j, 0, sizeof j);
+    TRY(check_rope_inputs(ctx, p->rope_dim, p->style, q->shape[0], positions, cos_sin, &j.rope));
+    TRY(check_error_count(ctx, error_count));
+    TRY(no_overlap(ctx, q, "q", positions, "positions"));
+    TRY(no_overlap(ctx, q, "q", cos_sin, "cos_sin"));
+    TRY(no_overlap(ctx, q, "q", error_count, "error_count"));
+    TRY(no_overlap(ctx, error_count, "error_count", positions, "positions"));
+    TRY(no_overlap(ctx, error_count, "error_count", cos_sin, "cos_sin"));
+    j.T = q->shape[0];
+    j.H = q->shape[1];
+    j.D = (int32_t)q->shape[2];
+    j.q = q->data;
+    j.dt = q->dtype;
+    j.s0 = q->stride[0];
+    j.s1 = q->stride[1];
+    j.error_count = error_count ? (int32_t *)error_count->data : NULL;
+    *job = j;
+    return MLAF_OK;
+}
+
+/* ---- moe_gate -------------------------------------------------------------------------- */
+
+mlaf_status mlaf_check_moe_gate(mlaf_context *ctx, const mlaf_moe_gate_params *p,
+                                const mlaf_tensor *logits, const mlaf_tensor *bias,
+                                const mlaf_tensor *weights, const mlaf_tensor *ids,
+                                const mlaf_tensor *scores, mlaf_moe_gate_job *job) {
+    if (!p) return mlaf_fail(ctx, MLAF_ERR_NULL_POINTER, "params is NULL (required)");
+    TRY(check_tensor(ctx, logits, "logits", DT_FLOAT, 2, NULL, NULL));
+    TRY(check_tokens(ctx, logits, "logits"));
+    int64_t T = logits->shape[0], E64 = logits->shape[1];
+    if (E64 < 1 || E64 > 2048)
+        return mlaf_fail(ctx, MLAF_ERR_LIMIT,
+                         "logits.shape[1] = %lld experts, expected 1 <= E <= 2048", (long long)E64);
+    int32_t E = (int32_t)E64;
+    if (p->score_func != MLAF_SCORE_SIGMOID && p->score_func != MLAF_SCORE_SOFTMAX)
+        return mlaf_fail(ctx, MLAF_ERR_INVALID_ARGUMENT,
+                         "score_func = %d, expected 0 (sigmoid) or 1 (softmax)", (int)p->score_func);
+    if (p->group_score != MLAF_GROUP_TOP2_SUM && p->group_score != MLAF_GROUP_MAX)
+        return mlaf_fail(ctx, MLAF_ERR_INVALID_ARGUMENT,
+                         "group_score = %d, expected 0 (top-2 sum) or 1 (max)", (int)p->group_score);
+    if (p->n_group < 1 || p->n_group > 64)
+        return mlaf_fail(ctx, MLAF_ERR_LIMIT, "n_group = %d, expected 1 <= n_group <= 64",
+                         p->n_group);
+    if (E % p->n_group != 0)
+        return mlaf_fail(ctx, MLAF_ERR_LIMIT,
+                         "n_group = %d does not divide the number of experts E = %d", p->n_group, E);
+    if (p->topk_group < 1 || p->topk_group > p->n_group)
+        return mlaf_fail(ctx, MLAF_ERR_LIMIT, "topk_group = %d, expected 1 <= topk_group <= n_group = %d",
+                         p->topk_group, p->n_group);
+    int32_t per_group = E / p->n_group;
+    if (p->n_group > 1 && p->group_score == MLAF_GROUP_TOP2_SUM && per_group < 2)
+        return mlaf_fail(ctx, MLAF_ERR_LIMIT,
+                         "n_group = %d leaves %d expert per group; group_score top-2 sum needs >= 2",
+                         p->n_group, per_group);
+    int32_t kmax = E < 64 ? E : 64;
+    if (p->top_k < 1 || p->top_k > kmax)
+        return mlaf_fail(ctx, MLAF_ERR_LIMIT, "top_k = %d, expected 1 <= top_k <= min(E, 64) = %d",
+                         p->top_k, kmax);
+    if (p->top_k > p->topk_group * per_group)
+        return mlaf_fail(ctx, MLAF_ERR_LIMIT,
+                         "top_k = %d, expected <= topk_group * E / n_group = %d experts in kept groups",
+                         p->top_k, p->topk_group * per_group);
+    if (p->n_shared_experts < 0 || p->n_shared_experts > 64)
+        return mlaf_fail(ctx, MLAF_ERR_LIMIT, "n_shared_experts = %d, expected 0 <= S <= 64",
+                         p->n_shared_experts);
+    if (!(isfinite(p->routed_scaling_factor) && p->routed_scaling_factor > 0.0f))
+        return mlaf_fail(ctx, MLAF_ERR_INVALID_ARGUMENT,
+                         "routed_scaling_factor = %g, expected finite and > 0",
+                         (double)p->routed_scaling_factor);
+    if (!(isfinite(p->eps) && p->eps >= 0.0f))
+        return mlaf_fail(ctx, MLAF_ERR_INVALID_ARGUMENT, "eps = %g, expected finite and >= 0",
+                         (double)p->eps);
+    int32_t K = p->top_k + p->n_shared_experts;
+
+    if (bias) {
+        static const char *const be[1] = {"logits.shape[1]"};
+        int64_t wb[1] = {E};
+        TRY(check_tensor(ctx, bias, "bias", DT_(MLAF_F32), 1, wb, be));
+    }
+    static const char *const oexpr[2] = {"logits.shape[0]", "top_k + n_shared_experts"};
+    int64_t wo[2] = {T, K};
+    TRY(check_tensor(ctx, weights, "weights", DT_(MLAF_F32) | DT_(logits->dtype), 2, wo, oexpr));
+    TRY(check_tensor(ctx, ids, "ids", DT_(MLAF_I32), 2, wo, oexpr));
+    if (scores) {
+        static const char *const sexpr[2] = {"logits.shape[0]", "logits.shape[1]"};
+        int64_t wsc[2] = {T, E};
+        TRY(check_tensor(ctx, scores, "scores", DT_(MLAF_F32), 2, wsc, sexpr));
+    }
+    const mlaf_tensor *outs[3] = {weights, ids, scores};
+    const char *onames[3] = {"weights", "ids", "scores"};
+    for (int i = 0; i < 3; i++) {
+        if (!outs[i]) continue;
+        TRY(no_overlap(ctx, outs[i], onames[i], logits, "logits"));
+        TRY(no_overlap(ctx, outs[i], onames[i], bias, "bias"));
+        for (int k = i + 1; k < 3; k++)
+            if (outs[k]) TRY(no_overlap(ctx, outs[i], onames[i], outs[k], onames[k]));
+    }
+
+    memset(job, 0, sizeof *job);
+    job->T = T;
+    job->E = E;
+    job->top_k = p->top_k;
+    job->n_group = p->n_group;
+    job->topk_group = p->topk_group;
+    job->n_shared = p->n_shared_experts;
+    job->K = K;
+    job->score_func = p->score_func;
+    job->group_score = p->group_score;
+    job->renormalize = p->renormalize != 0;
+    job->apply_scaling = p->apply_routed_scaling != 0;
+    job->scaling = p->routed_scaling_factor;
+    job->eps = p->eps;
+    job->logits = logits->data;
+    job->logits_dt = logits->dtype;
+    job->logits_stride = logits->stride[0];
+    job->bias = bias ? (const float *)bias->data : NULL;
+    job->weights = weights->data;
+    job->weights_dt = weights->dtype;
+    job->weights_stride = weights->stride[0];
+    job->ids = (int32_t *)ids->data;
+    job->ids_stride = ids->stride[0];
+    job->scores = scores ? (float *)scores->data : NULL;
+    job->scores_stride = scores ? scores->stride[0] : 0;
+    return MLAF_OK;
+}

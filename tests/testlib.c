@@ -1,0 +1,67 @@
+#include "testlib.h"
+
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+int tl_passed, tl_failed, tl_skipped;
+
+int tl_case(int ok, const char *name, const char *fmt, ...) {
+    if (ok) {
+        tl_passed++;
+        printf("%s: OK\n", name);
+    } else {
+        tl_failed++;
+        printf("%s: FAIL ", name);
+        va_list ap;
+        va_start(ap, fmt);
+        vprintf(fmt, ap);
+        va_end(ap);
+        printf("\n");
+    }
+    fflush(stdout);
+    return ok;
+}
+
+void tl_skip(const char *name, const char *why) {
+    tl_skipped++;
+    printf("%s: SKIP %s\n", name, why);
+    fflush(stdout);
+}
+
+int tl_finish(void) {
+    printf("%d passed, %d failed, %d skipped\n", tl_passed, tl_failed, tl_skipped);
+    return tl_failed == 0 ? 0 : 1;
+}
+
+int tl_backends(mlaf_backend *out) {
+    int n = 0;
+    out[n++] = MLAF_BACKEND_CPU;
+    if (mlaf_backend_available(MLAF_BACKEND_CUDA)) {
+        out[n++] = MLAF_BACKEND_CUDA;
+    } else {
+#ifdef MLAF_WITH_CUDA
+        printf("SKIP: cuda backend: built, but no CUDA device is visible on this machine; "
+               "GPU cases skipped\n");
+#else
+        printf("SKIP: cuda backend: not built (no nvcc at configure time); GPU cases skipped\n");
+#endif
+        tl_skipped++;
+    }
+    return n;
+}
+
+int tl_quick(void) {
+    const char *q = getenv("MLAF_TEST_QUICK");
+    return q && *q && strcmp(q, "0") != 0;
+}
+
+mlaf_context *tl_context(mlaf_backend b) {
+    mlaf_context *ctx = NULL;
+    mlaf_status st = mlaf_context_create(&ctx, b);
+    if (st != MLAF_OK) {
+        tl_case(0, "context_create", "backend %s: %s", mlaf_backend_name(b), mlaf_status_name(st));
+        return NULL;
+    }
+    return ctx;
+}
