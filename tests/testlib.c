@@ -36,7 +36,20 @@ int tl_finish(void) {
 
 int tl_backends(mlaf_backend *out) {
     int n = 0;
+    /* MLAF_TEST_BACKEND=cuda (or cpu) restricts the run to one backend, e.g. under
+     * compute-sanitizer on the GPU machine. */
+    const char *only = getenv("MLAF_TEST_BACKEND");
+    if (only && strcmp(only, "cuda") == 0) {
+        if (mlaf_backend_available(MLAF_BACKEND_CUDA)) {
+            out[n++] = MLAF_BACKEND_CUDA;
+        } else {
+            printf("SKIP: cuda backend: MLAF_TEST_BACKEND=cuda but no CUDA device is visible\n");
+            tl_skipped++;
+        }
+        return n;
+    }
     out[n++] = MLAF_BACKEND_CPU;
+    if (only && strcmp(only, "cpu") == 0) return n;
     if (mlaf_backend_available(MLAF_BACKEND_CUDA)) {
         out[n++] = MLAF_BACKEND_CUDA;
     } else {
