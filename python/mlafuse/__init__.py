@@ -1,0 +1,42 @@
+"""mlafuse — fused memory-bound kernels for MLA-attention + MoE language models.
+
+Thin binding over the C library libmlafuse (ctypes; no compile step of its own) plus PyTorch
+custom ops (torch.ops.mlafuse.*) when torch is installed.
+
+    import mlafuse
+    q, k_nope, k_pe = mlafuse.split_qk_norm(latent, w_q, w_kv, eps_q=1e-5, eps_kv=1e-5)
+    mlafuse.mla_kv_cache(latent, w_q, w_kv, positions, cos_sin, slot_mapping, kv_cache)
+    mlafuse.rope_q(q.view(T, H, D), positions, cos_sin)
+    weights, ids = mlafuse.moe_gate(logits, bias, config="glm-4.7-flash")
+
+numpy arrays run on the CPU backend; torch tensors on the backend of their device (CUDA: the
+tensor's device and torch's current stream there). The library is found at
+$MLAFUSE_LIBRARY, else bundled in mlafuse/lib/, else in the repository's build/ directory.
+Set MLAFUSE_DISABLE_TORCH=1 to keep the package from importing torch.
+"""
+from ._lib import MlafError, library_path
+from .ops import (
+    Preset,
+    backend_available,
+    backend_supports,
+    find_preset,
+    get_num_threads,
+    mla_kv_cache,
+    moe_gate,
+    presets,
+    rope_q,
+    rope_table,
+    set_num_threads,
+    split_qk_norm,
+    version,
+    version_number,
+)
+
+__version__ = version()
+HAS_TORCH = ops._torch is not None  # noqa: F821  (ops is bound by the import above)
+
+__all__ = [
+    "MlafError", "Preset", "backend_available", "backend_supports", "find_preset",
+    "get_num_threads", "library_path", "mla_kv_cache", "moe_gate", "presets", "rope_q",
+    "rope_table", "set_num_threads", "split_qk_norm", "version", "version_number", "HAS_TORCH",
+]

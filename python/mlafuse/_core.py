@@ -1,0 +1,196 @@
+"""Contexts, tensor views and the raw calls: the part shared by the numpy path and the torch
+custom ops.
+
+Contexts: the C library's contexts are not thread-safe, so each thread keeps its own, one per
+(backend, device), in a threading.local; a thread's contexts are freed when the thread ends.
+Views: a numpy array or torch tensor becomes an mlaf_tensor without any copy; numpy strides
+are bytes and are converted to elements (a stride that is not a whole number of elements is
+rejected, as is anything the library itself rejects).
+"""
+from __future__ import annotations
+
+import ctypes
+import threading
+
+from . import _lib as L
+from ._lib import MlafError
+
+# ---- contexts ----------------------------------------------------------------------------
+_cpu_threads = 0  # 0 = all cores, the library's default
+
+
+class _Context:
+    __slots__ = ("ptr", "backend", "device", "threads")
+
+    def __init__(self, backend: int, device: int):
+        self.ptr = None
+        p = ctypes.c_void_p()
+        st = L.mlaf_context_create(ctypes.byref(p), backend)
+        if st != L.OK:
+            raise MlafError(st, f"cannot create a {L.mlaf_backend_name(backend).decode()} "
+                                f"context: {L.status_message(st)}")
+        self.ptr = p
+        self.backend = backend
+        self.device = device
+        self.threads = 0
+        if backend == L.BACKEND_CUDA:
+            self.check(L.mlaf_context_set_cuda_device(self.ptr, device))
+
+    def check(self, st: int) -> None:
+        if st != L.OK:
+            msg = L.mlaf_context_last_error(self.ptr).decode() or L.status_message(st)
+            raise MlafError(st, msg)
+
+    def __del__(self):
+        # At interpreter exit the module globals may already be gone; the OS reclaims then.
+        try:
+            if self.ptr:
+                L.mlaf_context_free(self.ptr)
+                self.ptr = None
+        except Exception:
+            pass
+
+
+class _PerThread(threading.local):
+    def __init__(self):
+        self.contexts = {}
+
+
+_tls = _PerThread()
+
+
+def context(backend: int, device: int = 0) -> _Context:
+    """This thread's context for (backend, device), created on first use."""
+    key = (backend, device)
+    ctx = _tls.contexts.get(key)
+    if ctx is None:
+        ctx = _Context(backend, device)
+        _tls.contexts[key] = ctx
+    if backend == L.BACKEND_CPU and ctx.threads != _cpu_threads:
+        ctx.check(L.mlaf_context_set_threads(ctx.ptr, _cpu_threads))
+        ctx.threads = _cpu_threads
+    return ctx
+
+
+def set_num_threads(n: int) -> None:
+    """CPU threads used by every later CPU call (all threads' contexts); 0 = all cores."""
+    global _cpu_threads
+    n = int(n)
+    if n < 0:
+        raise MlafError(L.ERR_INVALID_ARGUMENT, f"threads = {n}, expected >= 0 (0 = all cores)")
+    _cpu_threads = n
+
+
+def get_num_threads() -> int:
+    """Threads the CPU backend will use on this thread's next call (resolved, >= 1)."""
+    return L.mlaf_context_threads(context(L.BACKEND_CPU).ptr)
+
+
+# ---- views ---------------------------------------------------------------------------------
+def _view(name, data, dtype, shape, strides):
+    if len(shape) > L.MAX_DIMS:
+        raise MlafError(L.ERR_SHAPE, f"{name}.ndim = {len(shape)}, expected <= {L.MAX_DIMS}")
+    v = L.Tensor()
+    v.data = data or None
+    v.dtype = dtype
+    v.ndim = len(shape)
+    empty = any(n == 0 for n in shape)
+    dense = 1
+    for i in range(len(shape) - 1, -1, -1):
+        n = int(shape[i])
+        v.shape[i] = n
+        # A stride that never moves the address (extent 1, or no elements at all) is
+        # arbitrary in numpy and torch (0, or that of a wider parent); report the dense one.
+        v.stride[i] = dense if (n <= 1 or empty) else int(strides[i])
+        dense *= max(n, 1)
+    return v
+
+
+_np = None
+_NP_DT = {}
+
+
+def _numpy():
+    global _np
+    if _np is None:
+        import numpy
+
+        _np = numpy
+        _NP_DT.update({numpy.dtype(numpy.float32): L.F32, numpy.dtype(numpy.float16): L.F16,
+                       numpy.dtype(numpy.int32): L.I32, numpy.dtype(numpy.int64): L.I64})
+        try:  # numpy has no bfloat16; ml_dtypes supplies one when installed
+            import ml_dtypes
+
+            _NP_DT[numpy.dtype(ml_dtypes.bfloat16)] = L.BF16
+        except ImportError:
+            pass
+    return _np
+
+
+def numpy_dtype(code: int):
+    np = _numpy()
+    for k, v in _NP_DT.items():
+        if v == code:
+            return k
+    raise MlafError(L.ERR_DTYPE, f"dtype {L.mlaf_dtype_name(code).decode()} has no numpy "
+                                 "equivalent here (bf16 needs the ml_dtypes package)")
+
+
+def view_numpy(a, name: str, writable: bool = False):
+    np = _numpy()
+    if not isinstance(a, np.ndarray):
+        raise TypeError(f"{name} must be a numpy.ndarray, got {type(a).__name__}")
+    code = _NP_DT.get(a.dtype)
+    if code is None:
+        raise MlafError(L.ERR_DTYPE, f"{name}.dtype = {a.dtype}, expected float32, float16, "
+                                     "bfloat16 (ml_dtypes), int32 or int64 in native byte order")
+    if writable and not a.flags.writeable:
+        raise ValueError(f"{name} is read-only; it is an output of this call")
+    item = a.itemsize
+    strides = []
+    for i, s in enumerate(a.strides):
+        if s % item:
+            raise MlafError(L.ERR_STRIDE,
+                            f"{name}.strides = {a.strides} bytes: stride[{i}] = {s} is not a "
+                            f"multiple of the element size {item} (mlafuse strides are in "
+                            "elements)")
+        strides.append(s // item)
+    return _view(name, a.__array_interface__["data"][0], code, a.shape, strides)
+
+
+def byref(v):
+    return ctypes.byref(v) if v is not None else None
+
+
+# ---- raw calls: views in, MlafError out ----------------------------------------------------
+def run_split_qk_norm(ctx, Q, C, R, eps_q, eps_kv, latent, w_q, w_kv, q, k_nope, k_pe):
+    p = L.SplitQkNormParams(int(Q), int(C), int(R), float(eps_q), float(eps_kv))
+    ctx.check(L.mlaf_split_qk_norm(ctx.ptr, ctypes.byref(p), byref(latent), byref(w_q),
+                                   byref(w_kv), byref(q), byref(k_nope), byref(k_pe)))
+
+
+def run_mla_kv_cache(ctx, Q, C, R, eps_q, eps_kv, style, latent, w_q, w_kv, positions,
+                     cos_sin, slot_mapping, kv_cache, q, k_nope, k_pe, error_count):
+    p = L.MlaKvCacheParams(int(Q), int(C), int(R), float(eps_q), float(eps_kv), int(style))
+    ctx.check(L.mlaf_mla_kv_cache(ctx.ptr, ctypes.byref(p), byref(latent), byref(w_q),
+                                  byref(w_kv), byref(positions), byref(cos_sin),
+                                  byref(slot_mapping), byref(kv_cache), byref(q),
+                                  byref(k_nope), byref(k_pe), byref(error_count)))
+
+
+def run_rope_q(ctx, R, style, q, positions, cos_sin, error_count):
+    p = L.RopeParams(int(R), int(style))
+    ctx.check(L.mlaf_rope_q(ctx.ptr, ctypes.byref(p), byref(q), byref(positions),
+                            byref(cos_sin), byref(error_count)))
+
+
+def run_moe_gate(ctx, params, logits, bias, weights, ids, scores):
+    ctx.check(L.mlaf_moe_gate(ctx.ptr, ctypes.byref(params), byref(logits), byref(bias),
+                              byref(weights), byref(ids), byref(scores)))
+
+
+def moe_params(top_k, n_group, topk_group, score_func, group_score, renormalize,
+               routed_scaling_factor, apply_routed_scaling, eps, n_shared_experts):
+    return L.MoeGateParams(int(top_k), int(n_group), int(topk_group), int(score_func),
+                           int(group_score), int(bool(renormalize)), float(routed_scaling_factor),
+                           int(bool(apply_routed_scaling)), float(eps), int(n_shared_experts))

@@ -1,0 +1,221 @@
+"""ctypes face of libmlafuse: finding and loading the shared library, the C structs mirrored
+field for field, the function prototypes, and MlafError.
+
+Nothing here knows about numpy or torch; the layouts below must match include/mlafuse.h
+byte for byte (tests/test_layout.py pins sizeof and offsets taken from a C program).
+"""
+from __future__ import annotations
+
+import ctypes
+import glob
+import os
+
+# ---- enums of include/mlafuse.h (append-only there, so the numbers are stable) ----------
+F32, F16, BF16, I32, I64 = 0, 1, 2, 3, 4
+BACKEND_CPU, BACKEND_CUDA = 0, 1
+OP_SPLIT_QK_NORM, OP_MLA_KV_CACHE, OP_ROPE_Q, OP_MOE_GATE = 0, 1, 2, 3
+SCORE_SIGMOID, SCORE_SOFTMAX = 0, 1
+GROUP_TOP2_SUM, GROUP_MAX = 0, 1
+ROPE_INTERLEAVED, ROPE_NEOX = 0, 1
+MAX_DIMS = 4
+
+OK = 0
+ERR_INVALID_ARGUMENT = 1
+ERR_NULL_POINTER = 2
+ERR_SHAPE = 3
+ERR_STRIDE = 4
+ERR_DTYPE = 5
+ERR_OVERLAP = 6
+ERR_LIMIT = 7
+ERR_BACKEND_UNAVAILABLE = 8
+ERR_UNSUPPORTED = 9
+ERR_DEVICE = 10
+ERR_OUT_OF_MEMORY = 11
+
+
+class Tensor(ctypes.Structure):
+    """mlaf_tensor: a non-owning strided view, strides in elements."""
+
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("dtype", ctypes.c_int),
+        ("ndim", ctypes.c_int32),
+        ("shape", ctypes.c_int64 * MAX_DIMS),
+        ("stride", ctypes.c_int64 * MAX_DIMS),
+    ]
+
+
+class ModelConfig(ctypes.Structure):
+    _fields_ = [
+        ("name", ctypes.c_char * 64),
+        ("q_lora_rank", ctypes.c_int32),
+        ("kv_lora_rank", ctypes.c_int32),
+        ("qk_rope_head_dim", ctypes.c_int32),
+        ("qk_nope_head_dim", ctypes.c_int32),
+        ("v_head_dim", ctypes.c_int32),
+        ("num_heads", ctypes.c_int32),
+        ("n_routed_experts", ctypes.c_int32),
+        ("top_k", ctypes.c_int32),
+        ("n_group", ctypes.c_int32),
+        ("topk_group", ctypes.c_int32),
+        ("score_func", ctypes.c_int),
+        ("group_score", ctypes.c_int),
+        ("has_score_bias", ctypes.c_int32),
+        ("norm_topk_prob", ctypes.c_int32),
+        ("routed_scaling_factor", ctypes.c_float),
+        ("apply_routed_scaling", ctypes.c_int32),
+        ("rms_norm_eps", ctypes.c_float),
+        ("n_shared_experts", ctypes.c_int32),
+        ("rope_style", ctypes.c_int),
+    ]
+
+
+class SplitQkNormParams(ctypes.Structure):
+    _fields_ = [
+        ("q_lora_rank", ctypes.c_int32),
+        ("kv_lora_rank", ctypes.c_int32),
+        ("rope_dim", ctypes.c_int32),
+        ("eps_q", ctypes.c_float),
+        ("eps_kv", ctypes.c_float),
+    ]
+
+
+class RopeParams(ctypes.Structure):
+    _fields_ = [("rope_dim", ctypes.c_int32), ("style", ctypes.c_int)]
+
+
+class MlaKvCacheParams(ctypes.Structure):
+    _fields_ = [
+        ("q_lora_rank", ctypes.c_int32),
+        ("kv_lora_rank", ctypes.c_int32),
+        ("rope_dim", ctypes.c_int32),
+        ("eps_q", ctypes.c_float),
+        ("eps_kv", ctypes.c_float),
+        ("style", ctypes.c_int),
+    ]
+
+
+class MoeGateParams(ctypes.Structure):
+    _fields_ = [
+        ("top_k", ctypes.c_int32),
+        ("n_group", ctypes.c_int32),
+        ("topk_group", ctypes.c_int32),
+        ("score_func", ctypes.c_int),
+        ("group_score", ctypes.c_int),
+        ("renormalize", ctypes.c_int32),
+        ("routed_scaling_factor", ctypes.c_float),
+        ("apply_routed_scaling", ctypes.c_int32),
+        ("eps", ctypes.c_float),
+        ("n_shared_experts", ctypes.c_int32),
+    ]
+
+
+class MlafError(RuntimeError):
+    """A call rejected by mlafuse (or by the binding before it reached the library).
+
+    Attributes: ``status`` (the integer mlaf_status), ``status_name`` ("MLAF_ERR_SHAPE") and
+    ``message`` (the library's mlaf_context_last_error text, naming the argument and the
+    expected value).
+    """
+
+    def __init__(self, status: int, message: str, status_name: str | None = None):
+        self.status = int(status)
+        self.status_name = status_name or _status_name(self.status)
+        self.message = message
+        super().__init__(f"{self.status_name}: {message}")
+
+
+# ---- finding the library -------------------------------------------------------------------
+_PKG_DIR = os.path.dirname(os.path.abspath(__file__))
+_REPO_ROOT = os.path.dirname(os.path.dirname(_PKG_DIR))
+
+
+def _candidates() -> list[str]:
+    env = os.environ.get("MLAFUSE_LIBRARY")
+    if env:
+        # An explicit choice is never second-guessed: if it fails to load, the user hears so.
+        return [env]
+    out = []
+    for d in (os.path.join(_PKG_DIR, "lib"), os.path.join(_REPO_ROOT, "build")):
+        # Prefer the unversioned name, then the soname link, then the real file.
+        names = sorted(glob.glob(os.path.join(d, "libmlafuse.so*")), key=len)
+        names += sorted(glob.glob(os.path.join(d, "libmlafuse*.dylib")), key=len)
+        names += sorted(glob.glob(os.path.join(d, "mlafuse.dll")), key=len)
+        out.extend(names)
+    return out
+
+
+def _load() -> tuple[ctypes.CDLL, str]:
+    tried = []
+    for path in _candidates():
+        try:
+            return ctypes.CDLL(path), path
+        except OSError as e:
+            tried.append(f"{path}: {e}")
+    where = "; ".join(tried) if tried else (
+        f"no libmlafuse.so in {os.path.join(_PKG_DIR, 'lib')} or {os.path.join(_REPO_ROOT, 'build')}")
+    raise ImportError(
+        "mlafuse: cannot load the shared library libmlafuse (" + where + "). Install the "
+        "package with `pip install ./python` (which builds it), build the repository into "
+        "build/, or point MLAFUSE_LIBRARY at libmlafuse.so.")
+
+
+lib, library_path = _load()
+
+_P = ctypes.POINTER
+_T = _P(Tensor)
+_ctx_p = ctypes.c_void_p
+
+
+def _proto(name, restype, *argtypes):
+    f = getattr(lib, name)
+    f.restype = restype
+    f.argtypes = list(argtypes)
+    return f
+
+
+mlaf_version_number = _proto("mlaf_version_number", ctypes.c_uint)
+mlaf_version_string = _proto("mlaf_version_string", ctypes.c_char_p)
+mlaf_status_name = _proto("mlaf_status_name", ctypes.c_char_p, ctypes.c_int)
+mlaf_status_message = _proto("mlaf_status_message", ctypes.c_char_p, ctypes.c_int)
+mlaf_dtype_size = _proto("mlaf_dtype_size", ctypes.c_size_t, ctypes.c_int)
+mlaf_dtype_name = _proto("mlaf_dtype_name", ctypes.c_char_p, ctypes.c_int)
+mlaf_backend_name = _proto("mlaf_backend_name", ctypes.c_char_p, ctypes.c_int)
+mlaf_op_name = _proto("mlaf_op_name", ctypes.c_char_p, ctypes.c_int)
+mlaf_backend_available = _proto("mlaf_backend_available", ctypes.c_int, ctypes.c_int)
+mlaf_backend_supports = _proto("mlaf_backend_supports", ctypes.c_int, ctypes.c_int, ctypes.c_int)
+mlaf_context_create = _proto("mlaf_context_create", ctypes.c_int, _P(_ctx_p), ctypes.c_int)
+mlaf_context_free = _proto("mlaf_context_free", None, _ctx_p)
+mlaf_context_backend = _proto("mlaf_context_backend", ctypes.c_int, _ctx_p)
+mlaf_context_set_threads = _proto("mlaf_context_set_threads", ctypes.c_int, _ctx_p, ctypes.c_int)
+mlaf_context_threads = _proto("mlaf_context_threads", ctypes.c_int, _ctx_p)
+mlaf_context_set_cpu_isa = _proto("mlaf_context_set_cpu_isa", ctypes.c_int, _ctx_p, ctypes.c_int)
+mlaf_context_cpu_isa = _proto("mlaf_context_cpu_isa", ctypes.c_int, _ctx_p)
+mlaf_cpu_isa_name = _proto("mlaf_cpu_isa_name", ctypes.c_char_p, ctypes.c_int)
+mlaf_context_set_cuda_device = _proto("mlaf_context_set_cuda_device", ctypes.c_int, _ctx_p,
+                                      ctypes.c_int)
+mlaf_context_set_cuda_stream = _proto("mlaf_context_set_cuda_stream", ctypes.c_int, _ctx_p,
+                                      ctypes.c_void_p)
+mlaf_context_last_error = _proto("mlaf_context_last_error", ctypes.c_char_p, _ctx_p)
+mlaf_preset_count = _proto("mlaf_preset_count", ctypes.c_int)
+mlaf_preset_at = _proto("mlaf_preset_at", _P(ModelConfig), ctypes.c_int)
+mlaf_preset_find = _proto("mlaf_preset_find", _P(ModelConfig), ctypes.c_char_p)
+mlaf_rope_table_init = _proto("mlaf_rope_table_init", ctypes.c_int, ctypes.c_void_p,
+                              ctypes.c_int64, ctypes.c_int32, ctypes.c_double)
+mlaf_moe_gate_params_from_config = _proto("mlaf_moe_gate_params_from_config", MoeGateParams,
+                                          _P(ModelConfig))
+mlaf_split_qk_norm = _proto("mlaf_split_qk_norm", ctypes.c_int, _ctx_p, _P(SplitQkNormParams),
+                            _T, _T, _T, _T, _T, _T)
+mlaf_mla_kv_cache = _proto("mlaf_mla_kv_cache", ctypes.c_int, _ctx_p, _P(MlaKvCacheParams),
+                           _T, _T, _T, _T, _T, _T, _T, _T, _T, _T, _T)
+mlaf_rope_q = _proto("mlaf_rope_q", ctypes.c_int, _ctx_p, _P(RopeParams), _T, _T, _T, _T)
+mlaf_moe_gate = _proto("mlaf_moe_gate", ctypes.c_int, _ctx_p, _P(MoeGateParams),
+                       _T, _T, _T, _T, _T)
+
+
+def _status_name(status: int) -> str:
+    return mlaf_status_name(int(status)).decode()
+
+
+def status_message(status: int) -> str:
+    return mlaf_status_message(int(status)).decode()

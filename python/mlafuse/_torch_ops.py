@@ -1,0 +1,232 @@
+"""PyTorch custom ops: torch.ops.mlafuse.*, registered with torch.library.
+
+Why custom ops rather than plain Python calls: the dispatcher gives the calls a schema with
+mutation annotations (``Tensor(a!) kv_cache``) and a fake (meta) implementation, so
+torch.compile can trace them (fullgraph), functionalize the mutations and re-inplace them,
+and CUDA graphs can capture them. The real implementation is the same Python function for
+CPU and CUDA tensors: it builds strided views (no copy), takes this thread's context for the
+tensor's device, points it at torch's current stream on that device and calls the library.
+It never synchronizes and never reads device memory, so it is capture-safe.
+
+Ops (all arguments of the C ops; int enums: style 0 interleaved / 1 neox, score_func 0
+sigmoid / 1 softmax, group_score 0 top-2 sum / 1 max):
+  split_qk_norm          -> (q [T,Q], k_nope [T,C], k_pe [T,R] or [T,0])   functional
+  split_qk_norm_out      writes q, k_nope, k_pe                            mutates outputs
+  split_qk_norm_inplace  latent row -> [q_norm | k_nope_norm | k_pe]       mutates latent
+  mla_kv_cache           -> (q, k_nope or [T,0], k_pe or [T,0])            mutates kv_cache,
+                                                                           error_count
+  mla_kv_cache_out       writes q, k_nope, k_pe                            mutates kv_cache,
+                                                                           error_count, outputs
+  rope_q                 rotates q                                         mutates q, error_count
+  moe_gate               -> (weights, ids, scores or [T,0])                functional
+  moe_gate_out           writes weights, ids, scores                       mutates outputs
+Not-requested outputs of the functional forms are empty [T, 0] tensors (schemas cannot
+return None); the mlafuse.* Python functions turn them into None.
+No autograd: these are inference ops.
+"""
+from __future__ import annotations
+
+import torch
+
+from . import _core
+from . import _lib as L
+from ._lib import MlafError
+
+_DT = {torch.float32: L.F32, torch.float16: L.F16, torch.bfloat16: L.BF16,
+       torch.int32: L.I32, torch.int64: L.I64}
+
+
+def _view(t, name, device):
+    if t is None:
+        return None
+    if t.device != device:
+        raise MlafError(L.ERR_INVALID_ARGUMENT,
+                        f"{name} is on {t.device}, expected {device} (every tensor of a call "
+                        "lives on one device)")
+    code = _DT.get(t.dtype)
+    if code is None:
+        raise MlafError(L.ERR_DTYPE, f"{name}.dtype = {t.dtype}, expected float32, float16, "
+                                     "bfloat16, int32 or int64")
+    return _core._view(name, t.data_ptr(), code, t.shape, t.stride())
+
+
+def _context(device):
+    if device.type == "cpu":
+        return _core.context(L.BACKEND_CPU)
+    if device.type == "cuda":
+        idx = device.index if device.index is not None else torch.cuda.current_device()
+        ctx = _core.context(L.BACKEND_CUDA, idx)
+        # The stream is read on every call: under graph capture it is the capture stream.
+        stream = torch.cuda.current_stream(idx).cuda_stream
+        ctx.check(L.mlaf_context_set_cuda_stream(ctx.ptr, stream or None))
+        return ctx
+    raise MlafError(L.ERR_BACKEND_UNAVAILABLE,
+                    f"tensors on {device} are not supported; mlafuse runs on cpu and cuda")
+
+
+def _T(latent):
+    return latent.shape[0] if latent.dim() >= 1 else 0
+
+
+_lib = torch.library.Library("mlafuse", "DEF")
+
+
+def _register(schema: str, impl, fake):
+    name = schema.split("(", 1)[0]
+    _lib.define(schema)
+    _lib.impl(name, impl, "CPU")
+    _lib.impl(name, impl, "CUDA")
+    torch.library.register_fake("mlafuse::" + name, fake, lib=_lib)
+
+
+# ---- split_qk_norm -------------------------------------------------------------------------
+def _split_out(latent, w_q, w_kv, q, k_nope, k_pe, Q, C, R, eps_q, eps_kv):
+    d = latent.device
+    _core.run_split_qk_norm(_context(d), Q, C, R, eps_q, eps_kv, _view(latent, "latent", d),
+                            _view(w_q, "w_q", d), _view(w_kv, "w_kv", d), _view(q, "q", d),
+                            _view(k_nope, "k_nope", d), _view(k_pe, "k_pe", d))
+
+
+def _split_alloc(latent, Q, C, R, return_k_pe):
+    T = _T(latent)
+    return (latent.new_empty((T, max(Q, 0))), latent.new_empty((T, max(C, 0))),
+            latent.new_empty((T, max(R, 0) if return_k_pe else 0)))
+
+
+def _split_impl(latent, w_q, w_kv, Q, C, R, eps_q, eps_kv, return_k_pe):
+    q, k_nope, k_pe = _split_alloc(latent, Q, C, R, return_k_pe)
+    _split_out(latent, w_q, w_kv, q if Q > 0 else None, k_nope, k_pe if return_k_pe else None,
+               Q, C, R, eps_q, eps_kv)
+    return q, k_nope, k_pe
+
+
+def _split_fake(latent, w_q, w_kv, Q, C, R, eps_q, eps_kv, return_k_pe):
+    return _split_alloc(latent, Q, C, R, return_k_pe)
+
+
+_register("split_qk_norm(Tensor latent, Tensor? w_q, Tensor w_kv, int q_lora_rank, "
+          "int kv_lora_rank, int rope_dim, float eps_q, float eps_kv, bool return_k_pe=True) "
+          "-> (Tensor, Tensor, Tensor)", _split_impl, _split_fake)
+
+
+def _nothing(*args, **kwargs):
+    return None
+
+
+_register("split_qk_norm_out(Tensor latent, Tensor? w_q, Tensor w_kv, Tensor(a!)? q, "
+          "Tensor(b!) k_nope, Tensor(c!)? k_pe, int q_lora_rank, int kv_lora_rank, "
+          "int rope_dim, float eps_q, float eps_kv) -> ()", _split_out, _nothing)
+
+
+def _split_inplace(latent, w_q, w_kv, Q, C, R, eps_q, eps_kv):
+    # The in-place form the library accepts: outputs are exactly the latent's own columns.
+    q = latent[:, :Q] if Q > 0 and latent.dim() == 2 else None
+    k_nope = latent[:, Q:Q + C] if latent.dim() == 2 else None
+    k_pe = latent[:, Q + C:Q + C + R] if latent.dim() == 2 else None
+    _split_out(latent, w_q, w_kv, q, k_nope, k_pe, Q, C, R, eps_q, eps_kv)
+
+
+_register("split_qk_norm_inplace(Tensor(a!) latent, Tensor? w_q, Tensor w_kv, "
+          "int q_lora_rank, int kv_lora_rank, int rope_dim, float eps_q, float eps_kv) -> ()",
+          _split_inplace, _nothing)
+
+
+# ---- mla_kv_cache --------------------------------------------------------------------------
+def _kv_out(latent, w_q, w_kv, positions, cos_sin, slot_mapping, kv_cache, error_count, q,
+            k_nope, k_pe, Q, C, R, eps_q, eps_kv, style):
+    d = latent.device
+    _core.run_mla_kv_cache(
+        _context(d), Q, C, R, eps_q, eps_kv, style, _view(latent, "latent", d),
+        _view(w_q, "w_q", d), _view(w_kv, "w_kv", d), _view(positions, "positions", d),
+        _view(cos_sin, "cos_sin", d), _view(slot_mapping, "slot_mapping", d),
+        _view(kv_cache, "kv_cache", d), _view(q, "q", d), _view(k_nope, "k_nope", d),
+        _view(k_pe, "k_pe", d), _view(error_count, "error_count", d))
+
+
+def _kv_alloc(latent, Q, C, R, return_k_nope, return_k_pe):
+    T = _T(latent)
+    return (latent.new_empty((T, max(Q, 0))),
+            latent.new_empty((T, max(C, 0) if return_k_nope else 0)),
+            latent.new_empty((T, max(R, 0) if return_k_pe else 0)))
+
+
+def _kv_impl(latent, w_q, w_kv, positions, cos_sin, slot_mapping, kv_cache, error_count, Q, C,
+             R, eps_q, eps_kv, style, return_k_nope, return_k_pe):
+    q, k_nope, k_pe = _kv_alloc(latent, Q, C, R, return_k_nope, return_k_pe)
+    _kv_out(latent, w_q, w_kv, positions, cos_sin, slot_mapping, kv_cache, error_count,
+            q if Q > 0 else None, k_nope if return_k_nope else None,
+            k_pe if return_k_pe else None, Q, C, R, eps_q, eps_kv, style)
+    return q, k_nope, k_pe
+
+
+def _kv_fake(latent, w_q, w_kv, positions, cos_sin, slot_mapping, kv_cache, error_count, Q, C,
+             R, eps_q, eps_kv, style, return_k_nope, return_k_pe):
+    return _kv_alloc(latent, Q, C, R, return_k_nope, return_k_pe)
+
+
+_KV_IN = ("Tensor latent, Tensor? w_q, Tensor w_kv, Tensor? positions, Tensor? cos_sin, "
+          "Tensor slot_mapping, Tensor(a!) kv_cache, Tensor(b!)? error_count")
+_KV_P = "int q_lora_rank, int kv_lora_rank, int rope_dim, float eps_q, float eps_kv, int style"
+_register(f"mla_kv_cache({_KV_IN}, {_KV_P}, bool return_k_nope=False, "
+          "bool return_k_pe=False) -> (Tensor, Tensor, Tensor)", _kv_impl, _kv_fake)
+_register(f"mla_kv_cache_out({_KV_IN}, Tensor(c!)? q, Tensor(d!)? k_nope, Tensor(e!)? k_pe, "
+          f"{_KV_P}) -> ()", _kv_out, _nothing)
+
+
+# ---- rope_q --------------------------------------------------------------------------------
+def _rope_q(q, positions, cos_sin, R, style, error_count=None):
+    d = q.device
+    _core.run_rope_q(_context(d), R, style, _view(q, "q", d), _view(positions, "positions", d),
+                     _view(cos_sin, "cos_sin", d), _view(error_count, "error_count", d))
+
+
+_register("rope_q(Tensor(a!) q, Tensor positions, Tensor cos_sin, int rope_dim, int style, "
+          "Tensor(b!)? error_count=None) -> ()", _rope_q, _nothing)
+
+
+# ---- moe_gate ------------------------------------------------------------------------------
+_GATE_P = ("int top_k, int n_group, int topk_group, int score_func, int group_score, "
+           "bool renormalize, float routed_scaling_factor, bool apply_routed_scaling, "
+           "float eps, int n_shared_experts")
+
+
+def _gate_out(logits, bias, weights, ids, scores, top_k, n_group, topk_group, score_func,
+              group_score, renormalize, routed_scaling_factor, apply_routed_scaling, eps,
+              n_shared_experts):
+    d = logits.device
+    p = _core.moe_params(top_k, n_group, topk_group, score_func, group_score, renormalize,
+                         routed_scaling_factor, apply_routed_scaling, eps, n_shared_experts)
+    _core.run_moe_gate(_context(d), p, _view(logits, "logits", d), _view(bias, "bias", d),
+                       _view(weights, "weights", d), _view(ids, "ids", d),
+                       _view(scores, "scores", d))
+
+
+def _gate_alloc(logits, top_k, n_shared_experts, return_scores, weights_dtype):
+    T = _T(logits)
+    E = logits.shape[1] if logits.dim() >= 2 else 0
+    K = max(top_k + n_shared_experts, 0)
+    return (logits.new_empty((T, K), dtype=weights_dtype or torch.float32),
+            logits.new_empty((T, K), dtype=torch.int32),
+            logits.new_empty((T, E if return_scores else 0), dtype=torch.float32))
+
+
+def _gate_impl(logits, bias, top_k, n_group, topk_group, score_func, group_score, renormalize,
+               routed_scaling_factor, apply_routed_scaling, eps, n_shared_experts,
+               return_scores=False, weights_dtype=None):
+    w, i, s = _gate_alloc(logits, top_k, n_shared_experts, return_scores, weights_dtype)
+    _gate_out(logits, bias, w, i, s if return_scores else None, top_k, n_group, topk_group,
+              score_func, group_score, renormalize, routed_scaling_factor, apply_routed_scaling,
+              eps, n_shared_experts)
+    return w, i, s
+
+
+def _gate_fake(logits, bias, top_k, n_group, topk_group, score_func, group_score, renormalize,
+               routed_scaling_factor, apply_routed_scaling, eps, n_shared_experts,
+               return_scores=False, weights_dtype=None):
+    return _gate_alloc(logits, top_k, n_shared_experts, return_scores, weights_dtype)
+
+
+_register(f"moe_gate(Tensor logits, Tensor? bias, {_GATE_P}, bool return_scores=False, "
+          "ScalarType? weights_dtype=None) -> (Tensor, Tensor, Tensor)", _gate_impl, _gate_fake)
+_register(f"moe_gate_out(Tensor logits, Tensor? bias, Tensor(a!) weights, Tensor(b!) ids, "
+          f"Tensor(c!)? scores, {_GATE_P}) -> ()", _gate_out, _nothing)

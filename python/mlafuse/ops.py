@@ -1,0 +1,479 @@
+"""The public Python API: one function per op, for numpy arrays (CPU backend) and torch
+tensors (CPU or CUDA backend, through the torch.ops.mlafuse custom ops so that the same call
+works eagerly, under torch.compile and inside CUDA-graph capture).
+
+Every function takes the inputs first, then keyword-only parameters and optional outputs
+(``out``-style: any output not given is allocated). No input is copied: strided views are
+passed to the library as they are. A rejected call raises MlafError carrying the library's
+message and writes nothing.
+"""
+from __future__ import annotations
+
+import os
+import struct
+from dataclasses import dataclass
+
+from . import _core
+from . import _lib as L
+from ._lib import MlafError
+
+_torch = None
+if not os.environ.get("MLAFUSE_DISABLE_TORCH"):
+    try:
+        import torch as _torch  # noqa: F811  (optional: the package works with numpy alone)
+    except ImportError:
+        _torch = None
+
+if _torch is not None:
+    from . import _torch_ops as _T
+else:
+    _T = None
+
+
+def _is_torch(x) -> bool:
+    return _torch is not None and isinstance(x, _torch.Tensor)
+
+
+# ---- names for enum parameters (ints pass through so the library reports bad values) -----
+_STYLES = {"interleaved": L.ROPE_INTERLEAVED, "gptj": L.ROPE_INTERLEAVED, "neox": L.ROPE_NEOX}
+_SCORES = {"sigmoid": L.SCORE_SIGMOID, "softmax": L.SCORE_SOFTMAX}
+_GROUPS = {"top2_sum": L.GROUP_TOP2_SUM, "max": L.GROUP_MAX}
+
+
+def _enum(value, table: dict, what: str) -> int:
+    if isinstance(value, str):
+        try:
+            return table[value.lower()]
+        except KeyError:
+            raise ValueError(f"{what} = {value!r}, expected one of {sorted(table)}") from None
+    return int(value)
+
+
+def _name_of(code: int, table: dict) -> str:
+    for k, v in table.items():
+        if v == code:
+            return k
+    return str(code)
+
+
+# ---- version, backends ---------------------------------------------------------------------
+def version() -> str:
+    """The library's version string, e.g. "0.1.0"."""
+    return L.mlaf_version_string().decode()
+
+
+def version_number() -> int:
+    """MAJOR * 10000 + MINOR * 100 + PATCH of the loaded library."""
+    return int(L.mlaf_version_number())
+
+
+_BACKENDS = {"cpu": L.BACKEND_CPU, "cuda": L.BACKEND_CUDA}
+_OPS = {"split_qk_norm": L.OP_SPLIT_QK_NORM, "mla_kv_cache": L.OP_MLA_KV_CACHE,
+        "rope_q": L.OP_ROPE_Q, "moe_gate": L.OP_MOE_GATE}
+
+
+def backend_available(backend: str) -> bool:
+    """True when the backend ("cpu" or "cuda") was built in and can run here (CUDA: a
+    device is visible)."""
+    return bool(L.mlaf_backend_available(_enum(backend, _BACKENDS, "backend")))
+
+
+def backend_supports(backend: str, op: str) -> bool:
+    """True when the backend implements the op ("split_qk_norm", "mla_kv_cache", "rope_q",
+    "moe_gate")."""
+    return bool(L.mlaf_backend_supports(_enum(backend, _BACKENDS, "backend"),
+                                        _enum(op, _OPS, "op")))
+
+
+set_num_threads = _core.set_num_threads
+get_num_threads = _core.get_num_threads
+
+
+# ---- presets -------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Preset:
+    """A model's numbers (SPEC §1), as the library's mlaf_model_config."""
+
+    name: str
+    q_lora_rank: int
+    kv_lora_rank: int
+    qk_rope_head_dim: int
+    qk_nope_head_dim: int
+    v_head_dim: int
+    num_heads: int
+    n_routed_experts: int
+    top_k: int
+    n_group: int
+    topk_group: int
+    score_func: str          # "sigmoid" | "softmax"
+    group_score: str         # "top2_sum" | "max"
+    has_score_bias: bool
+    norm_topk_prob: bool
+    routed_scaling_factor: float
+    apply_routed_scaling: bool
+    rms_norm_eps: float
+    n_shared_experts: int
+    rope_style: str          # "interleaved" | "neox"
+
+    def moe_gate_kwargs(self) -> dict:
+        """The router parameters of this model, as keyword arguments of moe_gate (the same
+        mapping as the C mlaf_moe_gate_params_from_config; shared experts are not fused)."""
+        return dict(top_k=self.top_k, n_group=self.n_group, topk_group=self.topk_group,
+                    score_func=self.score_func, group_score=self.group_score,
+                    renormalize=self.norm_topk_prob,
+                    routed_scaling_factor=self.routed_scaling_factor,
+                    apply_routed_scaling=self.apply_routed_scaling, eps=1e-20,
+                    n_shared_experts=0)
+
+
+def _f32(x: float) -> float:
+    """The shortest decimal that rounds to the same f32 (1.8, not 1.7999999523162842)."""
+    want = struct.pack("f", x)
+    for digits in range(1, 10):
+        y = float(f"{x:.{digits}g}")
+        if struct.pack("f", y) == want:
+            return y
+    return x
+
+
+def _preset_from_c(cp) -> Preset:
+    c = cp.contents
+    return Preset(
+        name=c.name.decode(), q_lora_rank=c.q_lora_rank, kv_lora_rank=c.kv_lora_rank,
+        qk_rope_head_dim=c.qk_rope_head_dim, qk_nope_head_dim=c.qk_nope_head_dim,
+        v_head_dim=c.v_head_dim, num_heads=c.num_heads, n_routed_experts=c.n_routed_experts,
+        top_k=c.top_k, n_group=c.n_group, topk_group=c.topk_group,
+        score_func=_name_of(c.score_func, _SCORES), group_score=_name_of(c.group_score, _GROUPS),
+        has_score_bias=bool(c.has_score_bias), norm_topk_prob=bool(c.norm_topk_prob),
+        routed_scaling_factor=_f32(c.routed_scaling_factor),
+        apply_routed_scaling=bool(c.apply_routed_scaling), rms_norm_eps=_f32(c.rms_norm_eps),
+        n_shared_experts=c.n_shared_experts, rope_style=_name_of(c.rope_style, _STYLES))
+
+
+_PRESETS = tuple(_preset_from_c(L.mlaf_preset_at(i)) for i in range(L.mlaf_preset_count()))
+# Read once at import, so that resolving a preset by name is plain Python (traceable by
+# torch.compile); the C lookup also knows aliases ("deepseek-r1").
+_PRESET_BY_NAME = {p.name.lower(): p for p in _PRESETS}
+_PRESET_BY_NAME["deepseek-r1"] = _preset_from_c(L.mlaf_preset_find(b"deepseek-r1"))
+
+
+def presets() -> list[Preset]:
+    """The built-in presets; the first is the default, glm-4.7-flash."""
+    return list(_PRESETS)
+
+
+def find_preset(name: str) -> Preset | None:
+    """A preset by name, case-insensitive ("deepseek-r1" is "deepseek-v3"); None if unknown."""
+    p = _PRESET_BY_NAME.get(name.lower())
+    if p is not None:
+        return p
+    cp = L.mlaf_preset_find(name.encode())
+    return _preset_from_c(cp) if cp else None
+
+
+# ---- RoPE table ----------------------------------------------------------------------------
+def rope_table(max_pos: int, rope_dim: int, base: float = 10000.0, *, device=None):
+    """The cos_sin table [max_pos, rope_dim] f32 used by mla_kv_cache and rope_q:
+    row p = [cos(p*f_0) .. cos(p*f_{R/2-1}) | sin(...)], f_i = base^(-2i/R), computed in double
+    and rounded once. Returns a numpy array, or a torch tensor on ``device`` when given."""
+    np = _core._numpy()
+    max_pos, rope_dim = int(max_pos), int(rope_dim)
+    if max_pos < 1 or rope_dim <= 0 or rope_dim % 2 or not (base > 1.0):
+        raise MlafError(L.ERR_INVALID_ARGUMENT,
+                        f"rope_table(max_pos={max_pos}, rope_dim={rope_dim}, base={base}): "
+                        "expected max_pos >= 1, rope_dim > 0 and even, finite base > 1")
+    table = np.empty((max_pos, rope_dim), np.float32)
+    st = L.mlaf_rope_table_init(table.ctypes.data, max_pos, rope_dim, float(base))
+    if st != L.OK:
+        raise MlafError(st, f"rope_table(max_pos={max_pos}, rope_dim={rope_dim}, base={base})")
+    if device is not None:
+        if _torch is None:
+            raise ImportError("rope_table(device=...) needs torch")
+        return _torch.from_numpy(table).to(device)
+    return table
+
+
+# ---- helpers for the numpy path ------------------------------------------------------------
+def _dim(a, i: int) -> int:
+    shape = getattr(a, "shape", None)  # not an array: the view step names the argument
+    return int(shape[i]) if shape is not None and len(shape) > i else 0
+
+
+def _np_in(a, name):
+    return None if a is None else _core.view_numpy(a, name)
+
+
+def _np_out(a, name):
+    return None if a is None else _core.view_numpy(a, name, writable=True)
+
+
+def _ranks(latent, w_q, w_kv, q_lora_rank, kv_lora_rank, rope_dim):
+    Q = int(q_lora_rank) if q_lora_rank is not None else (_dim(w_q, 0) if w_q is not None else 0)
+    C = int(kv_lora_rank) if kv_lora_rank is not None else _dim(w_kv, 0)
+    R = int(rope_dim) if rope_dim is not None else _dim(latent, 1) - Q - C
+    return Q, C, R
+
+
+def _check_same_kind(torch_path: bool, **arrays):
+    for name, a in arrays.items():
+        if a is not None and _is_torch(a) != torch_path:
+            raise TypeError(f"{name} is a {type(a).__name__}, but the first argument is a "
+                            f"{'torch.Tensor' if torch_path else 'numpy.ndarray'}: do not mix")
+
+
+# ---- split_qk_norm -------------------------------------------------------------------------
+def split_qk_norm(latent, w_q, w_kv, *, eps_q: float = 1e-5, eps_kv: float = 1e-5,
+                  q_lora_rank: int | None = None, kv_lora_rank: int | None = None,
+                  rope_dim: int | None = None, q=None, k_nope=None, k_pe=None,
+                  return_k_pe: bool = True, inplace: bool = False):
+    """Split the fused q-a / kv-a projection output and RMS-normalize both parts (SPEC §2).
+
+    latent  [T, Q + C + R]  f32 | f16 | bf16; rows may be strided (a slice of a wider GEMM
+                            output), elements inside a row contiguous. Not modified (unless
+                            ``inplace``).
+    w_q     [Q]             latent's dtype or f32; None when the model has no q LoRA (Q = 0)
+    w_kv    [C]             latent's dtype or f32
+
+    Q, C and R default to len(w_q), len(w_kv) and the rest of the latent row; pass
+    q_lora_rank / kv_lora_rank / rope_dim to have them checked instead.
+
+    Returns ``(q, k_nope, k_pe)``:
+      q       [T, Q]  rmsnorm(latent[:, :Q]) * w_q, eps_q   (None when Q = 0)
+      k_nope  [T, C]  rmsnorm(latent[:, Q:Q+C]) * w_kv, eps_kv
+      k_pe    [T, R]  latent[:, Q+C:] copied bit-exactly (None when return_k_pe is False and
+                      no k_pe is given)
+    each in the latent's dtype. Outputs given as ``q=``, ``k_nope=``, ``k_pe=`` are written
+    (mutated) and returned; missing ones are allocated.
+
+    ``inplace=True`` is the context-parallel form: the latent itself is mutated so each row
+    becomes [q_norm | k_nope_norm | k_pe]; the returned outputs are views of it.
+    """
+    Q, C, R = _ranks(latent, w_q, w_kv, q_lora_rank, kv_lora_rank, rope_dim)
+    outs_given = q is not None or k_nope is not None or k_pe is not None
+    if inplace and outs_given:
+        raise ValueError("split_qk_norm: inplace=True writes into the latent; do not also "
+                         "pass q=, k_nope= or k_pe=")
+    torch_path = _is_torch(latent)
+    _check_same_kind(torch_path, w_q=w_q, w_kv=w_kv, q=q, k_nope=k_nope, k_pe=k_pe)
+
+    if torch_path:
+        ops = _torch.ops.mlafuse
+        if inplace:
+            ops.split_qk_norm_inplace(latent, w_q, w_kv, Q, C, R, eps_q, eps_kv)
+            return (latent[:, :Q] if Q > 0 else None, latent[:, Q:Q + C],
+                    latent[:, Q + C:Q + C + R])
+        if not outs_given:
+            q, k_nope, k_pe = ops.split_qk_norm(latent, w_q, w_kv, Q, C, R, eps_q, eps_kv,
+                                                return_k_pe)
+            return (q if Q > 0 else None, k_nope, k_pe if return_k_pe else None)
+        T = _dim(latent, 0)
+        if q is None and Q > 0:
+            q = latent.new_empty((T, Q))
+        if k_nope is None:
+            k_nope = latent.new_empty((T, C))
+        if k_pe is None and return_k_pe:
+            k_pe = latent.new_empty((T, max(R, 0)))
+        ops.split_qk_norm_out(latent, w_q, w_kv, q, k_nope, k_pe, Q, C, R, eps_q, eps_kv)
+        return q, k_nope, k_pe
+
+    np = _core._numpy()
+    if inplace:
+        lat = _core.view_numpy(latent, "latent", writable=True)
+        q = latent[:, :Q] if Q > 0 else None
+        k_nope, k_pe = latent[:, Q:Q + C], latent[:, Q + C:Q + C + R]
+    else:
+        lat = _np_in(latent, "latent")
+        T = _dim(latent, 0)
+        if q is None and Q > 0:
+            q = np.empty((T, Q), latent.dtype)
+        if k_nope is None:
+            k_nope = np.empty((T, C), latent.dtype)
+        if k_pe is None and return_k_pe:
+            k_pe = np.empty((T, max(R, 0)), latent.dtype)
+    _core.run_split_qk_norm(_core.context(L.BACKEND_CPU), Q, C, R, eps_q, eps_kv, lat,
+                            _np_in(w_q, "w_q"), _np_in(w_kv, "w_kv"), _np_out(q, "q"),
+                            _np_out(k_nope, "k_nope"), _np_out(k_pe, "k_pe"))
+    return q, k_nope, k_pe
+
+
+# ---- mla_kv_cache --------------------------------------------------------------------------
+def mla_kv_cache(latent, w_q, w_kv, positions, cos_sin, slot_mapping, kv_cache, *,
+                 eps_q: float = 1e-5, eps_kv: float = 1e-5, style="interleaved",
+                 q_lora_rank: int | None = None, kv_lora_rank: int | None = None,
+                 rope_dim: int | None = None, q=None, k_nope=None, k_pe=None,
+                 return_k_nope: bool = False, return_k_pe: bool = False, error_count=None):
+    """split_qk_norm + RoPE on k_pe + paged KV-cache write, in one pass (SPEC §3).
+
+    latent, w_q, w_kv  as split_qk_norm
+    positions     [T]                 int32 | int64, each in [0, max_pos)
+    cos_sin       [max_pos, R]        f32 (see rope_table); positions and cos_sin may be None
+                                      when R = 0
+    slot_mapping  [T]                 int32 | int64; slot = block * block_size + offset;
+                                      a negative slot skips the token (CUDA-graph padding)
+    kv_cache      [num_blocks, block_size, C + R]  f32 | f16 | bf16.   MUTATED: row
+                                      slot_mapping[t] becomes [k_nope_norm | rope(k_pe)];
+                                      every other row stays bit-identical
+    style         "interleaved" (pairs 2i, 2i+1; GLM / DeepSeek) or "neox" (pairs i, i+R/2)
+    error_count   [1] int32, optional. MUTATED: incremented once per token whose slot is past
+                  the cache or whose position is outside [0, max_pos) (that token writes no
+                  cache row and no k_pe row). The caller zeroes it.
+
+    Returns ``(q, k_nope, k_pe)``: q [T, Q] = q_norm (None when Q = 0); k_nope [T, C] normalized
+    and k_pe [T, R] roped, only when requested with return_k_nope / return_k_pe or given as
+    outputs (else None). Given outputs are mutated and returned.
+    """
+    Q, C, R = _ranks(latent, w_q, w_kv, q_lora_rank, kv_lora_rank, rope_dim)
+    style = _enum(style, _STYLES, "style")
+    torch_path = _is_torch(latent)
+    _check_same_kind(torch_path, w_q=w_q, w_kv=w_kv, positions=positions, cos_sin=cos_sin,
+                     slot_mapping=slot_mapping, kv_cache=kv_cache, q=q, k_nope=k_nope,
+                     k_pe=k_pe, error_count=error_count)
+    T = _dim(latent, 0)
+    if torch_path:
+        ops = _torch.ops.mlafuse
+        if q is None and k_nope is None and k_pe is None:
+            q, k_nope, k_pe = ops.mla_kv_cache(latent, w_q, w_kv, positions, cos_sin,
+                                               slot_mapping, kv_cache, error_count, Q, C, R,
+                                               eps_q, eps_kv, style, return_k_nope, return_k_pe)
+            return (q if Q > 0 else None, k_nope if return_k_nope else None,
+                    k_pe if return_k_pe else None)
+        if q is None and Q > 0:
+            q = latent.new_empty((T, Q))
+        if k_nope is None and return_k_nope:
+            k_nope = latent.new_empty((T, C))
+        if k_pe is None and return_k_pe:
+            k_pe = latent.new_empty((T, max(R, 0)))
+        ops.mla_kv_cache_out(latent, w_q, w_kv, positions, cos_sin, slot_mapping, kv_cache,
+                             error_count, q, k_nope, k_pe, Q, C, R, eps_q, eps_kv, style)
+        return q, k_nope, k_pe
+
+    np = _core._numpy()
+    if q is None and Q > 0:
+        q = np.empty((T, Q), latent.dtype)
+    if k_nope is None and return_k_nope:
+        k_nope = np.empty((T, C), latent.dtype)
+    if k_pe is None and return_k_pe:
+        k_pe = np.empty((T, max(R, 0)), latent.dtype)
+    _core.run_mla_kv_cache(
+        _core.context(L.BACKEND_CPU), Q, C, R, eps_q, eps_kv, style, _np_in(latent, "latent"),
+        _np_in(w_q, "w_q"), _np_in(w_kv, "w_kv"), _np_in(positions, "positions"),
+        _np_in(cos_sin, "cos_sin"), _np_in(slot_mapping, "slot_mapping"),
+        _np_out(kv_cache, "kv_cache"), _np_out(q, "q"), _np_out(k_nope, "k_nope"),
+        _np_out(k_pe, "k_pe"), _np_out(error_count, "error_count"))
+    return q, k_nope, k_pe
+
+
+# ---- rope_q --------------------------------------------------------------------------------
+def rope_q(q, positions, cos_sin, *, style="interleaved", rope_dim: int | None = None,
+           error_count=None):
+    """RoPE in place on the last R columns of every head of q (SPEC §3).
+
+    q            [T, H, D]     f32 | f16 | bf16, strides (s0, s1, 1); D = nope + R.  MUTATED
+    positions    [T]           int32 | int64
+    cos_sin      [max_pos, R]  f32; R defaults to cos_sin.shape[1]
+    error_count  [1] int32, optional.  MUTATED: +1 per token whose position is outside
+                 [0, max_pos) (that token is left unrotated)
+
+    Bit-identical to what mla_kv_cache writes for the key at the same position. Returns q.
+    """
+    style = _enum(style, _STYLES, "style")
+    R = int(rope_dim) if rope_dim is not None else _dim(cos_sin, 1)
+    torch_path = _is_torch(q)
+    _check_same_kind(torch_path, positions=positions, cos_sin=cos_sin, error_count=error_count)
+    if torch_path:
+        _torch.ops.mlafuse.rope_q(q, positions, cos_sin, R, style, error_count)
+        return q
+    _core.run_rope_q(_core.context(L.BACKEND_CPU), R, style, _np_out(q, "q"),
+                     _np_in(positions, "positions"), _np_in(cos_sin, "cos_sin"),
+                     _np_out(error_count, "error_count"))
+    return q
+
+
+# ---- moe_gate ------------------------------------------------------------------------------
+def _gate_params(config, top_k, n_group, topk_group, score_func, group_score, renormalize,
+                 routed_scaling_factor, apply_routed_scaling, eps, n_shared_experts):
+    base = dict(top_k=None, n_group=1, topk_group=1, score_func="sigmoid",
+                group_score="top2_sum", renormalize=True, routed_scaling_factor=1.0,
+                apply_routed_scaling=True, eps=1e-20, n_shared_experts=0)
+    if config is not None:
+        if isinstance(config, str):
+            p = find_preset(config)
+            if p is None:
+                raise ValueError(f"config = {config!r} is not a preset; known: "
+                                 f"{[x.name for x in _PRESETS]}")
+            config = p
+        base.update(config.moe_gate_kwargs())
+    given = dict(top_k=top_k, n_group=n_group, topk_group=topk_group, score_func=score_func,
+                 group_score=group_score, renormalize=renormalize,
+                 routed_scaling_factor=routed_scaling_factor,
+                 apply_routed_scaling=apply_routed_scaling, eps=eps,
+                 n_shared_experts=n_shared_experts)
+    base.update({k: v for k, v in given.items() if v is not None})
+    if base["top_k"] is None:
+        raise ValueError("moe_gate: give top_k (or config=, a preset name or Preset)")
+    base["score_func"] = _enum(base["score_func"], _SCORES, "score_func")
+    base["group_score"] = _enum(base["group_score"], _GROUPS, "group_score")
+    return base
+
+
+def moe_gate(logits, bias=None, *, config=None, top_k: int | None = None,
+             n_group: int | None = None, topk_group: int | None = None, score_func=None,
+             group_score=None, renormalize: bool | None = None,
+             routed_scaling_factor: float | None = None,
+             apply_routed_scaling: bool | None = None, eps: float | None = None,
+             n_shared_experts: int | None = None, return_scores: bool = False,
+             weights_dtype=None, weights=None, ids=None, scores=None):
+    """MoE router top-k (SPEC §4).
+
+    logits   [T, E]   f32 | f16 | bf16, rows strided; not modified
+    bias     [E]      f32, optional (e_score_correction_bias: chooses, never weighs)
+
+    Parameters come from ``config`` (a preset name such as "deepseek-v3", or a Preset) and/or
+    the keywords, which override it. Without a config: top_k is required; n_group = topk_group
+    = 1, score_func "sigmoid" ("softmax"), group_score "top2_sum" ("max"), renormalize True,
+    routed_scaling_factor 1.0, apply_routed_scaling True, eps 1e-20, n_shared_experts 0.
+
+    Returns ``(weights, ids)``, or ``(weights, ids, scores)`` when return_scores or scores= is
+    given:
+      weights  [T, top_k + S]  f32 (or weights_dtype = the logits' dtype)
+      ids      [T, top_k + S]  int32, ordered by biased score descending, ties to the lower
+                               index; shared experts occupy the last S slots (ids E..E+S-1)
+      scores   [T, E]          f32, the unbiased scores
+    Given outputs are mutated and returned.
+    """
+    p = _gate_params(config, top_k, n_group, topk_group, score_func, group_score, renormalize,
+                     routed_scaling_factor, apply_routed_scaling, eps, n_shared_experts)
+    want_scores = return_scores or scores is not None
+    torch_path = _is_torch(logits)
+    _check_same_kind(torch_path, bias=bias, weights=weights, ids=ids, scores=scores)
+    T, E = _dim(logits, 0), _dim(logits, 1)
+    K = int(p["top_k"]) + int(p["n_shared_experts"])
+    args = (p["top_k"], p["n_group"], p["topk_group"], p["score_func"], p["group_score"],
+            bool(p["renormalize"]), float(p["routed_scaling_factor"]),
+            bool(p["apply_routed_scaling"]), float(p["eps"]), p["n_shared_experts"])
+    if torch_path:
+        ops = _torch.ops.mlafuse
+        if weights is None and ids is None and scores is None:
+            w, i, s = ops.moe_gate(logits, bias, *args, want_scores, weights_dtype)
+            return (w, i, s) if want_scores else (w, i)
+        if weights is None:
+            weights = logits.new_empty((T, max(K, 0)), dtype=weights_dtype or _torch.float32)
+        if ids is None:
+            ids = logits.new_empty((T, max(K, 0)), dtype=_torch.int32)
+        if scores is None and want_scores:
+            scores = logits.new_empty((T, E), dtype=_torch.float32)
+        ops.moe_gate_out(logits, bias, weights, ids, scores, *args)
+        return (weights, ids, scores) if want_scores else (weights, ids)
+
+    np = _core._numpy()
+    if weights is None:
+        weights = np.empty((T, max(K, 0)), np.float32 if weights_dtype is None else weights_dtype)
+    if ids is None:
+        ids = np.empty((T, max(K, 0)), np.int32)
+    if scores is None and want_scores:
+        scores = np.empty((T, E), np.float32)
+    _core.run_moe_gate(_core.context(L.BACKEND_CPU), _core.moe_params(*args),
+                       _np_in(logits, "logits"), _np_in(bias, "bias"),
+                       _np_out(weights, "weights"), _np_out(ids, "ids"),
+                       _np_out(scores, "scores"))
+    return (weights, ids, scores) if want_scores else (weights, ids)
