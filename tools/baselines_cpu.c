@@ -1,0 +1,304 @@
+/*
+ * baselines_cpu.c — the unfused CPU chains `mlafuse bench` compares the fused ops with: the
+ * same steps as engines run them today, each pass a separate OpenMP loop over all tokens
+ * that writes a full intermediate tensor for the next pass to read back.
+ *
+ *   split_qk_norm  1. split: copy q, kv, pe out of the latent into three dense tensors
+ *                  2. RMSNorm q   (read q_dense, write q)
+ *                  3. RMSNorm kv  (read kv_dense, write k_nope); k_pe is the copied tensor
+ *   mla_kv_cache   the library's split_qk_norm, then blc_rope_rows on k_pe, then
+ *                  blc_cache_write (composed by the driver)
+ *   rope_q         1. gather the rope columns into [T*H, R]  2. rotate  3. scatter back
+ *   moe_gate       1. score  2. + bias  3. group scores  4. group mask  5. top-k
+ *                  6. gather weights  7. normalize  8. scale (+ shared-expert slots)
+ *
+ * Arithmetic matches the fused ops (fp32, one rounding per store, no contraction of the
+ * RoPE products), so the driver can check the outputs against each other.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "bench.h"
+#include "half.h"
+
+#define ROW(p, dt, t, stride) ((char *)(p) + (size_t)(t) * (size_t)(stride) * mlaf_dtype_size(dt))
+#define CROW(p, dt, t, stride) \
+    ((const char *)(p) + (size_t)(t) * (size_t)(stride) * mlaf_dtype_size(dt))
+
+static void rmsnorm_pass(const void *x, int64_t xs, void *y, int64_t ys, mlaf_dtype dt,
+                         const void *w, mlaf_dtype wdt, int64_t T, int32_t n, float eps,
+                         int threads) {
+    (void)threads;
+#ifdef _OPENMP
+#pragma omp parallel for num_threads(threads) schedule(static)
+#endif
+    for (int64_t t = 0; t < T; t++) {
+        const void *xr = CROW(x, dt, t, xs);
+        void *yr = ROW(y, dt, t, ys);
+        float ss = 0.0f;
+        for (int32_t i = 0; i < n; i++) {
+            float v = mlaf_load_f32(xr, dt, i);
+            ss += v * v;
+        }
+        float rstd = 1.0f / sqrtf(ss / (float)n + eps);
+        for (int32_t i = 0; i < n; i++)
+            mlaf_store_f32(yr, dt, i, mlaf_load_f32(xr, dt, i) * rstd * mlaf_load_f32(w, wdt, i));
+    }
+}
+
+int blc_split_qk_norm(const mlaf_norm_job *j, void *q_dense, void *kv_dense, int threads) {
+    const mlaf_dtype dt = j->dt;
+    const size_t es = mlaf_dtype_size(dt);
+    const int32_t Q = j->Q, C = j->C, R = j->R;
+    (void)threads;
+    /* 1. split */
+#ifdef _OPENMP
+#pragma omp parallel for num_threads(threads) schedule(static)
+#endif
+    for (int64_t t = 0; t < j->T; t++) {
+        const char *l = CROW(j->latent, dt, t, j->latent_stride);
+        if (Q > 0) memcpy(ROW(q_dense, dt, t, Q), l, (size_t)Q * es);
+        memcpy(ROW(kv_dense, dt, t, C), l + (size_t)Q * es, (size_t)C * es);
+        if (R > 0 && j->k_pe)
+            memcpy(ROW(j->k_pe, dt, t, j->k_pe_stride), l + (size_t)(Q + C) * es, (size_t)R * es);
+    }
+    /* 2., 3. the two norms */
+    if (Q > 0)
+        rmsnorm_pass(q_dense, Q, j->q, j->q_stride, dt, j->w_q, j->w_q_dt, j->T, Q, j->eps_q,
+                     threads);
+    if (j->k_nope)
+        rmsnorm_pass(kv_dense, C, j->k_nope, j->k_nope_stride, dt, j->w_kv, j->w_kv_dt, j->T, C,
+                     j->eps_kv, threads);
+    return 0;
+}
+
+/* x0' = x0*c - x1*s, x1' = x1*c + x0*s, as separate products and one add / subtract, like
+ * the library (the tool is compiled with -ffp-contract=off, so no FMA is formed). */
+static inline void rotate(float *x0, float *x1, float c, float s) {
+    float a = *x0 * c, b = *x1 * s, d = *x1 * c, e = *x0 * s;
+    *x0 = a - b;
+    *x1 = d + e;
+}
+
+static void rope_row(void *row, mlaf_dtype dt, int32_t R, mlaf_rope_style style,
+                     const float *cs) {
+    int32_t half = R / 2;
+    for (int32_t i = 0; i < half; i++) {
+        int32_t i0 = style == MLAF_ROPE_NEOX ? i : 2 * i;
+        int32_t i1 = style == MLAF_ROPE_NEOX ? i + half : 2 * i + 1;
+        float x0 = mlaf_load_f32(row, dt, i0), x1 = mlaf_load_f32(row, dt, i1);
+        rotate(&x0, &x1, cs[i], cs[half + i]);
+        mlaf_store_f32(row, dt, i0, x0);
+        mlaf_store_f32(row, dt, i1, x1);
+    }
+}
+
+int blc_rope_rows(void *x, mlaf_dtype dt, int64_t T, int64_t stride, const mlaf_rope_job *rope,
+                  int threads) {
+    (void)threads;
+    if (rope->R <= 0) return 0;
+#ifdef _OPENMP
+#pragma omp parallel for num_threads(threads) schedule(static)
+#endif
+    for (int64_t t = 0; t < T; t++) {
+        int64_t pos = mlaf_load_index(rope->positions, rope->pos_dt, t);
+        if (pos < 0 || pos >= rope->max_pos) continue;
+        rope_row(ROW(x, dt, t, stride), dt, rope->R, rope->style,
+                 rope->cos_sin + pos * rope->cos_sin_stride);
+    }
+    return 0;
+}
+
+int blc_cache_write(const mlaf_kv_cache_job *j, const void *k_nope, const void *k_pe,
+                    int threads) {
+    const mlaf_dtype dt = j->norm.dt, cdt = j->cache_dt;
+    const int32_t C = j->norm.C, R = j->norm.R;
+    const int64_t nslots = j->num_blocks * j->block_size;
+    const size_t ces = mlaf_dtype_size(cdt);
+    (void)threads;
+#ifdef _OPENMP
+#pragma omp parallel for num_threads(threads) schedule(static)
+#endif
+    for (int64_t t = 0; t < j->norm.T; t++) {
+        int64_t slot = mlaf_load_index(j->slots, j->slot_dt, t);
+        if (slot < 0 || slot >= nslots) continue;
+        char *dst = (char *)j->cache +
+                    (size_t)((slot / j->block_size) * j->cache_s0 + (slot % j->block_size) * j->cache_s1) * ces;
+        const void *kn = CROW(k_nope, dt, t, C), *kp = CROW(k_pe, dt, t, R);
+        if (cdt == dt) {
+            memcpy(dst, kn, (size_t)C * ces);
+            if (R > 0) memcpy(dst + (size_t)C * ces, kp, (size_t)R * ces);
+        } else {
+            for (int32_t i = 0; i < C; i++) mlaf_store_f32(dst, cdt, i, mlaf_load_f32(kn, dt, i));
+            for (int32_t i = 0; i < R; i++) mlaf_store_f32(dst, cdt, C + i, mlaf_load_f32(kp, dt, i));
+        }
+    }
+    return 0;
+}
+
+int blc_rope_q(const mlaf_rope_q_job *j, void *gather, int threads) {
+    const mlaf_dtype dt = j->dt;
+    const size_t es = mlaf_dtype_size(dt);
+    const int32_t R = j->rope.R, D = j->D;
+    const int64_t rows = j->T * j->H;
+    (void)threads;
+    /* 1. gather */
+#ifdef _OPENMP
+#pragma omp parallel for num_threads(threads) schedule(static)
+#endif
+    for (int64_t r = 0; r < rows; r++) {
+        int64_t t = r / j->H, h = r % j->H;
+        const char *src = (const char *)j->q + (size_t)(t * j->s0 + h * j->s1 + (D - R)) * es;
+        memcpy(ROW(gather, dt, r, R), src, (size_t)R * es);
+    }
+    /* 2. rotate */
+#ifdef _OPENMP
+#pragma omp parallel for num_threads(threads) schedule(static)
+#endif
+    for (int64_t r = 0; r < rows; r++) {
+        int64_t pos = mlaf_load_index(j->rope.positions, j->rope.pos_dt, r / j->H);
+        if (pos < 0 || pos >= j->rope.max_pos) continue;
+        rope_row(ROW(gather, dt, r, R), dt, R, j->rope.style,
+                 j->rope.cos_sin + pos * j->rope.cos_sin_stride);
+    }
+    /* 3. scatter */
+#ifdef _OPENMP
+#pragma omp parallel for num_threads(threads) schedule(static)
+#endif
+    for (int64_t r = 0; r < rows; r++) {
+        int64_t t = r / j->H, h = r % j->H;
+        char *dst = (char *)j->q + (size_t)(t * j->s0 + h * j->s1 + (D - R)) * es;
+        memcpy(dst, CROW(gather, dt, r, R), (size_t)R * es);
+    }
+    return 0;
+}
+
+/* a ranks above b: larger value, NaN lowest, ties to the lower index. */
+static inline int better(float a, int ia, float b, int ib) {
+    if (isnan(b)) return !isnan(a) || ia < ib;
+    if (isnan(a)) return 0;
+    return a > b || (a == b && ia < ib);
+}
+
+int blc_moe_gate(const mlaf_moe_gate_job *j, const bench_moe_scratch *sc, int threads) {
+    const int64_t T = j->T;
+    const int32_t E = j->E, G = j->n_group, per = E / G, k = j->top_k;
+    (void)threads;
+    /* 1. score */
+#ifdef _OPENMP
+#pragma omp parallel for num_threads(threads) schedule(static)
+#endif
+    for (int64_t t = 0; t < T; t++) {
+        const void *x = CROW(j->logits, j->logits_dt, t, j->logits_stride);
+        float *s = sc->s + t * E;
+        if (j->score_func == MLAF_SCORE_SIGMOID) {
+            for (int32_t e = 0; e < E; e++) s[e] = 1.0f / (1.0f + expf(-mlaf_load_f32(x, j->logits_dt, e)));
+        } else {
+            float mx = -INFINITY, sum = 0.0f;
+            for (int32_t e = 0; e < E; e++) mx = fmaxf(mx, mlaf_load_f32(x, j->logits_dt, e));
+            for (int32_t e = 0; e < E; e++) sum += (s[e] = expf(mlaf_load_f32(x, j->logits_dt, e) - mx));
+            for (int32_t e = 0; e < E; e++) s[e] /= sum;
+        }
+    }
+    /* 2. bias */
+#ifdef _OPENMP
+#pragma omp parallel for num_threads(threads) schedule(static)
+#endif
+    for (int64_t t = 0; t < T; t++)
+        for (int32_t e = 0; e < E; e++) sc->c[t * E + e] = sc->s[t * E + e] + (j->bias ? j->bias[e] : 0.0f);
+    /* 3. group scores */
+#ifdef _OPENMP
+#pragma omp parallel for num_threads(threads) schedule(static)
+#endif
+    for (int64_t t = 0; t < T; t++)
+        for (int32_t g = 0; g < G; g++) {
+            const float *c = sc->c + t * E + g * per;
+            float b1 = -INFINITY, b2 = -INFINITY;
+            for (int32_t e = 0; e < per; e++) {
+                float v = isnan(c[e]) ? -INFINITY : c[e];
+                if (v > b1) {
+                    b2 = b1;
+                    b1 = v;
+                } else if (v > b2) {
+                    b2 = v;
+                }
+            }
+            sc->g[t * G + g] = j->group_score == MLAF_GROUP_MAX ? b1 : b1 + b2;
+        }
+    /* 4. group mask */
+#ifdef _OPENMP
+#pragma omp parallel for num_threads(threads) schedule(static)
+#endif
+    for (int64_t t = 0; t < T; t++) {
+        unsigned char keep[64] = {0};
+        for (int32_t r = 0; r < j->topk_group; r++) {
+            int best = -1;
+            for (int32_t g = 0; g < G; g++)
+                if (!keep[g] && (best < 0 || better(sc->g[t * G + g], g, sc->g[t * G + best], best))) best = g;
+            keep[best] = 1;
+        }
+        /* NaN marks a dropped group; a non-finite score of a kept expert ranks lowest. */
+        for (int32_t e = 0; e < E; e++) {
+            float c = sc->c[t * E + e];
+            sc->m[t * E + e] = keep[e / per] ? (isnan(c) ? -INFINITY : c) : NAN;
+        }
+    }
+    /* 5. top-k */
+#ifdef _OPENMP
+#pragma omp parallel for num_threads(threads) schedule(static)
+#endif
+    for (int64_t t = 0; t < T; t++) {
+        unsigned char taken[2048];
+        memset(taken, 0, (size_t)E);
+        const float *m = sc->m + t * E;
+        int32_t *ids = j->ids + t * j->ids_stride;
+        for (int32_t r = 0; r < k; r++) {
+            int best = -1;
+            for (int32_t e = 0; e < E; e++) {
+                if (!taken[e] && !isnan(m[e]) && (best < 0 || better(m[e], e, m[best], best)))
+                    best = e;
+            }
+            if (best < 0) best = 0;
+            taken[best] = 1;
+            ids[r] = best;
+        }
+    }
+    /* 6. gather */
+#ifdef _OPENMP
+#pragma omp parallel for num_threads(threads) schedule(static)
+#endif
+    for (int64_t t = 0; t < T; t++)
+        for (int32_t r = 0; r < k; r++) {
+            float v = sc->s[t * E + j->ids[t * j->ids_stride + r]];
+            sc->w[t * k + r] = isfinite(v) ? v : 0.0f;
+        }
+    /* 7. normalize */
+    if (j->renormalize) {
+#ifdef _OPENMP
+#pragma omp parallel for num_threads(threads) schedule(static)
+#endif
+        for (int64_t t = 0; t < T; t++) {
+            float sum = 0.0f;
+            for (int32_t r = 0; r < k; r++) sum += sc->w[t * k + r];
+            for (int32_t r = 0; r < k; r++) sc->w[t * k + r] /= sum + j->eps;
+        }
+    }
+    /* 8. scale, and the shared-expert slots */
+#ifdef _OPENMP
+#pragma omp parallel for num_threads(threads) schedule(static)
+#endif
+    for (int64_t t = 0; t < T; t++) {
+        void *wout = ROW(j->weights, j->weights_dt, t, j->weights_stride);
+        float sum = 0.0f;
+        for (int32_t r = 0; r < k; r++) {
+            float v = sc->w[t * k + r];
+            sum += v;
+            mlaf_store_f32(wout, j->weights_dt, r, j->apply_scaling ? v * j->scaling : v);
+        }
+        for (int32_t r = 0; r < j->n_shared; r++) {
+            j->ids[t * j->ids_stride + k + r] = E + r;
+            mlaf_store_f32(wout, j->weights_dt, k + r, sum / j->scaling);
+        }
+    }
+    return 0;
+}

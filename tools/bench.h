@@ -1,0 +1,98 @@
+/*
+ * bench.h — what `mlafuse bench` shares between its C driver, the CPU harness and
+ * baselines, and the CUDA harness and baselines (tools/ .cu files, extern "C").
+ *
+ * An op under test is a bench_op: its buffers on the backend (inputs, outputs, and the
+ * scratch tensors the unfused chain writes between its passes), a fused call through the
+ * public API and an unfused call through the baselines. Both read the same inputs and
+ * write the same outputs, so the driver can check one against the other once per shape.
+ */
+#ifndef MLAF_BENCH_H
+#define MLAF_BENCH_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "internal.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct bench_stats {
+    double median_us, p10_us, p90_us, min_us, max_us;
+    int samples;
+    int calls_per_sample; /* > 1 in graph mode: a sample is one replay of that many calls */
+} bench_stats;
+
+/* One call of the op (or of its unfused chain) on input/output set `set`. Returns 0, or
+ * non-zero after writing a message into err. On CUDA the call only enqueues work. */
+typedef int (*bench_call_fn)(void *arg, int set, char *err, size_t cap);
+
+/* Sorts samples (microseconds) and fills the statistics. */
+void bench_stats_from(double *us, int n, int calls_per_sample, bench_stats *out);
+
+/* ---- CPU harness (bench_cpu.c) ------------------------------------------------------------ */
+/* Last-level cache size in bytes (sysconf; 32 MB when unknown). */
+size_t bench_cpu_llc_bytes(void);
+/* Times `reps` calls after warm-up, rotating over `nsets` input/output sets. */
+int bench_cpu_time(bench_call_fn fn, void *arg, int nsets, int reps, bench_stats *out, char *err,
+                   size_t cap);
+/* memcpy bandwidth with `threads` threads on a buffer of `bytes` (read + write bytes / s, in
+ * GB/s = 1e9 B/s); 0 when the buffers cannot be allocated. */
+double bench_cpu_copy_gbps(int threads, size_t bytes, int reps);
+const char *bench_cpu_name(void); /* CPU model from /proc/cpuinfo, or "cpu" */
+
+/* ---- CPU baselines (baselines_cpu.c): the unfused chains, one OpenMP loop per pass ----- */
+/* split (q, kv, pe -> three dense tensors; pe lands in job->k_pe), RMSNorm q (q_dense ->
+ * job->q), RMSNorm kv (kv_dense -> job->k_nope). */
+int blc_split_qk_norm(const mlaf_norm_job *job, void *q_dense, void *kv_dense, int threads);
+/* RoPE in place on dense rows x [T, R] of dtype dt (row stride `stride` elements). */
+int blc_rope_rows(void *x, mlaf_dtype dt, int64_t T, int64_t stride, const mlaf_rope_job *rope,
+                  int threads);
+/* Copies dense k_nope [T, C] and roped k_pe [T, R] rows into the paged cache at the slots. */
+int blc_cache_write(const mlaf_kv_cache_job *job, const void *k_nope, const void *k_pe,
+                    int threads);
+/* gather the rope columns of q into dense [T*H, R], rotate, scatter back. */
+int blc_rope_q(const mlaf_rope_q_job *job, void *gather, int threads);
+/* score -> bias -> group scores -> group mask -> top-k -> gather -> normalize -> scale. */
+typedef struct bench_moe_scratch {
+    float *s;      /* [T, E] scores */
+    float *c;      /* [T, E] biased scores */
+    float *g;      /* [T, n_group] group scores */
+    float *m;      /* [T, E] masked selection values */
+    float *w;      /* [T, top_k] gathered weights */
+} bench_moe_scratch;
+int blc_moe_gate(const mlaf_moe_gate_job *job, const bench_moe_scratch *s, int threads);
+
+/* ---- CUDA harness and baselines (bench_cuda.cu, baselines_cuda.cu) ----------------------- */
+#ifdef MLAF_WITH_CUDA
+/* Creates the bench stream, the events and the L2 flush buffer (256 MB). */
+int bcu_setup(char *err, size_t cap);
+void bcu_teardown(void);
+void *bcu_stream(void);           /* cudaStream_t */
+const char *bcu_device_name(void);
+int bcu_sync(char *err, size_t cap);
+/* Stream mode (graph_calls == 0): per sample, flush L2 (not timed), then time one call with
+ * events. Graph mode: capture graph_calls calls in a CUDA graph and time replays; the
+ * reported time is per call. */
+int bcu_time(bench_call_fn fn, void *arg, int reps, int graph_calls, bench_stats *out, char *err,
+             size_t cap);
+/* cudaMemcpyAsync device to device of `bytes` (>= 1 GB): read + write bytes / s in GB/s. */
+int bcu_copy_gbps(size_t bytes, int reps, double *gbps, char *err, size_t cap);
+
+int blg_split_qk_norm(const mlaf_norm_job *job, void *q_dense, void *kv_dense, void *stream);
+int blg_rope_rows(void *x, mlaf_dtype dt, int64_t T, int64_t stride, const mlaf_rope_job *rope,
+                  void *stream);
+int blg_cache_write(const mlaf_kv_cache_job *job, const void *k_nope, const void *k_pe,
+                    void *stream);
+int blg_rope_q(const mlaf_rope_q_job *job, void *gather, void *stream);
+int blg_moe_gate(const mlaf_moe_gate_job *job, const bench_moe_scratch *s, void *stream);
+/* The blg_* functions return 0 or the cudaError_t of a failed launch; its text: */
+const char *blg_error_string(int code);
+#endif
+
+#ifdef __cplusplus
+}
+#endif
+#endif

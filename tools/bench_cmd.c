@@ -1,0 +1,990 @@
+/*
+ * bench_cmd.c — `mlafuse bench`: fused op vs device copy bandwidth vs the unfused chain, all
+ * measured in the same run.
+ *
+ * 1. Measure the copy reference once (CPU: memcpy by all threads on a buffer several times
+ *    the last-level cache; CUDA: cudaMemcpyAsync device to device of 1 GB), read + write bytes.
+ * 2. Per op and T: allocate inputs / outputs on the backend (CPU: several copies rotated so
+ *    that consecutive calls do not hit in the LLC while one set is smaller than it), run the
+ *    fused op once and the unfused chain once and compare their outputs (a warning on
+ *    mismatch), then time both: CPU with clock_gettime over rotating sets; CUDA with events,
+ *    L2 flushed before every sample, or (--graph, automatic for T <= 64) as replays of a
+ *    CUDA graph of 100 calls, per-call time.
+ * 3. Report median and p10 / p90, the op's minimal bytes (inputs read once + outputs written
+ *    once), GB/s, % of the copy bandwidth, unfused time and speed-up; a table or --json.
+ */
+#define _POSIX_C_SOURCE 200809L /* strcasecmp */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "bench.h"
+#include "cli.h"
+#include "half.h"
+#include "ref/verify.h"
+
+static void help(void) {
+    printf(
+        "usage: mlafuse bench [options]\n"
+        "\n"
+        "Times the fused ops against the copy bandwidth and the unfused chains engines run today,\n"
+        "all measured in the same run.\n"
+        "\n"
+        "  --backend cpu|cuda   default: cuda when a GPU is visible, else cpu\n"
+        "  --op NAME|all        split_qk_norm, mla_kv_cache, rope_q, moe_gate (default all)\n"
+        "  --preset NAME        model preset (default glm-4.7-flash; 'all' for every preset)\n"
+        "  --config FILE        the model of a Hugging Face config.json instead of a preset\n"
+        "  --dtype f32|f16|bf16 activation dtype (default bf16)\n"
+        "  --tokens LIST        token counts (default cuda 1,8,64,512,4096,32768,131072;\n"
+        "                       cpu 1,64,4096,65536)\n"
+        "  --threads N          CPU threads for the op, the baselines and the copy (default all)\n"
+        "  --reps N             timed samples per measurement (default cpu 10, cuda 100)\n"
+        "  --graph              CUDA: time replays of a CUDA graph of 100 calls for every T\n"
+        "                       (always done for T <= 64); per-call time\n"
+        "  --json               print one JSON object with an array of rows instead of a table\n"
+        "\n"
+        "Bytes are the op's minimum: inputs read once + outputs written once (see docs/cli.md).\n");
+}
+
+/* ---- buffers ----------------------------------------------------------------------------- */
+enum {
+    B_LATENT, B_WQ, B_WKV, B_Q, B_KNOPE, B_KPE, B_POS, B_COSSIN, B_SLOTS, B_CACHE, B_QH,
+    B_LOGITS, B_BIAS, B_WEIGHTS, B_IDS,
+    S_QD, S_KVD, S_KN, S_KP, S_GATHER, S_S, S_C, S_G, S_M, S_W,
+    B_COUNT
+};
+
+typedef struct bbuf {
+    size_t bytes, stride; /* per set; stride rounded up to 256 bytes */
+    int per_set;          /* replicated nsets times (inputs / outputs) or single (scratch) */
+    int mutable_input;    /* modified in place by the op (rope_q's q) */
+    unsigned char *dev;
+    void *init;           /* host contents of one set, kept to reset mutable inputs */
+} bbuf;
+
+typedef struct bench_op {
+    mlaf_op op;
+    mlaf_backend be;
+    mlaf_context *ctx;
+    mlaf_model_config cfg;
+    mlaf_dtype dt;
+    int64_t T;
+    int threads, nsets;
+    int64_t Q, C, R, H, D, max_pos, block_size, num_blocks, E, K, G;
+    mlaf_moe_gate_params moe;
+    int has_bias;
+    bbuf b[B_COUNT];
+    double bytes;
+} bench_op;
+
+static void *P(bench_op *o, int id, int set) {
+    bbuf *b = &o->b[id];
+    if (!b->dev) return NULL;
+    return b->dev + (b->per_set ? (size_t)set * b->stride : 0);
+}
+
+/* Allocates on the backend and fills every set from init (zeros when NULL). Takes init. */
+static int buf_alloc(bench_op *o, int id, size_t bytes, int per_set, void *init, char *err,
+                     size_t cap) {
+    bbuf *b = &o->b[id];
+    b->bytes = bytes;
+    b->stride = (bytes + 255) / 256 * 256;
+    if (b->stride == 0) b->stride = 256;
+    b->per_set = per_set;
+    b->init = init;
+    int n = per_set ? o->nsets : 1;
+    void *dev = NULL;
+    mlaf_status st = mlaf_mem_alloc(o->be, &dev, b->stride * (size_t)n);
+    if (st != MLAF_OK) {
+        snprintf(err, cap, "cannot allocate %.1f MB of %s memory (%s)",
+                 (double)b->stride * n / 1e6, mlaf_backend_name(o->be), mlaf_status_name(st));
+        return -1;
+    }
+    b->dev = (unsigned char *)dev;
+    void *src = init;
+    if (!src && bytes) {
+        src = calloc(1, bytes);
+        if (!src) {
+            snprintf(err, cap, "out of host memory");
+            return -1;
+        }
+    }
+    for (int s = 0; s < n && bytes; s++) {
+        st = mlaf_mem_upload(o->be, b->dev + (size_t)s * b->stride, src, bytes);
+        if (st != MLAF_OK) {
+            if (src != init) free(src);
+            snprintf(err, cap, "upload failed (%s)", mlaf_status_name(st));
+            return -1;
+        }
+    }
+    if (src != init) free(src);
+    return 0;
+}
+
+static void op_free(bench_op *o) {
+    for (int i = 0; i < B_COUNT; i++) {
+        mlaf_mem_free(o->be, o->b[i].dev);
+        free(o->b[i].init);
+        o->b[i].dev = NULL;
+        o->b[i].init = NULL;
+    }
+}
+
+/* Cheap reproducible values (N(0,1) would cost seconds at 10^8 elements): uniform in
+ * [lo, hi) rounded to the dtype. */
+static void *host_random(mlaf_rng *r, mlaf_dtype dt, size_t n, double lo, double hi) {
+    void *p = malloc(n * mlaf_dtype_size(dt) + 1);
+    if (!p) return NULL;
+    for (size_t i = 0; i < n; i++) {
+        double u = (double)(mlaf_rng_u64(r) >> 11) * 0x1.0p-53;
+        mlaf_store_f32(p, dt, (int64_t)i, (float)(lo + (hi - lo) * u));
+    }
+    return p;
+}
+
+#define NEED(ptr)                                                   \
+    do {                                                            \
+        if (!(ptr)) {                                               \
+            snprintf(err, cap, "out of host memory at T = %lld", (long long)o->T); \
+            return -1;                                              \
+        }                                                           \
+    } while (0)
+
+static int setup(bench_op *o, size_t llc, char *err, size_t cap) {
+    const mlaf_dtype dt = o->dt;
+    const size_t es = mlaf_dtype_size(dt);
+    const int64_t T = o->T;
+    o->Q = o->cfg.q_lora_rank;
+    o->C = o->cfg.kv_lora_rank;
+    o->R = o->cfg.qk_rope_head_dim;
+    o->H = o->cfg.num_heads;
+    o->D = o->cfg.qk_nope_head_dim + o->R;
+    o->E = o->cfg.n_routed_experts;
+    o->moe = mlaf_moe_gate_params_from_config(&o->cfg);
+    o->K = o->moe.top_k + o->moe.n_shared_experts;
+    o->G = o->moe.n_group;
+    o->has_bias = o->cfg.has_score_bias;
+    o->max_pos = T < 1 ? 1 : (T > 65536 ? 65536 : T);
+    o->block_size = 64;
+    o->num_blocks = (T + o->block_size - 1) / o->block_size;
+    if (o->num_blocks < 1) o->num_blocks = 1;
+    const int64_t W = o->Q + o->C + o->R;
+    mlaf_rng rng;
+    mlaf_rng_seed(&rng, 0x6d6c6166ull + (uint64_t)T);
+
+    /* Bytes of one input/output set, for the rotation count. */
+    double set_bytes = 0;
+    switch (o->op) {
+    case MLAF_OP_SPLIT_QK_NORM: set_bytes = 2.0 * (double)T * W * es; break;
+    case MLAF_OP_MLA_KV_CACHE: set_bytes = (double)T * (W + o->Q + o->C + o->R) * es + T * 16.0; break;
+    case MLAF_OP_ROPE_Q: set_bytes = (double)T * o->H * o->D * es; break;
+    default: set_bytes = (double)T * o->E * es + T * o->K * 8.0; break;
+    }
+    o->nsets = 1;
+    if (o->be == MLAF_BACKEND_CPU && set_bytes > 0) {
+        double n = ceil(2.0 * (double)llc / set_bytes);
+        o->nsets = n < 1 ? 1 : (n > 8 ? 8 : (int)n);
+    }
+
+    if (o->op == MLAF_OP_SPLIT_QK_NORM || o->op == MLAF_OP_MLA_KV_CACHE) {
+        void *lat = host_random(&rng, dt, (size_t)(T * W), -2.0, 2.0);
+        NEED(lat);
+        if (buf_alloc(o, B_LATENT, (size_t)(T * W) * es, 1, lat, err, cap)) return -1;
+        if (o->Q > 0) {
+            void *wq = host_random(&rng, dt, (size_t)o->Q, 0.5, 1.5);
+            NEED(wq);
+            if (buf_alloc(o, B_WQ, (size_t)o->Q * es, 0, wq, err, cap)) return -1;
+            if (buf_alloc(o, B_Q, (size_t)(T * o->Q) * es, 1, NULL, err, cap)) return -1;
+        }
+        void *wkv = host_random(&rng, dt, (size_t)o->C, 0.5, 1.5);
+        NEED(wkv);
+        if (buf_alloc(o, B_WKV, (size_t)o->C * es, 0, wkv, err, cap)) return -1;
+    }
+    if (o->op == MLAF_OP_SPLIT_QK_NORM) {
+        if (buf_alloc(o, B_KNOPE, (size_t)(T * o->C) * es, 1, NULL, err, cap)) return -1;
+        if (o->R > 0 && buf_alloc(o, B_KPE, (size_t)(T * o->R) * es, 1, NULL, err, cap)) return -1;
+        if (o->Q > 0 && buf_alloc(o, S_QD, (size_t)(T * o->Q) * es, 0, NULL, err, cap)) return -1;
+        if (buf_alloc(o, S_KVD, (size_t)(T * o->C) * es, 0, NULL, err, cap)) return -1;
+        o->bytes = 2.0 * (double)T * W * es + (double)(o->Q + o->C) * es;
+    }
+    if ((o->op == MLAF_OP_MLA_KV_CACHE || o->op == MLAF_OP_ROPE_Q) && o->R > 0) {
+        int64_t *pos = (int64_t *)malloc(sizeof(int64_t) * (size_t)(T > 0 ? T : 1));
+        float *cs = (float *)malloc(sizeof(float) * (size_t)(o->max_pos * o->R));
+        NEED(pos);
+        NEED(cs);
+        for (int64_t t = 0; t < T; t++) pos[t] = t % o->max_pos;
+        if (mlaf_rope_table_init(cs, o->max_pos, (int32_t)o->R, 10000.0) != MLAF_OK) {
+            snprintf(err, cap, "rope table init failed");
+            return -1;
+        }
+        if (buf_alloc(o, B_POS, sizeof(int64_t) * (size_t)T, 1, pos, err, cap)) return -1;
+        if (buf_alloc(o, B_COSSIN, sizeof(float) * (size_t)(o->max_pos * o->R), 0, cs, err, cap))
+            return -1;
+    }
+    if (o->op == MLAF_OP_MLA_KV_CACHE) {
+        /* Whole blocks in shuffled order, as a paged allocator hands them out. */
+        int64_t *perm = (int64_t *)malloc(sizeof(int64_t) * (size_t)o->num_blocks);
+        int64_t *slots = (int64_t *)malloc(sizeof(int64_t) * (size_t)(T > 0 ? T : 1));
+        NEED(perm);
+        NEED(slots);
+        for (int64_t i = 0; i < o->num_blocks; i++) perm[i] = i;
+        for (int64_t i = o->num_blocks - 1; i > 0; i--) {
+            int64_t k = (int64_t)(mlaf_rng_u64(&rng) % (uint64_t)(i + 1));
+            int64_t tmp = perm[i];
+            perm[i] = perm[k];
+            perm[k] = tmp;
+        }
+        for (int64_t t = 0; t < T; t++)
+            slots[t] = perm[t / o->block_size] * o->block_size + t % o->block_size;
+        free(perm);
+        if (buf_alloc(o, B_SLOTS, sizeof(int64_t) * (size_t)T, 1, slots, err, cap)) return -1;
+        size_t cache_bytes = (size_t)(o->num_blocks * o->block_size * (o->C + o->R)) * es;
+        if (buf_alloc(o, B_CACHE, cache_bytes, 1, NULL, err, cap)) return -1;
+        if (buf_alloc(o, S_KN, (size_t)(T * o->C) * es, 0, NULL, err, cap)) return -1;
+        if (o->R > 0 && buf_alloc(o, S_KP, (size_t)(T * o->R) * es, 0, NULL, err, cap)) return -1;
+        o->bytes = (double)T * W * es + (double)(o->Q + o->C) * es + (o->R > 0 ? T * 8.0 : 0) +
+                   T * 8.0 + (double)T * o->R * 4.0 + (double)T * o->Q * es +
+                   (double)T * (o->C + o->R) * es;
+    }
+    if (o->op == MLAF_OP_ROPE_Q) {
+        size_t n = (size_t)(T * o->H * o->D);
+        void *q = host_random(&rng, dt, n, -2.0, 2.0);
+        NEED(q);
+        if (buf_alloc(o, B_QH, n * es, 1, q, err, cap)) return -1;
+        o->b[B_QH].mutable_input = 1;
+        if (buf_alloc(o, S_GATHER, (size_t)(T * o->H * o->R) * es, 0, NULL, err, cap)) return -1;
+        o->bytes = 2.0 * (double)T * o->H * o->R * es;
+    }
+    if (o->op == MLAF_OP_MOE_GATE) {
+        void *lg = host_random(&rng, dt, (size_t)(T * o->E), -4.0, 4.0);
+        NEED(lg);
+        if (buf_alloc(o, B_LOGITS, (size_t)(T * o->E) * es, 1, lg, err, cap)) return -1;
+        if (o->has_bias) {
+            void *bias = host_random(&rng, MLAF_F32, (size_t)o->E, -0.05, 0.05);
+            NEED(bias);
+            if (buf_alloc(o, B_BIAS, sizeof(float) * (size_t)o->E, 0, bias, err, cap)) return -1;
+        }
+        if (buf_alloc(o, B_WEIGHTS, sizeof(float) * (size_t)(T * o->K), 1, NULL, err, cap)) return -1;
+        if (buf_alloc(o, B_IDS, sizeof(int32_t) * (size_t)(T * o->K), 1, NULL, err, cap)) return -1;
+        size_t te = sizeof(float) * (size_t)(T * o->E);
+        if (buf_alloc(o, S_S, te, 0, NULL, err, cap) || buf_alloc(o, S_C, te, 0, NULL, err, cap) ||
+            buf_alloc(o, S_M, te, 0, NULL, err, cap) ||
+            buf_alloc(o, S_G, sizeof(float) * (size_t)(T * o->G), 0, NULL, err, cap) ||
+            buf_alloc(o, S_W, sizeof(float) * (size_t)(T * o->moe.top_k), 0, NULL, err, cap))
+            return -1;
+        o->bytes = (double)T * o->E * es + (o->has_bias ? o->E * 4.0 : 0.0) + (double)T * o->K * 8.0;
+    }
+    return 0;
+}
+
+/* ---- the calls ----------------------------------------------------------------------------- */
+typedef struct views {
+    mlaf_tensor latent, w_q, w_kv, q, k_nope, k_pe, pos, cos_sin, slots, cache, qh, logits, bias,
+        weights, ids, kn_s, kp_s;
+} views;
+
+static void make_views(bench_op *o, int set, views *v) {
+    const mlaf_dtype dt = o->dt;
+    const int64_t T = o->T, W = o->Q + o->C + o->R;
+    memset(v, 0, sizeof *v);
+    v->latent = mlaf_tensor_2d(P(o, B_LATENT, set), dt, T, W, W);
+    v->w_q = mlaf_tensor_1d(P(o, B_WQ, set), dt, o->Q);
+    v->w_kv = mlaf_tensor_1d(P(o, B_WKV, set), dt, o->C);
+    v->q = mlaf_tensor_2d(P(o, B_Q, set), dt, T, o->Q, o->Q);
+    v->k_nope = mlaf_tensor_2d(P(o, B_KNOPE, set), dt, T, o->C, o->C);
+    v->k_pe = mlaf_tensor_2d(P(o, B_KPE, set), dt, T, o->R, o->R);
+    v->pos = mlaf_tensor_1d(P(o, B_POS, set), MLAF_I64, T);
+    v->cos_sin = mlaf_tensor_2d(P(o, B_COSSIN, set), MLAF_F32, o->max_pos, o->R, o->R);
+    v->slots = mlaf_tensor_1d(P(o, B_SLOTS, set), MLAF_I64, T);
+    v->cache = mlaf_tensor_3d(P(o, B_CACHE, set), dt, o->num_blocks, o->block_size, o->C + o->R,
+                              o->block_size * (o->C + o->R), o->C + o->R);
+    v->qh = mlaf_tensor_3d(P(o, B_QH, set), dt, T, o->H, o->D, o->H * o->D, o->D);
+    v->logits = mlaf_tensor_2d(P(o, B_LOGITS, set), dt, T, o->E, o->E);
+    v->bias = mlaf_tensor_1d(P(o, B_BIAS, set), MLAF_F32, o->E);
+    v->weights = mlaf_tensor_2d(P(o, B_WEIGHTS, set), MLAF_F32, T, o->K, o->K);
+    v->ids = mlaf_tensor_2d(P(o, B_IDS, set), MLAF_I32, T, o->K, o->K);
+    v->kn_s = mlaf_tensor_2d(P(o, S_KN, set), dt, T, o->C, o->C);
+    v->kp_s = mlaf_tensor_2d(P(o, S_KP, set), dt, T, o->R, o->R);
+}
+
+static int api_err(bench_op *o, mlaf_status st, const char *what, char *err, size_t cap) {
+    if (st == MLAF_OK) return 0;
+    const char *why = mlaf_context_last_error(o->ctx);
+    snprintf(err, cap, "%s: %s: %s", what, mlaf_status_name(st),
+             why && why[0] ? why : mlaf_status_message(st));
+    return -1;
+}
+
+static int call_fused(void *arg, int set, char *err, size_t cap) {
+    bench_op *o = (bench_op *)arg;
+    views v;
+    make_views(o, set, &v);
+    mlaf_status st = MLAF_OK;
+    const int hasq = o->Q > 0, hasr = o->R > 0;
+    switch (o->op) {
+    case MLAF_OP_SPLIT_QK_NORM: {
+        mlaf_split_qk_norm_params p = {(int32_t)o->Q, (int32_t)o->C, (int32_t)o->R,
+                                       o->cfg.rms_norm_eps, o->cfg.rms_norm_eps};
+        st = mlaf_split_qk_norm(o->ctx, &p, &v.latent, hasq ? &v.w_q : NULL, &v.w_kv,
+                                hasq ? &v.q : NULL, &v.k_nope, hasr ? &v.k_pe : NULL);
+        break;
+    }
+    case MLAF_OP_MLA_KV_CACHE: {
+        mlaf_mla_kv_cache_params p = {(int32_t)o->Q, (int32_t)o->C, (int32_t)o->R,
+                                      o->cfg.rms_norm_eps, o->cfg.rms_norm_eps, o->cfg.rope_style};
+        st = mlaf_mla_kv_cache(o->ctx, &p, &v.latent, hasq ? &v.w_q : NULL, &v.w_kv,
+                               hasr ? &v.pos : NULL, hasr ? &v.cos_sin : NULL, &v.slots, &v.cache,
+                               hasq ? &v.q : NULL, NULL, NULL, NULL);
+        break;
+    }
+    case MLAF_OP_ROPE_Q: {
+        mlaf_rope_params p = {(int32_t)o->R, o->cfg.rope_style};
+        st = mlaf_rope_q(o->ctx, &p, &v.qh, &v.pos, &v.cos_sin, NULL);
+        break;
+    }
+    default:
+        st = mlaf_moe_gate(o->ctx, &o->moe, &v.logits, o->has_bias ? &v.bias : NULL, &v.weights,
+                           &v.ids, NULL);
+        break;
+    }
+    return api_err(o, st, mlaf_op_name(o->op), err, cap);
+}
+
+static int baseline_err(int r, const char *what, char *err, size_t cap) {
+    if (r == 0) return 0;
+#ifdef MLAF_WITH_CUDA
+    snprintf(err, cap, "unfused %s: %s", what, blg_error_string(r));
+#else
+    snprintf(err, cap, "unfused %s failed (%d)", what, r);
+#endif
+    return -1;
+}
+
+static int call_unfused(void *arg, int set, char *err, size_t cap) {
+    bench_op *o = (bench_op *)arg;
+    views v;
+    make_views(o, set, &v);
+    const int hasq = o->Q > 0, hasr = o->R > 0;
+    const int cpu = o->be == MLAF_BACKEND_CPU;
+    void *stream = NULL;
+#ifdef MLAF_WITH_CUDA
+    if (!cpu) stream = bcu_stream();
+#endif
+    (void)stream;
+    int r = 0;
+    switch (o->op) {
+    case MLAF_OP_SPLIT_QK_NORM: {
+        mlaf_split_qk_norm_params p = {(int32_t)o->Q, (int32_t)o->C, (int32_t)o->R,
+                                       o->cfg.rms_norm_eps, o->cfg.rms_norm_eps};
+        mlaf_norm_job j;
+        if (api_err(o, mlaf_check_split_qk_norm(o->ctx, &p, &v.latent, hasq ? &v.w_q : NULL,
+                                                &v.w_kv, hasq ? &v.q : NULL, &v.k_nope,
+                                                hasr ? &v.k_pe : NULL, &j),
+                    "unfused split_qk_norm", err, cap))
+            return -1;
+        if (j.T == 0) return 0;
+        if (cpu)
+            r = blc_split_qk_norm(&j, P(o, S_QD, set), P(o, S_KVD, set), o->threads);
+#ifdef MLAF_WITH_CUDA
+        else
+            r = blg_split_qk_norm(&j, P(o, S_QD, set), P(o, S_KVD, set), stream);
+#endif
+        return baseline_err(r, "split_qk_norm", err, cap);
+    }
+    case MLAF_OP_MLA_KV_CACHE: {
+        /* The library's split + norms into dense tensors, then RoPE, then the cache write. */
+        mlaf_split_qk_norm_params sp = {(int32_t)o->Q, (int32_t)o->C, (int32_t)o->R,
+                                        o->cfg.rms_norm_eps, o->cfg.rms_norm_eps};
+        if (api_err(o, mlaf_split_qk_norm(o->ctx, &sp, &v.latent, hasq ? &v.w_q : NULL, &v.w_kv,
+                                          hasq ? &v.q : NULL, &v.kn_s, hasr ? &v.kp_s : NULL),
+                    "unfused mla_kv_cache (split_qk_norm step)", err, cap))
+            return -1;
+        mlaf_mla_kv_cache_params p = {(int32_t)o->Q, (int32_t)o->C, (int32_t)o->R,
+                                      o->cfg.rms_norm_eps, o->cfg.rms_norm_eps, o->cfg.rope_style};
+        mlaf_kv_cache_job j;
+        if (api_err(o, mlaf_check_mla_kv_cache(o->ctx, &p, &v.latent, hasq ? &v.w_q : NULL, &v.w_kv,
+                                               hasr ? &v.pos : NULL, hasr ? &v.cos_sin : NULL,
+                                               &v.slots, &v.cache, hasq ? &v.q : NULL, NULL, NULL,
+                                               NULL, &j),
+                    "unfused mla_kv_cache", err, cap))
+            return -1;
+        if (j.norm.T == 0) return 0;
+        if (cpu) {
+            if (hasr) r = blc_rope_rows(v.kp_s.data, o->dt, o->T, o->R, &j.rope, o->threads);
+            if (!r) r = blc_cache_write(&j, v.kn_s.data, v.kp_s.data, o->threads);
+        }
+#ifdef MLAF_WITH_CUDA
+        else {
+            if (hasr) r = blg_rope_rows(v.kp_s.data, o->dt, o->T, o->R, &j.rope, stream);
+            if (!r) r = blg_cache_write(&j, v.kn_s.data, v.kp_s.data, stream);
+        }
+#endif
+        return baseline_err(r, "mla_kv_cache", err, cap);
+    }
+    case MLAF_OP_ROPE_Q: {
+        mlaf_rope_params p = {(int32_t)o->R, o->cfg.rope_style};
+        mlaf_rope_q_job j;
+        if (api_err(o, mlaf_check_rope_q(o->ctx, &p, &v.qh, &v.pos, &v.cos_sin, NULL, &j),
+                    "unfused rope_q", err, cap))
+            return -1;
+        if (j.T == 0) return 0;
+        if (cpu)
+            r = blc_rope_q(&j, P(o, S_GATHER, set), o->threads);
+#ifdef MLAF_WITH_CUDA
+        else
+            r = blg_rope_q(&j, P(o, S_GATHER, set), stream);
+#endif
+        return baseline_err(r, "rope_q", err, cap);
+    }
+    default: {
+        mlaf_moe_gate_job j;
+        if (api_err(o, mlaf_check_moe_gate(o->ctx, &o->moe, &v.logits, o->has_bias ? &v.bias : NULL,
+                                           &v.weights, &v.ids, NULL, &j),
+                    "unfused moe_gate", err, cap))
+            return -1;
+        if (j.T == 0) return 0;
+        bench_moe_scratch s = {(float *)P(o, S_S, set), (float *)P(o, S_C, set),
+                               (float *)P(o, S_G, set), (float *)P(o, S_M, set),
+                               (float *)P(o, S_W, set)};
+        if (cpu)
+            r = blc_moe_gate(&j, &s, o->threads);
+#ifdef MLAF_WITH_CUDA
+        else
+            r = blg_moe_gate(&j, &s, stream);
+#endif
+        return baseline_err(r, "moe_gate", err, cap);
+    }
+    }
+}
+
+/* ---- the check of the baseline against the fused op ----------------------------------------- */
+static int sync_backend(bench_op *o, char *err, size_t cap) {
+    mlaf_status st = mlaf_context_sync(o->ctx);
+    if (st != MLAF_OK) return api_err(o, st, "synchronize", err, cap);
+#ifdef MLAF_WITH_CUDA
+    if (o->be == MLAF_BACKEND_CUDA) return bcu_sync(err, cap);
+#endif
+    return 0;
+}
+
+static void *download(bench_op *o, int id) {
+    bbuf *b = &o->b[id];
+    void *h = malloc(b->bytes + 1);
+    if (!h) return NULL;
+    if (b->bytes && mlaf_mem_download(o->be, h, b->dev, b->bytes) != MLAF_OK) {
+        free(h);
+        return NULL;
+    }
+    return h;
+}
+
+static int reset_inputs(bench_op *o) {
+    for (int i = 0; i < B_COUNT; i++)
+        if (o->b[i].mutable_input && o->b[i].dev && o->b[i].bytes &&
+            mlaf_mem_upload(o->be, o->b[i].dev, o->b[i].init, o->b[i].bytes) != MLAF_OK)
+            return -1;
+    return 0;
+}
+
+static int outputs_of(const bench_op *o, int *ids) {
+    int n = 0;
+    switch (o->op) {
+    case MLAF_OP_SPLIT_QK_NORM:
+        if (o->Q > 0) ids[n++] = B_Q;
+        ids[n++] = B_KNOPE;
+        if (o->R > 0) ids[n++] = B_KPE;
+        break;
+    case MLAF_OP_MLA_KV_CACHE:
+        if (o->Q > 0) ids[n++] = B_Q;
+        ids[n++] = B_CACHE;
+        break;
+    case MLAF_OP_ROPE_Q: ids[n++] = B_QH; break;
+    default:
+        ids[n++] = B_IDS;
+        ids[n++] = B_WEIGHTS;
+        break;
+    }
+    return n;
+}
+
+/* Selection value c of expert e for token t, from the logits (host, double). */
+static double host_sel(const bench_op *o, const void *logits, const float *bias, int64_t t, int e) {
+    const void *row = (const char *)logits + (size_t)(t * o->E) * mlaf_dtype_size(o->dt);
+    double s;
+    if (o->moe.score_func == MLAF_SCORE_SIGMOID) {
+        s = 1.0 / (1.0 + exp(-(double)mlaf_load_f32(row, o->dt, e)));
+    } else {
+        double mx = -INFINITY, sum = 0.0;
+        for (int64_t i = 0; i < o->E; i++) mx = fmax(mx, mlaf_load_f32(row, o->dt, i));
+        for (int64_t i = 0; i < o->E; i++) sum += exp(mlaf_load_f32(row, o->dt, i) - mx);
+        s = exp(mlaf_load_f32(row, o->dt, e) - mx) / sum;
+    }
+    return s + (bias ? bias[e] : 0.0);
+}
+
+/* Runs both once and compares; writes "ok" or what differs into check. */
+static int check_baseline(bench_op *o, char *check, size_t ccap, char *err, size_t cap) {
+    int outs[4], n = outputs_of(o, outs);
+    void *a[4] = {0}, *b[4] = {0};
+    int rc = -1;
+    snprintf(check, ccap, "ok");
+    if (reset_inputs(o) || call_fused(o, 0, err, cap) || sync_backend(o, err, cap)) goto done;
+    for (int i = 0; i < n; i++)
+        if (!(a[i] = download(o, outs[i]))) {
+            snprintf(err, cap, "download of the fused outputs failed");
+            goto done;
+        }
+    if (reset_inputs(o) || call_unfused(o, 0, err, cap) || sync_backend(o, err, cap)) {
+        snprintf(check, ccap, "baseline failed");
+        goto done;
+    }
+    for (int i = 0; i < n; i++)
+        if (!(b[i] = download(o, outs[i]))) {
+            snprintf(err, cap, "download of the unfused outputs failed");
+            goto done;
+        }
+    rc = 0;
+    if (o->op == MLAF_OP_MOE_GATE) {
+        const int32_t *ia = (const int32_t *)a[0], *ib = (const int32_t *)b[0];
+        const float *wa = (const float *)a[1], *wb = (const float *)b[1];
+        int64_t bad_rows = 0;
+        double worst = 0.0;
+        for (int64_t t = 0; t < o->T; t++) {
+            int bad = 0;
+            for (int64_t k = 0; k < o->K; k++) {
+                int64_t i = t * o->K + k;
+                if (ia[i] != ib[i]) {
+                    int ok = ia[i] >= 0 && ib[i] >= 0 && ia[i] < o->E && ib[i] < o->E;
+                    if (ok) {
+                        double ca = host_sel(o, o->b[B_LOGITS].init, (const float *)o->b[B_BIAS].init, t, ia[i]);
+                        double cb = host_sel(o, o->b[B_LOGITS].init, (const float *)o->b[B_BIAS].init, t, ib[i]);
+                        ok = fabs(ca - cb) <= 1e-6 * fmax(fabs(ca), fabs(cb)) + 1e-9;
+                    }
+                    if (!ok) bad = 1;
+                    continue;
+                }
+                double d = fabs((double)wa[i] - wb[i]) / fmax(fabs((double)wa[i]), 1e-12);
+                if (d > worst) worst = d;
+                if (d > 1e-4) bad = 1;
+            }
+            bad_rows += bad;
+        }
+        if (bad_rows) snprintf(check, ccap, "MISMATCH in %lld of %lld rows (worst weight rel %.2g)",
+                               (long long)bad_rows, (long long)o->T, worst);
+        goto done;
+    }
+    for (int i = 0; i < n; i++) {
+        const bbuf *bb = &o->b[outs[i]];
+        size_t count = bb->bytes / mlaf_dtype_size(o->dt);
+        double worst = 0.0;
+        int64_t nbad = 0;
+        for (size_t k = 0; k < count; k++) {
+            double ref = mlaf_load_f32(a[i], o->dt, (int64_t)k);
+            double got = mlaf_load_f32(b[i], o->dt, (int64_t)k);
+            double u = outs[i] == B_KPE ? (memcmp((char *)a[i] + k * mlaf_dtype_size(o->dt),
+                                                 (char *)b[i] + k * mlaf_dtype_size(o->dt),
+                                                 mlaf_dtype_size(o->dt)) ? INFINITY : 0.0)
+                                        : mlaf_err_units(got, ref, o->dt, fabs(ref));
+            if (u > worst) worst = u;
+            if (u > 2.0) nbad++;
+        }
+        if (nbad) {
+            static const char *names[B_COUNT] = {[B_Q] = "q", [B_KNOPE] = "k_nope", [B_KPE] = "k_pe",
+                                                 [B_CACHE] = "kv_cache", [B_QH] = "q"};
+            snprintf(check, ccap, "MISMATCH in %s: %lld values beyond 2 units (worst %.3g)",
+                     names[outs[i]] ? names[outs[i]] : "output", (long long)nbad, worst);
+            break;
+        }
+    }
+done:
+    for (int i = 0; i < 4; i++) {
+        free(a[i]);
+        free(b[i]);
+    }
+    return rc;
+}
+
+/* ---- rows and output ----------------------------------------------------------------------- */
+typedef struct row {
+    mlaf_op op;
+    char model[64];
+    int64_t T;
+    const char *mode; /* "stream", "graph", "wall" */
+    int have_fused, have_unfused;
+    bench_stats fused, unfused;
+    double bytes, gbps, pct, speedup;
+    char check[128];
+    char error[512];
+} row;
+
+static void json_str(const char *s) {
+    putchar('"');
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\')
+            printf("\\%c", c);
+        else if (c < 0x20)
+            printf("\\u%04x", c);
+        else
+            putchar(c);
+    }
+    putchar('"');
+}
+
+static void json_num(const char *key, double v, int comma) {
+    printf("\"%s\": ", key);
+    if (isfinite(v))
+        printf("%.6g", v);
+    else
+        printf("null");
+    if (comma) printf(", ");
+}
+
+static void print_json(const char *backend, const char *device, int threads, const char *model,
+                       mlaf_dtype dt, double copy_gbps, double copy_bytes, const row *rows,
+                       int nrows) {
+    printf("{\"tool\": \"mlafuse bench\", \"version\": \"%s\", \"backend\": ", mlaf_version_string());
+    json_str(backend);
+    printf(", \"device\": ");
+    json_str(device);
+    printf(", \"threads\": %d, \"preset\": ", threads);
+    json_str(model);
+    printf(", \"dtype\": \"%s\", ", mlaf_dtype_name(dt));
+    json_num("copy_gbps", copy_gbps, 1);
+    json_num("copy_bytes", copy_bytes, 0);
+    printf(", \"rows\": [");
+    for (int i = 0; i < nrows; i++) {
+        const row *r = &rows[i];
+        double nan = NAN;
+        printf("%s\n  {\"op\": \"%s\", \"preset\": ", i ? "," : "", mlaf_op_name(r->op));
+        json_str(r->model);
+        printf(", \"T\": %lld, \"mode\": \"%s\", ", (long long)r->T, r->mode);
+        json_num("calls_per_sample", r->have_fused ? r->fused.calls_per_sample : nan, 1);
+        json_num("samples", r->have_fused ? r->fused.samples : nan, 1);
+        json_num("fused_us", r->have_fused ? r->fused.median_us : nan, 1);
+        json_num("fused_p10_us", r->have_fused ? r->fused.p10_us : nan, 1);
+        json_num("fused_p90_us", r->have_fused ? r->fused.p90_us : nan, 1);
+        json_num("fused_min_us", r->have_fused ? r->fused.min_us : nan, 1);
+        json_num("fused_max_us", r->have_fused ? r->fused.max_us : nan, 1);
+        json_num("bytes", r->bytes, 1);
+        json_num("gbps", r->gbps, 1);
+        json_num("copy_gbps", copy_gbps, 1);
+        json_num("pct_of_copy", r->pct, 1);
+        json_num("unfused_us", r->have_unfused ? r->unfused.median_us : nan, 1);
+        json_num("unfused_p10_us", r->have_unfused ? r->unfused.p10_us : nan, 1);
+        json_num("unfused_p90_us", r->have_unfused ? r->unfused.p90_us : nan, 1);
+        json_num("speedup", r->speedup, 0);
+        printf(", \"baseline_check\": ");
+        json_str(r->check);
+        printf(", \"error\": ");
+        if (r->error[0])
+            json_str(r->error);
+        else
+            printf("null");
+        printf("}");
+    }
+    printf("\n]}\n");
+}
+
+static void print_header(void) {
+    printf("%-14s %-18s %8s %-6s %10s %21s %9s %8s %6s %11s %8s  %s\n", "op", "preset", "T",
+           "mode", "fused_us", "(p10 .. p90)", "MB", "GB/s", "%copy", "unfused_us", "speedup",
+           "check");
+}
+
+static void print_row(const row *r) {
+    char f[16] = "-", band[32] = "", mb[16], gb[16] = "-", pc[16] = "-", uf[16] = "-", sp[16] = "-";
+    if (r->have_fused) {
+        snprintf(f, sizeof f, "%.2f", r->fused.median_us);
+        snprintf(band, sizeof band, "(%.2f .. %.2f)", r->fused.p10_us, r->fused.p90_us);
+    }
+    snprintf(mb, sizeof mb, "%.3f", r->bytes / 1e6);
+    if (isfinite(r->gbps)) snprintf(gb, sizeof gb, "%.1f", r->gbps);
+    if (isfinite(r->pct)) snprintf(pc, sizeof pc, "%.0f%%", r->pct);
+    if (r->have_unfused) snprintf(uf, sizeof uf, "%.2f", r->unfused.median_us);
+    if (isfinite(r->speedup)) snprintf(sp, sizeof sp, "%.2fx", r->speedup);
+    printf("%-14s %-18s %8lld %-6s %10s %21s %9s %8s %6s %11s %8s  %s%s%s\n", mlaf_op_name(r->op),
+           r->model, (long long)r->T, r->mode, f, band, mb, gb, pc, uf, sp, r->check,
+           r->error[0] ? "  error: " : "", r->error);
+    fflush(stdout);
+}
+
+/* ---- the command ----------------------------------------------------------------------------- */
+int cmd_bench(int argc, char **argv) {
+    int backend_set = 0;
+    mlaf_backend be = MLAF_BACKEND_CPU;
+    int want_op[MLAF_OP_COUNT_] = {1, 1, 1, 1};
+    const char *preset = NULL, *config = NULL;
+    mlaf_dtype dt = MLAF_BF16;
+    int64_t tokens[CLI_MAX_LIST];
+    int ntok = 0;
+    long long threads = 0, reps = 0;
+    int graph = 0, json = 0;
+
+    for (int i = 1; i < argc; i++) {
+        const char *v;
+        int r;
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            help();
+            return CLI_EXIT_OK;
+        }
+        if (!strcmp(argv[i], "--graph")) {
+            graph = 1;
+        } else if (!strcmp(argv[i], "--json")) {
+            json = 1;
+        } else if ((r = cli_take_value(argc, argv, &i, "--backend", &v)) != 0) {
+            if (r < 0 || cli_parse_backend("--backend", v, &be)) return CLI_EXIT_USAGE;
+            backend_set = 1;
+        } else if ((r = cli_take_value(argc, argv, &i, "--op", &v)) != 0) {
+            if (r < 0) return CLI_EXIT_USAGE;
+            for (int o = 0; o < MLAF_OP_COUNT_; o++) want_op[o] = 1;
+            if (strcasecmp(v, "all")) {
+                mlaf_op op;
+                if (cli_parse_op("--op", v, &op)) return CLI_EXIT_USAGE;
+                for (int o = 0; o < MLAF_OP_COUNT_; o++) want_op[o] = (o == (int)op);
+            }
+        } else if ((r = cli_take_value(argc, argv, &i, "--preset", &v)) != 0) {
+            if (r < 0) return CLI_EXIT_USAGE;
+            if (strcasecmp(v, "all") && !mlaf_preset_find(v))
+                return cli_usage_error("bench", "--preset = '%s' is not a preset (see mlafuse presets)", v);
+            preset = v;
+        } else if ((r = cli_take_value(argc, argv, &i, "--config", &v)) != 0) {
+            if (r < 0) return CLI_EXIT_USAGE;
+            config = v;
+        } else if ((r = cli_take_value(argc, argv, &i, "--dtype", &v)) != 0) {
+            if (r < 0 || cli_parse_dtype("--dtype", v, &dt)) return CLI_EXIT_USAGE;
+        } else if ((r = cli_take_value(argc, argv, &i, "--tokens", &v)) != 0) {
+            if (r < 0) return CLI_EXIT_USAGE;
+            ntok = cli_parse_int_list("--tokens", v, 0, tokens, CLI_MAX_LIST);
+            if (ntok < 0) return CLI_EXIT_USAGE;
+        } else if ((r = cli_take_value(argc, argv, &i, "--threads", &v)) != 0) {
+            if (r < 0 || cli_parse_int("--threads", v, 1, 4096, &threads)) return CLI_EXIT_USAGE;
+        } else if ((r = cli_take_value(argc, argv, &i, "--reps", &v)) != 0) {
+            if (r < 0 || cli_parse_int("--reps", v, 1, 100000, &reps)) return CLI_EXIT_USAGE;
+        } else {
+            return cli_usage_error("bench", "unknown option '%s' (see mlafuse bench --help)", argv[i]);
+        }
+    }
+    if (preset && config)
+        return cli_usage_error("bench", "--preset and --config are exclusive (pick one model source)");
+
+    if (!backend_set) be = mlaf_backend_available(MLAF_BACKEND_CUDA) ? MLAF_BACKEND_CUDA : MLAF_BACKEND_CPU;
+    if (be == MLAF_BACKEND_CUDA && !mlaf_backend_available(MLAF_BACKEND_CUDA)) {
+#ifdef MLAF_WITH_CUDA
+        fprintf(stderr, "mlafuse bench: --backend cuda: no CUDA device is visible\n");
+#else
+        fprintf(stderr, "mlafuse bench: --backend cuda: this build has no CUDA backend "
+                        "(configure with -DMLAF_CUDA=ON)\n");
+#endif
+        return CLI_EXIT_FAIL;
+    }
+    if (graph && be != MLAF_BACKEND_CUDA)
+        fprintf(stderr, "mlafuse bench: note: --graph applies to the cuda backend only; ignored\n");
+    if (ntok == 0) {
+        static const int64_t cuda_t[] = {1, 8, 64, 512, 4096, 32768, 131072};
+        static const int64_t cpu_t[] = {1, 64, 4096, 65536};
+        const int64_t *d = be == MLAF_BACKEND_CUDA ? cuda_t : cpu_t;
+        ntok = be == MLAF_BACKEND_CUDA ? 7 : 4;
+        memcpy(tokens, d, sizeof(int64_t) * (size_t)ntok);
+    }
+    if (reps == 0) reps = be == MLAF_BACKEND_CUDA ? 100 : 10;
+
+    mlaf_model_config models[16];
+    int nmodels = 0;
+    if (config) {
+        if (cli_load_hf_config(config, &models[0]) != 0) return CLI_EXIT_FAIL;
+        nmodels = 1;
+    } else if (preset && !strcasecmp(preset, "all")) {
+        for (int i = 0; i < mlaf_preset_count() && i < 16; i++) models[nmodels++] = *mlaf_preset_at(i);
+    } else {
+        models[nmodels++] = *(preset ? mlaf_preset_find(preset) : mlaf_preset_at(0));
+    }
+
+    mlaf_context *ctx = NULL;
+    mlaf_status st = mlaf_context_create(&ctx, be);
+    if (st != MLAF_OK) {
+        fprintf(stderr, "mlafuse bench: cannot create a %s context: %s\n", mlaf_backend_name(be),
+                mlaf_status_message(st));
+        return CLI_EXIT_FAIL;
+    }
+    char err[512] = "";
+    char device[256];
+    double copy_gbps = 0.0, copy_bytes = 0.0;
+    size_t llc = bench_cpu_llc_bytes();
+    if (be == MLAF_BACKEND_CPU) {
+        if (threads > 0 && mlaf_context_set_threads(ctx, (int)threads) != MLAF_OK) {
+            fprintf(stderr, "mlafuse bench: --threads: %s\n", mlaf_context_last_error(ctx));
+            mlaf_context_free(ctx);
+            return CLI_EXIT_USAGE;
+        }
+        threads = mlaf_context_threads(ctx);
+        snprintf(device, sizeof device, "%s (%lld threads, isa %s)", bench_cpu_name(), threads,
+                 mlaf_cpu_isa_name(mlaf_context_cpu_isa(ctx)));
+        size_t cb = 4 * llc;
+        if (cb < ((size_t)256 << 20)) cb = (size_t)256 << 20;
+        if (cb > ((size_t)2 << 30)) cb = (size_t)2 << 30;
+        copy_gbps = bench_cpu_copy_gbps((int)threads, cb, reps < 5 ? 5 : (int)reps);
+        copy_bytes = 2.0 * (double)cb;
+        if (copy_gbps <= 0.0) fprintf(stderr, "mlafuse bench: warning: the copy reference could not be measured\n");
+    } else {
+#ifdef MLAF_WITH_CUDA
+        if (threads > 0) fprintf(stderr, "mlafuse bench: note: --threads applies to the cpu backend only\n");
+        threads = 0;
+        if (bcu_setup(err, sizeof err) ||
+            mlaf_context_set_cuda_stream(ctx, bcu_stream()) != MLAF_OK) {
+            fprintf(stderr, "mlafuse bench: cuda setup failed: %s\n", err[0] ? err : mlaf_context_last_error(ctx));
+            bcu_teardown();
+            mlaf_context_free(ctx);
+            return CLI_EXIT_FAIL;
+        }
+        snprintf(device, sizeof device, "%s", bcu_device_name());
+        size_t cb = (size_t)1 << 30;
+        if (bcu_copy_gbps(cb, 20, &copy_gbps, err, sizeof err)) {
+            fprintf(stderr, "mlafuse bench: warning: copy reference failed: %s\n", err);
+            copy_gbps = 0.0;
+        }
+        copy_bytes = 2.0 * (double)cb;
+#endif
+    }
+
+    char model_list[1200] = "";
+    for (int m = 0; m < nmodels; m++) {
+        size_t len = strlen(model_list);
+        snprintf(model_list + len, sizeof model_list - len, "%s%.63s", m ? "," : "", models[m].name);
+    }
+    if (!json) {
+        printf("# mlafuse bench %s: backend=%s device=%s dtype=%s model=%s\n", mlaf_version_string(),
+               mlaf_backend_name(be), device, mlaf_dtype_name(dt), model_list);
+        printf("# copy reference: %.1f GB/s (%s, %.0f MB read + written)\n", copy_gbps,
+               be == MLAF_BACKEND_CUDA ? "cudaMemcpyAsync device to device" : "memcpy, all threads",
+               copy_bytes / 1e6);
+        printf("# reproduce: mlafuse bench --backend %s --dtype %s --reps %lld", mlaf_backend_name(be),
+               mlaf_dtype_name(dt), reps);
+        if (config) printf(" --config %s", config);
+        else printf(" --preset %s", preset ? preset : models[0].name);
+        if (be == MLAF_BACKEND_CPU) printf(" --threads %lld", threads);
+        if (graph) printf(" --graph");
+        printf(" --tokens ");
+        for (int t = 0; t < ntok; t++) printf("%s%lld", t ? "," : "", (long long)tokens[t]);
+        int nops = 0;
+        for (int o = 0; o < MLAF_OP_COUNT_; o++) nops += want_op[o];
+        if (nops == 1)
+            for (int o = 0; o < MLAF_OP_COUNT_; o++)
+                if (want_op[o]) printf(" --op %s", mlaf_op_name((mlaf_op)o));
+        printf("\n");
+        print_header();
+    }
+
+    int cap_rows = MLAF_OP_COUNT_ * ntok * nmodels;
+    row *rows = (row *)calloc((size_t)cap_rows, sizeof(row));
+    int nrows = 0, any_error = 0;
+    if (!rows) {
+        fprintf(stderr, "mlafuse bench: out of host memory\n");
+        mlaf_context_free(ctx);
+        return CLI_EXIT_FAIL;
+    }
+    for (int m = 0; m < nmodels; m++)
+        for (int oi = 0; oi < MLAF_OP_COUNT_; oi++) {
+            if (!want_op[oi]) continue;
+            for (int ti = 0; ti < ntok; ti++) {
+                row *r = &rows[nrows++];
+                memset(r, 0, sizeof *r);
+                r->op = (mlaf_op)oi;
+                snprintf(r->model, sizeof r->model, "%.63s", models[m].name);
+                r->T = tokens[ti];
+                r->gbps = r->pct = r->speedup = NAN;
+                snprintf(r->check, sizeof r->check, "-");
+                int graph_calls = 0;
+                r->mode = "wall";
+                if (be == MLAF_BACKEND_CUDA) {
+                    graph_calls = (graph || r->T <= 64) ? 100 : 0;
+                    r->mode = graph_calls ? "graph" : "stream";
+                }
+                if (!mlaf_backend_supports(be, r->op)) {
+                    snprintf(r->check, sizeof r->check, "skipped");
+                    snprintf(r->error, sizeof r->error, "%s is not supported by the %s backend",
+                             mlaf_op_name(r->op), mlaf_backend_name(be));
+                    if (!json) print_row(r);
+                    continue;
+                }
+                if (r->op == MLAF_OP_ROPE_Q && models[m].qk_rope_head_dim <= 0) {
+                    snprintf(r->check, sizeof r->check, "skipped");
+                    snprintf(r->error, sizeof r->error, "qk_rope_head_dim = 0: nothing to rotate");
+                    if (!json) print_row(r);
+                    continue;
+                }
+                bench_op o;
+                memset(&o, 0, sizeof o);
+                o.op = r->op;
+                o.be = be;
+                o.ctx = ctx;
+                o.cfg = models[m];
+                o.dt = dt;
+                o.T = r->T;
+                o.threads = (int)(threads > 0 ? threads : 1);
+                err[0] = '\0';
+                if (setup(&o, llc, err, sizeof err)) {
+                    snprintf(r->error, sizeof r->error, "setup: %s", err);
+                    any_error = 1;
+                    op_free(&o);
+                    if (!json) print_row(r);
+                    continue;
+                }
+                r->bytes = o.bytes;
+                char cerr[512] = "";
+                if (check_baseline(&o, r->check, sizeof r->check, cerr, sizeof cerr)) {
+                    if (!strcmp(r->check, "ok")) snprintf(r->check, sizeof r->check, "not checked");
+                } else if (strcmp(r->check, "ok")) {
+                    fprintf(stderr, "mlafuse bench: warning: the unfused baseline of %s (T=%lld) "
+                                    "differs from the fused op: %s\n",
+                            mlaf_op_name(o.op), (long long)o.T, r->check);
+                }
+                err[0] = '\0';
+                int fr, ur;
+#ifdef MLAF_WITH_CUDA
+                if (be == MLAF_BACKEND_CUDA) {
+                    fr = bcu_time(call_fused, &o, (int)reps, graph_calls, &r->fused, err, sizeof err);
+                } else
+#endif
+                    fr = bench_cpu_time(call_fused, &o, o.nsets, (int)reps, &r->fused, err, sizeof err);
+                if (fr) {
+                    snprintf(r->error, sizeof r->error, "%s", err);
+                    any_error = 1;
+                } else {
+                    r->have_fused = 1;
+                }
+                err[0] = '\0';
+#ifdef MLAF_WITH_CUDA
+                if (be == MLAF_BACKEND_CUDA) {
+                    ur = bcu_time(call_unfused, &o, (int)reps, graph_calls, &r->unfused, err, sizeof err);
+                } else
+#endif
+                    ur = bench_cpu_time(call_unfused, &o, o.nsets, (int)reps, &r->unfused, err, sizeof err);
+                if (ur) {
+                    size_t len = strlen(r->error);
+                    snprintf(r->error + len, sizeof r->error - len, "%s%s", len ? "; " : "", err);
+                    any_error = 1;
+                } else {
+                    r->have_unfused = 1;
+                }
+                if (!r->have_fused && cerr[0] && !r->error[0]) snprintf(r->error, sizeof r->error, "%s", cerr);
+                if (r->have_fused && r->fused.median_us > 0) {
+                    r->gbps = r->bytes / (r->fused.median_us * 1e3);
+                    if (copy_gbps > 0) r->pct = 100.0 * r->gbps / copy_gbps;
+                    if (r->have_unfused) r->speedup = r->unfused.median_us / r->fused.median_us;
+                }
+                op_free(&o);
+                if (!json) print_row(r);
+            }
+        }
+    if (json) print_json(mlaf_backend_name(be), device, (int)threads, model_list, dt, copy_gbps,
+                         copy_bytes, rows, nrows);
+    free(rows);
+#ifdef MLAF_WITH_CUDA
+    if (be == MLAF_BACKEND_CUDA) bcu_teardown();
+#endif
+    mlaf_context_free(ctx);
+    return any_error ? CLI_EXIT_FAIL : CLI_EXIT_OK;
+}

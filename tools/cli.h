@@ -1,0 +1,61 @@
+/*
+ * cli.h — what the pieces of the `mlafuse` command share: option parsing helpers, lists of
+ * token counts / presets / dtypes, the Hugging Face config loader and the commands.
+ *
+ * Exit codes of every command: 0 success, 1 a case failed or the work could not run
+ * (a clear message says why), 2 a usage error (unknown option, bad value).
+ */
+#ifndef MLAF_CLI_H
+#define MLAF_CLI_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "mlafuse.h"
+
+#define CLI_EXIT_OK 0
+#define CLI_EXIT_FAIL 1
+#define CLI_EXIT_USAGE 2
+
+#define CLI_MAX_LIST 64
+
+/* ---- values ------------------------------------------------------------------------------ */
+/* Parses "1,7,64" (also "1k"/"64K" = x1024 and "1m" = x1048576) into out[]; every value in
+ * [min_value, 2^31). Returns the count, or -1 after printing a message naming `opt`. */
+int cli_parse_int_list(const char *opt, const char *text, int64_t min_value, int64_t *out,
+                       int cap);
+/* A whole number in [lo, hi]; -1 result + message on error (returns 0 ok). */
+int cli_parse_int(const char *opt, const char *text, long long lo, long long hi,
+                  long long *out);
+/* "f32" | "f16" | "bf16"; returns 0 ok, -1 after a message. */
+int cli_parse_dtype(const char *opt, const char *text, mlaf_dtype *out);
+/* "cpu" | "cuda"; returns 0 ok, -1 after a message. */
+int cli_parse_backend(const char *opt, const char *text, mlaf_backend *out);
+/* One of the op names (mlaf_op_name); returns 0 ok, -1 after a message. */
+int cli_parse_op(const char *opt, const char *text, mlaf_op *out);
+
+/* Prints "mlafuse <cmd>: <message>\n" on stderr; returns CLI_EXIT_USAGE. */
+int cli_usage_error(const char *cmd, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+
+/* For a loop over argv: if argv[*i] is `name`, stores the next argument in *value and
+ * advances *i (also accepts "--name=value"). Returns 1 matched, 0 not this option, -1 when
+ * the value is missing (after a message). */
+int cli_take_value(int argc, char **argv, int *i, const char *name, const char **value);
+
+/* ---- models -------------------------------------------------------------------------------- */
+/* Reads a Hugging Face config.json into *cfg. Returns 0, or -1 after printing a message
+ * (missing file, bad JSON, missing key, value out of range, or built without cJSON). */
+int cli_load_hf_config(const char *path, mlaf_model_config *cfg);
+/* A short text for the router: "sigmoid + bias", "softmax", ... */
+const char *cli_score_text(const mlaf_model_config *cfg);
+
+/* ---- commands ------------------------------------------------------------------------------ */
+int cmd_presets(int argc, char **argv);
+int cmd_verify(int argc, char **argv);
+int cmd_bench(int argc, char **argv);
+
+#endif

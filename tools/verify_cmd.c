@@ -1,0 +1,344 @@
+/*
+ * verify_cmd.c — `mlafuse verify`: every op x model x dtype x token count x layout on each
+ * backend against the float64 oracle, through the shared harness of src/ref/verify.h (the
+ * same rules the C tests use: poisoned outputs, guard zones, SPEC §7 tolerances).
+ *
+ * One greppable line per case, e.g.
+ *   SPLIT_QK_NORM(preset=glm-4.7-flash,T=7,dtype=bf16,backend=cpu,strided): OK worst=0.50ulp
+ * then "N passed, N failed, N skipped"; exit 1 on any failure, 2 on a usage error.
+ *
+ * Cases per op (every model, dtype and T):
+ *   split_qk_norm  contiguous | strided | strided with f32 weights | without k_pe | in place
+ *   mla_kv_cache   {contiguous (block 16, i64 indices) | strided (flat block 1, i32 indices,
+ *                  cache in another dtype) | in place (block 64)} x {interleaved, neox}
+ *   rope_q         {contiguous (i64) | strided (i32)} x {interleaved, neox}
+ *   moe_gate       contiguous | strided with the score output | NaN / inf logits; with
+ *                  --preset all also the router shapes engines get wrong (E = 160 softmax
+ *                  group max, E = 384, E = 2048, 64 experts in one group, top_k 16 / 32,
+ *                  no bias).
+ */
+#define _POSIX_C_SOURCE 200809L /* strtok_r, strcasecmp */
+#include <stdio.h>
+#include <string.h>
+#include <strings.h>
+
+#include "cli.h"
+#include "ref/verify.h"
+
+static void help(void) {
+    printf(
+        "usage: mlafuse verify [options]\n"
+        "\n"
+        "Checks every op against the float64 oracle (SPEC section 7) and prints one line per case.\n"
+        "\n"
+        "  --backend cpu|cuda|all   backends to check (default all: cpu, and cuda when a GPU is visible)\n"
+        "  --op NAME|all            split_qk_norm, mla_kv_cache, rope_q, moe_gate (default all)\n"
+        "  --preset NAME|all        model preset (default all; see mlafuse presets)\n"
+        "  --config FILE            the model of a Hugging Face config.json instead of the presets\n"
+        "  --dtype f32|f16|bf16|all activation dtype (default all)\n"
+        "  --tokens LIST            token counts, e.g. 0,1,7 (default 0,1,2,7,64,257,4096,65537)\n"
+        "  --seed N                 random seed of the inputs (default 1)\n"
+        "\n"
+        "Exit status: 0 all passed, 1 a case failed (or a requested backend is missing), 2 usage.\n");
+}
+
+typedef struct variant {
+    const char *label;
+    int strided, in_place, no_k_pe, f32_weights;
+    int style;       /* -1: not a rope op; else mlaf_rope_style */
+    int64_t block;   /* mla_kv_cache block size (0 = default) */
+    int index_i32;
+    int other_cache; /* cache dtype differs from the activations' */
+    int want_scores, nonfinite;
+} variant;
+
+/* Router shapes of the moe issue beyond the presets (run with --preset all). */
+typedef struct moe_extra {
+    const char *name;
+    int32_t E, top_k, n_group, topk_group;
+    mlaf_score_func score;
+    mlaf_group_score group;
+    int bias, renorm, shared;
+    float scaling;
+} moe_extra;
+
+static const moe_extra moe_extras[] = {
+    {"moe:e160-softmax-g8-max", 160, 6, 8, 3, MLAF_SCORE_SOFTMAX, MLAF_GROUP_MAX, 0, 0, 0, 16.0f},
+    {"moe:e384-g1", 384, 8, 1, 1, MLAF_SCORE_SIGMOID, MLAF_GROUP_TOP2_SUM, 1, 1, 0, 2.827f},
+    {"moe:e2048-g8", 2048, 8, 8, 4, MLAF_SCORE_SIGMOID, MLAF_GROUP_TOP2_SUM, 1, 1, 0, 2.5f},
+    {"moe:e2048-g1-softmax", 2048, 8, 1, 1, MLAF_SCORE_SOFTMAX, MLAF_GROUP_TOP2_SUM, 0, 1, 0, 1.0f},
+    {"moe:e64-g1-shared1", 64, 8, 1, 1, MLAF_SCORE_SIGMOID, MLAF_GROUP_TOP2_SUM, 1, 1, 1, 1.8f},
+    {"moe:e256-topk16", 256, 16, 8, 4, MLAF_SCORE_SIGMOID, MLAF_GROUP_TOP2_SUM, 1, 1, 0, 2.5f},
+    {"moe:e256-topk32", 256, 32, 1, 1, MLAF_SCORE_SOFTMAX, MLAF_GROUP_TOP2_SUM, 0, 1, 0, 1.0f},
+    {"moe:e256-g8-nobias", 256, 8, 8, 4, MLAF_SCORE_SIGMOID, MLAF_GROUP_TOP2_SUM, 0, 1, 0, 2.5f},
+};
+
+typedef struct counters {
+    int passed, failed, skipped;
+} counters;
+
+static void upper(const char *s, char *out, size_t cap) {
+    size_t i = 0;
+    for (; s[i] && i + 1 < cap; i++) out[i] = (char)(s[i] >= 'a' && s[i] <= 'z' ? s[i] - 32 : s[i]);
+    out[i] = '\0';
+}
+
+static void run_case(mlaf_context *ctx, mlaf_op op, const char *model, const mlaf_verify_case *c,
+                     const char *label, counters *n) {
+    char opname[32];
+    upper(mlaf_op_name(op), opname, sizeof opname);
+    printf("%s(preset=%s,T=%lld,dtype=%s,backend=%s,%s): ", opname, model, (long long)c->T,
+           mlaf_dtype_name(c->dtype), mlaf_backend_name(mlaf_context_backend(ctx)), label);
+    fflush(stdout);
+    mlaf_verify_result r;
+    memset(&r, 0, sizeof r);
+    mlaf_status st = mlaf_verify_op(ctx, op, c, &r);
+    const char *unit = (op == MLAF_OP_MOE_GATE || c->dtype == MLAF_F32) ? "u" : "ulp";
+    if (st == MLAF_OK && r.passed) {
+        printf("OK worst=%.2f%s\n", r.worst_units, unit);
+        n->passed++;
+    } else if (st == MLAF_OK) {
+        printf("FAIL worst=%.3g%s %s\n", r.worst_units, unit, r.detail);
+        n->failed++;
+    } else if (st == MLAF_ERR_UNSUPPORTED) {
+        const char *why = mlaf_context_last_error(ctx);
+        printf("FAIL unsupported (%s%s)\n", r.detail[0] ? r.detail : why,
+               (r.detail[0] || why[0]) ? "" : "not implemented yet");
+        n->failed++;
+    } else {
+        const char *why = r.detail[0] ? r.detail : mlaf_context_last_error(ctx);
+        printf("FAIL %s: %s\n", mlaf_status_name(st), why[0] ? why : mlaf_status_message(st));
+        n->failed++;
+    }
+    fflush(stdout);
+}
+
+static mlaf_dtype other_dtype(mlaf_dtype dt) { return dt == MLAF_F32 ? MLAF_BF16 : MLAF_F32; }
+
+/* Runs one op's cases for one model / dtype / T. */
+static void run_op(mlaf_context *ctx, mlaf_op op, const mlaf_model_config *cfg, mlaf_dtype dt,
+                   int64_t T, uint64_t seed, int with_extras, counters *n) {
+    static const variant norm_v[] = {
+        {"contiguous", 0, 0, 0, 0, -1, 0, 0, 0, 0, 0},
+        {"strided", 1, 0, 0, 0, -1, 0, 0, 0, 0, 0},
+        {"strided,w=f32", 1, 0, 0, 1, -1, 0, 0, 0, 0, 0},
+        {"contiguous,no-k_pe", 0, 0, 1, 0, -1, 0, 0, 0, 0, 0},
+        {"in-place", 0, 1, 0, 0, -1, 0, 0, 0, 0, 0},
+    };
+    static const variant kv_v[] = {
+        {"contiguous,bs=16,i64", 0, 0, 0, 0, MLAF_ROPE_INTERLEAVED, 16, 0, 0, 0, 0},
+        {"contiguous,bs=16,i64", 0, 0, 0, 0, MLAF_ROPE_NEOX, 16, 0, 0, 0, 0},
+        {"strided,bs=1,i32,cache=other", 1, 0, 0, 0, MLAF_ROPE_INTERLEAVED, 1, 1, 1, 0, 0},
+        {"strided,bs=1,i32,cache=other", 1, 0, 0, 0, MLAF_ROPE_NEOX, 1, 1, 1, 0, 0},
+        {"in-place,bs=64", 0, 1, 0, 0, MLAF_ROPE_INTERLEAVED, 64, 0, 0, 0, 0},
+        {"in-place,bs=64", 0, 1, 0, 0, MLAF_ROPE_NEOX, 64, 0, 0, 0, 0},
+    };
+    static const variant rope_v[] = {
+        {"contiguous,i64", 0, 0, 0, 0, MLAF_ROPE_INTERLEAVED, 0, 0, 0, 0, 0},
+        {"contiguous,i64", 0, 0, 0, 0, MLAF_ROPE_NEOX, 0, 0, 0, 0, 0},
+        {"strided,i32", 1, 0, 0, 0, MLAF_ROPE_INTERLEAVED, 0, 1, 0, 0, 0},
+        {"strided,i32", 1, 0, 0, 0, MLAF_ROPE_NEOX, 0, 1, 0, 0, 0},
+    };
+    static const variant moe_v[] = {
+        {"contiguous", 0, 0, 0, 0, -1, 0, 0, 0, 0, 0},
+        {"strided,scores", 1, 0, 0, 0, -1, 0, 0, 0, 1, 0},
+        {"contiguous,nonfinite", 0, 0, 0, 0, -1, 0, 0, 0, 1, 1},
+    };
+    const variant *vs;
+    int nv;
+    switch (op) {
+    case MLAF_OP_SPLIT_QK_NORM: vs = norm_v; nv = (int)(sizeof norm_v / sizeof norm_v[0]); break;
+    case MLAF_OP_MLA_KV_CACHE: vs = kv_v; nv = (int)(sizeof kv_v / sizeof kv_v[0]); break;
+    case MLAF_OP_ROPE_Q: vs = rope_v; nv = (int)(sizeof rope_v / sizeof rope_v[0]); break;
+    default: vs = moe_v; nv = (int)(sizeof moe_v / sizeof moe_v[0]); break;
+    }
+    if (op == MLAF_OP_ROPE_Q && cfg->qk_rope_head_dim <= 0) {
+        printf("SKIP: rope_q for %s: qk_rope_head_dim = 0 (nothing to rotate)\n", cfg->name);
+        n->skipped++;
+        return;
+    }
+    for (int i = 0; i < nv; i++) {
+        const variant *v = &vs[i];
+        if (v->f32_weights && dt == MLAF_F32) continue; /* same case as "strided" */
+        mlaf_verify_case c = mlaf_verify_case_default(cfg, dt, T, seed + 7919u * (uint64_t)i);
+        c.strided = v->strided;
+        c.in_place = v->in_place;
+        c.no_k_pe = v->no_k_pe;
+        if (v->f32_weights) c.weight_dtype = MLAF_F32;
+        if (v->style >= 0) c.rope_style = (mlaf_rope_style)v->style;
+        if (v->block > 0) c.block_size = v->block;
+        c.index_dtype = v->index_i32 ? MLAF_I32 : MLAF_I64;
+        if (v->other_cache) c.cache_dtype = other_dtype(dt);
+        c.want_scores = v->want_scores;
+        c.nonfinite = v->nonfinite;
+        char label[96];
+        if (v->style >= 0)
+            snprintf(label, sizeof label, "%s,%s", v->label,
+                     v->style == MLAF_ROPE_NEOX ? "neox" : "interleaved");
+        else
+            snprintf(label, sizeof label, "%s", v->label);
+        if (v->other_cache) {
+            char *p = strstr(label, "cache=other");
+            if (p) snprintf(p, sizeof label - (size_t)(p - label), "cache=%s%s",
+                            mlaf_dtype_name(c.cache_dtype),
+                            v->style == MLAF_ROPE_NEOX ? ",neox" : ",interleaved");
+        }
+        run_case(ctx, op, cfg->name, &c, label, n);
+    }
+    if (op != MLAF_OP_MOE_GATE || !with_extras) return;
+    for (size_t e = 0; e < sizeof moe_extras / sizeof moe_extras[0]; e++) {
+        const moe_extra *x = &moe_extras[e];
+        for (int s = 0; s < 2; s++) {
+            mlaf_verify_case c =
+                mlaf_verify_case_default(cfg, dt, T, seed + 104729u * (uint64_t)(e + 1) + (uint64_t)s);
+            c.moe_override = 1;
+            c.experts = x->E;
+            c.moe.top_k = x->top_k;
+            c.moe.n_group = x->n_group;
+            c.moe.topk_group = x->topk_group;
+            c.moe.score_func = x->score;
+            c.moe.group_score = x->group;
+            c.moe.renormalize = x->renorm;
+            c.moe.routed_scaling_factor = x->scaling;
+            c.moe.apply_routed_scaling = 1;
+            c.moe.eps = 1e-20f;
+            c.moe.n_shared_experts = x->shared;
+            c.moe_bias = x->bias;
+            c.strided = s;
+            c.want_scores = s;
+            run_case(ctx, op, x->name, &c, s ? "strided,scores" : "contiguous", n);
+        }
+    }
+}
+
+int cmd_verify(int argc, char **argv) {
+    int want_backend[MLAF_BACKEND_COUNT_] = {1, 1};
+    int backend_explicit = 0;
+    int want_op[MLAF_OP_COUNT_] = {1, 1, 1, 1};
+    const char *preset = NULL, *config = NULL;
+    mlaf_dtype dts[3] = {MLAF_F32, MLAF_F16, MLAF_BF16};
+    int ndt = 3;
+    int64_t tokens[CLI_MAX_LIST] = {0, 1, 2, 7, 64, 257, 4096, 65537};
+    int ntok = 8;
+    long long seed = 1;
+
+    for (int i = 1; i < argc; i++) {
+        const char *v;
+        int r;
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            help();
+            return CLI_EXIT_OK;
+        }
+        if ((r = cli_take_value(argc, argv, &i, "--backend", &v)) != 0) {
+            if (r < 0) return CLI_EXIT_USAGE;
+            if (!strcasecmp(v, "all")) {
+                want_backend[0] = want_backend[1] = 1;
+                backend_explicit = 0;
+            } else {
+                mlaf_backend b;
+                if (cli_parse_backend("--backend", v, &b)) return CLI_EXIT_USAGE;
+                want_backend[0] = want_backend[1] = 0;
+                want_backend[b] = 1;
+                backend_explicit = 1;
+            }
+        } else if ((r = cli_take_value(argc, argv, &i, "--op", &v)) != 0) {
+            if (r < 0) return CLI_EXIT_USAGE;
+            for (int o = 0; o < MLAF_OP_COUNT_; o++) want_op[o] = 1;
+            if (strcasecmp(v, "all")) {
+                mlaf_op op;
+                if (cli_parse_op("--op", v, &op)) return CLI_EXIT_USAGE;
+                for (int o = 0; o < MLAF_OP_COUNT_; o++) want_op[o] = (o == (int)op);
+            }
+        } else if ((r = cli_take_value(argc, argv, &i, "--preset", &v)) != 0) {
+            if (r < 0) return CLI_EXIT_USAGE;
+            if (strcasecmp(v, "all") && !mlaf_preset_find(v))
+                return cli_usage_error("verify", "--preset = '%s' is not a preset (see mlafuse presets)", v);
+            preset = v;
+        } else if ((r = cli_take_value(argc, argv, &i, "--config", &v)) != 0) {
+            if (r < 0) return CLI_EXIT_USAGE;
+            config = v;
+        } else if ((r = cli_take_value(argc, argv, &i, "--dtype", &v)) != 0) {
+            if (r < 0) return CLI_EXIT_USAGE;
+            if (!strcasecmp(v, "all")) {
+                ndt = 3;
+                dts[0] = MLAF_F32, dts[1] = MLAF_F16, dts[2] = MLAF_BF16;
+            } else {
+                if (cli_parse_dtype("--dtype", v, &dts[0])) return CLI_EXIT_USAGE;
+                ndt = 1;
+            }
+        } else if ((r = cli_take_value(argc, argv, &i, "--tokens", &v)) != 0) {
+            if (r < 0) return CLI_EXIT_USAGE;
+            ntok = cli_parse_int_list("--tokens", v, 0, tokens, CLI_MAX_LIST);
+            if (ntok < 0) return CLI_EXIT_USAGE;
+        } else if ((r = cli_take_value(argc, argv, &i, "--seed", &v)) != 0) {
+            if (r < 0) return CLI_EXIT_USAGE;
+            if (cli_parse_int("--seed", v, 0, ((long long)1 << 40), &seed)) return CLI_EXIT_USAGE;
+        } else {
+            return cli_usage_error("verify", "unknown option '%s' (see mlafuse verify --help)",
+                                   argv[i]);
+        }
+    }
+    if (preset && config)
+        return cli_usage_error("verify", "--preset and --config are exclusive (pick one model source)");
+
+    /* Models. */
+    mlaf_model_config models[16];
+    int nmodels = 0;
+    if (config) {
+        if (cli_load_hf_config(config, &models[0]) != 0) return CLI_EXIT_FAIL;
+        nmodels = 1;
+    } else if (preset && strcasecmp(preset, "all")) {
+        models[nmodels++] = *mlaf_preset_find(preset);
+    } else {
+        for (int i = 0; i < mlaf_preset_count() && nmodels < 16; i++)
+            models[nmodels++] = *mlaf_preset_at(i);
+    }
+    int with_extras = !config && !(preset && strcasecmp(preset, "all"));
+
+    printf("# mlafuse verify: worst error in ulp of the output dtype (f16 / bf16) or u = 1e-5 "
+           "relative (f32, router weights); <= 1 passes\n");
+    counters n = {0, 0, 0};
+    int backend_missing = 0;
+    for (int b = 0; b < MLAF_BACKEND_COUNT_; b++) {
+        if (!want_backend[b]) continue;
+        mlaf_backend be = (mlaf_backend)b;
+        mlaf_context *ctx = NULL;
+        mlaf_status st = mlaf_context_create(&ctx, be);
+        if (st != MLAF_OK) {
+#ifdef MLAF_WITH_CUDA
+            const char *why = be == MLAF_BACKEND_CUDA ? "no CUDA device is visible" : mlaf_status_message(st);
+#else
+            const char *why = be == MLAF_BACKEND_CUDA ? "this build has no CUDA backend (configure with -DMLAF_CUDA=ON)"
+                                                      : mlaf_status_message(st);
+#endif
+            printf("SKIP: %s backend: %s (%s)\n", mlaf_backend_name(be), why, mlaf_status_name(st));
+            n.skipped++;
+            if (backend_explicit) backend_missing = 1;
+            continue;
+        }
+        for (int o = 0; o < MLAF_OP_COUNT_; o++) {
+            if (!want_op[o]) continue;
+            mlaf_op op = (mlaf_op)o;
+            if (!mlaf_backend_supports(be, op)) {
+                printf("SKIP: %s on the %s backend: not supported by this backend\n",
+                       mlaf_op_name(op), mlaf_backend_name(be));
+                n.skipped++;
+                continue;
+            }
+            for (int m = 0; m < nmodels; m++)
+                for (int d = 0; d < ndt; d++)
+                    for (int t = 0; t < ntok; t++)
+                        run_op(ctx, op, &models[m], dts[d], tokens[t],
+                               (uint64_t)seed * 1000003u + (uint64_t)t * 131u + (uint64_t)d * 17u +
+                                   (uint64_t)m * 7u,
+                               with_extras && m == 0, &n);
+        }
+        mlaf_context_free(ctx);
+    }
+    printf("%d passed, %d failed, %d skipped\n", n.passed, n.failed, n.skipped);
+    if (backend_missing) {
+        fprintf(stderr, "mlafuse verify: the requested backend is not available\n");
+        return CLI_EXIT_FAIL;
+    }
+    return n.failed ? CLI_EXIT_FAIL : CLI_EXIT_OK;
+}
