@@ -1,3 +1,269 @@
-/* PLACEHOLDER (replaced by the CPU moe_gate implementation) */
+/*
+ * moe_gate.c — CPU router top-k (SPEC §4).
+ *
+ * Per token, all in fp32:
+ *   1. Load the logits row into a float scratch row (bf16 / f16 widened branch-free so the
+ *      loop vectorizes) and note which logits are finite.
+ *   2. s = sigmoid(x) or softmax over the finite logits, with an exp of our own (range
+ *      reduction + degree-7 polynomial, <= 2 ulp) that the compiler vectorizes; libm's expf
+ *      does not, and the exp is most of the arithmetic.
+ *   3. c = s + bias; every expert gets a 32-bit rank value: the order-preserving integer map
+ *      of c when its logit and bias are finite, else 1 (below every finite c, above "not
+ *      eligible" = 0). With the index as tie-break this is one total order, the same one the
+ *      oracle and the CUDA kernel use, so ties resolve identically everywhere.
+ *   4. Groups (n_group > 1): score = top-2 sum / max of the valid c in each group; the
+ *      topk_group best (valid first, score descending, lower index) stay.
+ *   5. Top-k over the kept groups by insertion into a sorted list of k 64-bit keys
+ *      (rank value << 32 | ~index); after the first few experts almost every candidate is
+ *      rejected by one compare, so this is O(E) per token.
+ *   6. Weights, renormalization (skipped when sum + eps is 0), scaling, shared experts.
+ *
+ * Threads: OpenMP over tokens, ctx->threads, static schedule (every token costs the same);
+ * small calls run on the calling thread, where starting a team costs more than the work.
+ * Scratch rows live on each thread's stack (E <= 2048: 24 KiB).
+ */
+#include <math.h>
+#include <string.h>
+
+#include "../half.h"
 #include "cpu.h"
-mlaf_status mlaf_cpu_moe_gate(mlaf_context *ctx, const mlaf_moe_gate_job *job) { (void)job; return mlaf_fail(ctx, MLAF_ERR_UNSUPPORTED, "todo"); }
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#define GATE_MAX_E 2048
+#define GATE_MAX_G 64
+
+static inline uint32_t f32_bits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+static inline float bits_f32(uint32_t u) {
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* Order-preserving map of a float onto uint32 (for non-NaN input). */
+static inline uint32_t ord32(float f) {
+    uint32_t u = f32_bits(f);
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+/* e^x for finite x, <= 2 ulp over the range that matters; saturates instead of returning
+ * inf / subnormals (sigmoid and softmax only need the value to be tiny or huge there). */
+static inline float gate_exp(float x) {
+    x = x < -87.3f ? -87.3f : x;
+    x = x > 88.3f ? 88.3f : x;
+    /* k = round(x / ln2) by the 1.5 * 2^23 trick: exact for |k| < 2^22, no libm call. */
+    float k = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+    float r = x - k * 0.693145751953125f; /* ln2 high part has 16 bits: k * it is exact */
+    r = r - k * 1.428606765330187e-06f;
+    float p = 1.0f / 5040.0f;
+    p = p * r + 1.0f / 720.0f;
+    p = p * r + 1.0f / 120.0f;
+    p = p * r + 1.0f / 24.0f;
+    p = p * r + 1.0f / 6.0f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    int32_t ki = (int32_t)k;
+    return p * bits_f32((uint32_t)(ki + 127) << 23);
+}
+
+static inline int is_finite_bits(uint32_t u) { return (u & 0x7f800000u) != 0x7f800000u; }
+
+/* Widens one logits row to f32. */
+static void load_row(const void *row, mlaf_dtype dt, int32_t E, float *x) {
+    if (dt == MLAF_F32) {
+        memcpy(x, row, sizeof(float) * (size_t)E);
+    } else if (dt == MLAF_BF16) {
+        const uint16_t *h = (const uint16_t *)row;
+        for (int32_t e = 0; e < E; e++) x[e] = bits_f32((uint32_t)h[e] << 16);
+    } else {
+        /* f16: shift the exponent and mantissa into place and rescale by 2^112, which also
+         * turns f16 subnormals into the right f32 value; inf / NaN keep an all-ones exponent. */
+        const uint16_t *h = (const uint16_t *)row;
+        for (int32_t e = 0; e < E; e++) {
+            uint32_t em = (uint32_t)(h[e] & 0x7fffu) << 13;
+            uint32_t sign = (uint32_t)(h[e] & 0x8000u) << 16;
+            uint32_t fin = f32_bits(bits_f32(em) * 0x1p112f);
+            uint32_t u = em >= (0x7c00u << 13) ? (em | 0x7f800000u) : fin;
+            x[e] = bits_f32(u | sign);
+        }
+    }
+}
+
+typedef struct gate_scratch {
+    float x[GATE_MAX_E];
+    float s[GATE_MAX_E];
+    uint32_t v[GATE_MAX_E]; /* rank value: ord32(c) if valid, else 1 */
+    float c[GATE_MAX_E];
+} gate_scratch;
+
+static void gate_token(const mlaf_moe_gate_job *job, int64_t t, gate_scratch *sc) {
+    const int32_t E = job->E, G = job->n_group, P = E / G, k = job->top_k;
+    const size_t lsz = mlaf_dtype_size(job->logits_dt);
+    const void *row = (const char *)job->logits + (size_t)(t * job->logits_stride) * lsz;
+    float *restrict x = sc->x, *restrict s = sc->s, *restrict c = sc->c;
+    uint32_t *restrict v = sc->v;
+
+    /* 1-2. scores */
+    load_row(row, job->logits_dt, E, x);
+    if (job->score_func == MLAF_SCORE_SIGMOID) {
+        for (int32_t e = 0; e < E; e++) {
+            float xe = is_finite_bits(f32_bits(x[e])) ? x[e] : 0.0f;
+            s[e] = 1.0f / (1.0f + gate_exp(-xe));
+        }
+    } else {
+        float m = -INFINITY;
+        for (int32_t e = 0; e < E; e++) {
+            float xe = is_finite_bits(f32_bits(x[e])) ? x[e] : -INFINITY;
+            m = xe > m ? xe : m;
+        }
+        /* Eight partial sums: a fixed order the compiler may vectorize, and a shorter
+         * rounding chain than one running sum over 2048 terms. */
+        float part[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        int32_t e = 0;
+        for (; e + 8 <= E; e += 8)
+            for (int l = 0; l < 8; l++) {
+                float xe = x[e + l];
+                float d = is_finite_bits(f32_bits(xe)) ? xe - m : -87.3f;
+                float ex = is_finite_bits(f32_bits(xe)) ? gate_exp(d) : 0.0f;
+                s[e + l] = ex;
+                part[l] += ex;
+            }
+        for (; e < E; e++) {
+            float xe = x[e];
+            float ex = is_finite_bits(f32_bits(xe)) ? gate_exp(xe - m) : 0.0f;
+            s[e] = ex;
+            part[e & 7] += ex;
+        }
+        float sum = ((part[0] + part[1]) + (part[2] + part[3])) +
+                    ((part[4] + part[5]) + (part[6] + part[7]));
+        /* No valid logit at all: sum is 0 and every s becomes NaN below anyway. */
+        float inv_ok = sum > 0.0f ? sum : 1.0f;
+        for (e = 0; e < E; e++) s[e] = s[e] / inv_ok;
+    }
+
+    /* 3. selection values */
+    const float *bias = job->bias;
+    for (int32_t e = 0; e < E; e++) {
+        int ok = is_finite_bits(f32_bits(x[e]));
+        s[e] = ok ? s[e] : NAN;
+        float b = bias ? bias[e] : 0.0f;
+        ok = ok && is_finite_bits(f32_bits(b));
+        float ce = (s[e] + b) + 0.0f; /* + 0 turns -0 into +0: one key per value */
+        c[e] = ok ? ce : -INFINITY;
+        v[e] = ok ? ord32(ce) : 1u;
+    }
+
+    /* 4. groups */
+    uint64_t kept = ~0ull;
+    if (G > 1) {
+        uint64_t gkey[GATE_MAX_G];
+        for (int32_t g = 0; g < G; g++) {
+            float m1 = -INFINITY, m2 = -INFINITY;
+            const float *cg = c + (size_t)g * P;
+            for (int32_t i = 0; i < P; i++) {
+                float ce = cg[i];
+                if (ce > m1) {
+                    m2 = m1;
+                    m1 = ce;
+                } else if (ce > m2) {
+                    m2 = ce;
+                }
+            }
+            uint32_t gv;
+            if (m1 == -INFINITY)
+                gv = 0; /* no valid expert */
+            else if (job->group_score == MLAF_GROUP_MAX || m2 == -INFINITY)
+                gv = ord32(m1 + 0.0f);
+            else
+                gv = ord32((m1 + m2) + 0.0f);
+            gkey[g] = ((uint64_t)gv << 32) | (uint32_t)(0xFFFFFFFFu - (uint32_t)g);
+        }
+        kept = 0;
+        for (int32_t g = 0; g < G; g++) {
+            int better = 0;
+            for (int32_t h = 0; h < G; h++) better += gkey[h] > gkey[g];
+            if (better < job->topk_group) kept |= 1ull << g;
+        }
+    }
+
+    /* 5. top-k by insertion; 0 is below every eligible key (rank values are >= 1) */
+    uint64_t best[64];
+    for (int32_t j = 0; j < k; j++) best[j] = 0;
+    for (int32_t g = 0; g < G; g++) {
+        if (!((kept >> g) & 1)) continue;
+        for (int32_t e = g * P; e < (g + 1) * P; e++) {
+            uint64_t key = ((uint64_t)v[e] << 32) | (uint32_t)(0xFFFFFFFFu - (uint32_t)e);
+            if (key <= best[k - 1]) continue;
+            int32_t j = k - 1;
+            while (j > 0 && best[j - 1] < key) {
+                best[j] = best[j - 1];
+                j--;
+            }
+            best[j] = key;
+        }
+    }
+
+    /* 6. weights */
+    float w[128];
+    int32_t id[128];
+    float sum = 0.0f;
+    for (int32_t j = 0; j < k; j++) {
+        int32_t e = (int32_t)(0xFFFFFFFFu - (uint32_t)best[j]);
+        id[j] = e;
+        w[j] = (best[j] >> 32) > 1 ? s[e] : 0.0f;
+        sum += w[j];
+    }
+    float routed = sum;
+    if (job->renormalize) {
+        float denom = sum + job->eps;
+        routed = 0.0f;
+        for (int32_t j = 0; j < k; j++) {
+            if (denom > 0.0f) w[j] = w[j] / denom;
+            routed += w[j];
+        }
+    }
+    if (job->apply_scaling)
+        for (int32_t j = 0; j < k; j++) w[j] *= job->scaling;
+    for (int32_t j = 0; j < job->n_shared; j++) {
+        id[k + j] = E + j;
+        w[k + j] = routed / job->scaling;
+    }
+
+    int32_t *ids = job->ids + t * job->ids_stride;
+    memcpy(ids, id, sizeof(int32_t) * (size_t)job->K);
+    void *wrow = (char *)job->weights + (size_t)(t * job->weights_stride) * mlaf_dtype_size(job->weights_dt);
+    if (job->weights_dt == MLAF_F32)
+        memcpy(wrow, w, sizeof(float) * (size_t)job->K);
+    else
+        for (int32_t j = 0; j < job->K; j++) mlaf_store_f32(wrow, job->weights_dt, j, w[j]);
+    if (job->scores) memcpy(job->scores + t * job->scores_stride, s, sizeof(float) * (size_t)E);
+}
+
+mlaf_status mlaf_cpu_moe_gate(mlaf_context *ctx, const mlaf_moe_gate_job *job) {
+    const int64_t T = job->T;
+    /* Below ~64K logits a team start-up costs more than the work. */
+    int threads = ctx->threads;
+    if ((double)T * job->E < 65536.0 || T < 2) threads = 1;
+    if (threads > T) threads = (int)T;
+#ifdef _OPENMP
+    if (threads > 1) {
+#pragma omp parallel num_threads(threads)
+        {
+            gate_scratch sc;
+#pragma omp for schedule(static)
+            for (int64_t t = 0; t < T; t++) gate_token(job, t, &sc);
+        }
+        return MLAF_OK;
+    }
+#endif
+    gate_scratch sc;
+    for (int64_t t = 0; t < T; t++) gate_token(job, t, &sc);
+    return MLAF_OK;
+}

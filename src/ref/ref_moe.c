@@ -1,3 +1,443 @@
-/* PLACEHOLDER (replaced by the moe_gate oracle and its verify function) */
+/*
+ * ref_moe.c — the float64 oracle of moe_gate (SPEC §4) and the check that compares a
+ * backend with it (SPEC §7).
+ *
+ * The oracle follows the header's text step by step, with plain loops and no cleverness:
+ *   1. s = sigmoid(x) or softmax over the valid logits; an expert is "valid" when its logit
+ *      and its bias entry (if any) are finite.
+ *   2. c = s + bias.
+ *   3. group scores over valid experts only (top-2 sum or max); keep the topk_group best
+ *      (valid groups first, then score descending, then lower group index).
+ *   4. top_k rounds of "best remaining expert of a kept group" under the total order
+ *      (valid first, c descending, lower index first).
+ *   5. weights, renormalization, scaling, shared experts.
+ *
+ * The check accepts a backend's ids when, position by position, the oracle's c of the id it
+ * chose equals the oracle's own choice there to within 1e-6 relative to |s| + |bias| (the
+ * magnitude of the terms of c, so a cancelling bias does not make the test stricter than
+ * fp32 can be). Invalid choices must match the oracle's ids exactly: their order is defined
+ * by index alone. Weights are then recomputed from the backend's own ids with the oracle's
+ * scores, so an accepted near-tie swap is judged on its weights too.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../half.h"
 #include "verify.h"
-mlaf_status mlaf_verify_moe_gate(mlaf_context *ctx, const mlaf_verify_case *c, mlaf_verify_result *r) { (void)ctx; (void)c; (void)r; return MLAF_ERR_UNSUPPORTED; }
+
+#define REF_MAX_E 2048
+#define REF_MAX_G 64
+
+/* Everything the oracle knows about one token. */
+typedef struct ref_token {
+    double s[REF_MAX_E];
+    double c[REF_MAX_E];
+    int valid[REF_MAX_E];
+    double gscore[REF_MAX_G];
+    int gvalid[REF_MAX_G];
+    int kept[REF_MAX_G];
+    int32_t ids[64];
+    double sel[65];
+} ref_token;
+
+/* a ranks strictly before b (valid first, larger value, then lower index). */
+static int ranks_before(int va, double a, int ia, int vb, double b, int ib) {
+    if (va != vb) return va > vb;
+    if (va && a != b) return a > b;
+    return ia < ib;
+}
+
+static void ref_token_run(const mlaf_moe_gate_job *job, int64_t t, ref_token *r) {
+    const int32_t E = job->E, G = job->n_group, P = E / G;
+    const char *row = (const char *)job->logits +
+                      (size_t)(t * job->logits_stride) * mlaf_dtype_size(job->logits_dt);
+    /* 1. scores */
+    double x[REF_MAX_E];
+    int xok[REF_MAX_E];
+    double xmax = -INFINITY;
+    for (int32_t e = 0; e < E; e++) {
+        x[e] = mlaf_load_f32(row, job->logits_dt, e);
+        xok[e] = isfinite(x[e]);
+        if (xok[e] && x[e] > xmax) xmax = x[e];
+    }
+    double sum = 0.0;
+    if (job->score_func == MLAF_SCORE_SOFTMAX)
+        for (int32_t e = 0; e < E; e++)
+            if (xok[e]) sum += exp(x[e] - xmax);
+    for (int32_t e = 0; e < E; e++) {
+        if (!xok[e])
+            r->s[e] = NAN;
+        else if (job->score_func == MLAF_SCORE_SIGMOID)
+            r->s[e] = 1.0 / (1.0 + exp(-x[e]));
+        else
+            r->s[e] = exp(x[e] - xmax) / sum;
+        double b = job->bias ? (double)job->bias[e] : 0.0;
+        r->valid[e] = xok[e] && isfinite(b);
+        r->c[e] = r->valid[e] ? r->s[e] + b : -INFINITY;
+    }
+    /* 3. groups */
+    for (int32_t g = 0; g < G; g++) r->kept[g] = 1;
+    if (G > 1) {
+        for (int32_t g = 0; g < G; g++) {
+            double m1 = -INFINITY, m2 = -INFINITY;
+            int n = 0;
+            for (int32_t e = g * P; e < (g + 1) * P; e++) {
+                if (!r->valid[e]) continue;
+                n++;
+                if (r->c[e] > m1) {
+                    m2 = m1;
+                    m1 = r->c[e];
+                } else if (r->c[e] > m2) {
+                    m2 = r->c[e];
+                }
+            }
+            r->gvalid[g] = n > 0;
+            if (n == 0)
+                r->gscore[g] = -INFINITY;
+            else if (job->group_score == MLAF_GROUP_MAX || n == 1)
+                r->gscore[g] = m1;
+            else
+                r->gscore[g] = m1 + m2;
+        }
+        for (int32_t g = 0; g < G; g++) {
+            int better = 0;
+            for (int32_t h = 0; h < G; h++)
+                if (h != g && ranks_before(r->gvalid[h], r->gscore[h], h, r->gvalid[g],
+                                           r->gscore[g], g))
+                    better++;
+            r->kept[g] = better < job->topk_group;
+        }
+    }
+    /* 4. top_k rounds of the best remaining expert */
+    int taken[REF_MAX_E];
+    memset(taken, 0, sizeof(int) * (size_t)E);
+    for (int32_t j = 0; j <= job->top_k; j++) {
+        int32_t best = -1;
+        for (int32_t e = 0; e < E; e++) {
+            if (taken[e] || !r->kept[e / P]) continue;
+            if (best < 0 ||
+                ranks_before(r->valid[e], r->c[e], e, r->valid[best], r->c[best], best))
+                best = e;
+        }
+        /* sel[top_k] is the best expert not chosen (-inf if none or invalid) */
+        r->sel[j] = (best >= 0 && r->valid[best]) ? r->c[best] : -INFINITY;
+        if (j < job->top_k) {
+            r->ids[j] = best;
+            taken[best] = 1;
+        }
+    }
+}
+
+/* 5. weights of a chosen list, by the oracle's scores (also used on a backend's ids). */
+static void ref_weights(const mlaf_moe_gate_job *job, const ref_token *r, const int32_t *ids,
+                        double *w) {
+    double sum = 0.0;
+    for (int32_t j = 0; j < job->top_k; j++) {
+        int32_t e = ids[j];
+        w[j] = (e >= 0 && e < job->E && r->valid[e]) ? r->s[e] : 0.0;
+        sum += w[j];
+    }
+    double denom = sum + (double)job->eps;
+    double routed = sum;
+    if (job->renormalize) {
+        routed = 0.0;
+        for (int32_t j = 0; j < job->top_k; j++) {
+            if (denom > 0.0) w[j] /= denom;
+            routed += w[j];
+        }
+    }
+    if (job->apply_scaling)
+        for (int32_t j = 0; j < job->top_k; j++) w[j] *= (double)job->scaling;
+    for (int32_t j = 0; j < job->n_shared; j++) w[job->top_k + j] = routed / (double)job->scaling;
+}
+
+void mlaf_ref_moe_gate(const mlaf_moe_gate_job *job, double *weights, int32_t *ids, double *sel,
+                       double *scores) {
+    ref_token *r = (ref_token *)malloc(sizeof *r);
+    if (!r) return;
+    for (int64_t t = 0; t < job->T; t++) {
+        ref_token_run(job, t, r);
+        int32_t *id = ids + t * job->K;
+        for (int32_t j = 0; j < job->top_k; j++) id[j] = r->ids[j];
+        for (int32_t j = 0; j < job->n_shared; j++) id[job->top_k + j] = job->E + j;
+        ref_weights(job, r, id, weights + t * job->K);
+        memcpy(sel + t * (job->top_k + 1), r->sel, sizeof(double) * (size_t)(job->top_k + 1));
+        if (scores) memcpy(scores + t * job->E, r->s, sizeof(double) * (size_t)job->E);
+    }
+    free(r);
+}
+
+/* ---- the check ------------------------------------------------------------------------- */
+
+/* |s| + |bias| of expert e: the magnitude of the terms of c. */
+static double c_scale(const mlaf_moe_gate_job *job, const ref_token *r, int32_t e) {
+    double b = job->bias ? fabs((double)job->bias[e]) : 0.0;
+    return fabs(r->s[e]) + b;
+}
+
+/* Is a group that the oracle dropped within a near-tie of the last kept group? */
+static int group_near_kept(const mlaf_moe_gate_job *job, const ref_token *r, int32_t g) {
+    if (r->kept[g]) return 1;
+    if (!r->gvalid[g]) return 0;
+    for (int32_t h = 0; h < job->n_group; h++) {
+        if (!r->kept[h] || !r->gvalid[h]) continue;
+        double tol = 2e-6 * fmax(fmax(fabs(r->gscore[h]), fabs(r->gscore[g])), 1e-30);
+        if (fabs(r->gscore[h] - r->gscore[g]) <= tol) return 1;
+    }
+    return 0;
+}
+
+/* Returns NULL when the backend's ids for this token are acceptable, else why not. */
+static const char *check_ids(const mlaf_moe_gate_job *job, const ref_token *r,
+                             const int32_t *got, char *why, size_t cap) {
+    const int32_t E = job->E, P = E / job->n_group;
+    for (int32_t j = 0; j < job->top_k; j++) {
+        int32_t e = got[j];
+        if (e < 0 || e >= E) {
+            snprintf(why, cap, "ids[%d] = %d out of [0, %d)", j, e, E);
+            return why;
+        }
+        for (int32_t i = 0; i < j; i++)
+            if (got[i] == e) {
+                snprintf(why, cap, "ids[%d] = ids[%d] = %d (duplicate)", j, i, e);
+                return why;
+            }
+    }
+    for (int32_t j = 0; j < job->n_shared; j++)
+        if (got[job->top_k + j] != E + j) {
+            snprintf(why, cap, "shared ids[%d] = %d, expected %d", job->top_k + j,
+                     got[job->top_k + j], E + j);
+            return why;
+        }
+    if (memcmp(got, r->ids, sizeof(int32_t) * (size_t)job->top_k) == 0) return NULL;
+    for (int32_t j = 0; j < job->top_k; j++) {
+        int32_t e = got[j];
+        if (e == r->ids[j]) continue;
+        int ok = r->valid[e] && isfinite(r->sel[j]) && group_near_kept(job, r, e / P);
+        if (ok) {
+            double tol = 1e-6 * fmax(fmax(c_scale(job, r, e), c_scale(job, r, r->ids[j])), 1e-30);
+            ok = fabs(r->c[e] - r->sel[j]) <= tol;
+        }
+        if (!ok) {
+            snprintf(why, cap, "ids[%d] = %d (c = %.9g), oracle %d (c = %.9g)", j, e,
+                     r->valid[e] ? r->c[e] : NAN, r->ids[j], r->sel[j]);
+            return why;
+        }
+    }
+    return NULL;
+}
+
+static size_t elem_bytes(mlaf_dtype dt) { return mlaf_dtype_size(dt); }
+
+/* 1 if every byte of [p, p + n) is 0xFF (the poison). */
+static int still_poison(const void *p, size_t n) {
+    const unsigned char *b = (const unsigned char *)p;
+    for (size_t i = 0; i < n; i++)
+        if (b[i] != 0xFFu) return 0;
+    return 1;
+}
+
+mlaf_status mlaf_verify_moe_gate(mlaf_context *ctx, const mlaf_verify_case *c,
+                                 mlaf_verify_result *res) {
+    memset(res, 0, sizeof *res);
+    mlaf_backend be = mlaf_context_backend(ctx);
+    mlaf_moe_gate_params p =
+        c->moe_override ? c->moe : mlaf_moe_gate_params_from_config(&c->cfg);
+    int32_t E = c->moe_override ? c->experts : c->cfg.n_routed_experts;
+    int want_bias = c->moe_bias < 0 ? (c->cfg.has_score_bias != 0) : (c->moe_bias != 0);
+    mlaf_dtype dt = c->dtype;
+    /* For moe_gate the case's weight_dtype names the weights output: F32 or the logits' dtype. */
+    mlaf_dtype wdt = c->weight_dtype == MLAF_F32 ? MLAF_F32 : dt;
+    int64_t T = c->T;
+    int32_t K = p.top_k + p.n_shared_experts;
+    if (E < 1 || E > REF_MAX_E || K < 1) return MLAF_ERR_INVALID_ARGUMENT;
+
+    /* Layout: strided cases pad every row and shift every pointer off its natural alignment
+     * by one element. */
+    int64_t ls = c->strided ? E + 7 : E, ws = c->strided ? K + 3 : K, is = ws;
+    int64_t ss = c->strided ? E + 5 : E;
+    size_t mis = c->strided ? 1 : 0;
+    size_t lsz = elem_bytes(dt), wsz = elem_bytes(wdt);
+    size_t lbytes = (size_t)(T > 0 ? (T - 1) * ls + E : 0) * lsz;
+    size_t wbytes = (size_t)(T > 0 ? (T - 1) * ws + K : 0) * wsz;
+    size_t ibytes = (size_t)(T > 0 ? (T - 1) * is + K : 0) * 4;
+    size_t sbytes = (size_t)(T > 0 ? (T - 1) * ss + E : 0) * 4;
+
+    mlaf_rng rng;
+    mlaf_rng_seed(&rng, c->seed);
+    unsigned char *lhost = (unsigned char *)malloc(lbytes ? lbytes : 1);
+    float *bhost = (float *)malloc(sizeof(float) * (size_t)E);
+    double *rw = (double *)malloc(sizeof(double) * (size_t)(T * K + 1));
+    int32_t *rid = (int32_t *)malloc(sizeof(int32_t) * (size_t)(T * K + 1));
+    ref_token *rt = (ref_token *)malloc(sizeof *rt);
+    if (!lhost || !bhost || !rw || !rid || !rt) {
+        free(lhost), free(bhost), free(rw), free(rid), free(rt);
+        return MLAF_ERR_OUT_OF_MEMORY;
+    }
+    memset(lhost, 0xFF, lbytes ? lbytes : 1);
+    /* Sigmoid routers see logits of a few units; softmax ones the same. The padding of
+     * strided rows is NaN (0xFF bytes) so a kernel that reads past E gets caught. */
+    for (int64_t t = 0; t < T; t++)
+        mlaf_fill_normal(&rng, lhost + (size_t)(t * ls) * lsz, dt, (size_t)E, 0.0, 2.0);
+    for (int32_t e = 0; e < E; e++) bhost[e] = (float)(0.3 * mlaf_rng_normal(&rng));
+    if (c->nonfinite) {
+        const float bad[3] = {NAN, INFINITY, -INFINITY};
+        for (int64_t t = 0; t < T; t++) {
+            void *row = lhost + (size_t)(t * ls) * lsz;
+            uint64_t u = mlaf_rng_u64(&rng);
+            if (u % 7 == 0) { /* the whole row invalid */
+                for (int32_t e = 0; e < E; e++) mlaf_store_f32(row, dt, e, bad[(u >> 8) % 3]);
+            } else if (u % 7 <= 4) { /* a few invalid entries */
+                int n = 1 + (int)((u >> 8) % 8);
+                for (int i = 0; i < n; i++) {
+                    uint64_t v = mlaf_rng_u64(&rng);
+                    mlaf_store_f32(row, dt, (int64_t)(v % (uint64_t)E), bad[(v >> 32) % 3]);
+                }
+            } /* else: a clean row */
+        }
+        if (E > 2) bhost[E / 2] = NAN;
+    }
+
+    mlaf_gbuf gl, gb, gw, gi, gs;
+    memset(&gb, 0, sizeof gb);
+    memset(&gs, 0, sizeof gs);
+    mlaf_status st = mlaf_gbuf_alloc(&gl, be, lbytes, lhost, mis * lsz);
+    int have_b = 0, have_s = 0;
+    int nbuf = 0;
+    if (st == MLAF_OK) nbuf = 1, st = mlaf_gbuf_alloc(&gw, be, wbytes, NULL, mis * wsz);
+    if (st == MLAF_OK) nbuf = 2, st = mlaf_gbuf_alloc(&gi, be, ibytes, NULL, mis * 4);
+    if (st == MLAF_OK) nbuf = 3;
+    if (st == MLAF_OK && want_bias) {
+        st = mlaf_gbuf_alloc(&gb, be, sizeof(float) * (size_t)E, bhost, mis * 4);
+        if (st == MLAF_OK) have_b = 1;
+    }
+    if (st == MLAF_OK && c->want_scores) {
+        st = mlaf_gbuf_alloc(&gs, be, sbytes, NULL, mis * 4);
+        if (st == MLAF_OK) have_s = 1;
+    }
+    if (st != MLAF_OK) goto done;
+
+    {
+        mlaf_tensor tl = mlaf_tensor_2d(gl.ptr, dt, T, E, ls);
+        mlaf_tensor tb = mlaf_tensor_1d(gb.ptr, MLAF_F32, E);
+        mlaf_tensor tw = mlaf_tensor_2d(gw.ptr, wdt, T, K, ws);
+        mlaf_tensor ti = mlaf_tensor_2d(gi.ptr, MLAF_I32, T, K, is);
+        mlaf_tensor ts = mlaf_tensor_2d(gs.ptr, MLAF_F32, T, E, ss);
+        st = mlaf_moe_gate(ctx, &p, &tl, have_b ? &tb : NULL, &tw, &ti, have_s ? &ts : NULL);
+        if (st != MLAF_OK) {
+            snprintf(res->detail, sizeof res->detail, "moe_gate: %s: %s", mlaf_status_name(st),
+                     mlaf_context_last_error(ctx));
+            goto done;
+        }
+        st = mlaf_context_sync(ctx);
+        if (st == MLAF_OK) st = mlaf_gbuf_download(&gl);
+        if (st == MLAF_OK) st = mlaf_gbuf_download(&gw);
+        if (st == MLAF_OK) st = mlaf_gbuf_download(&gi);
+        if (st == MLAF_OK && have_b) st = mlaf_gbuf_download(&gb);
+        if (st == MLAF_OK && have_s) st = mlaf_gbuf_download(&gs);
+        if (st != MLAF_OK) {
+            snprintf(res->detail, sizeof res->detail, "device: %s", mlaf_context_last_error(ctx));
+            goto done;
+        }
+
+        /* The oracle reads the host copy of the inputs through a host job. */
+        mlaf_moe_gate_job job;
+        mlaf_tensor hl = mlaf_tensor_2d(lhost, dt, T, E, ls);
+        mlaf_tensor hb = mlaf_tensor_1d(bhost, MLAF_F32, E);
+        mlaf_tensor hw = mlaf_tensor_2d(rw, MLAF_F32, T, K, K);
+        mlaf_tensor hi = mlaf_tensor_2d(rid, MLAF_I32, T, K, K);
+        st = mlaf_check_moe_gate(NULL, &p, &hl, want_bias ? &hb : NULL, &hw, &hi, NULL, &job);
+        if (st != MLAF_OK) goto done;
+
+        int ok = 1;
+        double worst = 0.0;
+        char why[256] = "";
+        if (!mlaf_gbuf_guards_ok(&gl) || !mlaf_gbuf_guards_ok(&gw) || !mlaf_gbuf_guards_ok(&gi) ||
+            (have_b && !mlaf_gbuf_guards_ok(&gb)) || (have_s && !mlaf_gbuf_guards_ok(&gs))) {
+            ok = 0;
+            snprintf(why, sizeof why, "a guard zone was overwritten");
+        }
+        if (ok && (!mlaf_gbuf_equals(&gl, lhost) || (have_b && !mlaf_gbuf_equals(&gb, bhost)))) {
+            ok = 0;
+            snprintf(why, sizeof why, "an input changed");
+        }
+        for (int64_t t = 0; ok && t < T; t++) {
+            ref_token_run(&job, t, rt);
+            const unsigned char *wrow = (const unsigned char *)gw.body + (size_t)(t * ws) * wsz;
+            const int32_t *irow = (const int32_t *)((const unsigned char *)gi.body + (size_t)(t * is) * 4);
+            int32_t got[128];
+            memcpy(got, irow, sizeof(int32_t) * (size_t)K);
+            char idwhy[200];
+            const char *bad = check_ids(&job, rt, got, idwhy, sizeof idwhy);
+            if (bad) {
+                ok = 0;
+                snprintf(why, sizeof why, "token %lld: %s", (long long)t, bad);
+                break;
+            }
+            double ew[128], rowmag = 0.0;
+            ref_weights(&job, rt, got, ew);
+            for (int32_t j = 0; j < K; j++) rowmag += fabs(ew[j]);
+            for (int32_t j = 0; j < K; j++) {
+                double g = mlaf_load_f32(wrow, wdt, j);
+                double u = mlaf_err_units(g, ew[j], wdt, ew[j]);
+                /* A floor: weights far below the row's total are judged against it. */
+                double ua = fabs(g - ew[j]) / (1e-5 * fmax(rowmag, 1e-30));
+                if (ua < u) u = ua;
+                if (isnan(g)) u = INFINITY;
+                if (u > worst) worst = u;
+                if (u > 1.0) {
+                    ok = 0;
+                    snprintf(why, sizeof why, "token %lld: weights[%d] = %.9g, expected %.9g (id %d)",
+                             (long long)t, j, g, ew[j], got[j]);
+                    break;
+                }
+            }
+            if (ok && have_s) {
+                const float *srow = (const float *)((const unsigned char *)gs.body + (size_t)(t * ss) * 4);
+                for (int32_t e = 0; e < E; e++) {
+                    double u = mlaf_err_units(srow[e], rt->s[e], MLAF_F32, rt->s[e]);
+                    /* softmax rows: judge tiny probabilities against the row's total (1) */
+                    double ua = fabs(srow[e] - rt->s[e]) / 1e-5;
+                    if (!isnan(ua) && ua < u) u = ua;
+                    if (u > worst && isfinite(u)) worst = u;
+                    if (u > 1.0) {
+                        ok = 0;
+                        snprintf(why, sizeof why, "token %lld: scores[%d] = %.9g, expected %.9g",
+                                 (long long)t, e, srow[e], rt->s[e]);
+                        break;
+                    }
+                }
+            }
+            /* Padding between strided output rows must stay untouched. */
+            if (ok && c->strided && t + 1 < T) {
+                if (!still_poison(wrow + (size_t)K * wsz, (size_t)(ws - K) * wsz) ||
+                    !still_poison(irow + K, (size_t)(is - K) * 4) ||
+                    (have_s && !still_poison((const unsigned char *)gs.body +
+                                                 (size_t)(t * ss + E) * 4,
+                                             (size_t)(ss - E) * 4))) {
+                    ok = 0;
+                    snprintf(why, sizeof why, "token %lld: the padding after an output row was written",
+                             (long long)t);
+                }
+            }
+        }
+        res->passed = ok;
+        res->worst_units = worst;
+        if (ok)
+            snprintf(res->detail, sizeof res->detail, "worst %.3f units over %lld tokens", worst,
+                     (long long)T);
+        else
+            snprintf(res->detail, sizeof res->detail, "%s", why);
+        st = MLAF_OK;
+    }
+done:
+    if (nbuf >= 1) mlaf_gbuf_free(&gl);
+    if (nbuf >= 2) mlaf_gbuf_free(&gw);
+    if (nbuf >= 3) mlaf_gbuf_free(&gi);
+    if (have_b) mlaf_gbuf_free(&gb);
+    if (have_s) mlaf_gbuf_free(&gs);
+    free(lhost), free(bhost), free(rw), free(rid), free(rt);
+    return st;
+}
