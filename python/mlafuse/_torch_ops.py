@@ -69,6 +69,8 @@ def _T(latent):
 
 
 _lib = torch.library.Library("mlafuse", "DEF")
+# Note: the dispatcher leaves out trailing arguments equal to their schema defaults, so every
+# implementation repeats the schema's defaults.
 
 
 def _register(schema: str, impl, fake):
@@ -93,14 +95,14 @@ def _split_alloc(latent, Q, C, R, return_k_pe):
             latent.new_empty((T, max(R, 0) if return_k_pe else 0)))
 
 
-def _split_impl(latent, w_q, w_kv, Q, C, R, eps_q, eps_kv, return_k_pe):
+def _split_impl(latent, w_q, w_kv, Q, C, R, eps_q, eps_kv, return_k_pe=True):
     q, k_nope, k_pe = _split_alloc(latent, Q, C, R, return_k_pe)
     _split_out(latent, w_q, w_kv, q if Q > 0 else None, k_nope, k_pe if return_k_pe else None,
                Q, C, R, eps_q, eps_kv)
     return q, k_nope, k_pe
 
 
-def _split_fake(latent, w_q, w_kv, Q, C, R, eps_q, eps_kv, return_k_pe):
+def _split_fake(latent, w_q, w_kv, Q, C, R, eps_q, eps_kv, return_k_pe=True):
     return _split_alloc(latent, Q, C, R, return_k_pe)
 
 
@@ -151,7 +153,7 @@ def _kv_alloc(latent, Q, C, R, return_k_nope, return_k_pe):
 
 
 def _kv_impl(latent, w_q, w_kv, positions, cos_sin, slot_mapping, kv_cache, error_count, Q, C,
-             R, eps_q, eps_kv, style, return_k_nope, return_k_pe):
+             R, eps_q, eps_kv, style, return_k_nope=False, return_k_pe=False):
     q, k_nope, k_pe = _kv_alloc(latent, Q, C, R, return_k_nope, return_k_pe)
     _kv_out(latent, w_q, w_kv, positions, cos_sin, slot_mapping, kv_cache, error_count,
             q if Q > 0 else None, k_nope if return_k_nope else None,
@@ -160,7 +162,7 @@ def _kv_impl(latent, w_q, w_kv, positions, cos_sin, slot_mapping, kv_cache, erro
 
 
 def _kv_fake(latent, w_q, w_kv, positions, cos_sin, slot_mapping, kv_cache, error_count, Q, C,
-             R, eps_q, eps_kv, style, return_k_nope, return_k_pe):
+             R, eps_q, eps_kv, style, return_k_nope=False, return_k_pe=False):
     return _kv_alloc(latent, Q, C, R, return_k_nope, return_k_pe)
 
 
