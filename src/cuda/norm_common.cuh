@@ -1,0 +1,486 @@
+/*
+ * norm_common.cuh — the one row kernel behind split_qk_norm and mla_kv_cache (SPEC §2, §3).
+ *
+ * Algorithm, per latent row t = [q part (Q) | kv part (C) | pe part (R)]:
+ *   1. One warp owns the row. (mla_kv_cache: it also reads positions[t] and slot_mapping[t]
+ *      and decides whether the token is valid; an invalid one is counted once, by lane 0.)
+ *   2. Every lane issues all of its loads of the row before any arithmetic, so the whole row
+ *      is in flight at once and then sits in registers (fast path) — this is also what makes
+ *      the in-place form safe: each element is read and later written by the same lane, and
+ *      no lane writes an element another lane reads from global memory.
+ *   3. Sums of squares of the q and kv parts, in fp32, separately; warp-shuffle reductions.
+ *   4. rstd = 1 / sqrt(sum / n + eps) with IEEE sqrt and division (not rsqrtf).
+ *   5. out = (x * rstd) * w in fp32, rounded once at the store (round to nearest even).
+ *   6. pe part: split_qk_norm copies the raw bits; mla_kv_cache rotates them with the
+ *      position's cos/sin (separate products, one add/subtract, no FMA contraction, the same
+ *      expression as rope_q and the CPU backend) and writes [k_nope | rope(k_pe)] into the
+ *      paged cache, converted from fp32 straight to the cache dtype.
+ *
+ * Two paths, chosen per call on the host:
+ *   fast:    16-byte vectors (8 bf16/f16, 4 f32). Needs Q, C, R multiples of the vector width
+ *            W (so no vector straddles a part boundary), 16-byte aligned pointers and row
+ *            strides for latent, dense outputs and weights, a cache aligned to its vector
+ *            store width, and a row of at most 32 * 24 vectors. The per-lane vector count NV
+ *            is a template parameter so the row lives in registers with unrolled loops.
+ *            NeoX rope stages the R raw pe values of each warp in shared memory (pairs (i,
+ *            i + R/2) sit in different vectors owned by different lanes); needs R <= 512.
+ *   generic: any alignment and widths; element-wise, still coalesced (lane-strided), two
+ *            passes over the row (the second pass re-reads from L1/L2).
+ *
+ * Launch shape: 4 warps (128 threads) per block, one row per warp, grid-stride over rows
+ * (the host launches ceil(T / 4) blocks, so normally one row per warp). One warp per row
+ * keeps the reductions to shuffles with no block barrier; a GLM-4.7-Flash bf16 row is 168
+ * vectors = 5.25 per lane and a DeepSeek-V3 row 264 = 8.25 per lane, so rows of these models
+ * need NV = 6 and NV = 9 and the SM keeps ~25-30 rows (~80-100 KB) of loads in flight, enough
+ * to saturate HBM. All offsets are 64-bit. No allocation, no host sync: graph capturable.
+ */
+#pragma once
+
+#include "cuda_common.cuh"
+
+/* Everything the row kernel needs, by value (one kernel argument block). */
+struct mlaf_row_args {
+    int64_t T;
+    int32_t Q, C, R;
+    float eps_q, eps_kv;
+    const void *latent;
+    int64_t ls;
+    const void *w_q, *w_kv;
+    int32_t wq_f32, wkv_f32;
+    void *q;
+    int64_t qs;
+    void *k_nope; /* may be NULL in mla_kv_cache */
+    int64_t ks;
+    void *k_pe;   /* may be NULL */
+    int64_t ps;
+    /* mla_kv_cache only */
+    const void *pos;
+    int32_t pos64;
+    int32_t neox;
+    const float *cos_sin;
+    int64_t cs_stride, max_pos;
+    const void *slots;
+    int32_t slot64;
+    mlaf_dtype cache_dt;
+    void *cache;
+    int64_t n_slots, block_size, c_s0, c_s1;
+    int32_t *err;
+};
+
+#define MLAF_ROW_WARPS 4
+#define MLAF_ROW_NV_MAX 24
+#define MLAF_ROW_PE_STAGE_MAX 1024
+
+/* ---- vector <-> fp32 by dtype ---------------------------------------------------------- */
+template <typename T> struct mlaf_vec;
+template <> struct mlaf_vec<float> {
+    static constexpr int W = 4;
+    static __device__ __forceinline__ void unpack(const uint4 &v, float *f) {
+        f[0] = __uint_as_float(v.x);
+        f[1] = __uint_as_float(v.y);
+        f[2] = __uint_as_float(v.z);
+        f[3] = __uint_as_float(v.w);
+    }
+    static __device__ __forceinline__ uint4 pack(const float *f) {
+        return make_uint4(__float_as_uint(f[0]), __float_as_uint(f[1]), __float_as_uint(f[2]),
+                          __float_as_uint(f[3]));
+    }
+};
+template <> struct mlaf_vec<__nv_bfloat16> {
+    static constexpr int W = 8;
+    static __device__ __forceinline__ float lo(uint32_t u) { return __uint_as_float(u << 16); }
+    static __device__ __forceinline__ float hi(uint32_t u) { return __uint_as_float(u & 0xffff0000u); }
+    static __device__ __forceinline__ void unpack(const uint4 &v, float *f) {
+        f[0] = lo(v.x), f[1] = hi(v.x), f[2] = lo(v.y), f[3] = hi(v.y);
+        f[4] = lo(v.z), f[5] = hi(v.z), f[6] = lo(v.w), f[7] = hi(v.w);
+    }
+    static __device__ __forceinline__ uint32_t pack2(float a, float b) {
+        __nv_bfloat162 h = __floats2bfloat162_rn(a, b); /* .x = a (low half) */
+        return *reinterpret_cast<uint32_t *>(&h);
+    }
+    static __device__ __forceinline__ uint4 pack(const float *f) {
+        return make_uint4(pack2(f[0], f[1]), pack2(f[2], f[3]), pack2(f[4], f[5]), pack2(f[6], f[7]));
+    }
+};
+template <> struct mlaf_vec<__half> {
+    static constexpr int W = 8;
+    static __device__ __forceinline__ void unpack2(uint32_t u, float *f) {
+        __half2 h = *reinterpret_cast<__half2 *>(&u);
+        float2 p = __half22float2(h);
+        f[0] = p.x;
+        f[1] = p.y;
+    }
+    static __device__ __forceinline__ void unpack(const uint4 &v, float *f) {
+        unpack2(v.x, f), unpack2(v.y, f + 2), unpack2(v.z, f + 4), unpack2(v.w, f + 6);
+    }
+    static __device__ __forceinline__ uint32_t pack2(float a, float b) {
+        __half2 h = __floats2half2_rn(a, b);
+        return *reinterpret_cast<uint32_t *>(&h);
+    }
+    static __device__ __forceinline__ uint4 pack(const float *f) {
+        return make_uint4(pack2(f[0], f[1]), pack2(f[2], f[3]), pack2(f[4], f[5]), pack2(f[6], f[7]));
+    }
+};
+
+/* W consecutive weights starting at element i (a multiple of W), stored as T or f32; the
+ * base is 16-byte aligned on the fast path. Weights are read-only for the whole kernel. */
+template <typename T>
+__device__ __forceinline__ void mlaf_ld_weights_vec(const void *w, bool f32, int64_t i, float *f) {
+    constexpr int W = mlaf_vec<T>::W;
+    if (f32) {
+        const float4 *p = reinterpret_cast<const float4 *>(static_cast<const float *>(w) + i);
+#pragma unroll
+        for (int k = 0; k < W / 4; k++) {
+            float4 x = __ldg(p + k);
+            f[4 * k] = x.x, f[4 * k + 1] = x.y, f[4 * k + 2] = x.z, f[4 * k + 3] = x.w;
+        }
+    } else {
+        uint4 x = __ldg(reinterpret_cast<const uint4 *>(static_cast<const T *>(w) + i));
+        mlaf_vec<T>::unpack(x, f);
+    }
+}
+
+/* One value into a buffer of run-time dtype dt (the cache), rounded once. */
+__device__ __forceinline__ void mlaf_st_dt(void *base, mlaf_dtype dt, int64_t i, float v) {
+    if (dt == MLAF_F32)
+        static_cast<float *>(base)[i] = v;
+    else if (dt == MLAF_BF16)
+        static_cast<__nv_bfloat16 *>(base)[i] = __float2bfloat16_rn(v);
+    else
+        static_cast<__half *>(base)[i] = __float2half_rn(v);
+}
+
+/* W values (W = 4 or 8) into the cache at element i; the address is aligned to
+ * min(16, W * element size) bytes on the fast path. */
+template <int W>
+__device__ __forceinline__ void mlaf_st_dt_vec(void *base, mlaf_dtype dt, int64_t i, const float *f) {
+    if (dt == MLAF_F32) {
+        float4 *p = reinterpret_cast<float4 *>(static_cast<float *>(base) + i);
+#pragma unroll
+        for (int k = 0; k < W / 4; k++)
+            p[k] = make_float4(f[4 * k], f[4 * k + 1], f[4 * k + 2], f[4 * k + 3]);
+    } else {
+        uint32_t u[W / 2];
+#pragma unroll
+        for (int k = 0; k < W / 2; k++)
+            u[k] = dt == MLAF_BF16 ? mlaf_vec<__nv_bfloat16>::pack2(f[2 * k], f[2 * k + 1])
+                                   : mlaf_vec<__half>::pack2(f[2 * k], f[2 * k + 1]);
+        uint16_t *p = static_cast<uint16_t *>(base) + i;
+        if constexpr (W == 8)
+            *reinterpret_cast<uint4 *>(p) = make_uint4(u[0], u[1], u[2], u[3]);
+        else
+            *reinterpret_cast<uint2 *>(p) = make_uint2(u[0], u[1]);
+    }
+}
+
+__device__ __forceinline__ float mlaf_warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+/* 1 / sqrt(mean + eps) with correctly rounded sqrt and division. */
+__device__ __forceinline__ float mlaf_rstd(float sumsq, int32_t n, float eps) {
+    return __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(sumsq, (float)n), eps)));
+}
+
+/* The rotation shared by keys and queries: no contraction into FMA, so every caller gets the
+ * same bits. first = 1 for x0 of a pair (x0*c - x1*s), 0 for x1 (x1*c + x0*s). */
+__device__ __forceinline__ float mlaf_rope_x0(float x0, float x1, float c, float s) {
+    return __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
+}
+__device__ __forceinline__ float mlaf_rope_x1(float x0, float x1, float c, float s) {
+    return __fadd_rn(__fmul_rn(x1, c), __fmul_rn(x0, s));
+}
+
+__device__ __forceinline__ int64_t mlaf_ld_index(const void *p, int32_t is64, int64_t t) {
+    return is64 ? static_cast<const int64_t *>(p)[t] : (int64_t) static_cast<const int32_t *>(p)[t];
+}
+
+/* Per-token decisions of mla_kv_cache: rope row (or NULL: the token is invalid) and slot. */
+struct mlaf_token_info {
+    const float *cs; /* cos row of the position; NULL when R == 0 */
+    int64_t slot;
+    bool ok;         /* position and slot usable: write k_pe and (slot >= 0) the cache row */
+};
+
+__device__ __forceinline__ mlaf_token_info mlaf_token(const mlaf_row_args &a, int64_t t, int lane) {
+    mlaf_token_info ti;
+    ti.slot = mlaf_ld_index(a.slots, a.slot64, t);
+    bool pos_ok = true;
+    ti.cs = nullptr;
+    if (a.R > 0) {
+        int64_t p = mlaf_ld_index(a.pos, a.pos64, t);
+        pos_ok = p >= 0 && p < a.max_pos;
+        if (pos_ok) ti.cs = a.cos_sin + p * a.cs_stride;
+    }
+    ti.ok = pos_ok && ti.slot < a.n_slots;
+    if (!ti.ok && lane == 0 && a.err) atomicAdd(a.err, 1);
+    return ti;
+}
+
+__device__ __forceinline__ int64_t mlaf_cache_row(const mlaf_row_args &a, int64_t slot) {
+    return (slot / a.block_size) * a.c_s0 + (slot % a.block_size) * a.c_s1;
+}
+
+/* Rotates the R staged pe values of one row (pairs split over the lanes) and stores them to
+ * the dense k_pe row po (may be NULL) and to the cache row at element cidx of cache (may be
+ * NULL). Used by both paths so the rotation exists once. */
+template <typename T>
+__device__ __forceinline__ void mlaf_rope_store(float x0, float x1, int32_t i, int32_t i0, int32_t i1,
+                                                const float *cs, int32_t h, T *po, void *cache,
+                                                mlaf_dtype cdt, int64_t cidx) {
+    const float co = __ldg(cs + i), si = __ldg(cs + h + i);
+    const float y0 = mlaf_rope_x0(x0, x1, co, si), y1 = mlaf_rope_x1(x0, x1, co, si);
+    if (po) mlaf_st(po + i0, y0), mlaf_st(po + i1, y1);
+    if (cache) mlaf_st_dt(cache, cdt, cidx + i0, y0), mlaf_st_dt(cache, cdt, cidx + i1, y1);
+}
+
+template <typename T>
+__device__ __forceinline__ void mlaf_rope_pairs(const float *stage, const float *cs, int32_t R,
+                                                int32_t neox, int lane, T *po, void *cache,
+                                                mlaf_dtype cdt, int64_t cidx) {
+    const int32_t h = R / 2;
+    for (int32_t i = lane; i < h; i += 32) {
+        const int32_t i0 = neox ? i : 2 * i, i1 = neox ? i + h : 2 * i + 1;
+        mlaf_rope_store<T>(stage[i0], stage[i1], i, i0, i1, cs, h, po, cache, cdt, cidx);
+    }
+}
+
+/* ---- fast path ------------------------------------------------------------------------- */
+/* Blocks per SM the register allocation must allow: enough resident rows to keep ~40+ KB of
+ * loads in flight per SM (the row's own registers are 4 * NV per lane). */
+template <int NV> struct mlaf_row_minb {
+    static constexpr int value = NV <= 6 ? 8 : NV <= 9 ? 6 : NV <= 16 ? 3 : 2;
+};
+
+template <typename T, int NV, bool KV>
+__global__ void __launch_bounds__(MLAF_ROW_WARPS * 32, mlaf_row_minb<NV>::value)
+mlaf_row_fast_kernel(const mlaf_row_args a) {
+    constexpr int W = mlaf_vec<T>::W;
+    extern __shared__ float mlaf_pe_stage[]; /* [MLAF_ROW_WARPS][R], mla_kv_cache only */
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int qv = a.Q / W, cv = a.C / W, rv = a.R / W, nv = qv + cv + rv;
+    const int64_t nwarps = (int64_t)gridDim.x * MLAF_ROW_WARPS;
+
+    for (int64_t t = (int64_t)blockIdx.x * MLAF_ROW_WARPS + warp; t < a.T; t += nwarps) {
+        mlaf_token_info ti = {nullptr, -1, true};
+        if (KV) ti = mlaf_token(a, t, lane);
+
+        const uint4 *src =
+            reinterpret_cast<const uint4 *>(static_cast<const T *>(a.latent) + t * a.ls);
+        /* uninitialized slots (c >= nv) are never read: every use below checks c < nv */
+        uint4 v[NV];
+#pragma unroll
+        for (int s = 0; s < NV; s++) {
+            const int c = lane + 32 * s;
+            if (c < nv) v[s] = __ldcs(src + c);
+        }
+
+        float sq = 0.0f, skv = 0.0f;
+#pragma unroll
+        for (int s = 0; s < NV; s++) {
+            const int c = lane + 32 * s;
+            if (c < qv + cv) {
+                float f[W];
+                mlaf_vec<T>::unpack(v[s], f);
+                float acc = 0.0f;
+#pragma unroll
+                for (int k = 0; k < W; k++) acc = fmaf(f[k], f[k], acc);
+                if (c < qv) sq += acc;
+                else skv += acc;
+            }
+        }
+        sq = mlaf_warp_sum(sq);
+        skv = mlaf_warp_sum(skv);
+        const float rq = a.Q > 0 ? mlaf_rstd(sq, a.Q, a.eps_q) : 0.0f;
+        const float rkv = mlaf_rstd(skv, a.C, a.eps_kv);
+
+        const bool write_cache = KV && ti.ok && ti.slot >= 0;
+        const int64_t crow = write_cache ? mlaf_cache_row(a, ti.slot) : 0;
+
+#pragma unroll
+        for (int s = 0; s < NV; s++) {
+            const int c = lane + 32 * s;
+            if (c >= nv) continue;
+            float f[W], w[W];
+            mlaf_vec<T>::unpack(v[s], f);
+            if (c < qv) {
+                mlaf_ld_weights_vec<T>(a.w_q, a.wq_f32, (int64_t)c * W, w);
+#pragma unroll
+                for (int k = 0; k < W; k++) f[k] = __fmul_rn(__fmul_rn(f[k], rq), w[k]);
+                __stcs(reinterpret_cast<uint4 *>(static_cast<T *>(a.q) + t * a.qs) + c,
+                       mlaf_vec<T>::pack(f));
+            } else if (c < qv + cv) {
+                const int j = c - qv;
+                mlaf_ld_weights_vec<T>(a.w_kv, a.wkv_f32, (int64_t)j * W, w);
+#pragma unroll
+                for (int k = 0; k < W; k++) f[k] = __fmul_rn(__fmul_rn(f[k], rkv), w[k]);
+                if (a.k_nope)
+                    __stcs(reinterpret_cast<uint4 *>(static_cast<T *>(a.k_nope) + t * a.ks) + j,
+                           mlaf_vec<T>::pack(f));
+                if (write_cache) mlaf_st_dt_vec<W>(a.cache, a.cache_dt, crow + (int64_t)j * W, f);
+            } else if (!KV) {
+                if (a.k_pe)
+                    __stcs(reinterpret_cast<uint4 *>(static_cast<T *>(a.k_pe) + t * a.ps) + (c - qv - cv),
+                           v[s]);
+            } else if (ti.ok) {
+                /* Raw pe values go to the warp's stage; the rotation runs per pair below. */
+                float *stage = mlaf_pe_stage + warp * a.R + (c - qv - cv) * W;
+#pragma unroll
+                for (int k = 0; k < W; k++) stage[k] = f[k];
+            }
+        }
+        if (KV && ti.ok && a.R > 0) {
+            __syncwarp();
+            const float *stage = mlaf_pe_stage + warp * a.R;
+            T *po = a.k_pe ? static_cast<T *>(a.k_pe) + t * a.ps : nullptr;
+            mlaf_rope_pairs<T>(stage, ti.cs, a.R, a.neox, lane, po,
+                               write_cache ? a.cache : nullptr, a.cache_dt, crow + a.C);
+            __syncwarp(); /* the stage is reused by the warp's next row */
+        }
+    }
+}
+
+/* ---- generic path ---------------------------------------------------------------------- */
+template <typename T> struct mlaf_bits; /* same-size integer: the k_pe copy is bit-exact */
+template <> struct mlaf_bits<float> { typedef uint32_t type; };
+template <> struct mlaf_bits<__half> { typedef uint16_t type; };
+template <> struct mlaf_bits<__nv_bfloat16> { typedef uint16_t type; };
+
+template <typename T, bool KV>
+__global__ void __launch_bounds__(MLAF_ROW_WARPS * 32)
+mlaf_row_generic_kernel(const mlaf_row_args a) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int64_t nwarps = (int64_t)gridDim.x * MLAF_ROW_WARPS;
+    const int32_t Q = a.Q, C = a.C, R = a.R;
+
+    for (int64_t t = (int64_t)blockIdx.x * MLAF_ROW_WARPS + warp; t < a.T; t += nwarps) {
+        mlaf_token_info ti = {nullptr, -1, true};
+        if (KV) ti = mlaf_token(a, t, lane);
+        const T *L = static_cast<const T *>(a.latent) + t * a.ls;
+
+        float sq = 0.0f, skv = 0.0f;
+        for (int32_t i = lane; i < Q; i += 32) {
+            const float x = mlaf_ld(L + i);
+            sq = fmaf(x, x, sq);
+        }
+        for (int32_t j = lane; j < C; j += 32) {
+            const float x = mlaf_ld(L + Q + j);
+            skv = fmaf(x, x, skv);
+        }
+        sq = mlaf_warp_sum(sq);
+        skv = mlaf_warp_sum(skv);
+        const float rq = Q > 0 ? mlaf_rstd(sq, Q, a.eps_q) : 0.0f;
+        const float rkv = mlaf_rstd(skv, C, a.eps_kv);
+
+        const bool write_cache = KV && ti.ok && ti.slot >= 0;
+        const int64_t crow = write_cache ? mlaf_cache_row(a, ti.slot) : 0;
+
+        /* Each element is re-read and written by the lane that owns it: in-place safe. */
+        if (Q > 0) {
+            T *qo = static_cast<T *>(a.q) + t * a.qs;
+            for (int32_t i = lane; i < Q; i += 32)
+                mlaf_st(qo + i, __fmul_rn(__fmul_rn(mlaf_ld(L + i), rq), mlaf_ld_weight<T>(a.w_q, a.wq_f32, i)));
+        }
+        T *ko = a.k_nope ? static_cast<T *>(a.k_nope) + t * a.ks : nullptr;
+        for (int32_t j = lane; j < C; j += 32) {
+            const float y =
+                __fmul_rn(__fmul_rn(mlaf_ld(L + Q + j), rkv), mlaf_ld_weight<T>(a.w_kv, a.wkv_f32, j));
+            if (ko) mlaf_st(ko + j, y);
+            if (write_cache) mlaf_st_dt(a.cache, a.cache_dt, crow + j, y);
+        }
+
+        const T *P = L + Q + C;
+        T *po = a.k_pe ? static_cast<T *>(a.k_pe) + t * a.ps : nullptr;
+        if (!KV) {
+            typedef typename mlaf_bits<T>::type B;
+            if (po)
+                for (int32_t r = lane; r < R; r += 32)
+                    reinterpret_cast<B *>(po)[r] = reinterpret_cast<const B *>(P)[r];
+            continue;
+        }
+        if (!ti.ok) continue;
+        const int32_t h = R / 2;
+        for (int32_t i = lane; i < h; i += 32) {
+            const int32_t i0 = a.neox ? i : 2 * i, i1 = a.neox ? i + h : 2 * i + 1;
+            mlaf_rope_store<T>(mlaf_ld(P + i0), mlaf_ld(P + i1), i, i0, i1, ti.cs, h, po,
+                               write_cache ? a.cache : nullptr, a.cache_dt, crow + C);
+        }
+    }
+}
+
+/* ---- host side: path choice and launch ------------------------------------------------- */
+static inline bool mlaf_aligned(const void *p, int64_t stride_bytes, int64_t a) {
+    return ((uintptr_t)p % (uintptr_t)a) == 0 && (stride_bytes % a) == 0;
+}
+
+/* Smallest instantiated per-lane vector count that holds nv vectors, or 0 (generic). */
+static inline int mlaf_row_pick_nv(int nv) {
+    static const int opts[] = {2, 4, 6, 9, 12, 16, MLAF_ROW_NV_MAX};
+    for (int o : opts)
+        if (nv <= 32 * o) return o;
+    return 0;
+}
+
+template <typename T, bool KV>
+static bool mlaf_row_fast_ok(const mlaf_row_args &a) {
+    constexpr int W = mlaf_vec<T>::W;
+    const int64_t es = sizeof(T);
+    if (a.Q % W || a.C % W || a.R % W) return false;
+    if (!mlaf_aligned(a.latent, a.ls * es, 16)) return false;
+    if (a.Q > 0 && (!mlaf_aligned(a.q, a.qs * es, 16) || !mlaf_aligned(a.w_q, 0, 16))) return false;
+    if (!mlaf_aligned(a.w_kv, 0, 16)) return false;
+    if (a.k_nope && !mlaf_aligned(a.k_nope, a.ks * es, 16)) return false;
+    if (a.k_pe && !mlaf_aligned(a.k_pe, a.ps * es, 16)) return false;
+    if (KV) {
+        const int64_t cs = (int64_t)mlaf_dtype_size(a.cache_dt), ca = W * cs < 16 ? W * cs : 16;
+        if (!mlaf_aligned(a.cache, a.c_s0 * cs, ca) || (a.c_s1 * cs) % ca) return false;
+        if (a.R > MLAF_ROW_PE_STAGE_MAX) return false;
+    }
+    return mlaf_row_pick_nv((a.Q + a.C + a.R) / W) != 0;
+}
+
+template <typename T, bool KV>
+static cudaError_t mlaf_row_launch_t(const mlaf_row_args &a, cudaStream_t stream) {
+    const int64_t blocks64 = (a.T + MLAF_ROW_WARPS - 1) / MLAF_ROW_WARPS;
+    const unsigned blocks = (unsigned)(blocks64 < 0x7fffffff ? blocks64 : 0x7fffffff);
+    const dim3 block(MLAF_ROW_WARPS * 32);
+    if (!mlaf_row_fast_ok<T, KV>(a)) {
+        mlaf_row_generic_kernel<T, KV><<<blocks, block, 0, stream>>>(a);
+        return cudaGetLastError();
+    }
+    const size_t smem = KV ? (size_t)MLAF_ROW_WARPS * a.R * sizeof(float) : 0;
+    switch (mlaf_row_pick_nv((a.Q + a.C + a.R) / mlaf_vec<T>::W)) {
+    case 2: mlaf_row_fast_kernel<T, 2, KV><<<blocks, block, smem, stream>>>(a); break;
+    case 4: mlaf_row_fast_kernel<T, 4, KV><<<blocks, block, smem, stream>>>(a); break;
+    case 6: mlaf_row_fast_kernel<T, 6, KV><<<blocks, block, smem, stream>>>(a); break;
+    case 9: mlaf_row_fast_kernel<T, 9, KV><<<blocks, block, smem, stream>>>(a); break;
+    case 12: mlaf_row_fast_kernel<T, 12, KV><<<blocks, block, smem, stream>>>(a); break;
+    case 16: mlaf_row_fast_kernel<T, 16, KV><<<blocks, block, smem, stream>>>(a); break;
+    default: mlaf_row_fast_kernel<T, MLAF_ROW_NV_MAX, KV><<<blocks, block, smem, stream>>>(a); break;
+    }
+    return cudaGetLastError();
+}
+
+/* Launches the row kernel for the latent dtype dt. KV: the mla_kv_cache epilogue. */
+template <bool KV>
+static cudaError_t mlaf_row_launch(const mlaf_row_args &a, mlaf_dtype dt, cudaStream_t stream) {
+    if (dt == MLAF_F32) return mlaf_row_launch_t<float, KV>(a, stream);
+    if (dt == MLAF_F16) return mlaf_row_launch_t<__half, KV>(a, stream);
+    return mlaf_row_launch_t<__nv_bfloat16, KV>(a, stream);
+}
+
+/* Fills the norm part of the kernel arguments from a validated job. */
+static inline void mlaf_row_args_from_norm(mlaf_row_args *a, const mlaf_norm_job *j) {
+    *a = mlaf_row_args();
+    a->T = j->T;
+    a->Q = j->Q, a->C = j->C, a->R = j->R;
+    a->eps_q = j->eps_q, a->eps_kv = j->eps_kv;
+    a->latent = j->latent, a->ls = j->latent_stride;
+    a->w_q = j->w_q, a->w_kv = j->w_kv;
+    a->wq_f32 = j->w_q_dt == MLAF_F32, a->wkv_f32 = j->w_kv_dt == MLAF_F32;
+    a->q = j->q, a->qs = j->q_stride;
+    a->k_nope = j->k_nope, a->ks = j->k_nope_stride;
+    a->k_pe = j->k_pe, a->ps = j->k_pe_stride;
+}
