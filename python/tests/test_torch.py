@@ -13,7 +13,7 @@ import mlafuse  # noqa: E402
 import reference as ref  # noqa: E402
 
 HAS_CUDA = torch.cuda.is_available()
-NO_CUDA = "no CUDA device visible to torch"
+NO_CUDA = "no CUDA device visible to torch (or MLAFUSE_TEST_ALLOW_NO_CUDA with a CPU-only library)"
 POISON = -3584.0
 
 if HAS_CUDA and not mlafuse.backend_available("cuda") and not os.environ.get(
@@ -25,7 +25,8 @@ if HAS_CUDA and not mlafuse.backend_available("cuda") and not os.environ.get(
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
     not HAS_CUDA or not mlafuse.backend_available("cuda"), reason=NO_CUDA))]
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
-cuda_only = pytest.mark.skipif(not HAS_CUDA, reason=NO_CUDA)
+cuda_only = pytest.mark.skipif(not HAS_CUDA or not mlafuse.backend_available("cuda"),
+                               reason=NO_CUDA)
 
 
 def dname(dt):
