@@ -307,6 +307,7 @@ def test_cuda_non_default_stream():
     assert torch.equal(ids, ref_ids)
 
 
+@cuda_only
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 or more GPUs")
 def test_cuda_second_device():
     torch.cuda.set_device(0)
