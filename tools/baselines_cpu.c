@@ -25,10 +25,16 @@
 #define CROW(p, dt, t, stride) \
     ((const char *)(p) + (size_t)(t) * (size_t)(stride) * mlaf_dtype_size(dt))
 
+/* Like PyTorch's at::parallel_for (grain 32768 elements): a pass only fans out to the
+ * threads when it has enough work, so small-T baselines are not timed waking a team. */
+static int team(int64_t rows, int64_t width, int threads) {
+    return rows * width >= 32768 ? threads : 1;
+}
+
 static void rmsnorm_pass(const void *x, int64_t xs, void *y, int64_t ys, mlaf_dtype dt,
                          const void *w, mlaf_dtype wdt, int64_t T, int32_t n, float eps,
                          int threads) {
-    (void)threads;
+    threads = team(T, n, threads);
 #ifdef _OPENMP
 #pragma omp parallel for num_threads(threads) schedule(static)
 #endif
@@ -50,10 +56,11 @@ int blc_split_qk_norm(const mlaf_norm_job *j, void *q_dense, void *kv_dense, int
     const mlaf_dtype dt = j->dt;
     const size_t es = mlaf_dtype_size(dt);
     const int32_t Q = j->Q, C = j->C, R = j->R;
-    (void)threads;
+    const int nt = team(j->T, Q + C + R, threads);
+    (void)nt;
     /* 1. split */
 #ifdef _OPENMP
-#pragma omp parallel for num_threads(threads) schedule(static)
+#pragma omp parallel for num_threads(nt) schedule(static)
 #endif
     for (int64_t t = 0; t < j->T; t++) {
         const char *l = CROW(j->latent, dt, t, j->latent_stride);
@@ -95,8 +102,8 @@ static void rope_row(void *row, mlaf_dtype dt, int32_t R, mlaf_rope_style style,
 
 int blc_rope_rows(void *x, mlaf_dtype dt, int64_t T, int64_t stride, const mlaf_rope_job *rope,
                   int threads) {
-    (void)threads;
     if (rope->R <= 0) return 0;
+    threads = team(T, rope->R, threads);
 #ifdef _OPENMP
 #pragma omp parallel for num_threads(threads) schedule(static)
 #endif
@@ -115,7 +122,7 @@ int blc_cache_write(const mlaf_kv_cache_job *j, const void *k_nope, const void *
     const int32_t C = j->norm.C, R = j->norm.R;
     const int64_t nslots = j->num_blocks * j->block_size;
     const size_t ces = mlaf_dtype_size(cdt);
-    (void)threads;
+    threads = team(j->norm.T, C + R, threads);
 #ifdef _OPENMP
 #pragma omp parallel for num_threads(threads) schedule(static)
 #endif
@@ -141,7 +148,7 @@ int blc_rope_q(const mlaf_rope_q_job *j, void *gather, int threads) {
     const size_t es = mlaf_dtype_size(dt);
     const int32_t R = j->rope.R, D = j->D;
     const int64_t rows = j->T * j->H;
-    (void)threads;
+    threads = team(rows, R, threads);
     /* 1. gather */
 #ifdef _OPENMP
 #pragma omp parallel for num_threads(threads) schedule(static)
@@ -183,7 +190,7 @@ static inline int better(float a, int ia, float b, int ib) {
 int blc_moe_gate(const mlaf_moe_gate_job *j, const bench_moe_scratch *sc, int threads) {
     const int64_t T = j->T;
     const int32_t E = j->E, G = j->n_group, per = E / G, k = j->top_k;
-    (void)threads;
+    threads = team(T, E, threads);
     /* 1. score */
 #ifdef _OPENMP
 #pragma omp parallel for num_threads(threads) schedule(static)

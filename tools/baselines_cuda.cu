@@ -1,0 +1,460 @@
+/*
+ * baselines_cuda.cu — the unfused CUDA chains `mlafuse bench` compares the fused ops with:
+ * separate simple kernels, each its own launch and each writing a full intermediate tensor,
+ * as engines run these steps today (extern "C"; only built with CUDA).
+ *
+ *   split_qk_norm  1. split: one block per row copies q, kv, pe into three dense tensors
+ *                  2. RMSNorm q and 3. RMSNorm kv: one block per row, block-reduced sum
+ *                  of squares, then x * rstd * w
+ *   mla_kv_cache   the library's split_qk_norm, then 4. RoPE on k_pe (one thread per
+ *                  pair) and 5. the cache write (one block per token)
+ *   rope_q         gather the rope columns into [T*H, R], rotate, scatter back (one thread
+ *                  per element / pair)
+ *   moe_gate       score (sigmoid: per element; softmax: a warp per row), + bias, group
+ *                  scores (a thread per group), group mask (a thread per row), masked fill,
+ *                  top-k (a warp per row, k rounds of a warp argmax), gather, normalize,
+ *                  scale (a thread per row)
+ *
+ * Launch shapes are the plain ones of such kernels (256 threads; a block or a warp per
+ * row), not tuned: they stand for the status quo. Arithmetic is fp32 with one rounding per
+ * store; RoPE uses explicitly rounded products so no FMA changes the bits. All indexing is
+ * 64-bit. Every function returns 0 or the cudaError_t of its first failed launch.
+ */
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+
+#include "bench.h"
+
+namespace {
+
+template <typename T> struct io;
+template <> struct io<float> {
+    static __device__ __forceinline__ float ld(const float *p) { return *p; }
+    static __device__ __forceinline__ void st(float *p, float v) { *p = v; }
+};
+template <> struct io<__half> {
+    static __device__ __forceinline__ float ld(const __half *p) { return __half2float(*p); }
+    static __device__ __forceinline__ void st(__half *p, float v) { *p = __float2half_rn(v); }
+};
+template <> struct io<__nv_bfloat16> {
+    static __device__ __forceinline__ float ld(const __nv_bfloat16 *p) { return __bfloat162float(*p); }
+    static __device__ __forceinline__ void st(__nv_bfloat16 *p, float v) { *p = __float2bfloat16_rn(v); }
+};
+
+__device__ __forceinline__ int64_t ld_index(const void *p, mlaf_dtype dt, int64_t i) {
+    return dt == MLAF_I64 ? static_cast<const int64_t *>(p)[i]
+                          : static_cast<int64_t>(static_cast<const int32_t *>(p)[i]);
+}
+
+__device__ __forceinline__ float ld_any(const void *p, mlaf_dtype dt, int64_t i) {
+    switch (dt) {
+    case MLAF_F16: return io<__half>::ld(static_cast<const __half *>(p) + i);
+    case MLAF_BF16: return io<__nv_bfloat16>::ld(static_cast<const __nv_bfloat16 *>(p) + i);
+    default: return static_cast<const float *>(p)[i];
+    }
+}
+
+__device__ __forceinline__ void st_any(void *p, mlaf_dtype dt, int64_t i, float v) {
+    switch (dt) {
+    case MLAF_F16: io<__half>::st(static_cast<__half *>(p) + i, v); break;
+    case MLAF_BF16: io<__nv_bfloat16>::st(static_cast<__nv_bfloat16 *>(p) + i, v); break;
+    default: static_cast<float *>(p)[i] = v; break;
+    }
+}
+
+constexpr int kThreads = 256;
+
+unsigned grid_for(int64_t n, int threads) {
+    int64_t b = (n + threads - 1) / threads;
+    if (b < 1) b = 1;
+    if (b > (int64_t)1 << 30) b = (int64_t)1 << 30; /* kernels below are grid-stride */
+    return (unsigned)b;
+}
+
+/* ---- split + RMSNorm ------------------------------------------------------------------- */
+template <typename T>
+__global__ void split_kernel(const T *lat, int64_t ls, int32_t Q, int32_t C, int32_t R, T *qd,
+                             T *kvd, T *kpe, int64_t kps) {
+    const int64_t t = blockIdx.x;
+    const T *row = lat + t * ls;
+    for (int32_t i = threadIdx.x; i < Q + C + R; i += blockDim.x) {
+        T v = row[i];
+        if (i < Q)
+            qd[t * Q + i] = v;
+        else if (i < Q + C)
+            kvd[t * C + (i - Q)] = v;
+        else if (kpe)
+            kpe[t * kps + (i - Q - C)] = v;
+    }
+}
+
+__device__ float block_sum(float v) {
+    __shared__ float part[32];
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (lane == 0) part[warp] = v;
+    __syncthreads();
+    const int nw = (blockDim.x + 31) >> 5;
+    v = lane < nw ? part[lane] : 0.0f;
+    if (warp == 0)
+        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    __shared__ float total;
+    if (threadIdx.x == 0) total = v;
+    __syncthreads();
+    return total;
+}
+
+template <typename T>
+__global__ void rmsnorm_kernel(const T *x, int64_t xs, T *y, int64_t ys, const void *w,
+                               mlaf_dtype wdt, int32_t n, float eps) {
+    const int64_t t = blockIdx.x;
+    const T *xr = x + t * xs;
+    T *yr = y + t * ys;
+    float ss = 0.0f;
+    for (int32_t i = threadIdx.x; i < n; i += blockDim.x) {
+        float v = io<T>::ld(xr + i);
+        ss += v * v;
+    }
+    ss = block_sum(ss);
+    const float rstd = 1.0f / sqrtf(ss / (float)n + eps);
+    for (int32_t i = threadIdx.x; i < n; i += blockDim.x)
+        io<T>::st(yr + i, io<T>::ld(xr + i) * rstd * ld_any(w, wdt, i));
+}
+
+template <typename T>
+int split_norm(const mlaf_norm_job *j, void *q_dense, void *kv_dense, cudaStream_t s) {
+    const unsigned rows = (unsigned)j->T; /* T < 2^31: one block per row fits grid.x */
+    split_kernel<T><<<rows, kThreads, 0, s>>>(static_cast<const T *>(j->latent), j->latent_stride,
+                                              j->Q, j->C, j->R, static_cast<T *>(q_dense),
+                                              static_cast<T *>(kv_dense),
+                                              j->R > 0 ? static_cast<T *>(j->k_pe) : nullptr,
+                                              j->k_pe_stride);
+    if (j->Q > 0)
+        rmsnorm_kernel<T><<<rows, kThreads, 0, s>>>(static_cast<const T *>(q_dense), j->Q,
+                                                    static_cast<T *>(j->q), j->q_stride, j->w_q,
+                                                    j->w_q_dt, j->Q, j->eps_q);
+    if (j->k_nope)
+        rmsnorm_kernel<T><<<rows, kThreads, 0, s>>>(static_cast<const T *>(kv_dense), j->C,
+                                                    static_cast<T *>(j->k_nope), j->k_nope_stride,
+                                                    j->w_kv, j->w_kv_dt, j->C, j->eps_kv);
+    return (int)cudaGetLastError();
+}
+
+/* ---- RoPE, cache write, rope_q gather / scatter ---------------------------------------------- */
+/* rows x [R] at x + row * stride; row r uses position positions[r / per_pos]. */
+template <typename T>
+__global__ void rope_kernel(T *x, int64_t rows, int64_t stride, int64_t per_pos, int32_t R,
+                            mlaf_rope_style style, const void *pos, mlaf_dtype pos_dt,
+                            const float *cs, int64_t cs_stride, int64_t max_pos) {
+    const int32_t half = R / 2;
+    const int64_t n = rows * half;
+    for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < n;
+         idx += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t r = idx / half;
+        const int32_t i = (int32_t)(idx % half);
+        const int64_t p = ld_index(pos, pos_dt, r / per_pos);
+        if (p < 0 || p >= max_pos) continue;
+        const float c = cs[p * cs_stride + i], sn = cs[p * cs_stride + half + i];
+        const int32_t i0 = style == MLAF_ROPE_NEOX ? i : 2 * i;
+        const int32_t i1 = style == MLAF_ROPE_NEOX ? i + half : 2 * i + 1;
+        T *row = x + r * stride;
+        const float x0 = io<T>::ld(row + i0), x1 = io<T>::ld(row + i1);
+        io<T>::st(row + i0, __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, sn)));
+        io<T>::st(row + i1, __fadd_rn(__fmul_rn(x1, c), __fmul_rn(x0, sn)));
+    }
+}
+
+template <typename T>
+int rope_rows(void *x, int64_t rows, int64_t stride, int64_t per_pos, const mlaf_rope_job *r,
+              cudaStream_t s) {
+    const int64_t n = rows * (r->R / 2);
+    if (n == 0) return 0;
+    rope_kernel<T><<<grid_for(n, kThreads), kThreads, 0, s>>>(
+        static_cast<T *>(x), rows, stride, per_pos, r->R, r->style, r->positions, r->pos_dt,
+        r->cos_sin, r->cos_sin_stride, r->max_pos);
+    return (int)cudaGetLastError();
+}
+
+template <typename T, typename TC>
+__global__ void cache_write_kernel(const T *kn, const T *kp, int32_t C, int32_t R,
+                                   const void *slots, mlaf_dtype slot_dt, TC *cache, int64_t bs,
+                                   int64_t nslots, int64_t s0, int64_t s1) {
+    const int64_t t = blockIdx.x;
+    const int64_t slot = ld_index(slots, slot_dt, t);
+    if (slot < 0 || slot >= nslots) return;
+    TC *dst = cache + (slot / bs) * s0 + (slot % bs) * s1;
+    for (int32_t i = threadIdx.x; i < C + R; i += blockDim.x) {
+        const float v = i < C ? io<T>::ld(kn + t * C + i) : io<T>::ld(kp + t * R + (i - C));
+        io<TC>::st(dst + i, v);
+    }
+}
+
+template <typename T, typename TC>
+int cache_write(const mlaf_kv_cache_job *j, const void *kn, const void *kp, cudaStream_t s) {
+    cache_write_kernel<T, TC><<<(unsigned)j->norm.T, kThreads, 0, s>>>(
+        static_cast<const T *>(kn), static_cast<const T *>(kp), j->norm.C, j->norm.R, j->slots,
+        j->slot_dt, static_cast<TC *>(j->cache), j->block_size, j->num_blocks * j->block_size,
+        j->cache_s0, j->cache_s1);
+    return (int)cudaGetLastError();
+}
+
+template <typename T>
+__global__ void gather_kernel(const T *q, int64_t H, int32_t D, int32_t R, int64_t s0, int64_t s1,
+                              T *g, int64_t n, bool scatter) {
+    for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < n;
+         idx += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t r = idx / R;
+        const int32_t j = (int32_t)(idx % R);
+        const int64_t off = (r / H) * s0 + (r % H) * s1 + (D - R) + j;
+        if (scatter)
+            const_cast<T *>(q)[off] = g[idx];
+        else
+            g[idx] = q[off];
+    }
+}
+
+template <typename T> int rope_q(const mlaf_rope_q_job *j, void *gather, cudaStream_t s) {
+    const int64_t rows = j->T * j->H, n = rows * j->rope.R;
+    if (n == 0) return 0;
+    T *q = static_cast<T *>(j->q), *g = static_cast<T *>(gather);
+    gather_kernel<T><<<grid_for(n, kThreads), kThreads, 0, s>>>(q, j->H, j->D, j->rope.R, j->s0,
+                                                                j->s1, g, n, false);
+    int e = rope_rows<T>(g, rows, j->rope.R, j->H, &j->rope, s);
+    if (e) return e;
+    gather_kernel<T><<<grid_for(n, kThreads), kThreads, 0, s>>>(q, j->H, j->D, j->rope.R, j->s0,
+                                                                j->s1, g, n, true);
+    return (int)cudaGetLastError();
+}
+
+/* ---- moe_gate ------------------------------------------------------------------------------- */
+template <typename T>
+__global__ void sigmoid_kernel(const T *x, int64_t xs, int32_t E, float *s, int64_t n) {
+    for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < n;
+         idx += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t t = idx / E;
+        const int32_t e = (int32_t)(idx % E);
+        s[idx] = 1.0f / (1.0f + expf(-io<T>::ld(x + t * xs + e)));
+    }
+}
+
+template <typename T>
+__global__ void softmax_kernel(const T *x, int64_t xs, int32_t E, float *s, int64_t rows) {
+    const int64_t t = (int64_t)blockIdx.x * (blockDim.x / 32) + (threadIdx.x / 32);
+    const int lane = threadIdx.x & 31;
+    if (t >= rows) return;
+    const T *xr = x + t * xs;
+    float mx = -INFINITY;
+    for (int32_t e = lane; e < E; e += 32) mx = fmaxf(mx, io<T>::ld(xr + e));
+    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    float sum = 0.0f;
+    for (int32_t e = lane; e < E; e += 32) sum += expf(io<T>::ld(xr + e) - mx);
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    for (int32_t e = lane; e < E; e += 32) s[t * E + e] = expf(io<T>::ld(xr + e) - mx) / sum;
+}
+
+__global__ void bias_kernel(const float *s, const float *bias, int32_t E, float *c, int64_t n) {
+    for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < n;
+         idx += (int64_t)gridDim.x * blockDim.x)
+        c[idx] = s[idx] + (bias ? bias[idx % E] : 0.0f);
+}
+
+__global__ void group_score_kernel(const float *c, int32_t E, int32_t G, bool use_max, float *g,
+                                   int64_t n) {
+    const int32_t per = E / G;
+    for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < n;
+         idx += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t t = idx / G;
+        const int32_t gi = (int32_t)(idx % G);
+        const float *cg = c + t * E + (int64_t)gi * per;
+        float b1 = -INFINITY, b2 = -INFINITY;
+        for (int32_t e = 0; e < per; e++) {
+            float v = isnan(cg[e]) ? -INFINITY : cg[e];
+            if (v > b1) {
+                b2 = b1;
+                b1 = v;
+            } else if (v > b2) {
+                b2 = v;
+            }
+        }
+        g[idx] = use_max ? b1 : b1 + b2;
+    }
+}
+
+/* Turns the row's group scores into a 1 / 0 keep mask (topk_group best, ties to the lower
+ * group), in place. */
+__global__ void group_mask_kernel(float *g, int32_t G, int32_t topk_group, int64_t rows) {
+    for (int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; t < rows;
+         t += (int64_t)gridDim.x * blockDim.x) {
+        float *gr = g + t * G;
+        uint64_t keep = 0;
+        for (int32_t r = 0; r < topk_group; r++) {
+            int32_t best = -1;
+            for (int32_t gi = 0; gi < G; gi++) {
+                if (keep >> gi & 1) continue;
+                if (best < 0 || gr[gi] > gr[best]) best = gi;
+            }
+            if (best >= 0) keep |= (uint64_t)1 << best;
+        }
+        for (int32_t gi = 0; gi < G; gi++) gr[gi] = (keep >> gi & 1) ? 1.0f : 0.0f;
+    }
+}
+
+/* m = c in kept groups (non-finite ranks lowest: NaN -> -inf), NaN (never chosen) elsewhere. */
+__global__ void masked_fill_kernel(const float *c, const float *g, int32_t E, int32_t G, float *m,
+                                   int64_t n) {
+    const int32_t per = E / G;
+    for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < n;
+         idx += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t t = idx / E;
+        const int32_t e = (int32_t)(idx % E);
+        const float v = c[idx];
+        m[idx] = g[t * G + e / per] != 0.0f ? (isnan(v) ? -INFINITY : v) : NAN;
+    }
+}
+
+/* A warp per row: k rounds of argmax over the not-yet-taken, kept experts. Lane l owns
+ * experts l, l + 32, ... (at most 64 of them for E <= 2048), remembered in a bit mask. */
+__global__ void topk_kernel(const float *m, int32_t E, int32_t k, int32_t *ids, int64_t ids_stride,
+                            int64_t rows) {
+    const int64_t t = (int64_t)blockIdx.x * (blockDim.x / 32) + (threadIdx.x / 32);
+    const int lane = threadIdx.x & 31;
+    if (t >= rows) return;
+    const float *mr = m + t * E;
+    uint64_t taken = 0;
+    for (int32_t r = 0; r < k; r++) {
+        float bv = 0.0f;
+        int32_t bi = -1;
+        for (int32_t e = lane, slot = 0; e < E; e += 32, slot++) {
+            const float v = mr[e];
+            if ((taken >> slot & 1) || isnan(v)) continue;
+            if (bi < 0 || v > bv) { /* ascending e: ties keep the lower index */
+                bv = v;
+                bi = e;
+            }
+        }
+        for (int o = 16; o > 0; o >>= 1) {
+            const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+            const int32_t oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (oi >= 0 && (bi < 0 || ov > bv || (ov == bv && oi < bi))) {
+                bv = ov;
+                bi = oi;
+            }
+        }
+        if (bi < 0) bi = 0; /* unreachable for valid parameters: kept groups hold >= k experts */
+        if ((bi & 31) == lane) taken |= (uint64_t)1 << (bi >> 5);
+        if (lane == 0) ids[t * ids_stride + r] = bi;
+    }
+}
+
+__global__ void gather_weights_kernel(const float *s, int32_t E, const int32_t *ids,
+                                      int64_t ids_stride, int32_t k, float *w, int64_t n) {
+    for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < n;
+         idx += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t t = idx / k;
+        const int32_t r = (int32_t)(idx % k);
+        const float v = s[t * E + ids[t * ids_stride + r]];
+        w[idx] = isfinite(v) ? v : 0.0f;
+    }
+}
+
+__global__ void normalize_kernel(float *w, int32_t k, float eps, int64_t rows) {
+    for (int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; t < rows;
+         t += (int64_t)gridDim.x * blockDim.x) {
+        float sum = 0.0f;
+        for (int32_t r = 0; r < k; r++) sum += w[t * k + r];
+        for (int32_t r = 0; r < k; r++) w[t * k + r] /= sum + eps;
+    }
+}
+
+__global__ void scale_kernel(const float *w, int32_t k, int32_t n_shared, int32_t E, bool apply,
+                             float scaling, void *out, mlaf_dtype out_dt, int64_t out_stride,
+                             int32_t *ids, int64_t ids_stride, int64_t rows) {
+    for (int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; t < rows;
+         t += (int64_t)gridDim.x * blockDim.x) {
+        float sum = 0.0f;
+        for (int32_t r = 0; r < k; r++) {
+            const float v = w[t * k + r];
+            sum += v;
+            st_any(out, out_dt, t * out_stride + r, apply ? v * scaling : v);
+        }
+        for (int32_t r = 0; r < n_shared; r++) {
+            ids[t * ids_stride + k + r] = E + r;
+            st_any(out, out_dt, t * out_stride + k + r, sum / scaling);
+        }
+    }
+}
+
+template <typename T> int moe_gate(const mlaf_moe_gate_job *j, const bench_moe_scratch *sc, cudaStream_t s) {
+    const int64_t rows = j->T, TE = rows * j->E;
+    const int warps_per_block = kThreads / 32;
+    const unsigned row_blocks = grid_for(rows, warps_per_block);
+    const T *x = static_cast<const T *>(j->logits);
+    if (j->score_func == MLAF_SCORE_SIGMOID)
+        sigmoid_kernel<T><<<grid_for(TE, kThreads), kThreads, 0, s>>>(x, j->logits_stride, j->E, sc->s, TE);
+    else
+        softmax_kernel<T><<<row_blocks, kThreads, 0, s>>>(x, j->logits_stride, j->E, sc->s, rows);
+    bias_kernel<<<grid_for(TE, kThreads), kThreads, 0, s>>>(sc->s, j->bias, j->E, sc->c, TE);
+    group_score_kernel<<<grid_for(rows * j->n_group, kThreads), kThreads, 0, s>>>(
+        sc->c, j->E, j->n_group, j->group_score == MLAF_GROUP_MAX, sc->g, rows * j->n_group);
+    group_mask_kernel<<<grid_for(rows, kThreads), kThreads, 0, s>>>(sc->g, j->n_group, j->topk_group, rows);
+    masked_fill_kernel<<<grid_for(TE, kThreads), kThreads, 0, s>>>(sc->c, sc->g, j->E, j->n_group, sc->m, TE);
+    topk_kernel<<<row_blocks, kThreads, 0, s>>>(sc->m, j->E, j->top_k, j->ids, j->ids_stride, rows);
+    gather_weights_kernel<<<grid_for(rows * j->top_k, kThreads), kThreads, 0, s>>>(
+        sc->s, j->E, j->ids, j->ids_stride, j->top_k, sc->w, rows * j->top_k);
+    if (j->renormalize)
+        normalize_kernel<<<grid_for(rows, kThreads), kThreads, 0, s>>>(sc->w, j->top_k, j->eps, rows);
+    scale_kernel<<<grid_for(rows, kThreads), kThreads, 0, s>>>(
+        sc->w, j->top_k, j->n_shared, j->E, j->apply_scaling != 0, j->scaling, j->weights,
+        j->weights_dt, j->weights_stride, j->ids, j->ids_stride, rows);
+    return (int)cudaGetLastError();
+}
+
+template <typename T> int cache_write_by_cache(const mlaf_kv_cache_job *j, const void *kn, const void *kp, cudaStream_t s) {
+    switch (j->cache_dt) {
+    case MLAF_F16: return cache_write<T, __half>(j, kn, kp, s);
+    case MLAF_BF16: return cache_write<T, __nv_bfloat16>(j, kn, kp, s);
+    default: return cache_write<T, float>(j, kn, kp, s);
+    }
+}
+
+} // namespace
+
+/* Dispatch on the activation dtype (validated by the library: f32, f16 or bf16). */
+#define BY_DTYPE(dt, fn, ...)                                                      \
+    ((dt) == MLAF_F16    ? fn<__half>(__VA_ARGS__)                                 \
+     : (dt) == MLAF_BF16 ? fn<__nv_bfloat16>(__VA_ARGS__)                          \
+                         : fn<float>(__VA_ARGS__))
+
+extern "C" int blg_split_qk_norm(const mlaf_norm_job *job, void *q_dense, void *kv_dense,
+                                 void *stream) {
+    if (job->T == 0) return 0;
+    return BY_DTYPE(job->dt, split_norm, job, q_dense, kv_dense, (cudaStream_t)stream);
+}
+
+extern "C" int blg_rope_rows(void *x, mlaf_dtype dt, int64_t T, int64_t stride,
+                             const mlaf_rope_job *rope, void *stream) {
+    if (T == 0 || rope->R <= 0) return 0;
+    return BY_DTYPE(dt, rope_rows, x, T, stride, (int64_t)1, rope, (cudaStream_t)stream);
+}
+
+extern "C" int blg_cache_write(const mlaf_kv_cache_job *job, const void *k_nope, const void *k_pe,
+                               void *stream) {
+    if (job->norm.T == 0) return 0;
+    return BY_DTYPE(job->norm.dt, cache_write_by_cache, job, k_nope, k_pe, (cudaStream_t)stream);
+}
+
+extern "C" int blg_rope_q(const mlaf_rope_q_job *job, void *gather, void *stream) {
+    return BY_DTYPE(job->dt, rope_q, job, gather, (cudaStream_t)stream);
+}
+
+extern "C" int blg_moe_gate(const mlaf_moe_gate_job *job, const bench_moe_scratch *s, void *stream) {
+    if (job->T == 0) return 0;
+    return BY_DTYPE(job->logits_dt, moe_gate, job, s, (cudaStream_t)stream);
+}
+
+extern "C" const char *blg_error_string(int code) {
+    return cudaGetErrorString(static_cast<cudaError_t>(code));
+}
