@@ -448,3 +448,18 @@ def test_t_zero_is_a_no_op():
     assert q.shape == (0, 32) and k.shape == (0, 32) and p.shape == (0, 32)
     w, i = mlafuse.moe_gate(np.ones((0, 64), np.float32), top_k=4)
     assert w.shape == (0, 4) and i.shape == (0, 4)
+
+
+def test_mla_kv_cache_without_rope():
+    """R = 0: no rotation; positions and cos_sin may be absent."""
+    C, T = 32, 5
+    rng = np.random.default_rng(50)
+    latent = rng.standard_normal((T, 16 + C)).astype(np.float32)
+    w_q, w_kv = np.ones(16, np.float32), rng.standard_normal(C).astype(np.float32)
+    cache = np.full((T, 1, C), POISON, np.float32)
+    q, k, p = mlafuse.mla_kv_cache(latent, w_q, w_kv, None, None, np.arange(T)[::-1].copy(),
+                                   cache, return_k_nope=True)
+    rq, rk, _ = ref.split_qk_norm(latent, w_q, w_kv, 16, C, 0, 1e-5, 1e-5)
+    ref.assert_close_ulp(q, rq, "float32", "q")
+    ref.assert_close_ulp(cache[::-1, 0], rk, "float32", "cache")
+    assert p is None
