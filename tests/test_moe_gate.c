@@ -504,8 +504,37 @@ static void test_threads(mlaf_context *ctx) {
     free(lg), free(bias), free(i1), free(i2), free(w1), free(w2);
 }
 
+/* Every CPU instruction-set path this machine has, on a few demanding cases. */
+static void test_isas(mlaf_context *ctx) {
+    if (mlaf_context_backend(ctx) != MLAF_BACKEND_CPU) return;
+    for (int isa = MLAF_CPU_ISA_SCALAR; isa < MLAF_CPU_ISA_COUNT_; isa++) {
+        if (mlaf_context_set_cpu_isa(ctx, (mlaf_cpu_isa)isa) != MLAF_OK) {
+            char name[96];
+            snprintf(name, sizeof name, "MOE_GATE(isa=%s,backend=cpu)", mlaf_cpu_isa_name((mlaf_cpu_isa)isa));
+            tl_skip(name, "not supported by this machine or build");
+            continue;
+        }
+        char label[128];
+        const char *in = mlaf_cpu_isa_name((mlaf_cpu_isa)isa);
+        mlaf_verify_case c = mlaf_verify_case_default(mlaf_preset_find("deepseek-v3"), MLAF_BF16, 1025, 60);
+        c.weight_dtype = MLAF_F32;
+        c.nonfinite = 1;
+        c.want_scores = 1;
+        snprintf(label, sizeof label, "isa=%s,preset=deepseek-v3,nonfinite,scores", in);
+        run_case(ctx, label, &c);
+        c = mlaf_verify_case_default(mlaf_preset_find("deepseek-v2"), MLAF_F16, 1025, 61);
+        c.strided = 1;
+        snprintf(label, sizeof label, "isa=%s,preset=deepseek-v2,strided", in);
+        run_case(ctx, label, &c);
+        c = custom(2048, 64, 64, 16, MLAF_SCORE_SOFTMAX, MLAF_GROUP_TOP2_SUM, 1, MLAF_F32, 200, 62);
+        snprintf(label, sizeof label, "isa=%s,E=2048,groups=64/16,top_k=64", in);
+        run_case(ctx, label, &c);
+    }
+    mlaf_context_set_cpu_isa(ctx, MLAF_CPU_ISA_AUTO);
+}
+
 int main(int argc, char **argv) {
-    /* optional filter: only groups whose name contains argv[1] (presets, shapes, ties, misuse) */
+    /* optional filter: presets, shapes, ties, misuse, threads or isas */
     const char *only = argc > 1 ? argv[1] : NULL;
     mlaf_backend bs[MLAF_BACKEND_COUNT_];
     int nb = tl_backends(bs);
@@ -518,6 +547,7 @@ int main(int argc, char **argv) {
         if (!only || strstr("ties", only)) test_ties(ctx);
         if (!only || strstr("misuse", only)) test_misuse(ctx);
         if (!only || strstr("threads", only)) test_threads(ctx);
+        if (!only || strstr("isas", only)) test_isas(ctx);
         mlaf_context_free(ctx);
     }
     return tl_finish();

@@ -28,8 +28,26 @@
 #include "../half.h"
 #include "cpu.h"
 
+/* moe_gate_avx2.c / moe_gate_avx512.c include this file with GATE_SUFFIX set: the same
+ * per-token code compiled for a wider instruction set (8 / 16 lanes instead of SSE2's 4, and
+ * the unsigned max SSE2 lacks); only the file without a suffix holds the dispatcher. */
+#ifndef GATE_SUFFIX
+#define GATE_SUFFIX _portable
+#define GATE_MAIN 1
+#endif
+#define GATE_CAT_(a, b) a##b
+#define GATE_CAT(a, b) GATE_CAT_(a, b)
+#define GATE_ROWS GATE_CAT(mlaf_cpu_moe_gate_rows, GATE_SUFFIX)
+
 #ifdef _OPENMP
 #include <omp.h>
+#endif
+
+/* The selects below (finite / clamp) are plain data flow, but GCC will not if-convert a float
+ * compare while FP exceptions may be observed; nothing here reads the FP flags, so let the
+ * per-expert loops vectorize. -ffp-contract=off from the build still applies. */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC optimize("no-trapping-math")
 #endif
 
 #define GATE_MAX_E 2048
@@ -49,11 +67,16 @@ static inline float bits_f32(uint32_t u) {
 /* Order-preserving map of a float onto uint32 (for non-NaN input). */
 static inline uint32_t ord32(float f) {
     uint32_t u = f32_bits(f);
-    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+    uint32_t neg = (uint32_t)((int32_t)u >> 31); /* all ones for negative values */
+    return u ^ (neg | 0x80000000u);              /* branch-free, so the loops vectorize */
 }
 
 /* e^x for finite x, <= 2 ulp over the range that matters; saturates instead of returning
  * inf / subnormals (sigmoid and softmax only need the value to be tiny or huge there). */
+static inline float unord32(uint32_t v) {
+    return bits_f32((v & 0x80000000u) ? (v & 0x7fffffffu) : ~v);
+}
+
 static inline float gate_exp(float x) {
     x = x < -87.3f ? -87.3f : x;
     x = x > 88.3f ? 88.3f : x;
@@ -100,14 +123,13 @@ typedef struct gate_scratch {
     float x[GATE_MAX_E];
     float s[GATE_MAX_E];
     uint32_t v[GATE_MAX_E]; /* rank value: ord32(c) if valid, else 1 */
-    float c[GATE_MAX_E];
 } gate_scratch;
 
 static void gate_token(const mlaf_moe_gate_job *job, int64_t t, gate_scratch *sc) {
     const int32_t E = job->E, G = job->n_group, P = E / G, k = job->top_k;
     const size_t lsz = mlaf_dtype_size(job->logits_dt);
     const void *row = (const char *)job->logits + (size_t)(t * job->logits_stride) * lsz;
-    float *restrict x = sc->x, *restrict s = sc->s, *restrict c = sc->c;
+    float *restrict x = sc->x, *restrict s = sc->s;
     uint32_t *restrict v = sc->v;
 
     /* 1-2. scores */
@@ -149,40 +171,42 @@ static void gate_token(const mlaf_moe_gate_job *job, int64_t t, gate_scratch *sc
     }
 
     /* 3. selection values */
+    /* Two loops rather than "bias ? bias[e] : 0", which the compiler may not speculate. */
     const float *bias = job->bias;
-    for (int32_t e = 0; e < E; e++) {
-        int ok = is_finite_bits(f32_bits(x[e]));
-        s[e] = ok ? s[e] : NAN;
-        float b = bias ? bias[e] : 0.0f;
-        ok = ok && is_finite_bits(f32_bits(b));
-        float ce = (s[e] + b) + 0.0f; /* + 0 turns -0 into +0: one key per value */
-        c[e] = ok ? ce : -INFINITY;
-        v[e] = ok ? ord32(ce) : 1u;
+    if (bias) {
+        for (int32_t e = 0; e < E; e++) {
+            int ok = is_finite_bits(f32_bits(x[e])) & is_finite_bits(f32_bits(bias[e]));
+            float ce = (s[e] + bias[e]) + 0.0f; /* + 0 turns -0 into +0: one key per value */
+            v[e] = ok ? ord32(ce) : 1u;
+        }
+    } else {
+        for (int32_t e = 0; e < E; e++) {
+            int ok = is_finite_bits(f32_bits(x[e]));
+            v[e] = ok ? ord32(s[e] + 0.0f) : 1u;
+        }
     }
+    for (int32_t e = 0; e < E; e++) s[e] = is_finite_bits(f32_bits(x[e])) ? s[e] : NAN;
 
     /* 4. groups */
     uint64_t kept = ~0ull;
     if (G > 1) {
         uint64_t gkey[GATE_MAX_G];
         for (int32_t g = 0; g < G; g++) {
-            float m1 = -INFINITY, m2 = -INFINITY;
-            const float *cg = c + (size_t)g * P;
-            for (int32_t i = 0; i < P; i++) {
-                float ce = cg[i];
-                if (ce > m1) {
-                    m2 = m1;
-                    m1 = ce;
-                } else if (ce > m2) {
-                    m2 = ce;
-                }
-            }
+            /* On the rank values (monotonic in c, 1 for invalid): integer max and count
+             * reductions vectorize where a branchy float top-2 scan does not. */
+            const uint32_t *vg = v + (size_t)g * P;
+            uint32_t m1 = 0, m2 = 0, n1 = 0;
+            for (int32_t i = 0; i < P; i++) m1 = vg[i] > m1 ? vg[i] : m1;
+            for (int32_t i = 0; i < P; i++) n1 += vg[i] == m1;
+            for (int32_t i = 0; i < P; i++) m2 = (vg[i] < m1 && vg[i] > m2) ? vg[i] : m2;
+            if (n1 >= 2) m2 = m1;
             uint32_t gv;
-            if (m1 == -INFINITY)
+            if (m1 <= 1u)
                 gv = 0; /* no valid expert */
-            else if (job->group_score == MLAF_GROUP_MAX || m2 == -INFINITY)
-                gv = ord32(m1 + 0.0f);
+            else if (job->group_score == MLAF_GROUP_MAX || m2 <= 1u)
+                gv = m1;
             else
-                gv = ord32((m1 + m2) + 0.0f);
+                gv = ord32((unord32(m1) + unord32(m2)) + 0.0f);
             gkey[g] = ((uint64_t)gv << 32) | (uint32_t)(0xFFFFFFFFu - (uint32_t)g);
         }
         kept = 0;
@@ -196,17 +220,30 @@ static void gate_token(const mlaf_moe_gate_job *job, int64_t t, gate_scratch *sc
     /* 5. top-k by insertion; 0 is below every eligible key (rank values are >= 1) */
     uint64_t best[64];
     for (int32_t j = 0; j < k; j++) best[j] = 0;
+    /* Experts are visited in index order, so one whose rank value does not exceed the
+     * current k-th's loses to it; blocks of 8 with no larger value are skipped whole. */
+    uint32_t thr = 0;
     for (int32_t g = 0; g < G; g++) {
         if (!((kept >> g) & 1)) continue;
-        for (int32_t e = g * P; e < (g + 1) * P; e++) {
-            uint64_t key = ((uint64_t)v[e] << 32) | (uint32_t)(0xFFFFFFFFu - (uint32_t)e);
-            if (key <= best[k - 1]) continue;
-            int32_t j = k - 1;
-            while (j > 0 && best[j - 1] < key) {
-                best[j] = best[j - 1];
-                j--;
+        for (int32_t e0 = g * P; e0 < (g + 1) * P; e0 += 8) {
+            int32_t n = (g + 1) * P - e0 < 8 ? (g + 1) * P - e0 : 8;
+            uint32_t bm = 0;
+            if (n == 8) /* a fixed trip count the compiler turns into one vector max */
+                for (int32_t i = 0; i < 8; i++) bm = v[e0 + i] > bm ? v[e0 + i] : bm;
+            else
+                for (int32_t i = 0; i < n; i++) bm = v[e0 + i] > bm ? v[e0 + i] : bm;
+            if (bm <= thr) continue;
+            for (int32_t e = e0; e < e0 + n; e++) {
+                uint64_t key = ((uint64_t)v[e] << 32) | (uint32_t)(0xFFFFFFFFu - (uint32_t)e);
+                if (key <= best[k - 1]) continue;
+                int32_t j = k - 1;
+                while (j > 0 && best[j - 1] < key) {
+                    best[j] = best[j - 1];
+                    j--;
+                }
+                best[j] = key;
             }
-            best[j] = key;
+            thr = (uint32_t)(best[k - 1] >> 32);
         }
     }
 
@@ -246,24 +283,42 @@ static void gate_token(const mlaf_moe_gate_job *job, int64_t t, gate_scratch *sc
     if (job->scores) memcpy(job->scores + t * job->scores_stride, s, sizeof(float) * (size_t)E);
 }
 
+void GATE_ROWS(const mlaf_moe_gate_job *job, int64_t t0, int64_t t1);
+void GATE_ROWS(const mlaf_moe_gate_job *job, int64_t t0, int64_t t1) {
+    gate_scratch sc;
+    for (int64_t t = t0; t < t1; t++) gate_token(job, t, &sc);
+}
+
+#ifdef GATE_MAIN
+typedef void (*gate_rows_fn)(const mlaf_moe_gate_job *job, int64_t t0, int64_t t1);
+#ifdef MLAF_HAVE_X86_PATHS
+void mlaf_cpu_moe_gate_rows_avx2(const mlaf_moe_gate_job *job, int64_t t0, int64_t t1);
+void mlaf_cpu_moe_gate_rows_avx512(const mlaf_moe_gate_job *job, int64_t t0, int64_t t1);
+#endif
+
 mlaf_status mlaf_cpu_moe_gate(mlaf_context *ctx, const mlaf_moe_gate_job *job) {
+    gate_rows_fn rows = mlaf_cpu_moe_gate_rows_portable;
+#ifdef MLAF_HAVE_X86_PATHS
+    if (ctx->isa == MLAF_CPU_ISA_AVX512) rows = mlaf_cpu_moe_gate_rows_avx512;
+    if (ctx->isa == MLAF_CPU_ISA_AVX2) rows = mlaf_cpu_moe_gate_rows_avx2;
+#endif
     const int64_t T = job->T;
     /* Below ~64K logits a team start-up costs more than the work. */
     int threads = ctx->threads;
-    if ((double)T * job->E < 65536.0 || T < 2) threads = 1;
+    if ((double)T * job->E < 65536.0) threads = 1;
     if (threads > T) threads = (int)T;
 #ifdef _OPENMP
     if (threads > 1) {
+        /* contiguous equal slices: every token costs the same */
 #pragma omp parallel num_threads(threads)
         {
-            gate_scratch sc;
-#pragma omp for schedule(static)
-            for (int64_t t = 0; t < T; t++) gate_token(job, t, &sc);
+            int64_t n = omp_get_num_threads(), i = omp_get_thread_num();
+            rows(job, T * i / n, T * (i + 1) / n);
         }
         return MLAF_OK;
     }
 #endif
-    gate_scratch sc;
-    for (int64_t t = 0; t < T; t++) gate_token(job, t, &sc);
+    rows(job, 0, T);
     return MLAF_OK;
 }
+#endif
