@@ -364,9 +364,32 @@ MLAF_API mlaf_status mlaf_rope_q(mlaf_context *ctx, const mlaf_rope_params *p,
  * c among kept groups, ids ordered by c descending, ties to the lower index; w = s[id];
  * if renormalize: w /= sum(w) + eps; if apply_routed_scaling: w *= routed_scaling_factor.
  * Shared experts (S > 0): slots k..k+S-1 hold ids E..E+S-1 with weight
- * sum(routed w before scaling) / routed_scaling_factor.
- * Non-finite scores rank below every finite one and weigh 0; ids are always distinct, valid
- * and from kept groups.
+ * sum(routed w after renormalization, before scaling) / routed_scaling_factor (SGLang's
+ * convention: multiplying the MoE output by the factor gives each shared expert weight 1;
+ * so fuse shared experts with apply_routed_scaling = 0). scores, when given, receives s.
+ *
+ * Order and ties: one total order everywhere (valid first, larger value first, lower index
+ * first), identical on every backend: equal c picks the lower expert index, equal group
+ * scores the lower group index; a row of equal logits picks experts 0..top_k-1 of the
+ * lowest kept groups. ids are sorted by c, descending.
+ *
+ * Non-finite input: an expert whose logit is NaN or +-inf, or whose bias entry is NaN or
+ * +-inf, is invalid. Softmax leaves invalid logits out of its max and sum; an invalid
+ * logit's s is NaN in `scores`; an invalid expert ranks below every valid one (even if
+ * s + bias would be finite) and weighs 0. Group scores count valid experts only (a group
+ * with none ranks below every group with one; under top-2 sum a group with one valid expert
+ * scores that expert). ids are always top_k distinct experts in [0, E) from kept groups,
+ * invalid ones filling by index when too few are valid (all invalid: weights 0). No
+ * division by zero: when renormalizing and sum(w) + eps == 0 the weights stay 0; no weight
+ * is ever NaN.
+ *
+ * Other routers (Ascend npu_moe_gating_top_k, SGLang biased_grouped_topk / moe_fused_gate,
+ * HF DeepseekV3TopkRouter, DeepSeek-V2 MoEGate): argument-by-argument tables in
+ * docs/moe_gate.md. In short: Ascend group_select_mode 0/1 = MLAF_GROUP_MAX/TOP2_SUM and
+ * norm_type 0/1 = MLAF_SCORE_SOFTMAX/SIGMOID (both reversed from mlafuse's numbering), and
+ * Ascend always renormalizes sigmoid; HF V3: renormalize = norm_topk_prob, eps = 1e-20,
+ * apply_routed_scaling = 1; HF V2: scaling applies only when not renormalizing; SGLang
+ * renormalizes without eps (eps = 0 matches it).
  *
  * Limits: 1 <= E <= 2048; 1 <= n_group <= 64, E % n_group == 0; 1 <= topk_group <= n_group;
  * 1 <= top_k <= min(E, 64) and top_k <= topk_group * E / n_group; the top-2 group score needs
