@@ -1,5 +1,324 @@
-/* PLACEHOLDER (replaced by the CPU norm implementation) */
+/*
+ * norm.c — CPU split_qk_norm, mla_kv_cache and rope_q: the drivers (tokens over threads) and
+ * the portable row kernels.
+ *
+ * Algorithm, per token t (SPEC §2, §3):
+ *   1. ss_q = sum L[t, :Q]^2 and ss_kv = sum L[t, Q:Q+C]^2 in fp32 — both before anything of
+ *      the row is written, so the in-place form (outputs = the latent's own columns) is safe.
+ *   2. rstd = 1 / sqrtf(ss / n + eps) per part.
+ *   3. q = (x * rstd_q) * w_q; k_nope = (x * rstd_kv) * w_kv, stored once in each output
+ *      dtype (mla_kv_cache: also straight from fp32 into the cache row, in the cache dtype).
+ *   4. split_qk_norm: k_pe = bit-exact copy. mla_kv_cache: RoPE of k_pe with the position's
+ *      cos/sin row (separate fp32 products, never fused) into the dense k_pe and the cache row.
+ *      A slot >= num_blocks * block_size or a position outside [0, max_pos) is counted and
+ *      writes neither; a negative slot skips the cache row only.
+ *   rope_q: step 4's rotation in place on the last R columns of every head.
+ *
+ * Threads: tokens are cut into one contiguous range per thread (static schedule), so each
+ * thread converts the weights to fp32 once into its own stack scratch and then streams its
+ * rows. Small calls (little work) run on the calling thread: an OpenMP region costs more than
+ * a few rows. Error counts are summed per thread and added to *error_count once.
+ *
+ * Vector paths: the row kernels come from a table chosen by ctx->isa (resolved at context
+ * creation or forced by mlaf_context_set_cpu_isa). The portable kernels below work on blocks
+ * of 64 fp32 values with independent accumulators so the compiler can vectorize them without
+ * reassociating; f16 conversions stay scalar here (the AVX2 / AVX-512 paths use F16C).
+ *
+ * Limits: widths up to 2^20 (the validation layer's limit); weights in f16 / bf16 wider than
+ * the scratch (WSCRATCH floats for q and kv together) are converted per block of a row instead.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "../half.h"
 #include "cpu.h"
-mlaf_status mlaf_cpu_split_qk_norm(mlaf_context *ctx, const mlaf_norm_job *job) { (void)job; return mlaf_fail(ctx, MLAF_ERR_UNSUPPORTED, "todo"); }
-mlaf_status mlaf_cpu_mla_kv_cache(mlaf_context *ctx, const mlaf_kv_cache_job *job) { (void)job; return mlaf_fail(ctx, MLAF_ERR_UNSUPPORTED, "todo"); }
-mlaf_status mlaf_cpu_rope_q(mlaf_context *ctx, const mlaf_rope_q_job *job) { (void)job; return mlaf_fail(ctx, MLAF_ERR_UNSUPPORTED, "todo"); }
+#include "norm_kern.h"
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#define BLK 64
+#define WSCRATCH 8192 /* floats per thread: all presets' Q + C fit (at most 2048) */
+/* Below this many row elements in a call, threads cost more than they save. */
+#define SERIAL_WORK 49152
+
+/* ---- portable row kernels -------------------------------------------------------------- */
+
+static void load_block(const void *x, mlaf_dtype dt, int64_t i0, int m, float *f) {
+    if (dt == MLAF_F32) {
+        memcpy(f, (const float *)x + i0, (size_t)m * sizeof(float));
+    } else if (dt == MLAF_BF16) {
+        const uint16_t *p = (const uint16_t *)x + i0;
+        for (int j = 0; j < m; j++) f[j] = mlaf_bits_f32((uint32_t)p[j] << 16);
+    } else {
+        const uint16_t *p = (const uint16_t *)x + i0;
+        for (int j = 0; j < m; j++) f[j] = mlaf_f16_to_f32(p[j]);
+    }
+}
+
+static void store_block(void *out, mlaf_dtype dt, int64_t i0, int m, const float *f) {
+    if (dt == MLAF_F32) {
+        memcpy((float *)out + i0, f, (size_t)m * sizeof(float));
+    } else if (dt == MLAF_BF16) {
+        /* Branch-free form of mlaf_f32_to_bf16 (same bits) so the loop vectorizes. */
+        uint16_t *p = (uint16_t *)out + i0;
+        for (int j = 0; j < m; j++) {
+            uint32_t u = mlaf_f32_bits(f[j]);
+            uint32_t rne = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+            uint32_t nan = (u >> 16) | 0x40u;
+            p[j] = (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? nan : rne);
+        }
+    } else {
+        uint16_t *p = (uint16_t *)out + i0;
+        for (int j = 0; j < m; j++) p[j] = mlaf_f32_to_f16(f[j]);
+    }
+}
+
+static float sumsq_scalar(const void *x, mlaf_dtype dt, int64_t n) {
+    float acc[16] = {0};
+    float f[BLK];
+    for (int64_t i0 = 0; i0 < n; i0 += BLK) {
+        int m = n - i0 < BLK ? (int)(n - i0) : BLK;
+        load_block(x, dt, i0, m, f);
+        if (m < BLK) memset(f + m, 0, (size_t)(BLK - m) * sizeof(float));
+        for (int j = 0; j < BLK; j += 16)
+            for (int k = 0; k < 16; k++) acc[k] += f[j + k] * f[j + k];
+    }
+    for (int k = 0; k < 8; k++) acc[k] += acc[k + 8];
+    for (int k = 0; k < 4; k++) acc[k] += acc[k + 4];
+    return (acc[0] + acc[2]) + (acc[1] + acc[3]);
+}
+
+static void scale_scalar(const void *x, mlaf_dtype dt, int64_t n, float rstd, const float *w,
+                         void *out, mlaf_dtype odt, void *out2, mlaf_dtype o2dt) {
+    float f[BLK];
+    for (int64_t i0 = 0; i0 < n; i0 += BLK) {
+        int m = n - i0 < BLK ? (int)(n - i0) : BLK;
+        load_block(x, dt, i0, m, f);
+        for (int j = 0; j < m; j++) f[j] = (f[j] * rstd) * w[i0 + j];
+        if (out) store_block(out, odt, i0, m, f);
+        if (out2) store_block(out2, o2dt, i0, m, f);
+    }
+}
+
+void mlaf_norm_rope_pairs(const void *x, mlaf_dtype dt, int32_t R, mlaf_rope_style style,
+                          const float *cs, int32_t first_pair, void *out, mlaf_dtype odt,
+                          void *out2, mlaf_dtype o2dt) {
+    int32_t h = R / 2;
+    for (int32_t i = first_pair; i < h; i++) {
+        int64_t a = style == MLAF_ROPE_NEOX ? i : 2 * (int64_t)i;
+        int64_t b = style == MLAF_ROPE_NEOX ? (int64_t)i + h : 2 * (int64_t)i + 1;
+        float x0 = mlaf_load_f32(x, dt, a), x1 = mlaf_load_f32(x, dt, b);
+        float c = cs[i], s = cs[h + i];
+        float p0 = x0 * c, p1 = x1 * s, p2 = x1 * c, p3 = x0 * s;
+        float y0 = p0 - p1, y1 = p2 + p3;
+        if (out) {
+            mlaf_store_f32(out, odt, a, y0);
+            mlaf_store_f32(out, odt, b, y1);
+        }
+        if (out2) {
+            mlaf_store_f32(out2, o2dt, a, y0);
+            mlaf_store_f32(out2, o2dt, b, y1);
+        }
+    }
+}
+
+static void rope_scalar(const void *x, mlaf_dtype dt, int32_t R, mlaf_rope_style style,
+                        const float *cs, void *out, mlaf_dtype odt, void *out2, mlaf_dtype o2dt) {
+    mlaf_norm_rope_pairs(x, dt, R, style, cs, 0, out, odt, out2, o2dt);
+}
+
+const mlaf_norm_kern mlaf_norm_kern_scalar = {sumsq_scalar, scale_scalar, rope_scalar};
+
+/* ---- dispatch and helpers -------------------------------------------------------------- */
+
+static const mlaf_norm_kern *kern_for(const mlaf_context *ctx) {
+#if defined(MLAF_HAVE_X86_PATHS)
+    if (ctx->isa == MLAF_CPU_ISA_AVX512) return &mlaf_norm_kern_avx512;
+    if (ctx->isa == MLAF_CPU_ISA_AVX2) return &mlaf_norm_kern_avx2;
+#else
+    (void)ctx;
+#endif
+    return &mlaf_norm_kern_scalar;
+}
+
+static int threads_for(const mlaf_context *ctx, int64_t items, int64_t work) {
+    int64_t nt = ctx->threads > 1 ? ctx->threads : 1;
+    if (work < SERIAL_WORK) nt = 1;
+    if (nt > items) nt = items;
+    return (int)(nt > 0 ? nt : 1);
+}
+
+/* Token range of chunk c of nc (contiguous, sizes differ by at most one). */
+static void chunk_range(int64_t n, int c, int nc, int64_t *lo, int64_t *hi) {
+    int64_t q = n / nc, r = n % nc;
+    *lo = c * q + (c < r ? c : r);
+    *hi = *lo + q + (c < r ? 1 : 0);
+}
+
+/* One norm part's weights as fp32: the caller's pointer when already f32, the per-thread
+ * scratch when it fits, else NULL (converted per block of the row by norm_part). */
+typedef struct wview {
+    const void *raw;
+    mlaf_dtype dt;
+    const float *f32;
+} wview;
+
+static wview weights_prepare(const void *w, mlaf_dtype wdt, int64_t n, float *scratch,
+                             int64_t *used) {
+    wview v = {w, wdt, NULL};
+    if (!w) return v;
+    if (wdt == MLAF_F32) {
+        v.f32 = (const float *)w;
+    } else if (*used + n <= WSCRATCH) {
+        float *dst = scratch + *used;
+        for (int64_t i = 0; i < n; i += BLK) load_block(w, wdt, i, n - i < BLK ? (int)(n - i) : BLK, dst + i);
+        *used += n;
+        v.f32 = dst;
+    }
+    return v;
+}
+
+static void norm_part(const mlaf_norm_kern *k, const void *x, mlaf_dtype dt, int64_t n, float rstd,
+                      const wview *w, void *out, mlaf_dtype odt, void *out2, mlaf_dtype o2dt) {
+    if (!out && !out2) return;
+    if (w->f32) {
+        k->scale(x, dt, n, rstd, w->f32, out, odt, out2, o2dt);
+        return;
+    }
+    float wb[1024];
+    size_t xs = mlaf_dtype_size(dt), os = mlaf_dtype_size(odt), o2s = mlaf_dtype_size(o2dt);
+    for (int64_t i0 = 0; i0 < n; i0 += 1024) {
+        int m = n - i0 < 1024 ? (int)(n - i0) : 1024;
+        for (int j = 0; j < m; j += BLK)
+            load_block(w->raw, w->dt, i0 + j, m - j < BLK ? m - j : BLK, wb + j);
+        k->scale((const char *)x + i0 * xs, dt, m, rstd, wb, out ? (char *)out + i0 * os : NULL,
+                 odt, out2 ? (char *)out2 + i0 * o2s : NULL, o2dt);
+    }
+}
+
+static float rstd_of(float ss, int64_t n, float eps) { return 1.0f / sqrtf(ss / (float)n + eps); }
+
+/* ---- split_qk_norm and mla_kv_cache ---------------------------------------------------- */
+
+/* Rows [t0, t1) of either op (kv == NULL: split_qk_norm). Returns the tokens counted. */
+static int64_t norm_rows(const mlaf_norm_kern *k, const mlaf_norm_job *j, const mlaf_kv_cache_job *kv,
+                         int64_t t0, int64_t t1) {
+    float scratch[WSCRATCH];
+    int64_t used = 0;
+    wview wq = weights_prepare(j->w_q, j->w_q_dt, j->Q, scratch, &used);
+    wview wkv = weights_prepare(j->w_kv, j->w_kv_dt, j->C, scratch, &used);
+    const size_t es = mlaf_dtype_size(j->dt);
+    const size_t ces = kv ? mlaf_dtype_size(kv->cache_dt) : 0;
+    const int64_t cap = kv ? kv->num_blocks * kv->block_size : 0;
+    const int32_t Q = j->Q, C = j->C, R = j->R;
+    int64_t errors = 0;
+    for (int64_t t = t0; t < t1; t++) {
+        const char *row = (const char *)j->latent + t * j->latent_stride * (int64_t)es;
+        const char *xkv = row + (int64_t)Q * es, *xpe = row + ((int64_t)Q + C) * es;
+        float ss_q = Q > 0 ? k->sumsq(row, j->dt, Q) : 0.0f;
+        float ss_kv = k->sumsq(xkv, j->dt, C);
+        void *k_nope = j->k_nope ? (char *)j->k_nope + t * j->k_nope_stride * (int64_t)es : NULL;
+        void *k_pe = j->k_pe ? (char *)j->k_pe + t * j->k_pe_stride * (int64_t)es : NULL;
+        char *crow = NULL;
+        const float *cs = NULL;
+        int bad = 0;
+        if (kv) {
+            int64_t slot = mlaf_load_index(kv->slots, kv->slot_dt, t);
+            if (R > 0) {
+                int64_t pos = mlaf_load_index(kv->rope.positions, kv->rope.pos_dt, t);
+                if (pos < 0 || pos >= kv->rope.max_pos)
+                    bad = 1;
+                else
+                    cs = kv->rope.cos_sin + pos * kv->rope.cos_sin_stride;
+            }
+            if (slot >= cap) bad = 1;
+            if (!bad && slot >= 0)
+                crow = (char *)kv->cache +
+                       ((slot / kv->block_size) * kv->cache_s0 + (slot % kv->block_size) * kv->cache_s1) *
+                           (int64_t)ces;
+            errors += bad;
+        }
+        if (Q > 0)
+            norm_part(k, row, j->dt, Q, rstd_of(ss_q, Q, j->eps_q), &wq,
+                      (char *)j->q + t * j->q_stride * (int64_t)es, j->dt, NULL, j->dt);
+        norm_part(k, xkv, j->dt, C, rstd_of(ss_kv, C, j->eps_kv), &wkv, k_nope, j->dt, crow,
+                  kv ? kv->cache_dt : j->dt);
+        if (R == 0) continue;
+        if (!kv) {
+            if (k_pe && k_pe != (const void *)xpe) memcpy(k_pe, xpe, (size_t)R * es);
+        } else if (!bad && (k_pe || crow)) {
+            k->rope(xpe, j->dt, R, kv->rope.style, cs, k_pe, j->dt, crow ? crow + (int64_t)C * ces : NULL,
+                    kv->cache_dt);
+        }
+    }
+    return errors;
+}
+
+static int64_t run_norm(mlaf_context *ctx, const mlaf_norm_job *j, const mlaf_kv_cache_job *kv) {
+    const mlaf_norm_kern *k = kern_for(ctx);
+    int nt = threads_for(ctx, j->T, j->T * ((int64_t)j->Q + j->C + j->R));
+    if (nt == 1) return norm_rows(k, j, kv, 0, j->T);
+    int64_t errors = 0;
+#pragma omp parallel for num_threads(nt) schedule(static) reduction(+ : errors)
+    for (int c = 0; c < nt; c++) {
+        int64_t lo, hi;
+        chunk_range(j->T, c, nt, &lo, &hi);
+        errors += norm_rows(k, j, kv, lo, hi);
+    }
+    return errors;
+}
+
+mlaf_status mlaf_cpu_split_qk_norm(mlaf_context *ctx, const mlaf_norm_job *job) {
+    run_norm(ctx, job, NULL);
+    return MLAF_OK;
+}
+
+mlaf_status mlaf_cpu_mla_kv_cache(mlaf_context *ctx, const mlaf_kv_cache_job *job) {
+    int64_t errors = run_norm(ctx, &job->norm, job);
+    if (job->error_count && errors > 0) *job->error_count += (int32_t)errors;
+    return MLAF_OK;
+}
+
+/* ---- rope_q ---------------------------------------------------------------------------- */
+
+/* Heads [i0, i1) of the flattened [T, H] index. A bad position is counted once per token
+ * (at its head 0). */
+static int64_t rope_q_heads(const mlaf_norm_kern *k, const mlaf_rope_q_job *j, int64_t i0,
+                            int64_t i1) {
+    const size_t es = mlaf_dtype_size(j->dt);
+    const mlaf_rope_job *r = &j->rope;
+    int64_t errors = 0;
+    for (int64_t i = i0; i < i1; i++) {
+        int64_t t = i / j->H, h = i % j->H;
+        int64_t pos = mlaf_load_index(r->positions, r->pos_dt, t);
+        if (pos < 0 || pos >= r->max_pos) {
+            errors += h == 0;
+            continue;
+        }
+        char *x = (char *)j->q + (t * j->s0 + h * j->s1 + (j->D - r->R)) * (int64_t)es;
+        k->rope(x, j->dt, r->R, r->style, r->cos_sin + pos * r->cos_sin_stride, x, j->dt, NULL,
+                j->dt);
+    }
+    return errors;
+}
+
+mlaf_status mlaf_cpu_rope_q(mlaf_context *ctx, const mlaf_rope_q_job *job) {
+    const mlaf_norm_kern *k = kern_for(ctx);
+    int64_t n = job->T * job->H;
+    int nt = threads_for(ctx, n, n * job->rope.R);
+    int64_t errors = 0;
+    if (nt == 1) {
+        errors = rope_q_heads(k, job, 0, n);
+    } else {
+#pragma omp parallel for num_threads(nt) schedule(static) reduction(+ : errors)
+        for (int c = 0; c < nt; c++) {
+            int64_t lo, hi;
+            chunk_range(n, c, nt, &lo, &hi);
+            errors += rope_q_heads(k, job, lo, hi);
+        }
+    }
+    if (job->error_count && errors > 0) *job->error_count += (int32_t)errors;
+    return MLAF_OK;
+}

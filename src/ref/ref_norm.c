@@ -1,5 +1,110 @@
-/* PLACEHOLDER (replaced by the norm oracle and its verify functions) */
+/*
+ * ref_norm.c — the float64 oracle of split_qk_norm, mla_kv_cache and rope_q (SPEC §2, §3).
+ *
+ * Plain loops, one step at a time, no fusion: read the inputs of a validated job (host
+ * memory), compute in double, write dense unrounded results. The checks (verify_norm.c)
+ * round them once to the output dtype.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "../half.h"
 #include "verify.h"
-mlaf_status mlaf_verify_split_qk_norm(mlaf_context *ctx, const mlaf_verify_case *c, mlaf_verify_result *r) { (void)ctx; (void)c; (void)r; return MLAF_ERR_UNSUPPORTED; }
-mlaf_status mlaf_verify_mla_kv_cache(mlaf_context *ctx, const mlaf_verify_case *c, mlaf_verify_result *r) { (void)ctx; (void)c; (void)r; return MLAF_ERR_UNSUPPORTED; }
-mlaf_status mlaf_verify_rope_q(mlaf_context *ctx, const mlaf_verify_case *c, mlaf_verify_result *r) { (void)ctx; (void)c; (void)r; return MLAF_ERR_UNSUPPORTED; }
+
+/* RMSNorm of n values of a row: out[i] = x[i] / sqrt(mean(x^2) + eps) * w[i]. */
+static void ref_rmsnorm(const void *x, mlaf_dtype dt, int64_t n, double eps, const void *w,
+                        mlaf_dtype wdt, double *out) {
+    double sumsq = 0.0;
+    for (int64_t i = 0; i < n; i++) {
+        double v = mlaf_load_f32(x, dt, i);
+        sumsq += v * v;
+    }
+    double rstd = 1.0 / sqrt(sumsq / (double)n + eps);
+    for (int64_t i = 0; i < n; i++)
+        out[i] = (double)mlaf_load_f32(x, dt, i) * rstd * (double)mlaf_load_f32(w, wdt, i);
+}
+
+void mlaf_ref_split_qk_norm(const mlaf_norm_job *job, double *q, double *k_nope, double *k_pe) {
+    const int32_t Q = job->Q, C = job->C, R = job->R;
+    const size_t es = mlaf_dtype_size(job->dt);
+    for (int64_t t = 0; t < job->T; t++) {
+        const char *row = (const char *)job->latent + t * job->latent_stride * (int64_t)es;
+        if (Q > 0 && q)
+            ref_rmsnorm(row, job->dt, Q, job->eps_q, job->w_q, job->w_q_dt, q + t * Q);
+        ref_rmsnorm(row + (int64_t)Q * es, job->dt, C, job->eps_kv, job->w_kv, job->w_kv_dt,
+                    k_nope + t * C);
+        if (k_pe)
+            for (int32_t r = 0; r < R; r++)
+                k_pe[t * R + r] = mlaf_load_f32(row, job->dt, (int64_t)Q + C + r);
+    }
+}
+
+void mlaf_ref_rope_row(double *x, int32_t R, mlaf_rope_style style, const float *cos_sin_row) {
+    int32_t half = R / 2;
+    for (int32_t i = 0; i < half; i++) {
+        int32_t a = style == MLAF_ROPE_NEOX ? i : 2 * i;
+        int32_t b = style == MLAF_ROPE_NEOX ? i + half : 2 * i + 1;
+        double c = cos_sin_row[i], s = cos_sin_row[half + i];
+        double x0 = x[a], x1 = x[b];
+        x[a] = x0 * c - x1 * s;
+        x[b] = x1 * c + x0 * s;
+    }
+}
+
+static int position_ok(const mlaf_rope_job *r, int64_t t, int64_t *pos) {
+    *pos = mlaf_load_index(r->positions, r->pos_dt, t);
+    return *pos >= 0 && *pos < r->max_pos;
+}
+
+void mlaf_ref_mla_kv_cache(const mlaf_kv_cache_job *job, double *q, double *k_nope, double *k_pe,
+                           double *rows, int8_t *status) {
+    const mlaf_norm_job *n = &job->norm;
+    const int32_t C = n->C, R = n->R;
+    const size_t es = mlaf_dtype_size(n->dt);
+    const int64_t slots_in_cache = job->num_blocks * job->block_size;
+    for (int64_t t = 0; t < n->T; t++) {
+        const char *row = (const char *)n->latent + t * n->latent_stride * (int64_t)es;
+        /* 1. the two norms, exactly as split_qk_norm */
+        mlaf_norm_job one = *n;
+        one.T = 1;
+        one.latent = row;
+        mlaf_ref_split_qk_norm(&one, q ? q + t * n->Q : NULL, k_nope + t * C, NULL);
+        /* 2. which tokens write: slot < 0 skips, a slot past the cache or an unusable position
+         * is an error (counted, nothing of the rope part written) */
+        int64_t slot = mlaf_load_index(job->slots, job->slot_dt, t);
+        int64_t pos = 0;
+        int bad = slot >= slots_in_cache || (R > 0 && !position_ok(&job->rope, t, &pos));
+        status[t] = bad ? -1 : (slot < 0 ? 0 : 1);
+        /* 3. RoPE of k_pe, computed where it is kept: the cache row's tail or the dense k_pe */
+        double *pe = rows ? rows + t * ((int64_t)C + R) + C : (k_pe ? k_pe + t * R : NULL);
+        if (pe) {
+            for (int32_t r = 0; r < R; r++) pe[r] = mlaf_load_f32(row, n->dt, (int64_t)n->Q + C + r);
+            if (!bad && R > 0)
+                mlaf_ref_rope_row(pe, R, job->rope.style,
+                                  job->rope.cos_sin + pos * job->rope.cos_sin_stride);
+        }
+        /* Nothing of the rope part is defined for a bad token. */
+        if (k_pe)
+            for (int32_t r = 0; r < R; r++) k_pe[t * R + r] = bad ? NAN : pe[r];
+        /* 4. the cache row [k_nope | rope(k_pe)] */
+        if (rows) memcpy(rows + t * ((int64_t)C + R), k_nope + t * C, (size_t)C * sizeof(double));
+    }
+}
+
+void mlaf_ref_rope_q(const mlaf_rope_q_job *job, double *q_out, int8_t *status) {
+    const size_t es = mlaf_dtype_size(job->dt);
+    const int32_t D = job->D, R = job->rope.R;
+    for (int64_t t = 0; t < job->T; t++) {
+        int64_t pos;
+        int ok = position_ok(&job->rope, t, &pos);
+        status[t] = ok ? 1 : -1;
+        for (int64_t h = 0; h < job->H; h++) {
+            const char *head = (const char *)job->q + (t * job->s0 + h * job->s1) * (int64_t)es;
+            double *dst = q_out + (t * job->H + h) * D;
+            for (int32_t d = 0; d < D; d++) dst[d] = mlaf_load_f32(head, job->dt, d);
+            if (ok)
+                mlaf_ref_rope_row(dst + (D - R), R, job->rope.style,
+                                  job->rope.cos_sin + pos * job->rope.cos_sin_stride);
+        }
+    }
+}

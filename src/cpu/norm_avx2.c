@@ -1,0 +1,129 @@
+/*
+ * norm_avx2.c — AVX2 + FMA + F16C row kernels for the CPU norm ops (see norm_kern.h).
+ *
+ * 1. Loads widen 8 elements to fp32: f32 as is, bf16 by a 16-bit shift, f16 with vcvtph2ps.
+ * 2. sumsq: two fp32 FMA accumulators over 16 elements per step; the < 8 leftover elements
+ *    are added in scalar code (AVX2 has no cheap masked 16-bit loads).
+ * 3. Stores narrow once: bf16 by integer round-to-nearest-even with NaNs kept quiet exactly as
+ *    half.h does, then packed (values fit 16 bits, so the saturating pack is exact); f16 with
+ *    vcvtps2ph in round-to-nearest-even mode. Leftovers use half.h itself.
+ * 4. RoPE: interleaved pairs 4 per vector, NeoX pairs 8 per vector; separate products and one
+ *    add / subtract (no FMA) so the bits equal the portable path; leftover pairs go through
+ *    the portable code.
+ */
+#include <immintrin.h>
+
+#include "../half.h"
+#include "norm_kern.h"
+
+static inline __m256 ld8(const void *p, mlaf_dtype dt, int64_t i) {
+    if (dt == MLAF_F32) return _mm256_loadu_ps((const float *)p + i);
+    __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)p + i));
+    if (dt == MLAF_BF16) return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    return _mm256_cvtph_ps(h);
+}
+
+static inline __m128i to_bf16(__m256 v) {
+    __m256i u = _mm256_castps_si256(v);
+    __m256i hi = _mm256_srli_epi32(u, 16);
+    __m256i r = _mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff),
+                                                     _mm256_and_si256(hi, _mm256_set1_epi32(1))));
+    r = _mm256_srli_epi32(r, 16);
+    __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+    r = _mm256_blendv_epi8(r, _mm256_or_si256(hi, _mm256_set1_epi32(0x40)), nan);
+    __m256i packed = _mm256_packus_epi32(r, r); /* per 128-bit lane: r0..r3 r0..r3 */
+    return _mm256_castsi256_si128(_mm256_permute4x64_epi64(packed, 0x08));
+}
+
+static inline void st8(void *p, mlaf_dtype dt, int64_t i, __m256 v) {
+    if (dt == MLAF_F32) {
+        _mm256_storeu_ps((float *)p + i, v);
+        return;
+    }
+    __m128i h = dt == MLAF_BF16 ? to_bf16(v) : _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT);
+    _mm_storeu_si128((__m128i *)((uint16_t *)p + i), h);
+}
+
+static float sumsq_avx2(const void *x, mlaf_dtype dt, int64_t n) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m256 v0 = ld8(x, dt, i), v1 = ld8(x, dt, i + 8);
+        a0 = _mm256_fmadd_ps(v0, v0, a0);
+        a1 = _mm256_fmadd_ps(v1, v1, a1);
+    }
+    if (i + 8 <= n) {
+        __m256 v = ld8(x, dt, i);
+        a0 = _mm256_fmadd_ps(v, v, a0);
+        i += 8;
+    }
+    __m256 a = _mm256_add_ps(a0, a1);
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    float sum = _mm_cvtss_f32(s);
+    for (; i < n; i++) {
+        float v = mlaf_load_f32(x, dt, i);
+        sum += v * v;
+    }
+    return sum;
+}
+
+static void scale_avx2(const void *x, mlaf_dtype dt, int64_t n, float rstd, const float *w,
+                       void *out, mlaf_dtype odt, void *out2, mlaf_dtype o2dt) {
+    const __m256 r = _mm256_set1_ps(rstd);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 y = _mm256_mul_ps(_mm256_mul_ps(ld8(x, dt, i), r), _mm256_loadu_ps(w + i));
+        if (out) st8(out, odt, i, y);
+        if (out2) st8(out2, o2dt, i, y);
+    }
+    for (; i < n; i++) {
+        float y = (mlaf_load_f32(x, dt, i) * rstd) * w[i];
+        if (out) mlaf_store_f32(out, odt, i, y);
+        if (out2) mlaf_store_f32(out2, o2dt, i, y);
+    }
+}
+
+static void rope_avx2(const void *x, mlaf_dtype dt, int32_t R, mlaf_rope_style style,
+                      const float *cs, void *out, mlaf_dtype odt, void *out2, mlaf_dtype o2dt) {
+    const int32_t h = R / 2;
+    int32_t i = 0; /* pairs done */
+    if (style == MLAF_ROPE_NEOX) {
+        for (; i + 8 <= h; i += 8) {
+            __m256 x0 = ld8(x, dt, i), x1 = ld8(x, dt, (int64_t)h + i);
+            __m256 c = _mm256_loadu_ps(cs + i), s = _mm256_loadu_ps(cs + h + i);
+            __m256 y0 = _mm256_sub_ps(_mm256_mul_ps(x0, c), _mm256_mul_ps(x1, s));
+            __m256 y1 = _mm256_add_ps(_mm256_mul_ps(x1, c), _mm256_mul_ps(x0, s));
+            if (out) {
+                st8(out, odt, i, y0);
+                st8(out, odt, (int64_t)h + i, y1);
+            }
+            if (out2) {
+                st8(out2, o2dt, i, y0);
+                st8(out2, o2dt, (int64_t)h + i, y1);
+            }
+        }
+    } else {
+        const __m256i dup = _mm256_set_epi32(3, 3, 2, 2, 1, 1, 0, 0);
+        const __m256 sign = _mm256_castsi256_ps(
+            _mm256_set_epi32(0, (int)0x80000000u, 0, (int)0x80000000u, 0, (int)0x80000000u, 0,
+                             (int)0x80000000u));
+        for (; i + 4 <= h; i += 4) {
+            __m256 v = ld8(x, dt, 2 * (int64_t)i);
+            __m256 sw = _mm256_permute_ps(v, 0xB1); /* (x1, x0) in each pair */
+            __m256 c = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_loadu_ps(cs + i)), dup);
+            __m256 s = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_loadu_ps(cs + h + i)), dup);
+            __m256 a = _mm256_mul_ps(v, c);  /* even: x0*c, odd: x1*c */
+            __m256 b = _mm256_mul_ps(sw, s); /* even: x1*s, odd: x0*s */
+            /* a - b on even lanes, a + b on odd ones: flipping b's sign is exact, so this is
+             * the same single rounding as the portable subtraction. */
+            __m256 y = _mm256_add_ps(a, _mm256_xor_ps(b, sign));
+            if (out) st8(out, odt, 2 * (int64_t)i, y);
+            if (out2) st8(out2, o2dt, 2 * (int64_t)i, y);
+        }
+    }
+    if (i < h) mlaf_norm_rope_pairs(x, dt, R, style, cs, i, out, odt, out2, o2dt);
+}
+
+const mlaf_norm_kern mlaf_norm_kern_avx2 = {sumsq_avx2, scale_avx2, rope_avx2};

@@ -1,0 +1,140 @@
+/*
+ * norm_avx512.c — AVX-512 (F/BW/VL) row kernels for the CPU norm ops (see norm_kern.h).
+ *
+ * 1. Loads widen 16 elements to fp32: f32 as is, bf16 by a 16-bit shift, f16 with vcvtph2ps.
+ *    Row tails use masked loads / stores (rows need no alignment, widths no padding).
+ * 2. sumsq: two fp32 FMA accumulators over 32 elements per step.
+ * 3. Stores narrow once: bf16 by integer round-to-nearest-even (plain F/BW has no bf16
+ *    convert, and VCVTNEPS2BF16 would flush denormals) with NaNs kept quiet exactly as
+ *    half.h does; f16 with vcvtps2ph in round-to-nearest-even mode (exact RNE, same bits).
+ * 4. RoPE: interleaved pairs rotate 8 pairs per vector (cos/sin duplicated to both lanes of a
+ *    pair, partner value from an in-pair swap); NeoX pairs 16 at a time. Products and the
+ *    add / subtract are separate instructions (no FMA), so the bits equal the portable path;
+ *    leftover pairs go through the portable code.
+ * The caller runs one row at a time per thread; the row (a few KB) stays in L1 between the
+ * sumsq pass and the scale pass.
+ */
+#include <immintrin.h>
+
+#include "norm_kern.h"
+
+static inline __m512 ld16(const void *p, mlaf_dtype dt, int64_t i) {
+    if (dt == MLAF_F32) return _mm512_loadu_ps((const float *)p + i);
+    __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)p + i));
+    if (dt == MLAF_BF16) return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    return _mm512_cvtph_ps(h);
+}
+
+static inline __m512 ld16m(const void *p, mlaf_dtype dt, int64_t i, __mmask16 m) {
+    if (dt == MLAF_F32) return _mm512_maskz_loadu_ps(m, (const float *)p + i);
+    __m256i h = _mm256_maskz_loadu_epi16(m, (const uint16_t *)p + i);
+    if (dt == MLAF_BF16) return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    return _mm512_cvtph_ps(h);
+}
+
+static inline __m256i to_bf16(__m512 v) {
+    __m512i u = _mm512_castps_si512(v);
+    __m512i hi = _mm512_srli_epi32(u, 16);
+    __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff),
+                                                     _mm512_and_si512(hi, _mm512_set1_epi32(1))));
+    r = _mm512_srli_epi32(r, 16);
+    __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(hi, _mm512_set1_epi32(0x40)));
+    return _mm512_cvtepi32_epi16(r);
+}
+
+static inline __m256i narrow(__m512 v, mlaf_dtype dt) {
+    if (dt == MLAF_BF16) return to_bf16(v);
+    return _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+}
+
+static inline void st16(void *p, mlaf_dtype dt, int64_t i, __m512 v) {
+    if (dt == MLAF_F32)
+        _mm512_storeu_ps((float *)p + i, v);
+    else
+        _mm256_storeu_si256((__m256i *)((uint16_t *)p + i), narrow(v, dt));
+}
+
+static inline void st16m(void *p, mlaf_dtype dt, int64_t i, __m512 v, __mmask16 m) {
+    if (dt == MLAF_F32)
+        _mm512_mask_storeu_ps((float *)p + i, m, v);
+    else
+        _mm256_mask_storeu_epi16((uint16_t *)p + i, m, narrow(v, dt));
+}
+
+static inline __mmask16 tail_mask(int64_t left) { return (__mmask16)((1u << left) - 1u); }
+
+static float sumsq_avx512(const void *x, mlaf_dtype dt, int64_t n) {
+    __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        __m512 v0 = ld16(x, dt, i), v1 = ld16(x, dt, i + 16);
+        a0 = _mm512_fmadd_ps(v0, v0, a0);
+        a1 = _mm512_fmadd_ps(v1, v1, a1);
+    }
+    if (i + 16 <= n) {
+        __m512 v = ld16(x, dt, i);
+        a0 = _mm512_fmadd_ps(v, v, a0);
+        i += 16;
+    }
+    if (i < n) {
+        __m512 v = ld16m(x, dt, i, tail_mask(n - i));
+        a1 = _mm512_fmadd_ps(v, v, a1);
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
+}
+
+static void scale_avx512(const void *x, mlaf_dtype dt, int64_t n, float rstd, const float *w,
+                         void *out, mlaf_dtype odt, void *out2, mlaf_dtype o2dt) {
+    const __m512 r = _mm512_set1_ps(rstd);
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 y = _mm512_mul_ps(_mm512_mul_ps(ld16(x, dt, i), r), _mm512_loadu_ps(w + i));
+        if (out) st16(out, odt, i, y);
+        if (out2) st16(out2, o2dt, i, y);
+    }
+    if (i < n) {
+        __mmask16 m = tail_mask(n - i);
+        __m512 y = _mm512_mul_ps(_mm512_mul_ps(ld16m(x, dt, i, m), r), _mm512_maskz_loadu_ps(m, w + i));
+        if (out) st16m(out, odt, i, y, m);
+        if (out2) st16m(out2, o2dt, i, y, m);
+    }
+}
+
+static void rope_avx512(const void *x, mlaf_dtype dt, int32_t R, mlaf_rope_style style,
+                        const float *cs, void *out, mlaf_dtype odt, void *out2, mlaf_dtype o2dt) {
+    const int32_t h = R / 2;
+    int32_t i = 0; /* pairs done */
+    if (style == MLAF_ROPE_NEOX) {
+        for (; i + 16 <= h; i += 16) {
+            __m512 x0 = ld16(x, dt, i), x1 = ld16(x, dt, (int64_t)h + i);
+            __m512 c = _mm512_loadu_ps(cs + i), s = _mm512_loadu_ps(cs + h + i);
+            __m512 y0 = _mm512_sub_ps(_mm512_mul_ps(x0, c), _mm512_mul_ps(x1, s));
+            __m512 y1 = _mm512_add_ps(_mm512_mul_ps(x1, c), _mm512_mul_ps(x0, s));
+            if (out) {
+                st16(out, odt, i, y0);
+                st16(out, odt, (int64_t)h + i, y1);
+            }
+            if (out2) {
+                st16(out2, o2dt, i, y0);
+                st16(out2, o2dt, (int64_t)h + i, y1);
+            }
+        }
+    } else {
+        const __m512i dup = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
+        for (; i + 8 <= h; i += 8) {
+            __m512 v = ld16(x, dt, 2 * (int64_t)i);
+            __m512 sw = _mm512_permute_ps(v, 0xB1); /* (x1, x0) in each pair */
+            __m512 c = _mm512_permutexvar_ps(dup, _mm512_castps256_ps512(_mm256_loadu_ps(cs + i)));
+            __m512 s = _mm512_permutexvar_ps(dup, _mm512_castps256_ps512(_mm256_loadu_ps(cs + h + i)));
+            __m512 a = _mm512_mul_ps(v, c);  /* even: x0*c, odd: x1*c */
+            __m512 b = _mm512_mul_ps(sw, s); /* even: x1*s, odd: x0*s */
+            __m512 y = _mm512_mask_sub_ps(_mm512_add_ps(a, b), 0x5555, a, b);
+            if (out) st16(out, odt, 2 * (int64_t)i, y);
+            if (out2) st16(out2, o2dt, 2 * (int64_t)i, y);
+        }
+    }
+    if (i < h) mlaf_norm_rope_pairs(x, dt, R, style, cs, i, out, odt, out2, o2dt);
+}
+
+const mlaf_norm_kern mlaf_norm_kern_avx512 = {sumsq_avx512, scale_avx512, rope_avx512};

@@ -1,0 +1,43 @@
+/*
+ * norm_kern.h — the row kernels behind the CPU norm ops (split_qk_norm, mla_kv_cache,
+ * rope_q), one table per instruction-set path. norm.c drives them over tokens and threads;
+ * norm.c (portable), norm_avx2.c and norm_avx512.c implement them.
+ *
+ * Contract shared by every path:
+ * - Rows are contiguous runs of n elements at any address aligned to the element size.
+ * - sumsq accumulates in fp32 (summation order is the path's own; FMA allowed).
+ * - scale stores y[i] = (x[i] * rstd) * w[i] (fp32 products, one rounding at each store)
+ *   to `out` (dtype odt) and, when out2 is not NULL, to `out2` (dtype o2dt); out may be NULL.
+ *   Element i is read before element i of out / out2 is written, so out == x is allowed.
+ * - rope rotates the R values of x (pairs (2i, 2i+1) or (i, i + R/2)) with c = cs[i],
+ *   s = cs[R/2 + i]: y0 = x0*c - x1*s, y1 = x1*c + x0*s, as separate fp32 products and one
+ *   add / subtract (never fused), so every path gives the same bits. Both values of a pair
+ *   are read before either is written (in place allowed). Either output may be NULL.
+ * - Conversions to f16 / bf16 round to nearest even, bit-identical to src/half.h.
+ */
+#ifndef MLAF_NORM_KERN_H
+#define MLAF_NORM_KERN_H
+
+#include "../internal.h"
+
+typedef struct mlaf_norm_kern {
+    float (*sumsq)(const void *x, mlaf_dtype dt, int64_t n);
+    void (*scale)(const void *x, mlaf_dtype dt, int64_t n, float rstd, const float *w, void *out,
+                  mlaf_dtype odt, void *out2, mlaf_dtype o2dt);
+    void (*rope)(const void *x, mlaf_dtype dt, int32_t R, mlaf_rope_style style, const float *cs,
+                 void *out, mlaf_dtype odt, void *out2, mlaf_dtype o2dt);
+} mlaf_norm_kern;
+
+extern const mlaf_norm_kern mlaf_norm_kern_scalar;
+#if defined(MLAF_HAVE_X86_PATHS)
+extern const mlaf_norm_kern mlaf_norm_kern_avx2;
+extern const mlaf_norm_kern mlaf_norm_kern_avx512;
+#endif
+
+/* The portable rope, used by the vector paths for the pairs that do not fill a vector (so the
+ * tails are bit-identical by construction). */
+void mlaf_norm_rope_pairs(const void *x, mlaf_dtype dt, int32_t R, mlaf_rope_style style,
+                          const float *cs, int32_t first_pair, void *out, mlaf_dtype odt,
+                          void *out2, mlaf_dtype o2dt);
+
+#endif
