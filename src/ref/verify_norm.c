@@ -588,16 +588,17 @@ mlaf_status mlaf_verify_mla_kv_cache(mlaf_context *ctx, const mlaf_verify_case *
             if (want_k_nope)
                 for (int32_t i = 0; i < C; i++)
                     judge_value(&j, &b.vk, "k_nope", t, i, rk[u * C + i], 0);
-            if (status[u] < 0 || R == 0) continue; /* rope part: nothing may be written */
-            /* allowance from the un-rotated values */
-            double *x = allow + R;
-            const char *lrow = (const char *)b.latent.init + (size_t)(t * b.LS) * es;
-            for (int32_t i = 0; i < R; i++) x[i] = mlaf_load_f32(lrow, c->dtype, (int64_t)Q + C + i);
-            int64_t pt = pos[t];
-            rope_allowance(x, R, c->rope_style, cs_host + pt * cs_stride, allow);
-            if (want_k_pe)
-                for (int32_t i = 0; i < R; i++)
-                    judge_value(&j, &b.vp, "k_pe", t, i, rp[u * R + i], allow[i]);
+            if (status[u] < 0) continue; /* nothing of the rope part or cache row may be written */
+            if (R > 0) {
+                /* rounding allowance from the un-rotated values */
+                double *x = allow + R;
+                const char *lrow = (const char *)b.latent.init + (size_t)(t * b.LS) * es;
+                for (int32_t i = 0; i < R; i++) x[i] = mlaf_load_f32(lrow, c->dtype, (int64_t)Q + C + i);
+                rope_allowance(x, R, c->rope_style, cs_host + pos[t] * cs_stride, allow);
+                if (want_k_pe)
+                    for (int32_t i = 0; i < R; i++)
+                        judge_value(&j, &b.vp, "k_pe", t, i, rp[u * R + i], allow[i]);
+            }
             if (status[u] == 1) {
                 int64_t slot = slots[t];
                 vcache.off = (slot / bs) * s0 + (slot % bs) * s1;
