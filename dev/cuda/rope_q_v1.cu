@@ -1,0 +1,131 @@
+/*
+ * rope_q_v1 — the library's rope_q kernel (src/cuda/rope_q.cu, included as shipped): RoPE in
+ * place on the last R columns of every head of q [T, H, D].
+ *
+ * Kernel: block (token, tile of 256 pairs), one thread per rotation pair, interleaved pairs
+ * moved as one 4-byte word when aligned. Validation (T = 333, both styles, a padded head
+ * stride, and positions past the table): bit-exact against the host's fp32 rotation (the
+ * same expression the keys of mla_kv_cache use), nope columns untouched, error count exact.
+ * Timing: GB/s over the rope columns only (T * H * R * 2 bytes read + the same written) vs the
+ * same-run D2D copy; T in {1, 8, 64} as us per call under graph replay.
+ */
+#include "cuda/rope_q.cu"
+#include "common.cuh"
+
+static mlaf_rope_q_args rq_args(__nv_bfloat16 *q, int64_t T, int64_t H, int64_t s1, int D, int R, int neox,
+                                const int64_t *pos, const float *cs, int64_t max_pos, int32_t *err) {
+    mlaf_rope_q_args a;
+    a.q = q, a.T = T, a.H = H, a.s0 = H * s1, a.s1 = s1, a.D = D, a.R = R, a.neox = neox;
+    a.pairvec = !neox && s1 % 2 == 0 && (D - R) % 2 == 0;
+    a.pos = pos, a.pos64 = 1, a.cos_sin = cs, a.cs_stride = R, a.max_pos = max_pos, a.err = err;
+    return a;
+}
+
+static bool validate(const dev_shape &s, int neox) {
+    const int64_t T = 333, H = s.H, D = s.nope + s.R, s1 = D + 2, max_pos = 500, R = s.R, h = R / 2;
+    const size_t n = (size_t)T * H * s1;
+    dev_rng rng(5 + neox);
+    std::vector<uint16_t> q(n), out(n);
+    for (auto &x : q) x = f2bf((float)rng.normal());
+    std::vector<int64_t> pos(T);
+    int32_t want_err = 0, err = 0;
+    for (int64_t t = 0; t < T; t++) {
+        pos[t] = t % 41 == 3 ? max_pos + t : (int64_t)(rng.uniform() * max_pos);
+        want_err += pos[t] >= max_pos;
+    }
+    std::vector<float> cs;
+    make_cos_sin(cs, (int)max_pos, (int)R);
+    __nv_bfloat16 *dq;
+    int64_t *dpos;
+    float *dcs;
+    int32_t *derr;
+    CK(cudaMalloc(&dq, n * 2));
+    CK(cudaMalloc(&dpos, T * 8));
+    CK(cudaMalloc(&dcs, cs.size() * 4));
+    CK(cudaMalloc(&derr, 4));
+    CK(cudaMemcpy(dq, q.data(), n * 2, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dpos, pos.data(), T * 8, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dcs, cs.data(), cs.size() * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemset(derr, 0, 4));
+    CK(mlaf_rope_q_launch<__nv_bfloat16>(rq_args(dq, T, H, s1, (int)D, (int)R, neox, dpos, dcs, max_pos, derr), 0));
+    CK(cudaDeviceSynchronize());
+    CK(cudaMemcpy(out.data(), dq, n * 2, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(&err, derr, 4, cudaMemcpyDeviceToHost));
+    std::vector<uint16_t> want = q;
+    for (int64_t t = 0; t < T; t++) {
+        if (pos[t] >= max_pos) continue;
+        for (int64_t hd = 0; hd < H; hd++) {
+            uint16_t *x = &want[(t * H + hd) * s1 + D - R];
+            const uint16_t *x_in = &q[(t * H + hd) * s1 + D - R];
+            for (int64_t i = 0; i < h; i++) {
+                const int64_t i0 = neox ? i : 2 * i, i1 = neox ? i + h : 2 * i + 1;
+                float y0, y1;
+                ref_rope_pair(bf2f(x_in[i0]), bf2f(x_in[i1]), cs[pos[t] * R + i], cs[pos[t] * R + h + i], &y0, &y1);
+                x[i0] = f2bf(y0), x[i1] = f2bf(y1);
+            }
+        }
+    }
+    int64_t bad = 0;
+    for (size_t i = 0; i < n; i++) bad += out[i] != want[i];
+    const bool pass = bad == 0 && err == want_err;
+    printf("  validate %-11s T=%lld H=%lld D=%lld (head stride %lld): mismatches %lld (bit-exact), error_count %d "
+           "(want %d)  %s\n",
+           neox ? "neox" : "interleaved", (long long)T, (long long)H, (long long)D, (long long)s1, (long long)bad, err,
+           want_err, pass ? "OK" : "FAIL");
+    CK(cudaFree(dq)); CK(cudaFree(dpos)); CK(cudaFree(dcs)); CK(cudaFree(derr));
+    dev_failures += !pass;
+    return pass;
+}
+
+int main(int argc, char **argv) {
+    const bool quick = argc > 1 && !strcmp(argv[1], "--quick");
+    printf("== rope_q v1: the library kernel\n");
+    print_device();
+    const double copy = copy_gbps();
+    printf("device-to-device copy (same run): %.0f GB/s\n", copy);
+    for (const dev_shape &s : dev_shapes) {
+        const int64_t H = s.H, D = s.nope + s.R, R = s.R, max_pos = 131072;
+        printf("\n-- %s: q [T, %lld, %lld], rope on the last %lld columns, bf16\n", s.name, (long long)H,
+               (long long)D, (long long)R);
+        validate(s, 0);
+        validate(s, 1);
+        std::vector<float> cs;
+        make_cos_sin(cs, (int)max_pos, (int)R);
+        float *dcs;
+        CK(cudaMalloc(&dcs, cs.size() * 4));
+        CK(cudaMemcpy(dcs, cs.data(), cs.size() * 4, cudaMemcpyHostToDevice));
+        printf("  %-12s %8s %10s %9s %8s\n", "style", "T", "time us", "GB/s", "% copy");
+        std::vector<int64_t> Ts = {1, 8, 64, 4096, 32768};
+        if (!quick) Ts.push_back(131072);
+        for (int neox = 0; neox < 2; neox++)
+            for (int64_t T : Ts) {
+                const size_t q_bytes = (size_t)T * H * D * 2, bytes = (size_t)T * H * R * 4;
+                const int nrot = T <= 64 ? 4 : rotations(q_bytes);
+                __nv_bfloat16 *q;
+                int64_t *dpos;
+                CK(cudaMalloc(&q, q_bytes * nrot));
+                CK(cudaMalloc(&dpos, T * 8));
+                dev_fill_bf16(q, q_bytes / 2 * nrot);
+                std::vector<int64_t> pos(T);
+                for (int64_t t = 0; t < T; t++) pos[t] = t % max_pos;
+                CK(cudaMemcpy(dpos, pos.data(), T * 8, cudaMemcpyHostToDevice));
+                auto run = [&](cudaStream_t st, int i) {
+                    CK(mlaf_rope_q_launch<__nv_bfloat16>(
+                        rq_args(q + (i % nrot) * T * H * D, T, H, D, (int)D, (int)R, neox, dpos, dcs, max_pos, nullptr),
+                        st));
+                };
+                if (T <= 64) {
+                    printf("  %-12s %8lld %10.2f   (us per call, CUDA-graph replay)\n", neox ? "neox" : "interleaved",
+                           (long long)T, graph_us(run));
+                } else {
+                    const double us = time_us([&](int i) { run(0, i); });
+                    const double gbs = bytes / (us * 1e-6) / 1e9;
+                    printf("  %-12s %8lld %10.2f %9.0f %7.1f%%\n", neox ? "neox" : "interleaved", (long long)T, us, gbs,
+                           100.0 * gbs / copy);
+                }
+                CK(cudaFree(q)); CK(cudaFree(dpos));
+            }
+        CK(cudaFree(dcs));
+    }
+    return dev_failures ? 1 : 0;
+}
