@@ -70,7 +70,8 @@ static float sumsq_avx2(const void *x, mlaf_dtype dt, int64_t n) {
 }
 
 static void scale_avx2(const void *x, mlaf_dtype dt, int64_t n, float rstd, const float *w,
-                       void *out, mlaf_dtype odt, void *out2, mlaf_dtype o2dt) {
+                       void *out, mlaf_dtype odt, void *out2, mlaf_dtype o2dt, int stream) {
+    (void)stream;
     const __m256 r = _mm256_set1_ps(rstd);
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) {
@@ -126,4 +127,6 @@ static void rope_avx2(const void *x, mlaf_dtype dt, int32_t R, mlaf_rope_style s
     if (i < h) mlaf_norm_rope_pairs(x, dt, R, style, cs, i, out, odt, out2, o2dt);
 }
 
-const mlaf_norm_kern mlaf_norm_kern_avx2 = {sumsq_avx2, scale_avx2, rope_avx2};
+static void fence_avx2(void) {}
+
+const mlaf_norm_kern mlaf_norm_kern_avx2 = {sumsq_avx2, scale_avx2, rope_avx2, fence_avx2};

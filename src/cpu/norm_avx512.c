@@ -39,7 +39,8 @@ static inline __m256i to_bf16(__m512 v) {
                                                      _mm512_and_si512(hi, _mm512_set1_epi32(1))));
     r = _mm512_srli_epi32(r, 16);
     __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-    r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(hi, _mm512_set1_epi32(0x40)));
+    if (__builtin_expect(nan != 0, 0)) /* rare: keep NaNs quiet exactly as half.h does */
+        r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(hi, _mm512_set1_epi32(0x40)));
     return _mm512_cvtepi32_epi16(r);
 }
 
@@ -64,7 +65,7 @@ static inline void st16m(void *p, mlaf_dtype dt, int64_t i, __m512 v, __mmask16 
 
 static inline __mmask16 tail_mask(int64_t left) { return (__mmask16)((1u << left) - 1u); }
 
-static float sumsq_avx512(const void *x, mlaf_dtype dt, int64_t n) {
+static inline __attribute__((always_inline)) float sumsq_body(const void *x, mlaf_dtype dt, int64_t n) {
     __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
     int64_t i = 0;
     for (; i + 32 <= n; i += 32) {
@@ -84,22 +85,119 @@ static float sumsq_avx512(const void *x, mlaf_dtype dt, int64_t n) {
     return _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
 }
 
-static void scale_avx512(const void *x, mlaf_dtype dt, int64_t n, float rstd, const float *w,
-                         void *out, mlaf_dtype odt, void *out2, mlaf_dtype o2dt) {
-    const __m512 r = _mm512_set1_ps(rstd);
-    int64_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        __m512 y = _mm512_mul_ps(_mm512_mul_ps(ld16(x, dt, i), r), _mm512_loadu_ps(w + i));
-        if (out) st16(out, odt, i, y);
-        if (out2) st16(out2, o2dt, i, y);
-    }
-    if (i < n) {
-        __mmask16 m = tail_mask(n - i);
-        __m512 y = _mm512_mul_ps(_mm512_mul_ps(ld16m(x, dt, i, m), r), _mm512_maskz_loadu_ps(m, w + i));
-        if (out) st16m(out, odt, i, y, m);
-        if (out2) st16m(out2, o2dt, i, y, m);
+static float sumsq_avx512(const void *x, mlaf_dtype dt, int64_t n) {
+    switch (dt) {
+    case MLAF_F32: return sumsq_body(x, MLAF_F32, n);
+    case MLAF_F16: return sumsq_body(x, MLAF_F16, n);
+    default: return sumsq_body(x, MLAF_BF16, n);
     }
 }
+
+#define AI static inline __attribute__((always_inline))
+
+/* u + 0x7fff + lsb(u >> 16): the bf16 rounding of each lane, left in the high 16 bits;
+ * NaNs (rare, tested once per vector) become the quiet NaN half.h makes. */
+AI __m512i bf16_biased(__m512 v) {
+    __m512i u = _mm512_castps_si512(v);
+    __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb));
+    __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    if (__builtin_expect(nan != 0, 0))
+        r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(u, _mm512_set1_epi32(0x400000)));
+    return r;
+}
+
+/* 32 consecutive values a (first 16) and b (next 16) stored as f32 / f16 / bf16 at element i.
+ * bf16: one two-source word permute picks the 32 high halves (cheaper than two narrowing
+ * moves). `stream`: non-temporal stores, only called when p + i is 64-byte aligned. */
+AI void st32(void *p, mlaf_dtype dt, int64_t i, __m512 a, __m512 b, int stream) {
+    if (dt == MLAF_F32) {
+        float *f = (float *)p + i;
+        if (stream) {
+            _mm512_stream_ps(f, a);
+            _mm512_stream_ps(f + 16, b);
+        } else {
+            _mm512_storeu_ps(f, a);
+            _mm512_storeu_ps(f + 16, b);
+        }
+        return;
+    }
+    __m512i h;
+    if (dt == MLAF_BF16) {
+        const __m512i odd = _mm512_set_epi16(63, 61, 59, 57, 55, 53, 51, 49, 47, 45, 43, 41, 39, 37, 35, 33,
+                                             31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
+        h = _mm512_permutex2var_epi16(bf16_biased(a), odd, bf16_biased(b));
+    } else {
+        h = _mm512_inserti64x4(_mm512_castsi256_si512(narrow(a, dt)), narrow(b, dt), 1);
+    }
+    if (stream)
+        _mm512_stream_si512((__m512i *)((uint16_t *)p + i), h);
+    else
+        _mm512_storeu_si512((uint16_t *)p + i, h);
+}
+
+/* The body is inlined with constant dtypes for the common combinations (see scale_avx512) so
+ * the loop carries no per-vector dtype tests. */
+AI void scale_body(const void *x, mlaf_dtype dt, int64_t n, float rstd, const float *w, void *out,
+                   mlaf_dtype odt, void *out2, mlaf_dtype o2dt, int stream) {
+    const __m512 r = _mm512_set1_ps(rstd);
+    int64_t i = 0;
+    if (stream) {
+        /* Streaming needs whole aligned lines: peel up to the first 64-byte boundary of the
+         * output (both outputs, when there are two, share that offset — checked by the caller). */
+        const void *al = out ? out : out2;
+        size_t es = mlaf_dtype_size(out ? odt : o2dt);
+        int64_t head = (int64_t)(((64 - (uintptr_t)al % 64) % 64) / es);
+        if (head > n) head = n;
+        while (i < head) {
+            int64_t m = head - i < 16 ? head - i : 16;
+            __mmask16 k = tail_mask(m);
+            __m512 y = _mm512_mul_ps(_mm512_mul_ps(ld16m(x, dt, i, k), r), _mm512_maskz_loadu_ps(k, w + i));
+            if (out) st16m(out, odt, i, y, k);
+            if (out2) st16m(out2, o2dt, i, y, k);
+            i += m;
+        }
+    }
+    for (; i + 32 <= n; i += 32) {
+        __m512 y0 = _mm512_mul_ps(_mm512_mul_ps(ld16(x, dt, i), r), _mm512_loadu_ps(w + i));
+        __m512 y1 = _mm512_mul_ps(_mm512_mul_ps(ld16(x, dt, i + 16), r), _mm512_loadu_ps(w + i + 16));
+        if (out) st32(out, odt, i, y0, y1, stream);
+        if (out2) st32(out2, o2dt, i, y0, y1, stream);
+    }
+    for (; i < n; i += 16) {
+        __mmask16 k = tail_mask(n - i < 16 ? n - i : 16);
+        __m512 y = _mm512_mul_ps(_mm512_mul_ps(ld16m(x, dt, i, k), r), _mm512_maskz_loadu_ps(k, w + i));
+        if (out) st16m(out, odt, i, y, k);
+        if (out2) st16m(out2, o2dt, i, y, k);
+    }
+}
+
+#define SCALE_SAME(DT, OUT, OUT2, S) scale_body(x, DT, n, rstd, w, OUT, DT, OUT2, DT, S)
+#define SCALE_BY_DT(OUT, OUT2, S)                                           \
+    switch (dt) {                                                           \
+    case MLAF_F32: SCALE_SAME(MLAF_F32, OUT, OUT2, S); return;              \
+    case MLAF_F16: SCALE_SAME(MLAF_F16, OUT, OUT2, S); return;              \
+    default: SCALE_SAME(MLAF_BF16, OUT, OUT2, S); return;                   \
+    }
+
+static void scale_avx512(const void *x, mlaf_dtype dt, int64_t n, float rstd, const float *w,
+                         void *out, mlaf_dtype odt, void *out2, mlaf_dtype o2dt, int stream) {
+    if (stream && out && out2 &&
+        ((64 - (uintptr_t)out % 64) % 64) / mlaf_dtype_size(odt) !=
+            ((64 - (uintptr_t)out2 % 64) % 64) / mlaf_dtype_size(o2dt))
+        stream = 0; /* the two outputs reach a line boundary at different elements */
+    if (odt == dt && (!out2 || o2dt == dt)) {
+        if (!out2) {
+            if (stream) SCALE_BY_DT(out, NULL, 1)
+            SCALE_BY_DT(out, NULL, 0)
+        }
+        if (stream) SCALE_BY_DT(out, out2, 1)
+        SCALE_BY_DT(out, out2, 0)
+    }
+    scale_body(x, dt, n, rstd, w, out, odt, out2, o2dt, stream); /* a cache dtype of its own */
+}
+
+static void fence_avx512(void) { _mm_sfence(); }
 
 static void rope_avx512(const void *x, mlaf_dtype dt, int32_t R, mlaf_rope_style style,
                         const float *cs, void *out, mlaf_dtype odt, void *out2, mlaf_dtype o2dt) {
@@ -137,4 +235,4 @@ static void rope_avx512(const void *x, mlaf_dtype dt, int32_t R, mlaf_rope_style
     if (i < h) mlaf_norm_rope_pairs(x, dt, R, style, cs, i, out, odt, out2, o2dt);
 }
 
-const mlaf_norm_kern mlaf_norm_kern_avx512 = {sumsq_avx512, scale_avx512, rope_avx512};
+const mlaf_norm_kern mlaf_norm_kern_avx512 = {sumsq_avx512, scale_avx512, rope_avx512, fence_avx512};

@@ -9,6 +9,8 @@
  * - scale stores y[i] = (x[i] * rstd) * w[i] (fp32 products, one rounding at each store)
  *   to `out` (dtype odt) and, when out2 is not NULL, to `out2` (dtype o2dt); out may be NULL.
  *   Element i is read before element i of out / out2 is written, so out == x is allowed.
+ * - scale with `stream` set may use non-temporal stores (large calls, whose outputs would
+ *   only evict the inputs from the caches); the caller then calls fence() before it returns.
  * - rope rotates the R values of x (pairs (2i, 2i+1) or (i, i + R/2)) with c = cs[i],
  *   s = cs[R/2 + i]: y0 = x0*c - x1*s, y1 = x1*c + x0*s, as separate fp32 products and one
  *   add / subtract (never fused), so every path gives the same bits. Both values of a pair
@@ -23,9 +25,10 @@
 typedef struct mlaf_norm_kern {
     float (*sumsq)(const void *x, mlaf_dtype dt, int64_t n);
     void (*scale)(const void *x, mlaf_dtype dt, int64_t n, float rstd, const float *w, void *out,
-                  mlaf_dtype odt, void *out2, mlaf_dtype o2dt);
+                  mlaf_dtype odt, void *out2, mlaf_dtype o2dt, int stream);
     void (*rope)(const void *x, mlaf_dtype dt, int32_t R, mlaf_rope_style style, const float *cs,
                  void *out, mlaf_dtype odt, void *out2, mlaf_dtype o2dt);
+    void (*fence)(void); /* orders non-temporal stores before the op returns */
 } mlaf_norm_kern;
 
 extern const mlaf_norm_kern mlaf_norm_kern_scalar;
