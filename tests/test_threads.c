@@ -1,0 +1,179 @@
+/*
+ * test_threads.c — contexts are independent: several pthreads, each with its own context
+ * (on the CPU with different OpenMP thread counts and instruction-set paths left to AUTO),
+ * run split_qk_norm, mla_kv_cache and rope_q concurrently and repeatedly on the same inputs;
+ * every result must be bit-identical to a run on one thread of one context.
+ */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "testlib.h"
+
+enum { T = 300, Q = 768, C = 512, R = 64, W = Q + C + R, H = 4, D = 256, MAXP = 512,
+       NB = 80, BS = 4, PTHREADS = 4, ITERS = 3 };
+
+static unsigned char *LAT, *WQ, *WKV, *Q3;
+static int64_t POS[T], SLOT[T];
+static float *CS;
+
+static void make_inputs(void) {
+    mlaf_rng rng;
+    mlaf_rng_seed(&rng, 2024);
+    LAT = malloc((size_t)T * W * 2);
+    WQ = malloc(Q * 2);
+    WKV = malloc(C * 2);
+    Q3 = malloc((size_t)T * H * D * 2);
+    CS = malloc(sizeof(float) * MAXP * R);
+    mlaf_fill_normal(&rng, LAT, MLAF_BF16, (size_t)T * W, 0, 1);
+    mlaf_fill_normal(&rng, WQ, MLAF_BF16, Q, 1, 0.2);
+    mlaf_fill_normal(&rng, WKV, MLAF_BF16, C, 1, 0.2);
+    mlaf_fill_normal(&rng, Q3, MLAF_BF16, (size_t)T * H * D, 0, 1);
+    mlaf_rope_table_init(CS, MAXP, R, 10000.0);
+    for (int t = 0; t < T; t++) {
+        POS[t] = t % 17 == 3 ? MAXP + 1 : (int64_t)(mlaf_rng_u64(&rng) % MAXP);
+        SLOT[t] = t % 9 == 4 ? -1 : t % 31 == 7 ? NB * BS + 3 : (int64_t)((t * 7) % (NB * BS));
+    }
+}
+
+/* Runs one op on fresh buffers; returns the concatenated output bytes (malloc'ed) or NULL. */
+static unsigned char *run_op(mlaf_context *ctx, int op, size_t *bytes, char *why, size_t why_cap) {
+    mlaf_backend be = mlaf_context_backend(ctx);
+    enum { N = 11 };
+    mlaf_gbuf g[N];
+    memset(g, 0, sizeof g);
+    int32_t zero = 0;
+    size_t sizes[N] = {(size_t)T * W * 2, Q * 2, C * 2, (size_t)T * Q * 2, (size_t)T * C * 2, (size_t)T * R * 2,
+                       sizeof POS, sizeof(float) * MAXP * R, sizeof SLOT, (size_t)NB * BS * (C + R) * 2, 4};
+    const void *init[N] = {LAT, WQ, WKV, NULL, NULL, NULL, POS, CS, SLOT, NULL, &zero};
+    int outs[N] = {0, 0, 0, 1, 1, 1, 0, 0, 0, 1, 1};
+    unsigned char *res = NULL;
+    mlaf_gbuf q3;
+    memset(&q3, 0, sizeof q3);
+    mlaf_status st = MLAF_OK;
+    for (int i = 0; i < N && st == MLAF_OK; i++) st = mlaf_gbuf_alloc(&g[i], be, sizes[i], init[i], 0);
+    if (st == MLAF_OK) st = mlaf_gbuf_alloc(&q3, be, (size_t)T * H * D * 2, Q3, 0);
+    mlaf_tensor lat = mlaf_tensor_2d(g[0].ptr, MLAF_BF16, T, W, W), wq = mlaf_tensor_1d(g[1].ptr, MLAF_BF16, Q),
+                wkv = mlaf_tensor_1d(g[2].ptr, MLAF_BF16, C), q = mlaf_tensor_2d(g[3].ptr, MLAF_BF16, T, Q, Q),
+                kn = mlaf_tensor_2d(g[4].ptr, MLAF_BF16, T, C, C), kp = mlaf_tensor_2d(g[5].ptr, MLAF_BF16, T, R, R),
+                pos = mlaf_tensor_1d(g[6].ptr, MLAF_I64, T), cs = mlaf_tensor_2d(g[7].ptr, MLAF_F32, MAXP, R, R),
+                slot = mlaf_tensor_1d(g[8].ptr, MLAF_I64, T),
+                cache = mlaf_tensor_3d(g[9].ptr, MLAF_BF16, NB, BS, C + R, BS * (C + R), C + R),
+                ec = mlaf_tensor_1d(g[10].ptr, MLAF_I32, 1), tq3 = mlaf_tensor_3d(q3.ptr, MLAF_BF16, T, H, D, H * D, D);
+    if (st == MLAF_OK) {
+        if (op == 0) {
+            mlaf_split_qk_norm_params p = {Q, C, R, 1e-5f, 1e-6f};
+            st = mlaf_split_qk_norm(ctx, &p, &lat, &wq, &wkv, &q, &kn, &kp);
+        } else if (op == 1) {
+            mlaf_mla_kv_cache_params p = {Q, C, R, 1e-5f, 1e-6f, MLAF_ROPE_INTERLEAVED};
+            st = mlaf_mla_kv_cache(ctx, &p, &lat, &wq, &wkv, &pos, &cs, &slot, &cache, &q, &kn, &kp, &ec);
+        } else {
+            mlaf_rope_params p = {R, MLAF_ROPE_NEOX};
+            st = mlaf_rope_q(ctx, &p, &tq3, &pos, &cs, &ec);
+        }
+    }
+    if (st == MLAF_OK) st = mlaf_context_sync(ctx);
+    size_t total = 0;
+    for (int i = 0; i < N; i++) total += outs[i] ? sizes[i] : 0;
+    total += q3.bytes;
+    if (st == MLAF_OK && (res = malloc(total))) {
+        size_t at = 0;
+        for (int i = 0; i < N && st == MLAF_OK; i++) {
+            if (!outs[i]) continue;
+            st = mlaf_gbuf_download(&g[i]);
+            if (st == MLAF_OK && !mlaf_gbuf_guards_ok(&g[i])) snprintf(why, why_cap, "guard zone written");
+            memcpy(res + at, g[i].body, sizes[i]);
+            at += sizes[i];
+        }
+        if (st == MLAF_OK) st = mlaf_gbuf_download(&q3);
+        if (st == MLAF_OK) memcpy(res + at, q3.body, q3.bytes);
+        *bytes = total;
+    }
+    if (st != MLAF_OK) {
+        snprintf(why, why_cap, "%s: %s", mlaf_status_name(st), mlaf_context_last_error(ctx));
+        free(res);
+        res = NULL;
+    }
+    for (int i = 0; i < N; i++) mlaf_gbuf_free(&g[i]);
+    mlaf_gbuf_free(&q3);
+    return res;
+}
+
+typedef struct work {
+    mlaf_backend be;
+    int op, omp_threads;
+    const unsigned char *ref;
+    size_t ref_bytes;
+    int ok;
+    char why[256];
+} work;
+
+static void *worker(void *arg) {
+    work *w = (work *)arg;
+    mlaf_context *ctx = NULL;
+    w->ok = 0;
+    if (mlaf_context_create(&ctx, w->be) != MLAF_OK) {
+        snprintf(w->why, sizeof w->why, "context_create failed");
+        return NULL;
+    }
+    if (w->be == MLAF_BACKEND_CPU) mlaf_context_set_threads(ctx, w->omp_threads);
+    w->ok = 1;
+    for (int it = 0; it < ITERS && w->ok; it++) {
+        size_t n = 0;
+        unsigned char *got = run_op(ctx, w->op, &n, w->why, sizeof w->why);
+        if (!got || n != w->ref_bytes || memcmp(got, w->ref, n) != 0) {
+            w->ok = 0;
+            if (got) snprintf(w->why, sizeof w->why, "iteration %d: output differs from the single-threaded run", it);
+        }
+        free(got);
+    }
+    mlaf_context_free(ctx);
+    return NULL;
+}
+
+int main(void) {
+    static const char *const ops[3] = {"split_qk_norm", "mla_kv_cache", "rope_q"};
+    mlaf_backend bes[MLAF_BACKEND_COUNT_];
+    int nb = tl_backends(bes);
+    make_inputs();
+    for (int bi = 0; bi < nb; bi++) {
+        for (int op = 0; op < 3; op++) {
+            char name[128], why[256] = "";
+            snprintf(name, sizeof name, "THREADS(op=%s,pthreads=%d,iterations=%d,backend=%s)", ops[op], PTHREADS,
+                     ITERS, mlaf_backend_name(bes[bi]));
+            mlaf_context *ctx = tl_context(bes[bi]);
+            if (!ctx) continue;
+            mlaf_context_set_threads(ctx, 1);
+            size_t ref_bytes = 0;
+            unsigned char *ref = run_op(ctx, op, &ref_bytes, why, sizeof why);
+            mlaf_context_free(ctx);
+            if (!ref) {
+                tl_case(0, name, "reference run failed: %s", why);
+                continue;
+            }
+            work w[PTHREADS];
+            pthread_t th[PTHREADS];
+            int started[PTHREADS];
+            for (int k = 0; k < PTHREADS; k++) {
+                w[k] = (work){bes[bi], op, k % 3, ref, ref_bytes, 0, ""}; /* 0 = all cores */
+                started[k] = pthread_create(&th[k], NULL, worker, &w[k]) == 0;
+            }
+            int ok = 1;
+            for (int k = 0; k < PTHREADS; k++) {
+                if (started[k]) pthread_join(th[k], NULL);
+                if (!started[k] || !w[k].ok) {
+                    if (ok) snprintf(why, sizeof why, "pthread %d: %s", k, started[k] ? w[k].why : "not started");
+                    ok = 0;
+                }
+            }
+            tl_case(ok, name, "%s", why);
+            free(ref);
+        }
+    }
+    free(LAT);
+    free(WQ);
+    free(WKV);
+    free(Q3);
+    free(CS);
+    return tl_finish();
+}
