@@ -162,7 +162,7 @@ int main(void) {
             for (int k = 0; k < PTHREADS; k++) {
                 if (started[k]) pthread_join(th[k], NULL);
                 if (!started[k] || !w[k].ok) {
-                    if (ok) snprintf(why, sizeof why, "pthread %d: %s", k, started[k] ? w[k].why : "not started");
+                    if (ok) snprintf(why, sizeof why, "pthread %d: %.200s", k, started[k] ? w[k].why : "not started");
                     ok = 0;
                 }
             }
