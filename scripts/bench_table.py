@@ -1,11 +1,19 @@
 #!/usr/bin/env python3
-"""Prints a compact table from one or more `mlafuse bench --json` files (used by gpu-check)."""
+"""Prints a compact table from one or more `mlafuse bench --json` files (used by gpu-check).
+   --md prints Markdown (for BENCHMARKS.md)."""
 import json
 import sys
 
-print(f"{'op':<14}{'preset':<15}{'T':>7} {'mode':<6}{'fused_us':>10}{'%copy':>7}"
-      f"{'unfused_us':>11}{'speedup':>8}  check")
-for path in sys.argv[1:]:
+args = sys.argv[1:]
+md = "--md" in args
+files = [a for a in args if a != "--md"]
+if md:
+    print("| op | preset | dtype | T | mode | fused µs | GB/s | % of copy | unfused µs | speed-up | check |")
+    print("|---|---|---|---:|---|---:|---:|---:|---:|---:|---|")
+else:
+    print(f"{'op':<14}{'preset':<15}{'T':>7} {'mode':<6}{'fused_us':>10}{'%copy':>7}"
+          f"{'unfused_us':>11}{'speedup':>8}  check")
+for path in files:
     try:
         doc = json.load(open(path))
     except Exception as e:  # keep going: one broken file must not hide the others
@@ -16,9 +24,15 @@ for path in sys.argv[1:]:
         if r.get("error"):
             print(f"{r['op']:<14}{r['preset']:<15}{r['T']:>7} ERROR {r['error']}")
             continue
-        pct = r.get("pct_of_copy")
-        sp = r.get("speedup")
-        print(f"{r['op']:<14}{r['preset']:<15}{r['T']:>7} {r.get('mode', ''):<6}"
-              f"{r['fused_us']:>10.2f}{(pct or 0):>7.1f}{(r.get('unfused_us') or 0):>11.2f}"
-              f"{(sp or 0):>8.2f}  {r.get('baseline_check')}")
-    print(f"  (copy {copy} GB/s, {doc.get('device')})")
+        pct = r.get("pct_of_copy") or 0
+        sp = r.get("speedup") or 0
+        un = r.get("unfused_us") or 0
+        if md:
+            print(f"| {r['op']} | {r['preset']} | {doc.get('dtype', '')} | {r['T']} | {r.get('mode', '')} | "
+                  f"{r['fused_us']:.2f} | {r.get('gbps', 0):.0f} | {pct:.1f} | {un:.2f} | {sp:.2f} | "
+                  f"{r.get('baseline_check')} |")
+        else:
+            print(f"{r['op']:<14}{r['preset']:<15}{r['T']:>7} {r.get('mode', ''):<6}"
+                  f"{r['fused_us']:>10.2f}{pct:>7.1f}{un:>11.2f}{sp:>8.2f}  {r.get('baseline_check')}")
+    if not md:
+        print(f"  (copy {copy} GB/s, {doc.get('device')})")
