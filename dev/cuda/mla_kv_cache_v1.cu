@@ -14,6 +14,7 @@
  * (the target there: fused >= 1.5x faster) and {32768, 131072} (GB/s vs the same-run D2D copy;
  * bytes = latent row + cos/sin row + position + slot read, q + cache row written).
  */
+#define MLAF_ROW_DEV_MODES /* PIPE and LAT too */
 #include "cuda/norm_common.cuh"
 #include "common.cuh"
 
@@ -68,8 +69,17 @@ __global__ void cache_write_sep(const __nv_bfloat16 *kn, const __nv_bfloat16 *kp
 }
 
 /* ---- validation ------------------------------------------------------------------------ */
+static const char *mode_name(int mode) {
+    return mode == MLAF_ROW_WAVE ? "WAVE" : mode == MLAF_ROW_PIPE ? "PIPE" : mode == MLAF_ROW_LAT ? "LAT" : mode == MLAF_ROW_BLK ? "BLK" : "auto";
+}
+static mlaf_row_policy policy(int mode, int64_t max_blocks = 0) {
+    mlaf_row_policy p;
+    p.mode = mode, p.max_blocks = max_blocks;
+    return p;
+}
+
 static bool validate(const dev_shape &s, int neox, const std::vector<uint16_t> &wq, const std::vector<uint16_t> &wkv,
-                     const __nv_bfloat16 *dwq, const __nv_bfloat16 *dwkv) {
+                     const __nv_bfloat16 *dwq, const __nv_bfloat16 *dwkv, int mode) {
     const int64_t T = 999, W = s.Q + s.C + s.R, bs = 16, nblocks = 80, max_pos = 1000, CR = s.C + s.R;
     dev_rng rng(11 + neox);
     std::vector<uint16_t> L((size_t)T * W);
@@ -106,7 +116,8 @@ static bool validate(const dev_shape &s, int neox, const std::vector<uint16_t> &
     CK(cudaMemset(b.kp, 0xff, (size_t)T * s.R * 2));
     CK(cudaMemset(b.cache, 0xee, cache_n * 2));
     CK(cudaMemset(b.err, 0, 4));
-    CK(mlaf_row_launch<true>(kv_args(s, b, dwq, dwkv, T, max_pos, nblocks, bs, neox, true), MLAF_BF16, 0));
+    CK(mlaf_row_launch<true>(kv_args(s, b, dwq, dwkv, T, max_pos, nblocks, bs, neox, true), MLAF_BF16, sm_count(), 0,
+                             policy(mode, mode == MLAF_ROW_LAT ? 0 : 7))); /* 7 blocks: ~36 rows per warp */
     CK(cudaDeviceSynchronize());
     std::vector<uint16_t> q((size_t)T * s.Q), kn((size_t)T * s.C), kp((size_t)T * s.R), cache(cache_n);
     int32_t err = 0;
@@ -147,9 +158,9 @@ static bool validate(const dev_shape &s, int neox, const std::vector<uint16_t> &
         if (!named[sl])
             for (int64_t e = 0; e < CR; e++) untouched_bad += cache[sl * CR + e] != 0xeeee;
     const bool pass = worst <= 1.0 && pe_bad == 0 && cache_bad == 0 && untouched_bad == 0 && err == want_err;
-    printf("  validate fused %-11s T=%lld: worst %.3f ulp, k_pe mismatches %lld, cache pe mismatches %lld, "
+    printf("  validate fused %-4s %-11s T=%lld: worst %.3f ulp, k_pe mismatches %lld, cache pe mismatches %lld, "
            "unnamed rows changed %lld, error_count %d (want %d)  %s\n",
-           neox ? "neox" : "interleaved", (long long)T, worst, (long long)pe_bad, (long long)cache_bad,
+           mode_name(mode), neox ? "neox" : "interleaved", (long long)T, worst, (long long)pe_bad, (long long)cache_bad,
            (long long)untouched_bad, err, want_err, pass ? "OK" : "FAIL");
     CK(cudaFree(b.L)); CK(cudaFree(b.q)); CK(cudaFree(b.kn)); CK(cudaFree(b.kp)); CK(cudaFree(b.cache));
     CK(cudaFree(b.pos)); CK(cudaFree(b.slot)); CK(cudaFree(b.cs)); CK(cudaFree(b.err));
@@ -175,15 +186,18 @@ int main(int argc, char **argv) {
         CK(cudaMalloc(&dwkv, s.C * 2));
         CK(cudaMemcpy(dwq, wq.data(), s.Q * 2, cudaMemcpyHostToDevice));
         CK(cudaMemcpy(dwkv, wkv.data(), s.C * 2, cudaMemcpyHostToDevice));
-        validate(s, 0, wq, wkv, dwq, dwkv);
-        validate(s, 1, wq, wkv, dwq, dwkv);
+        for (int mode = -1; mode <= MLAF_ROW_BLK; mode++) {
+            validate(s, 0, wq, wkv, dwq, dwkv, mode);
+            validate(s, 1, wq, wkv, dwq, dwkv, mode);
+        }
 
         std::vector<float> cs;
         make_cos_sin(cs, (int)max_pos, s.R);
         float *dcs;
         CK(cudaMalloc(&dcs, cs.size() * 4));
         CK(cudaMemcpy(dcs, cs.data(), cs.size() * 4, cudaMemcpyHostToDevice));
-        printf("  %8s %12s %12s %8s %10s %8s\n", "T", "unfused us", "fused us", "speedup", "fused GB/s", "% copy");
+        printf("  %8s %12s %12s %8s %10s %8s   %s\n", "T", "unfused us", "fused us", "speedup", "fused GB/s", "% copy",
+               "fused WAVE / PIPE / LAT / BLK us");
         std::vector<int64_t> Ts = {1, 8, 64, 512, 4096, 32768};
         if (!quick) Ts.push_back(131072);
         for (int64_t T : Ts) {
@@ -215,29 +229,36 @@ int main(int argc, char **argv) {
                 x.cache += r * nblocks * bs * CR;
                 return x;
             };
+            static const int sms = sm_count();
+            int mode = -1;
             auto fused = [&](cudaStream_t st, int i) {
-                CK(mlaf_row_launch<true>(kv_args(s, rot(i), dwq, dwkv, T, max_pos, nblocks, bs, 0, false), MLAF_BF16, st));
+                CK(mlaf_row_launch<true>(kv_args(s, rot(i), dwq, dwkv, T, max_pos, nblocks, bs, 0, false), MLAF_BF16, sms,
+                                         st, policy(mode)));
             };
             auto unfused = [&](cudaStream_t st, int i) {
                 const kv_bufs x = rot(i);
                 mlaf_row_args a = kv_args(s, x, dwq, dwkv, T, max_pos, nblocks, bs, 0, true);
-                CK(mlaf_row_launch<false>(a, MLAF_BF16, st));
+                CK(mlaf_row_launch<false>(a, MLAF_BF16, sms, st));
                 const int64_t np = T * (s.R / 2), nc = T * (CR / 8);
                 rope_sep<<<(unsigned)((np + 255) / 256), 256, 0, st>>>(x.kp, T, s.R, x.pos, x.cs, max_pos);
                 cache_write_sep<<<(unsigned)((nc + 255) / 256), 256, 0, st>>>(x.kn, x.kp, T, s.C, s.R, x.slot, x.cache,
                                                                               nblocks * bs);
             };
-            double uf, fu;
+            double uf, fu, fm[4];
             if (T <= 4096) {
                 uf = graph_us(unfused);
+                for (mode = MLAF_ROW_WAVE; mode <= MLAF_ROW_BLK; mode++) fm[mode] = graph_us(fused);
+                mode = -1;
                 fu = graph_us(fused);
             } else {
                 uf = time_us([&](int i) { unfused(0, i); });
+                for (mode = MLAF_ROW_WAVE; mode <= MLAF_ROW_BLK; mode++) fm[mode] = time_us([&](int i) { fused(0, i); });
+                mode = -1;
                 fu = time_us([&](int i) { fused(0, i); });
             }
             const double gbs = fused_bytes / (fu * 1e-6) / 1e9;
-            printf("  %8lld %12.2f %12.2f %7.2fx %10.0f %7.1f%%%s\n", (long long)T, uf, fu, uf / fu, gbs,
-                   100.0 * gbs / copy, T <= 4096 ? "   (graph replay, us per call)" : "");
+            printf("  %8lld %12.2f %12.2f %7.2fx %10.0f %7.1f%%   %.2f / %.2f / %.2f / %.2f%s\n", (long long)T, uf, fu,
+                   uf / fu, gbs, 100.0 * gbs / copy, fm[0], fm[1], fm[2], fm[3], T <= 4096 ? "   (graph replay, us per call)" : "");
             CK(cudaFree(b.L)); CK(cudaFree(b.q)); CK(cudaFree(b.kn)); CK(cudaFree(b.kp)); CK(cudaFree(b.cache));
             CK(cudaFree(b.pos)); CK(cudaFree(b.slot));
         }

@@ -1,9 +1,15 @@
 /*
- * rope_q_v1 — the library's rope_q kernel (src/cuda/rope_q.cu, included as shipped): RoPE in
+ * rope_q_v1 — the library's rope_q kernels (src/cuda/rope_q.cu, included as shipped): RoPE in
  * place on the last R columns of every head of q [T, H, D].
  *
- * Kernel: block (token, tile of 256 pairs), one thread per rotation pair, interleaved pairs
- * moved as one 4-byte word when aligned. Validation (T = 333, both styles, a padded head
+ * v1 "pair" (the first kernel; now the small-T and generic path): block (token, tile of 256 pairs), one
+ * thread per rotation pair, interleaved pairs moved as one 4-byte word when aligned; ~30% of
+ * copy bandwidth on the H200. v2 "vector" (the fast path since): one 16-byte vector per unit
+ * (NeoX: vector j of each half together), up to 4 units per thread loaded before any
+ * arithmetic, blocks of ~2048 units over whole tokens. "v2 library" times the library's
+ * dispatch (the pair kernel below ~2 waves of vector work, the vector kernel above).
+ * Tried and dropped: staging each block's cos/sin rows in shared memory behind a barrier
+ * (57% / 69% of copy at T = 131072 vs 73% / 85% without; 71 registers, 3 blocks per SM). Validation (T = 333, both styles, a padded head
  * stride, and positions past the table): bit-exact against the host's fp32 rotation (the
  * same expression the keys of mla_kv_cache use), nope columns untouched, error count exact.
  * Timing: GB/s over the rope columns only (T * H * R * 2 bytes read + the same written) vs the
@@ -21,8 +27,10 @@ static mlaf_rope_q_args rq_args(__nv_bfloat16 *q, int64_t T, int64_t H, int64_t 
     return a;
 }
 
-static bool validate(const dev_shape &s, int neox) {
-    const int64_t T = 333, H = s.H, D = s.nope + s.R, s1 = D + 2, max_pos = 500, R = s.R, h = R / 2;
+/* pad 2: a head stride that is not 16-byte aligned (the pair path); pad 8: aligned (the
+ * vector path). Both go through the library's dispatch. */
+static bool validate(const dev_shape &s, int neox, int pad) {
+    const int64_t T = 333, H = s.H, D = s.nope + s.R, s1 = D + pad, max_pos = 500, R = s.R, h = R / 2;
     const size_t n = (size_t)T * H * s1;
     dev_rng rng(5 + neox);
     std::vector<uint16_t> q(n), out(n);
@@ -47,7 +55,8 @@ static bool validate(const dev_shape &s, int neox) {
     CK(cudaMemcpy(dpos, pos.data(), T * 8, cudaMemcpyHostToDevice));
     CK(cudaMemcpy(dcs, cs.data(), cs.size() * 4, cudaMemcpyHostToDevice));
     CK(cudaMemset(derr, 0, 4));
-    CK(mlaf_rope_q_launch<__nv_bfloat16>(rq_args(dq, T, H, s1, (int)D, (int)R, neox, dpos, dcs, max_pos, derr), 0));
+    CK(mlaf_rope_q_launch<__nv_bfloat16>(rq_args(dq, T, H, s1, (int)D, (int)R, neox, dpos, dcs, max_pos, derr),
+                                         sm_count(), 0));
     CK(cudaDeviceSynchronize());
     CK(cudaMemcpy(out.data(), dq, n * 2, cudaMemcpyDeviceToHost));
     CK(cudaMemcpy(&err, derr, 4, cudaMemcpyDeviceToHost));
@@ -68,9 +77,9 @@ static bool validate(const dev_shape &s, int neox) {
     int64_t bad = 0;
     for (size_t i = 0; i < n; i++) bad += out[i] != want[i];
     const bool pass = bad == 0 && err == want_err;
-    printf("  validate %-11s T=%lld H=%lld D=%lld (head stride %lld): mismatches %lld (bit-exact), error_count %d "
+    printf("  validate %-6s %-11s T=%lld H=%lld D=%lld (head stride %lld): mismatches %lld (bit-exact), error_count %d "
            "(want %d)  %s\n",
-           neox ? "neox" : "interleaved", (long long)T, (long long)H, (long long)D, (long long)s1, (long long)bad, err,
+           pad % 8 ? "pair" : "vector", neox ? "neox" : "interleaved", (long long)T, (long long)H, (long long)D, (long long)s1, (long long)bad, err,
            want_err, pass ? "OK" : "FAIL");
     CK(cudaFree(dq)); CK(cudaFree(dpos)); CK(cudaFree(dcs)); CK(cudaFree(derr));
     dev_failures += !pass;
@@ -87,18 +96,23 @@ int main(int argc, char **argv) {
         const int64_t H = s.H, D = s.nope + s.R, R = s.R, max_pos = 131072;
         printf("\n-- %s: q [T, %lld, %lld], rope on the last %lld columns, bf16\n", s.name, (long long)H,
                (long long)D, (long long)R);
-        validate(s, 0);
-        validate(s, 1);
+        for (int pad : {2, 8}) {
+            validate(s, 0, pad);
+            validate(s, 1, pad);
+        }
         std::vector<float> cs;
         make_cos_sin(cs, (int)max_pos, (int)R);
         float *dcs;
         CK(cudaMalloc(&dcs, cs.size() * 4));
         CK(cudaMemcpy(dcs, cs.data(), cs.size() * 4, cudaMemcpyHostToDevice));
-        printf("  %-12s %8s %10s %9s %8s\n", "style", "T", "time us", "GB/s", "% copy");
+        printf("  %-19s %8s %10s %9s %8s\n", "kernel / style", "T", "time us", "GB/s", "% copy");
         std::vector<int64_t> Ts = {1, 8, 64, 4096, 32768};
         if (!quick) Ts.push_back(131072);
+        for (int vec = 0; vec < 2; vec++)
         for (int neox = 0; neox < 2; neox++)
             for (int64_t T : Ts) {
+                char label[32];
+                snprintf(label, sizeof label, "%s %s", vec ? "v2 library" : "v1 pair", neox ? "neox" : "interleaved");
                 const size_t q_bytes = (size_t)T * H * D * 2, bytes = (size_t)T * H * R * 4;
                 const int nrot = T <= 64 ? 4 : rotations(q_bytes);
                 __nv_bfloat16 *q;
@@ -110,17 +124,16 @@ int main(int argc, char **argv) {
                 for (int64_t t = 0; t < T; t++) pos[t] = t % max_pos;
                 CK(cudaMemcpy(dpos, pos.data(), T * 8, cudaMemcpyHostToDevice));
                 auto run = [&](cudaStream_t st, int i) {
-                    CK(mlaf_rope_q_launch<__nv_bfloat16>(
-                        rq_args(q + (i % nrot) * T * H * D, T, H, D, (int)D, (int)R, neox, dpos, dcs, max_pos, nullptr),
-                        st));
+                    const mlaf_rope_q_args a =
+                        rq_args(q + (i % nrot) * T * H * D, T, H, D, (int)D, (int)R, neox, dpos, dcs, max_pos, nullptr);
+                    CK(vec ? mlaf_rope_q_launch<__nv_bfloat16>(a, sm_count(), st) : mlaf_rope_q_pair_launch<__nv_bfloat16>(a, st));
                 };
                 if (T <= 64) {
-                    printf("  %-12s %8lld %10.2f   (us per call, CUDA-graph replay)\n", neox ? "neox" : "interleaved",
-                           (long long)T, graph_us(run));
+                    printf("  %-19s %8lld %10.2f   (us per call, CUDA-graph replay)\n", label, (long long)T, graph_us(run));
                 } else {
                     const double us = time_us([&](int i) { run(0, i); });
                     const double gbs = bytes / (us * 1e-6) / 1e9;
-                    printf("  %-12s %8lld %10.2f %9.0f %7.1f%%\n", neox ? "neox" : "interleaved", (long long)T, us, gbs,
+                    printf("  %-19s %8lld %10.2f %9.0f %7.1f%%\n", label, (long long)T, us, gbs,
                            100.0 * gbs / copy);
                 }
                 CK(cudaFree(q)); CK(cudaFree(dpos));

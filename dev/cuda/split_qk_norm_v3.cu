@@ -1,5 +1,6 @@
 /*
- * split_qk_norm_v3 — the library's kernel (src/cuda/norm_common.cuh), timed as shipped.
+ * split_qk_norm_v3 — the library's first shipped kernel: today's src/cuda/norm_common.cuh in its
+ * WAVE mode (one row per warp, grid ceil(T / 4)), which v3 used for every T.
  *
  * What changed from v2 (see dev/README.md for the numbers):
  * 1. __launch_bounds__ with a minimum of resident blocks per SM chosen from NV (8 blocks of 4
@@ -26,7 +27,9 @@ static mlaf_row_args to_row_args(const split_args &s) {
 
 static split_variant v3_library() {
     return {"v3 library (4 warps/block, row/warp)", [](const split_args &s, cudaStream_t st) {
-                CK(mlaf_row_launch<false>(to_row_args(s), MLAF_BF16, st));
+                mlaf_row_policy pol;
+                pol.mode = MLAF_ROW_WAVE; /* v3 shipped the WAVE mode for every T */
+                CK(mlaf_row_launch<false>(to_row_args(s), MLAF_BF16, sm_count(), st, pol));
             }};
 }
 static split_variant v3_persistent(int k) {
@@ -36,9 +39,9 @@ static split_variant v3_persistent(int k) {
                 int64_t need = (s.T + 3) / 4, g = (int64_t)k * sms;
                 const unsigned grid = (unsigned)(need < g ? need : g);
                 if (mlaf_row_pick_nv((s.Q + s.C + s.R) / 8) == 6)
-                    mlaf_row_fast_kernel<__nv_bfloat16, 6, false><<<grid, 128, 0, st>>>(a);
+                    mlaf_row_fast_kernel<__nv_bfloat16, 6, false, MLAF_ROW_WAVE><<<grid, 128, 0, st>>>(a);
                 else
-                    mlaf_row_fast_kernel<__nv_bfloat16, 9, false><<<grid, 128, 0, st>>>(a);
+                    mlaf_row_fast_kernel<__nv_bfloat16, 9, false, MLAF_ROW_WAVE><<<grid, 128, 0, st>>>(a);
             }};
 }
 static split_variant v3_generic() {

@@ -27,12 +27,19 @@
  *   generic: any alignment and widths; element-wise, still coalesced (lane-strided), two
  *            passes over the row (the second pass re-reads from L1/L2).
  *
- * Launch shape: 4 warps (128 threads) per block, one row per warp, grid-stride over rows
- * (the host launches ceil(T / 4) blocks, so normally one row per warp). One warp per row
- * keeps the reductions to shuffles with no block barrier; a GLM-4.7-Flash bf16 row is 168
- * vectors = 5.25 per lane and a DeepSeek-V3 row 264 = 8.25 per lane, so rows of these models
- * need NV = 6 and NV = 9 and the SM keeps ~25-30 rows (~80-100 KB) of loads in flight, enough
- * to saturate HBM. All offsets are 64-bit. No allocation, no host sync: graph capturable.
+ * Launch modes (measured on the H200, dev/README.md; split_qk_norm_v4, mla_kv_cache_v1):
+ *   BLK  (T <= 4 rows per SM) one 256-thread block per row, 1-4 vectors per thread, weights
+ *        and token indices loaded with the row, one barrier joins the warp sums: a small-T
+ *        call is the dependency chain of one row, and in a warp-per-row kernel most of it was
+ *        the warp's own unrolled instructions (GLM T = 1: 1.6 us vs 2.7 us per graph call).
+ *   WAVE (larger T) 4 warps (128 threads) per block, one row per warp, grid ceil(T / 4). One
+ *        warp per row keeps the reductions to shuffles with no block barrier; a GLM-4.7-Flash
+ *        bf16 row is 168 vectors = 5.25 per lane and a DeepSeek-V3 row 264 = 8.25 per lane,
+ *        so rows of these models need NV = 6 and NV = 9, and the register cap keeps ~25-30
+ *        rows (~80-100 KB) of loads in flight per SM: 97-98% of copy at T = 131072.
+ *   PIPE (persistent grid, next row prefetched) and LAT (weights in registers, no cap) lost
+ *        to WAVE / BLK and exist only in the dev/ programs (MLAF_ROW_DEV_MODES).
+ * All offsets are 64-bit. No allocation, no host sync: graph capturable.
  */
 #pragma once
 
@@ -197,6 +204,19 @@ __device__ __forceinline__ int64_t mlaf_ld_index(const void *p, int32_t is64, in
     return is64 ? static_cast<const int64_t *>(p)[t] : (int64_t) static_cast<const int32_t *>(p)[t];
 }
 
+/* The raw per-token indices of mla_kv_cache, loaded early (with the row) so that their
+ * latency overlaps the row's instead of preceding it. */
+struct mlaf_token_idx {
+    int64_t slot, pos;
+};
+
+__device__ __forceinline__ mlaf_token_idx mlaf_token_load(const mlaf_row_args &a, int64_t t) {
+    mlaf_token_idx ix;
+    ix.slot = mlaf_ld_index(a.slots, a.slot64, t);
+    ix.pos = a.R > 0 ? mlaf_ld_index(a.pos, a.pos64, t) : 0;
+    return ix;
+}
+
 /* Per-token decisions of mla_kv_cache: rope row (or NULL: the token is invalid) and slot. */
 struct mlaf_token_info {
     const float *cs; /* cos row of the position; NULL when R == 0 */
@@ -204,77 +224,137 @@ struct mlaf_token_info {
     bool ok;         /* position and slot usable: write k_pe and (slot >= 0) the cache row */
 };
 
-__device__ __forceinline__ mlaf_token_info mlaf_token(const mlaf_row_args &a, int64_t t, int lane) {
+__device__ __forceinline__ mlaf_token_info mlaf_token_decide(const mlaf_row_args &a, mlaf_token_idx ix,
+                                                             int lane) {
     mlaf_token_info ti;
-    ti.slot = mlaf_ld_index(a.slots, a.slot64, t);
+    ti.slot = ix.slot;
     bool pos_ok = true;
     ti.cs = nullptr;
     if (a.R > 0) {
-        int64_t p = mlaf_ld_index(a.pos, a.pos64, t);
-        pos_ok = p >= 0 && p < a.max_pos;
-        if (pos_ok) ti.cs = a.cos_sin + p * a.cs_stride;
+        pos_ok = ix.pos >= 0 && ix.pos < a.max_pos;
+        if (pos_ok) ti.cs = a.cos_sin + ix.pos * a.cs_stride;
     }
     ti.ok = pos_ok && ti.slot < a.n_slots;
     if (!ti.ok && lane == 0 && a.err) atomicAdd(a.err, 1);
     return ti;
 }
 
+__device__ __forceinline__ mlaf_token_info mlaf_token(const mlaf_row_args &a, int64_t t, int lane) {
+    return mlaf_token_decide(a, mlaf_token_load(a, t), lane);
+}
+
 __device__ __forceinline__ int64_t mlaf_cache_row(const mlaf_row_args &a, int64_t slot) {
     return (slot / a.block_size) * a.c_s0 + (slot % a.block_size) * a.c_s1;
 }
 
-/* Rotates the R staged pe values of one row (pairs split over the lanes) and stores them to
- * the dense k_pe row po (may be NULL) and to the cache row at element cidx of cache (may be
- * NULL). Used by both paths so the rotation exists once. */
+/* Rotates one pair with its cos co / sin si and stores it to the dense k_pe row po (may be
+ * NULL) and to the cache row at element cidx of cache (may be NULL). Used by both paths so
+ * the rotation exists once. */
 template <typename T>
-__device__ __forceinline__ void mlaf_rope_store(float x0, float x1, int32_t i, int32_t i0, int32_t i1,
-                                                const float *cs, int32_t h, T *po, void *cache,
-                                                mlaf_dtype cdt, int64_t cidx) {
-    const float co = __ldg(cs + i), si = __ldg(cs + h + i);
+__device__ __forceinline__ void mlaf_rope_store(float x0, float x1, float co, float si, int32_t i0,
+                                                int32_t i1, T *po, void *cache, mlaf_dtype cdt,
+                                                int64_t cidx) {
     const float y0 = mlaf_rope_x0(x0, x1, co, si), y1 = mlaf_rope_x1(x0, x1, co, si);
     if (po) mlaf_st(po + i0, y0), mlaf_st(po + i1, y1);
     if (cache) mlaf_st_dt(cache, cdt, cidx + i0, y0), mlaf_st_dt(cache, cdt, cidx + i1, y1);
 }
 
-template <typename T>
-__device__ __forceinline__ void mlaf_rope_pairs(const float *stage, const float *cs, int32_t R,
-                                                int32_t neox, int lane, T *po, void *cache,
+/* The R staged pe values of one row, pairs split over the lanes; the lane's first pair
+ * (i = lane) uses co0 / si0, fetched as soon as the position was known. */
+template <typename T, int STRIDE = 32>
+__device__ __forceinline__ void mlaf_rope_pairs(const float *stage, const float *cs, float co0, float si0,
+                                                int32_t R, int32_t neox, int lane, T *po, void *cache,
                                                 mlaf_dtype cdt, int64_t cidx) {
     const int32_t h = R / 2;
-    for (int32_t i = lane; i < h; i += 32) {
+    for (int32_t i = lane; i < h; i += STRIDE) {
         const int32_t i0 = neox ? i : 2 * i, i1 = neox ? i + h : 2 * i + 1;
-        mlaf_rope_store<T>(stage[i0], stage[i1], i, i0, i1, cs, h, po, cache, cdt, cidx);
+        const bool first = i == lane;
+        const float co = first ? co0 : __ldg(cs + i), si = first ? si0 : __ldg(cs + h + i);
+        mlaf_rope_store<T>(stage[i0], stage[i1], co, si, i0, i1, po, cache, cdt, cidx);
     }
 }
 
 /* ---- fast path ------------------------------------------------------------------------- */
-/* Blocks per SM the register allocation must allow: enough resident rows to keep ~40+ KB of
- * loads in flight per SM (the row's own registers are 4 * NV per lane). */
-template <int NV> struct mlaf_row_minb {
-    static constexpr int value = NV <= 6 ? 8 : NV <= 9 ? 6 : NV <= 16 ? 3 : 2;
+/* Three launch modes of one kernel body:
+ *   WAVE  one row per warp, grid ceil(T / 4); the register cap leaves room for many resident
+ *         blocks (enough rows in flight to cover HBM latency).
+ *   PIPE  persistent grid (resident blocks x SMs); each warp strides over rows and issues the
+ *         loads of its next row before reducing and storing the current one, so its load and
+ *         store phases overlap and no block is launched per 4 rows. Costs a second row of
+ *         registers, hence fewer resident blocks.
+ *   LAT   small T: latency, not bandwidth. The weights are loaded into registers together
+ *         with the row (and the token's indices), before any arithmetic, so a row costs one
+ *         memory latency (plus the dependent cos/sin fetch in mla_kv_cache) instead of one
+ *         per weight vector; no register cap. */
+enum mlaf_row_mode { MLAF_ROW_WAVE = 0, MLAF_ROW_PIPE = 1, MLAF_ROW_LAT = 2, MLAF_ROW_BLK = 3 };
+
+/* Blocks per SM the register allocation must allow (the row's own registers are 4 * NV per
+ * lane, twice that in PIPE). */
+template <int NV, int MODE> struct mlaf_row_minb {
+    static constexpr int value = MODE == MLAF_ROW_LAT    ? 1
+                                 : MODE == MLAF_ROW_PIPE ? (NV <= 4 ? 6 : NV <= 6 ? 5 : NV <= 9 ? 4 : 2)
+                                 : (NV <= 6 ? 8 : NV <= 9 ? 6 : NV <= 16 ? 3 : 2);
 };
 
-template <typename T, int NV, bool KV>
-__global__ void __launch_bounds__(MLAF_ROW_WARPS * 32, mlaf_row_minb<NV>::value)
+template <typename T, int NV>
+__device__ __forceinline__ void mlaf_row_load(const mlaf_row_args &a, int64_t t, int lane, int nv, uint4 *v) {
+    const uint4 *src = reinterpret_cast<const uint4 *>(static_cast<const T *>(a.latent) + t * a.ls);
+    /* uninitialized slots (c >= nv) are never read: every use checks c < nv */
+#pragma unroll
+    for (int s = 0; s < NV; s++) {
+        const int c = lane + 32 * s;
+        if (c < nv) v[s] = __ldcs(src + c);
+    }
+}
+
+template <typename T, int NV, bool KV, int MODE>
+__global__ void __launch_bounds__(MLAF_ROW_WARPS * 32, mlaf_row_minb<NV, MODE>::value)
 mlaf_row_fast_kernel(const mlaf_row_args a) {
     constexpr int W = mlaf_vec<T>::W;
+    constexpr bool PIPE = MODE == MLAF_ROW_PIPE, LAT = MODE == MLAF_ROW_LAT;
     extern __shared__ float mlaf_pe_stage[]; /* [MLAF_ROW_WARPS][R], mla_kv_cache only */
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int qv = a.Q / W, cv = a.C / W, rv = a.R / W, nv = qv + cv + rv;
     const int64_t nwarps = (int64_t)gridDim.x * MLAF_ROW_WARPS;
 
-    for (int64_t t = (int64_t)blockIdx.x * MLAF_ROW_WARPS + warp; t < a.T; t += nwarps) {
-        mlaf_token_info ti = {nullptr, -1, true};
-        if (KV) ti = mlaf_token(a, t, lane);
-
-        const uint4 *src =
-            reinterpret_cast<const uint4 *>(static_cast<const T *>(a.latent) + t * a.ls);
-        /* uninitialized slots (c >= nv) are never read: every use below checks c < nv */
-        uint4 v[NV];
+    float wr[LAT ? NV : 1][W];
+    if constexpr (LAT) {
 #pragma unroll
         for (int s = 0; s < NV; s++) {
             const int c = lane + 32 * s;
-            if (c < nv) v[s] = __ldcs(src + c);
+            if (c < qv) mlaf_ld_weights_vec<T>(a.w_q, a.wq_f32, (int64_t)c * W, wr[s]);
+            else if (c < qv + cv) mlaf_ld_weights_vec<T>(a.w_kv, a.wkv_f32, (int64_t)(c - qv) * W, wr[s]);
+        }
+    }
+    const int64_t t0 = (int64_t)blockIdx.x * MLAF_ROW_WARPS + warp;
+    mlaf_token_idx ix = {-1, 0};
+    uint4 v[NV];
+    if constexpr (PIPE) {
+        if (t0 < a.T) {
+            if (KV) ix = mlaf_token_load(a, t0);
+            mlaf_row_load<T, NV>(a, t0, lane, nv, v);
+        }
+    }
+
+    for (int64_t t = t0; t < a.T; t += nwarps) {
+        uint4 vn[PIPE ? NV : 1];
+        mlaf_token_idx ixn = {-1, 0};
+        if constexpr (PIPE) {
+            if (t + nwarps < a.T) {
+                if (KV) ixn = mlaf_token_load(a, t + nwarps);
+                mlaf_row_load<T, NV>(a, t + nwarps, lane, nv, vn);
+            }
+        } else {
+            if (KV) ix = mlaf_token_load(a, t);
+            mlaf_row_load<T, NV>(a, t, lane, nv, v);
+        }
+
+        mlaf_token_info ti = {nullptr, -1, true};
+        float co0 = 0.0f, si0 = 0.0f;
+        if (KV) {
+            ti = mlaf_token_decide(a, ix, lane);
+            /* the lane's first rotation pair, fetched now so it overlaps the reductions */
+            if (ti.ok && lane < a.R / 2) co0 = __ldg(ti.cs + lane), si0 = __ldg(ti.cs + a.R / 2 + lane);
         }
 
         float sq = 0.0f, skv = 0.0f;
@@ -306,14 +386,24 @@ mlaf_row_fast_kernel(const mlaf_row_args a) {
             float f[W], w[W];
             mlaf_vec<T>::unpack(v[s], f);
             if (c < qv) {
-                mlaf_ld_weights_vec<T>(a.w_q, a.wq_f32, (int64_t)c * W, w);
+                if constexpr (LAT) {
+#pragma unroll
+                    for (int k = 0; k < W; k++) w[k] = wr[s][k];
+                } else {
+                    mlaf_ld_weights_vec<T>(a.w_q, a.wq_f32, (int64_t)c * W, w);
+                }
 #pragma unroll
                 for (int k = 0; k < W; k++) f[k] = __fmul_rn(__fmul_rn(f[k], rq), w[k]);
                 __stcs(reinterpret_cast<uint4 *>(static_cast<T *>(a.q) + t * a.qs) + c,
                        mlaf_vec<T>::pack(f));
             } else if (c < qv + cv) {
                 const int j = c - qv;
-                mlaf_ld_weights_vec<T>(a.w_kv, a.wkv_f32, (int64_t)j * W, w);
+                if constexpr (LAT) {
+#pragma unroll
+                    for (int k = 0; k < W; k++) w[k] = wr[s][k];
+                } else {
+                    mlaf_ld_weights_vec<T>(a.w_kv, a.wkv_f32, (int64_t)j * W, w);
+                }
 #pragma unroll
                 for (int k = 0; k < W; k++) f[k] = __fmul_rn(__fmul_rn(f[k], rkv), w[k]);
                 if (a.k_nope)
@@ -335,10 +425,115 @@ mlaf_row_fast_kernel(const mlaf_row_args a) {
             __syncwarp();
             const float *stage = mlaf_pe_stage + warp * a.R;
             T *po = a.k_pe ? static_cast<T *>(a.k_pe) + t * a.ps : nullptr;
-            mlaf_rope_pairs<T>(stage, ti.cs, a.R, a.neox, lane, po,
+            mlaf_rope_pairs<T>(stage, ti.cs, co0, si0, a.R, a.neox, lane, po,
                                write_cache ? a.cache : nullptr, a.cache_dt, crow + a.C);
             __syncwarp(); /* the stage is reused by the warp's next row */
         }
+
+        if constexpr (PIPE) {
+            ix = ixn;
+#pragma unroll
+            for (int s = 0; s < NV; s++) v[s] = vn[s];
+        }
+    }
+}
+
+/* ---- block-per-row kernel (BLK mode, small T) ------------------------------------------- */
+/* For a handful of rows the time is the dependency chain of one row, and in a warp-per-row
+ * kernel most of it is one warp's own instructions (NV unrolled slots of unpack, square,
+ * scale, pack). Here 256 threads share the row (1-4 vectors each), the weights and the
+ * token's indices are loaded with it, the raw pe values are staged before the one block
+ * barrier that also joins the per-warp sums, and the row is done in about one memory
+ * latency plus one barrier. */
+#define MLAF_ROWB_THREADS 256
+
+template <typename T, int NVB, bool KV>
+__global__ void __launch_bounds__(MLAF_ROWB_THREADS) mlaf_row_block_kernel(const mlaf_row_args a) {
+    constexpr int W = mlaf_vec<T>::W, G = MLAF_ROWB_THREADS, NW = G / 32;
+    __shared__ float red[2][NW];
+    extern __shared__ float mlaf_pe_stage[]; /* [R], mla_kv_cache only */
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int qv = a.Q / W, cv = a.C / W, rv = a.R / W, nv = qv + cv + rv;
+
+    for (int64_t t = blockIdx.x; t < a.T; t += gridDim.x) {
+        mlaf_token_idx ix = {-1, 0};
+        if (KV) ix = mlaf_token_load(a, t);
+        const uint4 *src = reinterpret_cast<const uint4 *>(static_cast<const T *>(a.latent) + t * a.ls);
+        uint4 v[NVB];
+        float w[NVB][W];
+#pragma unroll
+        for (int s = 0; s < NVB; s++) {
+            const int c = tid + G * s;
+            if (c < nv) v[s] = __ldcs(src + c);
+            if (c < qv) mlaf_ld_weights_vec<T>(a.w_q, a.wq_f32, (int64_t)c * W, w[s]);
+            else if (c < qv + cv) mlaf_ld_weights_vec<T>(a.w_kv, a.wkv_f32, (int64_t)(c - qv) * W, w[s]);
+        }
+        mlaf_token_info ti = {nullptr, -1, true};
+        float co0 = 0.0f, si0 = 0.0f;
+        if (KV) {
+            ti = mlaf_token_decide(a, ix, tid); /* tid 0 counts an invalid token */
+            if (ti.ok && tid < a.R / 2) co0 = __ldg(ti.cs + tid), si0 = __ldg(ti.cs + a.R / 2 + tid);
+        }
+
+        float sq = 0.0f, skv = 0.0f;
+#pragma unroll
+        for (int s = 0; s < NVB; s++) {
+            const int c = tid + G * s;
+            if (c >= nv) continue;
+            float f[W];
+            mlaf_vec<T>::unpack(v[s], f);
+            if (c < qv + cv) {
+                float acc = 0.0f;
+#pragma unroll
+                for (int k = 0; k < W; k++) acc = fmaf(f[k], f[k], acc);
+                if (c < qv) sq += acc;
+                else skv += acc;
+            } else if (KV && ti.ok) {
+                float *stage = mlaf_pe_stage + (c - qv - cv) * W;
+#pragma unroll
+                for (int k = 0; k < W; k++) stage[k] = f[k];
+            }
+        }
+        sq = mlaf_warp_sum(sq);
+        skv = mlaf_warp_sum(skv);
+        if (lane == 0) red[0][warp] = sq, red[1][warp] = skv;
+        __syncthreads(); /* joins the warp sums and publishes the pe stage */
+        sq = 0.0f, skv = 0.0f;
+#pragma unroll
+        for (int k = 0; k < NW; k++) sq += red[0][k], skv += red[1][k]; /* same order in every thread */
+        const float rq = a.Q > 0 ? mlaf_rstd(sq, a.Q, a.eps_q) : 0.0f;
+        const float rkv = mlaf_rstd(skv, a.C, a.eps_kv);
+
+        const bool write_cache = KV && ti.ok && ti.slot >= 0;
+        const int64_t crow = write_cache ? mlaf_cache_row(a, ti.slot) : 0;
+#pragma unroll
+        for (int s = 0; s < NVB; s++) {
+            const int c = tid + G * s;
+            if (c >= nv) continue;
+            float f[W];
+            mlaf_vec<T>::unpack(v[s], f);
+            if (c < qv) {
+#pragma unroll
+                for (int k = 0; k < W; k++) f[k] = __fmul_rn(__fmul_rn(f[k], rq), w[s][k]);
+                __stcs(reinterpret_cast<uint4 *>(static_cast<T *>(a.q) + t * a.qs) + c, mlaf_vec<T>::pack(f));
+            } else if (c < qv + cv) {
+                const int j = c - qv;
+#pragma unroll
+                for (int k = 0; k < W; k++) f[k] = __fmul_rn(__fmul_rn(f[k], rkv), w[s][k]);
+                if (a.k_nope)
+                    __stcs(reinterpret_cast<uint4 *>(static_cast<T *>(a.k_nope) + t * a.ks) + j,
+                           mlaf_vec<T>::pack(f));
+                if (write_cache) mlaf_st_dt_vec<W>(a.cache, a.cache_dt, crow + (int64_t)j * W, f);
+            } else if (!KV && a.k_pe) {
+                __stcs(reinterpret_cast<uint4 *>(static_cast<T *>(a.k_pe) + t * a.ps) + (c - qv - cv), v[s]);
+            }
+        }
+        if (KV && ti.ok && a.R > 0) {
+            T *po = a.k_pe ? static_cast<T *>(a.k_pe) + t * a.ps : nullptr;
+            mlaf_rope_pairs<T, G>(mlaf_pe_stage, ti.cs, co0, si0, a.R, a.neox, tid, po,
+                                  write_cache ? a.cache : nullptr, a.cache_dt, crow + a.C);
+        }
+        __syncthreads(); /* red and the stage are reused by the block's next row */
     }
 }
 
@@ -404,8 +599,8 @@ mlaf_row_generic_kernel(const mlaf_row_args a) {
         const int32_t h = R / 2;
         for (int32_t i = lane; i < h; i += 32) {
             const int32_t i0 = a.neox ? i : 2 * i, i1 = a.neox ? i + h : 2 * i + 1;
-            mlaf_rope_store<T>(mlaf_ld(P + i0), mlaf_ld(P + i1), i, i0, i1, ti.cs, h, po,
-                               write_cache ? a.cache : nullptr, a.cache_dt, crow + C);
+            mlaf_rope_store<T>(mlaf_ld(P + i0), mlaf_ld(P + i1), __ldg(ti.cs + i), __ldg(ti.cs + h + i),
+                               i0, i1, po, write_cache ? a.cache : nullptr, a.cache_dt, crow + C);
         }
     }
 }
@@ -441,34 +636,112 @@ static bool mlaf_row_fast_ok(const mlaf_row_args &a) {
     return mlaf_row_pick_nv((a.Q + a.C + a.R) / W) != 0;
 }
 
+/* How a call is launched. The library passes the default (auto); dev/ programs force modes
+ * and grids to compare them. */
+struct mlaf_row_policy {
+    int mode = -1;      /* mlaf_row_mode, or -1: BLK for T <= MLAF_ROW_BLK_ROWS_PER_SM * SMs,
+                           else WAVE */
+    int grid_mult = 1;  /* PIPE / forced persistent WAVE: grid = grid_mult x resident blocks x SMs */
+    bool persist = false; /* WAVE with the PIPE grid instead of ceil(T / 4) (comparison only) */
+    int64_t max_blocks = 0; /* > 0: cap on the grid, so validation sees several rows per warp */
+};
+
+/* Up to this many rows per SM a call is latency-bound: one block per row (BLK) beats the
+ * throughput shapes (measured on the H200, dev/README.md). */
+#define MLAF_ROW_BLK_ROWS_PER_SM 4
+
+template <typename T, int NV, bool KV, int MODE>
+static cudaError_t mlaf_row_go(const mlaf_row_args &a, int sms, const mlaf_row_policy &pol, size_t smem,
+                               cudaStream_t stream) {
+    const int64_t need = (a.T + MLAF_ROW_WARPS - 1) / MLAF_ROW_WARPS;
+    int64_t blocks = need;
+    if (MODE == MLAF_ROW_PIPE || pol.persist) {
+        /* resident blocks per SM of this instantiation; asked once (the answer depends on the
+         * kernel's registers, fixed at build time, and on the arch) */
+        static int resident = [] {
+            int n = 0;
+            if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, mlaf_row_fast_kernel<T, NV, KV, MODE>,
+                                                              MLAF_ROW_WARPS * 32,
+                                                              KV ? MLAF_ROW_WARPS * 64 * sizeof(float) : 0) !=
+                    cudaSuccess ||
+                n < 1) {
+                (void)cudaGetLastError();
+                n = mlaf_row_minb<NV, MODE>::value;
+            }
+            return n;
+        }();
+        const int64_t g = (int64_t)(pol.grid_mult > 0 ? pol.grid_mult : 1) * resident * (sms > 0 ? sms : 132);
+        if (g < blocks) blocks = g;
+    }
+    if (pol.max_blocks > 0 && blocks > pol.max_blocks) blocks = pol.max_blocks;
+    if (blocks > 0x7fffffff) blocks = 0x7fffffff;
+    mlaf_row_fast_kernel<T, NV, KV, MODE><<<(unsigned)blocks, MLAF_ROW_WARPS * 32, smem, stream>>>(a);
+    return cudaGetLastError();
+}
+
+template <typename T, int NVB, bool KV>
+static cudaError_t mlaf_row_go_blk(const mlaf_row_args &a, const mlaf_row_policy &pol, size_t smem,
+                                   cudaStream_t stream) {
+    int64_t blocks = a.T;
+    if (pol.max_blocks > 0 && blocks > pol.max_blocks) blocks = pol.max_blocks;
+    if (blocks > 0x7fffffff) blocks = 0x7fffffff;
+    mlaf_row_block_kernel<T, NVB, KV><<<(unsigned)blocks, MLAF_ROWB_THREADS, smem, stream>>>(a);
+    return cudaGetLastError();
+}
+
+/* The library ships WAVE (large T) and BLK (small T). PIPE and LAT lost on the H200 (see
+ * dev/README.md) and are compiled only into the dev/ programs that compare them
+ * (MLAF_ROW_DEV_MODES), so the library carries no dead kernels. */
+template <typename T, int NV, bool KV>
+static cudaError_t mlaf_row_go_nv(const mlaf_row_args &a, int sms, const mlaf_row_policy &pol, size_t smem,
+                                  cudaStream_t stream) {
+    int mode = pol.mode;
+    const int nvec = (a.Q + a.C + a.R) / mlaf_vec<T>::W;
+    if (mode < 0)
+        mode = a.T <= (int64_t)MLAF_ROW_BLK_ROWS_PER_SM * (sms > 0 ? sms : 132) ? MLAF_ROW_BLK : MLAF_ROW_WAVE;
+    if (mode == MLAF_ROW_BLK) {
+        if (nvec <= MLAF_ROWB_THREADS) return mlaf_row_go_blk<T, 1, KV>(a, pol, smem, stream);
+        if (nvec <= 2 * MLAF_ROWB_THREADS) return mlaf_row_go_blk<T, 2, KV>(a, pol, smem, stream);
+        if (nvec <= 4 * MLAF_ROWB_THREADS) return mlaf_row_go_blk<T, 4, KV>(a, pol, smem, stream);
+    }
+#ifdef MLAF_ROW_DEV_MODES
+    if constexpr (NV == 4 || NV == 6 || NV == 9) {
+        if (mode == MLAF_ROW_LAT) return mlaf_row_go<T, NV, KV, MLAF_ROW_LAT>(a, sms, pol, smem, stream);
+        if (mode == MLAF_ROW_PIPE) return mlaf_row_go<T, NV, KV, MLAF_ROW_PIPE>(a, sms, pol, smem, stream);
+    }
+#endif
+    return mlaf_row_go<T, NV, KV, MLAF_ROW_WAVE>(a, sms, pol, smem, stream);
+}
+
 template <typename T, bool KV>
-static cudaError_t mlaf_row_launch_t(const mlaf_row_args &a, cudaStream_t stream) {
-    const int64_t blocks64 = (a.T + MLAF_ROW_WARPS - 1) / MLAF_ROW_WARPS;
-    const unsigned blocks = (unsigned)(blocks64 < 0x7fffffff ? blocks64 : 0x7fffffff);
-    const dim3 block(MLAF_ROW_WARPS * 32);
+static cudaError_t mlaf_row_launch_t(const mlaf_row_args &a, int sms, cudaStream_t stream,
+                                     const mlaf_row_policy &pol) {
     if (!mlaf_row_fast_ok<T, KV>(a)) {
-        mlaf_row_generic_kernel<T, KV><<<blocks, block, 0, stream>>>(a);
+        const int64_t blocks64 = (a.T + MLAF_ROW_WARPS - 1) / MLAF_ROW_WARPS;
+        const unsigned blocks = (unsigned)(blocks64 < 0x7fffffff ? blocks64 : 0x7fffffff);
+        mlaf_row_generic_kernel<T, KV><<<blocks, MLAF_ROW_WARPS * 32, 0, stream>>>(a);
         return cudaGetLastError();
     }
     const size_t smem = KV ? (size_t)MLAF_ROW_WARPS * a.R * sizeof(float) : 0;
     switch (mlaf_row_pick_nv((a.Q + a.C + a.R) / mlaf_vec<T>::W)) {
-    case 2: mlaf_row_fast_kernel<T, 2, KV><<<blocks, block, smem, stream>>>(a); break;
-    case 4: mlaf_row_fast_kernel<T, 4, KV><<<blocks, block, smem, stream>>>(a); break;
-    case 6: mlaf_row_fast_kernel<T, 6, KV><<<blocks, block, smem, stream>>>(a); break;
-    case 9: mlaf_row_fast_kernel<T, 9, KV><<<blocks, block, smem, stream>>>(a); break;
-    case 12: mlaf_row_fast_kernel<T, 12, KV><<<blocks, block, smem, stream>>>(a); break;
-    case 16: mlaf_row_fast_kernel<T, 16, KV><<<blocks, block, smem, stream>>>(a); break;
-    default: mlaf_row_fast_kernel<T, MLAF_ROW_NV_MAX, KV><<<blocks, block, smem, stream>>>(a); break;
+    case 2: return mlaf_row_go_nv<T, 2, KV>(a, sms, pol, smem, stream);
+    case 4: return mlaf_row_go_nv<T, 4, KV>(a, sms, pol, smem, stream);
+    case 6: return mlaf_row_go_nv<T, 6, KV>(a, sms, pol, smem, stream);
+    case 9: return mlaf_row_go_nv<T, 9, KV>(a, sms, pol, smem, stream);
+    case 12: return mlaf_row_go_nv<T, 12, KV>(a, sms, pol, smem, stream);
+    case 16: return mlaf_row_go_nv<T, 16, KV>(a, sms, pol, smem, stream);
+    default: return mlaf_row_go_nv<T, MLAF_ROW_NV_MAX, KV>(a, sms, pol, smem, stream);
     }
-    return cudaGetLastError();
 }
 
-/* Launches the row kernel for the latent dtype dt. KV: the mla_kv_cache epilogue. */
+/* Launches the row kernel for the latent dtype dt on a device with sms multiprocessors.
+ * KV: the mla_kv_cache epilogue. */
 template <bool KV>
-static cudaError_t mlaf_row_launch(const mlaf_row_args &a, mlaf_dtype dt, cudaStream_t stream) {
-    if (dt == MLAF_F32) return mlaf_row_launch_t<float, KV>(a, stream);
-    if (dt == MLAF_F16) return mlaf_row_launch_t<__half, KV>(a, stream);
-    return mlaf_row_launch_t<__nv_bfloat16, KV>(a, stream);
+static cudaError_t mlaf_row_launch(const mlaf_row_args &a, mlaf_dtype dt, int sms, cudaStream_t stream,
+                                   const mlaf_row_policy &pol = mlaf_row_policy()) {
+    if (dt == MLAF_F32) return mlaf_row_launch_t<float, KV>(a, sms, stream, pol);
+    if (dt == MLAF_F16) return mlaf_row_launch_t<__half, KV>(a, sms, stream, pol);
+    return mlaf_row_launch_t<__nv_bfloat16, KV>(a, sms, stream, pol);
 }
 
 /* Fills the norm part of the kernel arguments from a validated job. */

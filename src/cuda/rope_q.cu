@@ -2,21 +2,29 @@
  * rope_q.cu — CUDA entry of rope_q (SPEC §3): RoPE in place on columns [D-R, D) of every head
  * of q viewed as [T, H, D] (strides s0, s1, 1).
  *
- * 1. Block (x = token t, y = a tile of the token's H * R/2 rotation pairs): every thread reads
- *    positions[t]; a position outside [0, max_pos) leaves the token untouched and is counted
- *    once (by thread 0 of the first tile).
- * 2. One thread per pair (h, i): pair (2i, 2i+1) interleaved or (i, i+R/2) NeoX of head h;
- *    it reads both values, rotates them with the shared mlaf_rope_x0 / mlaf_rope_x1 (separate
- *    products and one add/subtract: the same bits as the keys of mla_kv_cache and as the CPU
- *    backend) and writes both back. A pair is owned by one thread, so in place is safe.
- * 3. Interleaved pairs are moved as one 2-element word when every address is aligned to it.
+ * Vector path (16-byte aligned heads, R a multiple of the vector width W; NeoX: R/2 a
+ * multiple of W) — the one real models take:
+ *   1. A "unit" is one 16-byte vector of a head's rope part (interleaved: W/2 whole pairs
+ *      (2i, 2i+1) sit inside it) or, NeoX, vector j of the first half together with vector j
+ *      of the second half (pairs (i, i + R/2) for W consecutive i). A token has H * U units.
+ *   2. A block takes a run of whole tokens (about 2048 units) so that its unit -> (token,
+ *      head, unit) split is 32-bit; each thread issues the loads of up to 4 units (q vectors
+ *      and the tokens' positions) before any arithmetic, then fetches the cos/sin of each
+ *      unit (float4 when the table is aligned), rotates with the shared mlaf_rope_x0 /
+ *      mlaf_rope_x1 (separate products, one add/subtract: the same bits as the keys of
+ *      mla_kv_cache and as the CPU backend) and stores the vectors back. A unit is owned by
+ *      one thread, so in place is safe.
+ *   3. A position outside [0, max_pos) leaves the token untouched and is counted once (by the
+ *      thread of the token's unit 0).
+ * Pair path (calls under ~2 waves of vector work, where latency rules, and every layout the
+ * vector path refuses): one thread per pair, block (token, tile of 256 pairs); the y
+ * extent is capped at 65535 and threads stride over the rest; interleaved pairs move as one
+ * 2-element word when aligned.
  *
- * Launch shape: 256 threads, grid (T, ceil(H*R/2 / 256)) — the y extent is capped at 65535
- * and the threads stride over the rest. Adjacent threads take adjacent pairs of a head and
- * then the next head, so a warp touches one or two contiguous 128-byte spans. The per-pair
- * index split (head, pair) is 32-bit when H * R/2 < 2^31 (always, for real models) and
- * 64-bit otherwise; token offsets are always 64-bit. The op is memory-bound on the R rope
- * columns only; nope columns are never touched.
+ * Launch shape of the vector path: 256 threads, grid ceil(T / tokens per block): far fewer,
+ * larger blocks than one per token, and 64 B (NeoX 128 B) of loads in flight per thread,
+ * which is what keeps HBM busy when only the R rope columns of each head are touched (the
+ * nope columns never are). Offsets are 64-bit; per-block indices are 32-bit.
  */
 #include "norm_common.cuh"
 
@@ -77,8 +85,129 @@ __global__ void __launch_bounds__(MLAF_ROPE_Q_THREADS) mlaf_rope_q_kernel(const 
     }
 }
 
+/* ---- vector path ------------------------------------------------------------------- */
+#define MLAF_ROPE_Q_UNITS 4 /* units per thread per batch, all loaded before any arithmetic */
+
+/* n consecutive floats of the cos_sin table; float4 loads when the table is aligned. */
+template <int N>
+__device__ __forceinline__ void mlaf_ld_cs(const float *p, bool vec, float *f) {
+    if (N % 4 == 0 && vec) {
+#pragma unroll
+        for (int k = 0; k < N / 4; k++) {
+            const float4 x = __ldg(reinterpret_cast<const float4 *>(p) + k);
+            f[4 * k] = x.x, f[4 * k + 1] = x.y, f[4 * k + 2] = x.z, f[4 * k + 3] = x.w;
+        }
+    } else {
+#pragma unroll
+        for (int k = 0; k < N; k++) f[k] = __ldg(p + k);
+    }
+}
+
+template <typename T, bool NEOX>
+__global__ void __launch_bounds__(MLAF_ROPE_Q_THREADS)
+mlaf_rope_q_vec_kernel(const mlaf_rope_q_args a, int32_t units_per_token, int32_t tokens_per_block,
+                       int32_t cs_vec) {
+    constexpr int W = mlaf_vec<T>::W, K = MLAF_ROPE_Q_UNITS;
+    const int32_t half = a.R / 2;
+    const int32_t U = NEOX ? half / W : a.R / W; /* units per head */
+    const int64_t tb = (int64_t)blockIdx.x * tokens_per_block;
+    const int64_t nt = a.T - tb < tokens_per_block ? a.T - tb : tokens_per_block;
+    const int32_t n = (int32_t)nt * units_per_token;
+    T *base = static_cast<T *>(a.q) + (a.D - a.R);
+
+    for (int32_t b0 = 0; b0 < n; b0 += MLAF_ROPE_Q_THREADS * K) {
+        uint4 x0[K], x1[K];
+        int64_t pos[K];
+        T *ptr[K];
+        int32_t unit[K], first[K];
+#pragma unroll
+        for (int k = 0; k < K; k++) {
+            const int32_t l = b0 + k * MLAF_ROPE_Q_THREADS + (int32_t)threadIdx.x;
+            ptr[k] = nullptr;
+            if (l < n) {
+                const int32_t tl = l / units_per_token, rem = l - tl * units_per_token;
+                const int32_t h = rem / U;
+                unit[k] = rem - h * U;
+                first[k] = rem == 0;
+                const int64_t t = tb + tl;
+                pos[k] = mlaf_ld_index(a.pos, a.pos64, t);
+                ptr[k] = base + t * a.s0 + (int64_t)h * a.s1 + unit[k] * W;
+                x0[k] = *reinterpret_cast<const uint4 *>(ptr[k]);
+                if (NEOX) x1[k] = *reinterpret_cast<const uint4 *>(ptr[k] + half);
+            }
+        }
+#pragma unroll
+        for (int k = 0; k < K; k++) {
+            if (!ptr[k]) continue;
+            if (pos[k] < 0 || pos[k] >= a.max_pos) {
+                if (first[k] && a.err) atomicAdd(a.err, 1);
+                continue;
+            }
+            const float *cs = a.cos_sin + pos[k] * a.cs_stride;
+            float f0[W];
+            mlaf_vec<T>::unpack(x0[k], f0);
+            if (NEOX) {
+                /* pairs (i, i + R/2), i = unit * W .. + W: f0 holds the x0s, f1 the x1s */
+                float co[W], si[W], f1[W];
+                mlaf_ld_cs<W>(cs + unit[k] * W, cs_vec, co);
+                mlaf_ld_cs<W>(cs + half + unit[k] * W, cs_vec, si);
+                mlaf_vec<T>::unpack(x1[k], f1);
+#pragma unroll
+                for (int e = 0; e < W; e++) {
+                    const float y0 = mlaf_rope_x0(f0[e], f1[e], co[e], si[e]);
+                    f1[e] = mlaf_rope_x1(f0[e], f1[e], co[e], si[e]);
+                    f0[e] = y0;
+                }
+                *reinterpret_cast<uint4 *>(ptr[k]) = mlaf_vec<T>::pack(f0);
+                *reinterpret_cast<uint4 *>(ptr[k] + half) = mlaf_vec<T>::pack(f1);
+            } else {
+                /* W / 2 whole pairs (2i, 2i+1), i = unit * W/2 .. + W/2 */
+                float co[W / 2], si[W / 2];
+                mlaf_ld_cs<W / 2>(cs + unit[k] * (W / 2), cs_vec, co);
+                mlaf_ld_cs<W / 2>(cs + half + unit[k] * (W / 2), cs_vec, si);
+#pragma unroll
+                for (int e = 0; e < W / 2; e++) {
+                    const float y0 = mlaf_rope_x0(f0[2 * e], f0[2 * e + 1], co[e], si[e]);
+                    f0[2 * e + 1] = mlaf_rope_x1(f0[2 * e], f0[2 * e + 1], co[e], si[e]);
+                    f0[2 * e] = y0;
+                }
+                *reinterpret_cast<uint4 *>(ptr[k]) = mlaf_vec<T>::pack(f0);
+            }
+        }
+    }
+}
+
+/* The vector path applies: 16-byte aligned rope vectors in every head of every token. */
 template <typename T>
-static cudaError_t mlaf_rope_q_launch(const mlaf_rope_q_args &a, cudaStream_t stream) {
+static bool mlaf_rope_q_vec_ok(const mlaf_rope_q_args &a) {
+    constexpr int W = mlaf_vec<T>::W;
+    const int64_t es = sizeof(T);
+    if (a.neox ? (a.R / 2) % W : a.R % W) return false;
+    if ((uintptr_t)a.q % 16 || (a.s0 * es) % 16 || (a.s1 * es) % 16 || ((int64_t)(a.D - a.R) * es) % 16)
+        return false;
+    const int64_t upt = a.H * (a.neox ? a.R / (2 * W) : a.R / W);
+    return upt > 0 && upt <= ((int64_t)1 << 24); /* 32-bit per-block unit indices */
+}
+
+template <typename T>
+static cudaError_t mlaf_rope_q_vec_launch(const mlaf_rope_q_args &a, cudaStream_t stream) {
+    constexpr int W = mlaf_vec<T>::W;
+    const int32_t upt = (int32_t)(a.H * (a.neox ? a.R / (2 * W) : a.R / W));
+    const int32_t target = MLAF_ROPE_Q_THREADS * MLAF_ROPE_Q_UNITS * 2;
+    const int32_t tpb = upt >= target ? 1 : target / upt;
+    int64_t blocks = (a.T + tpb - 1) / tpb;
+    if (blocks > 0x7fffffff) blocks = 0x7fffffff; /* T < 2^31 keeps this unreachable */
+    const int32_t cs_vec = (uintptr_t)a.cos_sin % 16 == 0 && a.cs_stride % 4 == 0 && (a.R / 2) % 4 == 0;
+    if (a.neox)
+        mlaf_rope_q_vec_kernel<T, true><<<(unsigned)blocks, MLAF_ROPE_Q_THREADS, 0, stream>>>(a, upt, tpb, cs_vec);
+    else
+        mlaf_rope_q_vec_kernel<T, false><<<(unsigned)blocks, MLAF_ROPE_Q_THREADS, 0, stream>>>(a, upt, tpb, cs_vec);
+    return cudaGetLastError();
+}
+
+/* ---- generic path / dispatch --------------------------------------------------------- */
+template <typename T>
+static cudaError_t mlaf_rope_q_pair_launch(const mlaf_rope_q_args &a, cudaStream_t stream) {
     const int64_t n = a.H * (a.R / 2);
     int64_t ny = (n + MLAF_ROPE_Q_THREADS - 1) / MLAF_ROPE_Q_THREADS;
     if (ny > 65535) ny = 65535;
@@ -88,6 +217,17 @@ static cudaError_t mlaf_rope_q_launch(const mlaf_rope_q_args &a, cudaStream_t st
     else
         mlaf_rope_q_kernel<T, uint64_t><<<grid, MLAF_ROPE_Q_THREADS, 0, stream>>>(a);
     return cudaGetLastError();
+}
+
+template <typename T>
+static cudaError_t mlaf_rope_q_launch(const mlaf_rope_q_args &a, int sms, cudaStream_t stream) {
+    /* Under a few waves of units the call is latency-bound, and the pair kernel's chain
+     * (position, then cos/sin and q together) spread over many small blocks is shorter than
+     * a vector block's batches (measured on the H200, dev/README.md). */
+    const int64_t units = a.T * a.H * (a.R / (2 * mlaf_vec<T>::W));
+    const bool big = units >= (int64_t)(sms > 0 ? sms : 132) * MLAF_ROPE_Q_THREADS * MLAF_ROPE_Q_UNITS * 2;
+    if (big && mlaf_rope_q_vec_ok<T>(a)) return mlaf_rope_q_vec_launch<T>(a, stream);
+    return mlaf_rope_q_pair_launch<T>(a, stream);
 }
 
 extern "C" mlaf_status mlaf_cuda_rope_q(mlaf_context *ctx, const mlaf_rope_q_job *job) {
@@ -109,9 +249,10 @@ extern "C" mlaf_status mlaf_cuda_rope_q(mlaf_context *ctx, const mlaf_rope_q_job
     a.err = job->error_count;
     const cudaStream_t stream = (cudaStream_t)ctx->cuda_stream;
     cudaError_t e;
-    if (job->dt == MLAF_F32) e = mlaf_rope_q_launch<float>(a, stream);
-    else if (job->dt == MLAF_F16) e = mlaf_rope_q_launch<__half>(a, stream);
-    else e = mlaf_rope_q_launch<__nv_bfloat16>(a, stream);
+    const int sms = ctx->cuda_sm_count;
+    if (job->dt == MLAF_F32) e = mlaf_rope_q_launch<float>(a, sms, stream);
+    else if (job->dt == MLAF_F16) e = mlaf_rope_q_launch<__half>(a, sms, stream);
+    else e = mlaf_rope_q_launch<__nv_bfloat16>(a, sms, stream);
     if (e != cudaSuccess)
         return mlaf_fail(ctx, MLAF_ERR_DEVICE, "rope_q: kernel launch failed: %s",
                          cudaGetErrorString(e));

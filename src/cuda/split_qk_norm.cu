@@ -14,7 +14,7 @@ extern "C" mlaf_status mlaf_cuda_split_qk_norm(mlaf_context *ctx, const mlaf_nor
     mlaf_cuda_device_guard guard(ctx);
     mlaf_row_args a;
     mlaf_row_args_from_norm(&a, job);
-    cudaError_t e = mlaf_row_launch<false>(a, job->dt, (cudaStream_t)ctx->cuda_stream);
+    cudaError_t e = mlaf_row_launch<false>(a, job->dt, ctx->cuda_sm_count, (cudaStream_t)ctx->cuda_stream);
     if (e != cudaSuccess)
         return mlaf_fail(ctx, MLAF_ERR_DEVICE, "split_qk_norm: kernel launch failed: %s",
                          cudaGetErrorString(e));
