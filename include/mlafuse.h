@@ -177,8 +177,9 @@ MLAF_API int mlaf_backend_available(mlaf_backend b);
 /* 1 when the backend implements the op, else 0. */
 MLAF_API int mlaf_backend_supports(mlaf_backend b, mlaf_op op);
 
-/* Creates a context for a backend. CPU: threads default to all cores. CUDA: device 0 (or the
- * calling thread's current device) and the legacy default stream.
+/* Creates a context for a backend. CPU: threads default to all cores, the best CPU path is
+ * chosen by run-time detection. CUDA: device 0 (change it with mlaf_context_set_cuda_device)
+ * and the legacy default stream (mlaf_context_set_cuda_stream).
  * Returns MLAF_ERR_BACKEND_UNAVAILABLE (and *out = NULL) when the backend cannot run here. */
 MLAF_API mlaf_status mlaf_context_create(mlaf_context **out, mlaf_backend backend);
 MLAF_API void mlaf_context_free(mlaf_context *ctx); /* NULL is a no-op */
