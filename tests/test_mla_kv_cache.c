@@ -218,30 +218,4 @@ static void suite(mlaf_context *ctx, int quick, const char *extra) {
             for (int s = 0; s < 2; s++) key_equals_query(ctx, DTYPES[di], s ? MLAF_ROPE_NEOX : MLAF_ROPE_INTERLEAVED);
 }
 
-int main(void) {
-    mlaf_backend bes[MLAF_BACKEND_COUNT_];
-    int nb = tl_backends(bes);
-    int quick = tl_quick();
-    for (int bi = 0; bi < nb; bi++) {
-        mlaf_context *ctx = tl_context(bes[bi]);
-        if (!ctx) continue;
-        suite(ctx, quick, NULL);
-        if (bes[bi] == MLAF_BACKEND_CPU) {
-            static const mlaf_cpu_isa isas[3] = {MLAF_CPU_ISA_SCALAR, MLAF_CPU_ISA_AVX2, MLAF_CPU_ISA_AVX512};
-            for (int k = 0; k < 3; k++) {
-                char tag[64];
-                snprintf(tag, sizeof tag, "isa=%s", mlaf_cpu_isa_name(isas[k]));
-                if (mlaf_context_set_cpu_isa(ctx, isas[k]) != MLAF_OK) {
-                    char name[96];
-                    snprintf(name, sizeof name, "MLA_KV_CACHE(%s,backend=cpu)", tag);
-                    tl_skip(name, "this machine or build lacks the instruction set");
-                    continue;
-                }
-                suite(ctx, 1, tag);
-            }
-            mlaf_context_set_cpu_isa(ctx, MLAF_CPU_ISA_AUTO);
-        }
-        mlaf_context_free(ctx);
-    }
-    return tl_finish();
-}
+int main(void) { return tl_run_suite("MLA_KV_CACHE", suite); }

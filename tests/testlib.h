@@ -35,6 +35,12 @@ int tl_quick(void);
 /* Creates a context or reports a failed case and returns NULL. */
 mlaf_context *tl_context(mlaf_backend b);
 
+/* Runs suite(ctx, quick, NULL) on every backend, then, on the CPU, suite(ctx, 1, "isa=...")
+ * once per forced instruction-set path (a skip line for paths this machine lacks). `op` names
+ * the skip lines, e.g. "ROPE_Q". Returns tl_finish(). */
+typedef void (*tl_suite_fn)(mlaf_context *ctx, int quick, const char *tag);
+int tl_run_suite(const char *op, tl_suite_fn suite);
+
 #define TL_CHECK(cond, name) tl_case((cond), (name), "%s", #cond)
 
 #endif
