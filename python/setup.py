@@ -35,7 +35,9 @@ def read_version():
 def build_library():
     build_dir = os.path.join(HERE, "build", "cmake")
     cmd = ["cmake", "-S", ROOT, "-B", build_dir, "-DCMAKE_BUILD_TYPE=Release",
-           "-DMLAF_BUILD_TESTS=OFF", "-DMLAF_BUILD_TOOLS=OFF", "-DMLAF_BUILD_DEV=OFF"]
+           "-DMLAF_BUILD_TESTS=OFF", "-DMLAF_BUILD_TOOLS=OFF", "-DMLAF_BUILD_DEV=OFF",
+           # explicit, so a build folder left from an earlier MLAF_CUDA=OFF install is reset
+           "-DMLAF_CUDA=AUTO"]
     if shutil.which("ninja") and not os.path.exists(os.path.join(build_dir, "CMakeCache.txt")):
         cmd += ["-G", "Ninja"]
     cmd += shlex.split(os.environ.get("MLAFUSE_CMAKE_ARGS", ""))
