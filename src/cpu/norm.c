@@ -215,7 +215,9 @@ static void norm_part(const mlaf_norm_kern *k, const void *x, mlaf_dtype dt, int
 
 /* Rows are long compute bursts; without help the next row's loads only start when its sumsq
  * begins. Asking for the row two ahead (into L1/L2) took GLM-4.7-Flash, T = 65536, 2 threads
- * from ~62% to ~75% of memcpy bandwidth on the 2-core AVX-512 development machine. */
+ * from ~62% to ~75% of a 176 MB memcpy (dev/cpu_norm_bench.c, ordinary stores, ~23 GB/s) on the
+ * 2-core AVX-512 development machine; against `mlafuse bench`'s 1.26 GB memcpy reference
+ * (non-temporal stores, ~37 GB/s) the same kernel is at ~46% (BENCHMARKS.md). */
 #define PREFETCH_ROWS 2
 static void prefetch_row(const char *p, int64_t bytes) {
     for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(p + b, 0, 3);
