@@ -140,6 +140,23 @@ int cli_parse_op(const char *opt, const char *text, mlaf_op *out) {
     return -1;
 }
 
+int cli_parse_op_set(const char *opt, const char *text, int *want_op) {
+    if (strcasecmp(text, "all") == 0) {
+        for (int o = 0; o < MLAF_OP_COUNT_; o++) want_op[o] = 1;
+        return 0;
+    }
+    mlaf_op op;
+    if (cli_parse_op(opt, text, &op)) return -1;
+    for (int o = 0; o < MLAF_OP_COUNT_; o++) want_op[o] = (o == (int)op);
+    return 0;
+}
+
+int cli_check_preset(const char *cmd, const char *text) {
+    if (strcasecmp(text, "all") && !mlaf_preset_find(text))
+        return cli_usage_error(cmd, "--preset = '%s' is not a preset (see mlafuse presets)", text);
+    return 0;
+}
+
 const char *cli_score_text(const mlaf_model_config *cfg) {
     if (cfg->score_func == MLAF_SCORE_SIGMOID) return cfg->has_score_bias ? "sigmoid+bias" : "sigmoid";
     return cfg->has_score_bias ? "softmax+bias" : "softmax";

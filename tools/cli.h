@@ -33,6 +33,11 @@ int cli_parse_dtype(const char *opt, const char *text, mlaf_dtype *out);
 int cli_parse_backend(const char *opt, const char *text, mlaf_backend *out);
 /* One of the op names (mlaf_op_name); returns 0 ok, -1 after a message. */
 int cli_parse_op(const char *opt, const char *text, mlaf_op *out);
+/* "NAME" or "all" into want_op[MLAF_OP_COUNT_] (1 = selected); 0, or -1 after a message. */
+int cli_parse_op_set(const char *opt, const char *text, int *want_op);
+/* "NAME" or "all" for --preset: 0 when valid, else prints a usage error for `cmd` and
+ * returns CLI_EXIT_USAGE. */
+int cli_check_preset(const char *cmd, const char *text);
 
 /* Prints "mlafuse <cmd>: <message>\n" on stderr; returns CLI_EXIT_USAGE. */
 int cli_usage_error(const char *cmd, const char *fmt, ...)

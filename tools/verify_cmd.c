@@ -242,17 +242,10 @@ int cmd_verify(int argc, char **argv) {
                 backend_explicit = 1;
             }
         } else if ((r = cli_take_value(argc, argv, &i, "--op", &v)) != 0) {
-            if (r < 0) return CLI_EXIT_USAGE;
-            for (int o = 0; o < MLAF_OP_COUNT_; o++) want_op[o] = 1;
-            if (strcasecmp(v, "all")) {
-                mlaf_op op;
-                if (cli_parse_op("--op", v, &op)) return CLI_EXIT_USAGE;
-                for (int o = 0; o < MLAF_OP_COUNT_; o++) want_op[o] = (o == (int)op);
-            }
+            if (r < 0 || cli_parse_op_set("--op", v, want_op)) return CLI_EXIT_USAGE;
         } else if ((r = cli_take_value(argc, argv, &i, "--preset", &v)) != 0) {
             if (r < 0) return CLI_EXIT_USAGE;
-            if (strcasecmp(v, "all") && !mlaf_preset_find(v))
-                return cli_usage_error("verify", "--preset = '%s' is not a preset (see mlafuse presets)", v);
+            if (cli_check_preset("verify", v)) return CLI_EXIT_USAGE;
             preset = v;
         } else if ((r = cli_take_value(argc, argv, &i, "--config", &v)) != 0) {
             if (r < 0) return CLI_EXIT_USAGE;
