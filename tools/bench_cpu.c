@@ -91,6 +91,17 @@ int bench_cpu_time(bench_call_fn fn, void *arg, int nsets, int reps, bench_stats
     return 0;
 }
 
+/* The calling OpenMP thread's share [lo, hi) of `bytes` (the whole range outside a team). */
+static void thread_slice(size_t bytes, size_t *lo, size_t *hi) {
+    int id = 0, n = 1;
+#ifdef _OPENMP
+    id = omp_get_thread_num();
+    n = omp_get_num_threads();
+#endif
+    *lo = bytes * (size_t)id / (size_t)n;
+    *hi = bytes * (size_t)(id + 1) / (size_t)n;
+}
+
 double bench_cpu_copy_gbps(int threads, size_t bytes, int reps) {
     if (threads < 1) threads = 1;
     unsigned char *src = (unsigned char *)malloc(bytes);
@@ -106,12 +117,8 @@ double bench_cpu_copy_gbps(int threads, size_t bytes, int reps) {
 #pragma omp parallel num_threads(threads)
 #endif
     {
-        int id = 0, n = 1;
-#ifdef _OPENMP
-        id = omp_get_thread_num();
-        n = omp_get_num_threads();
-#endif
-        size_t lo = bytes * (size_t)id / (size_t)n, hi = bytes * (size_t)(id + 1) / (size_t)n;
+        size_t lo, hi;
+        thread_slice(bytes, &lo, &hi);
         memset(src + lo, 1, hi - lo);
         memset(dst + lo, 0, hi - lo);
     }
@@ -124,12 +131,8 @@ double bench_cpu_copy_gbps(int threads, size_t bytes, int reps) {
 #pragma omp parallel num_threads(threads)
 #endif
         {
-            int id = 0, n = 1;
-#ifdef _OPENMP
-            id = omp_get_thread_num();
-            n = omp_get_num_threads();
-#endif
-            size_t lo = bytes * (size_t)id / (size_t)n, hi = bytes * (size_t)(id + 1) / (size_t)n;
+            size_t lo, hi;
+            thread_slice(bytes, &lo, &hi);
             memcpy(dst + lo, src + lo, hi - lo);
         }
         double t1 = now_us();
