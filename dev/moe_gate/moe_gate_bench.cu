@@ -28,6 +28,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -63,8 +64,8 @@ static int g_sm = 0;
 template <typename T> static std::vector<Variant> variants(const Router &r, const GateArgs &a0) {
     std::vector<Variant> v;
     v.push_back({"v1 warp/token", [](const GateArgs &a, cudaStream_t s) { launch_dt<T>(a, g_sm, s); }});
-    v.push_back({"v2 library", [](const GateArgs &a, cudaStream_t s) {
-                     if (!try_fast<T>(a, g_sm, s)) launch_dt<T>(a, g_sm, s);
+    v.push_back({"v3 library", [](const GateArgs &a, cudaStream_t s) {
+                     if (!try_team<T>(a, g_sm, s)) launch_dt<T>(a, g_sm, s);
                  }});
     const int unit = fast_copy_unit<T>(a0);
 #define V2(N, L, AH)                                                                              \
@@ -72,10 +73,26 @@ template <typename T> static std::vector<Variant> variants(const Router &r, cons
         v.push_back({"v2 N=" #N " L=" #L " ahead=" #AH, [unit](const GateArgs &a, cudaStream_t s) { \
                          launch_fast<T, N, L, AH>(a, unit, g_sm, s);                              \
                      }});
-    if (r.E == 256) { V2(8, 32, 2048) V2(8, 32, 4096) V2(16, 16, 2048) }
-    if (r.E == 64) { V2(8, 8, 2048) V2(8, 8, 4096) V2(4, 16, 2048) V2(2, 32, 2048) }
-    if (r.E == 384) { V2(12, 32, 2048) V2(12, 32, 4096) }
+#define V3(N, L, AH)                                                                              \
+    if (unit && team_fits(a0, N, L))                                                              \
+        v.push_back({"v3 N=" #N " L=" #L " ah=" #AH, [unit](const GateArgs &a, cudaStream_t s) {    \
+                         launch_team<T, N, L, false, AH>(a, unit, g_sm, s);                       \
+                     }});
+#define V3S(N, L, AH)                                                                             \
+    if (unit && team_fits(a0, N, L))                                                              \
+        v.push_back({"v3 N=" #N " L=" #L " ah=" #AH, [unit](const GateArgs &a, cudaStream_t s) {    \
+                         launch_team<T, N, L, true, AH>(a, unit, g_sm, s);                        \
+                     }});
+    if (r.E == 256) {
+        V2(8, 32, 2048)
+        V3(32, 8, 4096) V3(32, 8, 8192) V3(16, 16, 4096) V3(16, 16, 8192) V3(8, 32, 4096)
+    }
+    if (r.E == 64) { V2(8, 8, 2048) V3(8, 8, 4096) V3(16, 4, 4096) V3(16, 4, 8192) V3(2, 32, 4096) }
+    if (r.E == 384) { V2(12, 32, 2048) V3(24, 16, 4096) V3(12, 32, 4096) V3(48, 8, 8192) }
+    if (r.E == 160) { V2(5, 32, 2048) V3S(20, 8, 4096) V3S(5, 32, 4096) }
 #undef V2
+#undef V3
+#undef V3S
     return v;
 }
 
@@ -143,45 +160,72 @@ static int run_router(const Router &r, bool quick, float copy_gbs, const char *d
     CK(cudaStreamCreate(&st));
     int fail = 0;
 
-    /* validation against v1 */
+    /* validation against v1: the random rows, then the same rows with non-finite logits
+     * injected (one NaN every 7th token, +inf every 11th, -inf every 13th, a whole row NaN
+     * every 97th) so the teams' exact path runs too */
+    T *d_bad;
+    CK(cudaMalloc(&d_bad, (size_t)Tval * row));
+    {
+        std::vector<T> hb2(h.begin(), h.begin() + (size_t)Tval * E);
+        const float qnan = std::numeric_limits<float>::quiet_NaN();
+        const float inf = std::numeric_limits<float>::infinity();
+        for (int64_t t = 0; t < Tval; t++) {
+            T *rw = &hb2[(size_t)t * E];
+            if (t % 7 == 0) rw[(t * 5) % E] = to_t<T>(qnan);
+            if (t % 11 == 0) rw[(t * 3) % E] = to_t<T>(inf);
+            if (t % 13 == 0) rw[(t * 17) % E] = to_t<T>(-inf);
+            if (t % 97 == 0)
+                for (int e = 0; e < E; e++) rw[e] = to_t<T>(qnan);
+        }
+        CK(cudaMemcpy(d_bad, hb2.data(), (size_t)Tval * row, cudaMemcpyHostToDevice));
+    }
     std::vector<int32_t> i0(Tval * K), i1(Tval * K);
     std::vector<float> w0(Tval * K), w1(Tval * K);
-    a.ids = d_ids1, a.weights = d_w1;
-    vs[0].fn(a, st);
-    CK(cudaStreamSynchronize(st));
-    CK(cudaMemcpy(i0.data(), d_ids1, i0.size() * 4, cudaMemcpyDeviceToHost));
-    CK(cudaMemcpy(w0.data(), d_w1, w0.size() * 4, cudaMemcpyDeviceToHost));
     printf("\n%s, %s logits (E=%d, top_k=%d, groups %d/%d)\n", r.name, dtn, E, K, r.G, r.kg);
-    for (size_t vi = 1; vi < vs.size(); vi++) {
-        a.ids = d_ids, a.weights = d_w;
-        CK(cudaMemset(d_ids, 0xff, Tval * K * 4));
-        vs[vi].fn(a, st);
+    for (int pass = 0; pass < 2; pass++) {
+        a.logits = pass ? (const void *)d_bad : (const void *)d_log;
+        a.ids = d_ids1, a.weights = d_w1;
+        vs[0].fn(a, st);
         CK(cudaStreamSynchronize(st));
-        CK(cudaGetLastError());
-        CK(cudaMemcpy(i1.data(), d_ids, i1.size() * 4, cudaMemcpyDeviceToHost));
-        CK(cudaMemcpy(w1.data(), d_w, w1.size() * 4, cudaMemcpyDeviceToHost));
-        int64_t bad = 0, near = 0;
-        double worst = 0;
-        for (int64_t t = 0; t < Tval; t++) {
-            bool same = memcmp(&i0[t * K], &i1[t * K], K * 4) == 0;
-            if (!same) {
-                /* a near-tie shows as the same id set with swapped neighbours or a changed last
-                 * id of near-equal weight; count it apart, judge the count */
-                near++;
-                continue;
+        CK(cudaMemcpy(i0.data(), d_ids1, i0.size() * 4, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(w0.data(), d_w1, w0.size() * 4, cudaMemcpyDeviceToHost));
+        for (size_t vi = 1; vi < vs.size(); vi++) {
+            a.ids = d_ids, a.weights = d_w;
+            CK(cudaMemset(d_ids, 0xff, Tval * K * 4));
+            vs[vi].fn(a, st);
+            CK(cudaStreamSynchronize(st));
+            CK(cudaGetLastError());
+            CK(cudaMemcpy(i1.data(), d_ids, i1.size() * 4, cudaMemcpyDeviceToHost));
+            CK(cudaMemcpy(w1.data(), d_w, w1.size() * 4, cudaMemcpyDeviceToHost));
+            int64_t bad = 0, near = 0;
+            double worst = 0;
+            for (int64_t t = 0; t < Tval; t++) {
+                bool same = memcmp(&i0[t * K], &i1[t * K], K * 4) == 0;
+                if (!same) {
+                    /* a near-tie shows as swapped neighbours or a changed last id of near-equal
+                     * weight; count it apart, judge the count */
+                    near++;
+                    continue;
+                }
+                for (int j = 0; j < K; j++) {
+                    double ref = w0[t * K + j], got = w1[t * K + j];
+                    double e = ref == got ? 0.0 : fabs(got - ref) / fmax(fabs(ref), 1e-30);
+                    if (got != got || ref != ref) e = 1.0;
+                    worst = fmax(worst, e);
+                    if (e > 1e-5) bad++;
+                }
             }
-            for (int j = 0; j < K; j++) {
-                double e = fabs((double)w1[t * K + j] - w0[t * K + j]) / fmax(fabs(w0[t * K + j]), 1e-30);
-                worst = fmax(worst, e);
-                if (e > 1e-5) bad++;
-            }
+            bool ok = bad == 0 && near * 1000 <= Tval; /* near-ties: well under 0.1% of tokens */
+            printf("  validate%s %-28s %s (ids differ in %lld / %lld tokens, worst weight rel %.2e)\n",
+                   pass ? " non-finite" : "", vs[vi].name.c_str(), ok ? "OK" : "FAIL",
+                   (long long)near, (long long)Tval, worst);
+            fail |= !ok;
         }
-        bool ok = bad == 0 && near * 1000 <= Tval; /* near-ties: well under 0.1% of tokens */
-        printf("  validate %-28s %s (ids differ in %lld / %lld tokens, worst weight rel %.2e)\n",
-               vs[vi].name.c_str(), ok ? "OK" : "FAIL", (long long)near, (long long)Tval, worst);
-        fail |= !ok;
     }
+    a.logits = d_log;
+    CK(cudaFree(d_bad));
 
+    if (getenv("MOE_NOTIME")) return fail; /* profiling: validation launches only */
     /* timing */
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0));
@@ -284,9 +328,12 @@ int main(int argc, char **argv) {
     printf("D2D copy: %.0f GB/s (read + write), %d SMs\n", copy_gbs, g_sm);
     (void)bf16_round;
     int fail = 0;
+    /* MOE_ONLY=<router name> and MOE_DT=f32|bf16 limit the run (profiling) */
+    const char *only = getenv("MOE_ONLY"), *odt = getenv("MOE_DT");
     for (const Router &r : kRouters) {
-        fail |= run_router<float>(r, quick, copy_gbs, "f32");
-        fail |= run_router<__nv_bfloat16>(r, quick, copy_gbs, "bf16");
+        if (only && strcmp(only, r.name)) continue;
+        if (!odt || !strcmp(odt, "f32")) fail |= run_router<float>(r, quick, copy_gbs, "f32");
+        if (!odt || !strcmp(odt, "bf16")) fail |= run_router<__nv_bfloat16>(r, quick, copy_gbs, "bf16");
     }
     printf(fail ? "\nFAIL\n" : "\nall variants validated\n");
     return fail;
