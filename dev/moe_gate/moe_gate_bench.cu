@@ -83,9 +83,17 @@ template <typename T> static std::vector<Variant> variants(const Router &r, cons
         v.push_back({"v3 N=" #N " L=" #L " ah=" #AH, [unit](const GateArgs &a, cudaStream_t s) {    \
                          launch_team<T, N, L, true, AH>(a, unit, g_sm, s);                        \
                      }});
+#define V3M(N, L, AH, MB)                                                                         \
+    if (unit && team_fits(a0, N, L))                                                              \
+        v.push_back({"v3 N=" #N " L=" #L " ah=" #AH " minb=" #MB,                                 \
+                     [unit](const GateArgs &a, cudaStream_t s) {                                  \
+                         launch_team<T, N, L, false, AH, MB>(a, unit, g_sm, s);                   \
+                     }});
     if (r.E == 256) {
         V2(8, 32, 2048)
-        V3(32, 8, 4096) V3(32, 8, 8192) V3(16, 16, 4096) V3(16, 16, 8192) V3(8, 32, 4096)
+        V3(32, 8, 4096) V3(16, 16, 4096) V3(8, 32, 4096)
+        V3M(16, 16, 4096, 4) V3M(16, 16, 4096, 5) V3M(16, 16, 8192, 4) V3M(8, 32, 4096, 5)
+        V3M(8, 32, 4096, 6) V3M(32, 8, 4096, 4)
     }
     if (r.E == 64) { V2(8, 8, 2048) V3(8, 8, 4096) V3(16, 4, 4096) V3(16, 4, 8192) V3(2, 32, 4096) }
     if (r.E == 384) { V2(12, 32, 2048) V3(24, 16, 4096) V3(12, 32, 4096) V3(48, 8, 8192) }
@@ -93,6 +101,7 @@ template <typename T> static std::vector<Variant> variants(const Router &r, cons
 #undef V2
 #undef V3
 #undef V3S
+#undef V3M
     return v;
 }
 

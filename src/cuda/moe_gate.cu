@@ -945,14 +945,15 @@ __device__ __noinline__ float2 team_exact(const GateArgs &a, const unsigned char
  * small in the instruction cache: with them inline, ncu put "no instruction" first among the
  * stall reasons (5.3 of 12.4 cycles per issued instruction, DeepSeek-V3, N = 32, L = 8).
  * Performance (H200, dev/moe_gate/moe_gate_bench, T = 131072, f32 logits; warp-step kernel in
- * brackets): DeepSeek-V3 160 us with N = 16, L = 16 (206 us), Kimi-K2 161 us with N = 12,
+ * brackets): DeepSeek-V3 127 us with N = 16, L = 16 and 5 resident blocks (206 us), Kimi-K2 161 us with N = 12,
  * L = 32 (202), DeepSeek-V2 113 us with N = 20, L = 8 (150); T = 1 in a graph: DeepSeek-V3
- * 3.75 us with N = 8, L = 32 (4.30). Still 4-5x the bandwidth floor: the kernel issues ~560
- * warp instructions per DeepSeek-V3 token at about 1/7 of the issue rate (12-16 warps per
- * SM for 128-226 registers per thread); a kernel at the floor needs ~150.
+ * 3.75 us with N = 8, L = 32 (4.30). Still ~4x the bandwidth floor: the kernel issues ~560
+ * warp instructions per DeepSeek-V3 token (ncu, T = 4099) and is latency-bound at 12-20
+ * resident warps per SM (96-226 registers per thread): capping N = 16, L = 16 at 96
+ * registers took it from 161 to 127 us. A kernel at the floor needs ~150 per token.
  */
-template <typename T, int N, int L, int Ahead, bool kSoftmax>
-__global__ void __launch_bounds__(kTeamWarps * 32)
+template <typename T, int N, int L, int Ahead, bool kSoftmax, int MinB>
+__global__ void __launch_bounds__(kTeamWarps * 32, MinB)
 moe_gate_team_kernel(const GateArgs a, const int copy_unit) {
     using S = TeamShape<T, N, L, Ahead>;
     extern __shared__ __align__(16) unsigned char tsmem[];
@@ -1190,12 +1191,12 @@ moe_gate_team_kernel(const GateArgs a, const int copy_unit) {
     cp_async_wait<0>(); /* no copy outlives the block */
 }
 
-template <typename T, int N, int L, int Ahead, bool kSoftmax> int team_blocks_per_sm() {
+template <typename T, int N, int L, int Ahead, bool kSoftmax, int MinB> int team_blocks_per_sm() {
     static std::atomic<int> cached{0};
     int v = cached.load(std::memory_order_relaxed);
     if (v == 0) {
         if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-                &v, moe_gate_team_kernel<T, N, L, Ahead, kSoftmax>, kTeamWarps * 32,
+                &v, moe_gate_team_kernel<T, N, L, Ahead, kSoftmax, MinB>, kTeamWarps * 32,
                 TeamShape<T, N, L, Ahead>::kSmemBytes) != cudaSuccess ||
             v < 1) {
             (void)cudaGetLastError();
@@ -1206,19 +1207,19 @@ template <typename T, int N, int L, int Ahead, bool kSoftmax> int team_blocks_pe
     return v;
 }
 
-template <typename T, int N, int L, bool kSoftmax, int Ahead = 4096>
+template <typename T, int N, int L, bool kSoftmax, int Ahead = 4096, int MinB = 1>
 void launch_team(const GateArgs &a, int copy_unit, int sm_count, cudaStream_t stream) {
     using S = TeamShape<T, N, L, Ahead>;
     static_assert(S::kSmemBytes <= 227 * 1024, "team kernel shared memory");
     if (S::kSmemBytes > 48 * 1024)
-        (void)cudaFuncSetAttribute(moe_gate_team_kernel<T, N, L, Ahead, kSoftmax>,
+        (void)cudaFuncSetAttribute(moe_gate_team_kernel<T, N, L, Ahead, kSoftmax, MinB>,
                                    cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmemBytes);
     const int64_t per_block = (int64_t)kTeamWarps * S::R;
     const int64_t want = (a.T + per_block - 1) / per_block;
     const int64_t cap =
-        (int64_t)(sm_count > 0 ? sm_count : 1) * team_blocks_per_sm<T, N, L, Ahead, kSoftmax>();
+        (int64_t)(sm_count > 0 ? sm_count : 1) * team_blocks_per_sm<T, N, L, Ahead, kSoftmax, MinB>();
     const int blocks = (int)(want < cap ? want : cap);
-    moe_gate_team_kernel<T, N, L, Ahead, kSoftmax>
+    moe_gate_team_kernel<T, N, L, Ahead, kSoftmax, MinB>
         <<<blocks, kTeamWarps * 32, S::kSmemBytes, stream>>>(a, copy_unit);
 }
 
@@ -1265,7 +1266,16 @@ bool try_team(const GateArgs &a, int sm_count, cudaStream_t stream) {
         return true;                                                                              \
     }
     if (a.T >= kTeamWideBelowT) {
-        MLAF_TEAM(20, 8) MLAF_TEAM(16, 16)
+        MLAF_TEAM(20, 8)
+        /* 5 resident blocks (<= 96 registers): 127 us against 161 us at 12 warps per SM
+         * (DeepSeek-V3 f32, T = 131072) */
+        if (team_fits(a, 16, 16)) {
+            if (a.softmax)
+                launch_team<T, 16, 16, true, 4096, 5>(a, unit, sm_count, stream);
+            else
+                launch_team<T, 16, 16, false, 4096, 5>(a, unit, sm_count, stream);
+            return true;
+        }
     }
     MLAF_TEAM(5, 32) MLAF_TEAM(8, 32) MLAF_TEAM(12, 32) MLAF_TEAM(16, 32)
 #undef MLAF_TEAM
