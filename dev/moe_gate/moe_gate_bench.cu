@@ -95,13 +95,25 @@ template <typename T> static std::vector<Variant> variants(const Router &r, cons
         V3M(16, 16, 4096, 4) V3M(16, 16, 4096, 5) V3M(16, 16, 8192, 4) V3M(8, 32, 4096, 5)
         V3M(8, 32, 4096, 6) V3M(32, 8, 4096, 4)
     }
-    if (r.E == 64) { V2(8, 8, 2048) V3(8, 8, 4096) V3(16, 4, 4096) V3(16, 4, 8192) V3(2, 32, 4096) }
-    if (r.E == 384) { V2(12, 32, 2048) V3(24, 16, 4096) V3(12, 32, 4096) V3(48, 8, 8192) }
-    if (r.E == 160) { V2(5, 32, 2048) V3S(20, 8, 4096) V3S(5, 32, 4096) }
+#define V2M(N, L, MB)                                                                             \
+    if (unit && fast_fits(a0, N, L))                                                              \
+        v.push_back({"v2 N=" #N " L=" #L " minb=" #MB, [unit](const GateArgs &a, cudaStream_t s) { \
+                         launch_fast<T, N, L, 2048, MB>(a, unit, g_sm, s);                        \
+                     }});
+#define V3SM(N, L, MB)                                                                            \
+    if (unit && team_fits(a0, N, L))                                                              \
+        v.push_back({"v3 N=" #N " L=" #L " minb=" #MB, [unit](const GateArgs &a, cudaStream_t s) { \
+                         launch_team<T, N, L, true, 4096, MB>(a, unit, g_sm, s);                  \
+                     }});
+    if (r.E == 64) { V2(8, 8, 2048) V2M(8, 8, 6) V2M(8, 8, 8) V3(16, 4, 4096) }
+    if (r.E == 384) { V2(12, 32, 2048) V3(12, 32, 4096) V3M(12, 32, 4096, 4) V3M(12, 32, 4096, 5) }
+    if (r.E == 160) { V2(5, 32, 2048) V3S(20, 8, 4096) V3SM(20, 8, 4) V3SM(20, 8, 5) V3S(5, 32, 4096) }
 #undef V2
 #undef V3
 #undef V3S
 #undef V3M
+#undef V2M
+#undef V3SM
     return v;
 }
 

@@ -467,8 +467,8 @@ template <> struct RawVec<8> { using type = uint2; };
 template <> struct RawVec<4> { using type = uint32_t; };
 template <> struct RawVec<2> { using type = uint16_t; };
 
-template <typename T, int N, int L, int Ahead = kAheadBytes>
-__global__ void __launch_bounds__(kFastWarps * 32)
+template <typename T, int N, int L, int Ahead = kAheadBytes, int MinB = 1>
+__global__ void __launch_bounds__(kFastWarps * 32, MinB)
 moe_gate_fast_kernel(const GateArgs a, const int copy_unit) {
     using S = FastShape<T, N, L, Ahead>;
     extern __shared__ __align__(16) unsigned char fsmem[];
@@ -690,11 +690,11 @@ moe_gate_fast_kernel(const GateArgs a, const int copy_unit) {
 
 /* Resident blocks per SM of one fast instantiation (read once; a pure function of the kernel
  * and the device architecture, so a benign per-process cache). */
-template <typename T, int N, int L, int Ahead = kAheadBytes> int fast_blocks_per_sm() {
+template <typename T, int N, int L, int Ahead = kAheadBytes, int MinB = 1> int fast_blocks_per_sm() {
     static std::atomic<int> cached{0};
     int v = cached.load(std::memory_order_relaxed);
     if (v == 0) {
-        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, moe_gate_fast_kernel<T, N, L, Ahead>,
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, moe_gate_fast_kernel<T, N, L, Ahead, MinB>,
                                                           kFastWarps * 32,
                                                           FastShape<T, N, L, Ahead>::kSmemBytes) !=
                 cudaSuccess ||
@@ -707,14 +707,14 @@ template <typename T, int N, int L, int Ahead = kAheadBytes> int fast_blocks_per
     return v;
 }
 
-template <typename T, int N, int L, int Ahead = kAheadBytes>
+template <typename T, int N, int L, int Ahead = kAheadBytes, int MinB = 1>
 void launch_fast(const GateArgs &a, int copy_unit, int sm_count, cudaStream_t stream) {
     using S = FastShape<T, N, L, Ahead>;
     const int64_t per_block = (int64_t)kFastWarps * S::R;
     const int64_t want = (a.T + per_block - 1) / per_block;
-    const int64_t cap = (int64_t)(sm_count > 0 ? sm_count : 1) * fast_blocks_per_sm<T, N, L, Ahead>();
+    const int64_t cap = (int64_t)(sm_count > 0 ? sm_count : 1) * fast_blocks_per_sm<T, N, L, Ahead, MinB>();
     const int blocks = (int)(want < cap ? want : cap);
-    moe_gate_fast_kernel<T, N, L, Ahead><<<blocks, kFastWarps * 32, S::kSmemBytes, stream>>>(a, copy_unit);
+    moe_gate_fast_kernel<T, N, L, Ahead, MinB><<<blocks, kFastWarps * 32, S::kSmemBytes, stream>>>(a, copy_unit);
 }
 
 /* Widest copy unit (16, 8 or 4 bytes) that the row start, row length and stride allow; 0 when
@@ -1257,27 +1257,21 @@ bool try_team(const GateArgs &a, int sm_count, cudaStream_t stream) {
             return true;
         }
     }
-#define MLAF_TEAM(N, L)                                                                           \
+#define MLAF_TEAM(N, L, MINB)                                                                     \
     if (team_fits(a, N, L)) {                                                                     \
         if (a.softmax)                                                                            \
-            launch_team<T, N, L, true>(a, unit, sm_count, stream);                                \
+            launch_team<T, N, L, true, 4096, MINB>(a, unit, sm_count, stream);                    \
         else                                                                                      \
-            launch_team<T, N, L, false>(a, unit, sm_count, stream);                               \
+            launch_team<T, N, L, false, 4096, MINB>(a, unit, sm_count, stream);                   \
         return true;                                                                              \
     }
+    /* MINB: resident blocks the register allocation must allow. The kernel is latency-bound,
+     * so warps per SM pay (H200, T = 131072, f32): DeepSeek-V3 N=16 L=16 161 -> 127 us at 5;
+     * DeepSeek-V2 N=20 L=8 139 -> 115 us at 4; Kimi-K2 N=12 L=32 183 -> 156 us at 4. */
     if (a.T >= kTeamWideBelowT) {
-        MLAF_TEAM(20, 8)
-        /* 5 resident blocks (<= 96 registers): 127 us against 161 us at 12 warps per SM
-         * (DeepSeek-V3 f32, T = 131072) */
-        if (team_fits(a, 16, 16)) {
-            if (a.softmax)
-                launch_team<T, 16, 16, true, 4096, 5>(a, unit, sm_count, stream);
-            else
-                launch_team<T, 16, 16, false, 4096, 5>(a, unit, sm_count, stream);
-            return true;
-        }
+        MLAF_TEAM(20, 8, 4) MLAF_TEAM(16, 16, 5)
     }
-    MLAF_TEAM(5, 32) MLAF_TEAM(8, 32) MLAF_TEAM(12, 32) MLAF_TEAM(16, 32)
+    MLAF_TEAM(5, 32, 1) MLAF_TEAM(8, 32, 1) MLAF_TEAM(12, 32, 4) MLAF_TEAM(16, 32, 1)
 #undef MLAF_TEAM
     return false;
 }
