@@ -945,8 +945,9 @@ __device__ __noinline__ float2 team_exact(const GateArgs &a, const unsigned char
  * small in the instruction cache: with them inline, ncu put "no instruction" first among the
  * stall reasons (5.3 of 12.4 cycles per issued instruction, DeepSeek-V3, N = 32, L = 8).
  * Performance (H200, dev/moe_gate/moe_gate_bench, T = 131072, f32 logits; warp-step kernel in
- * brackets): DeepSeek-V3 127 us with N = 16, L = 16 and 5 resident blocks (206 us), Kimi-K2 161 us with N = 12,
- * L = 32 (202), DeepSeek-V2 113 us with N = 20, L = 8 (150); T = 1 in a graph: DeepSeek-V3
+ * brackets): DeepSeek-V3 126 us with N = 16, L = 16 and 5 resident blocks (206 us), Kimi-K2
+ * 155 us with N = 12, L = 32 and 4 (202), DeepSeek-V2 111 us with N = 20, L = 8 and 4 (150);
+ * T = 1 in a graph: DeepSeek-V3
  * 3.75 us with N = 8, L = 32 (4.30). Still ~4x the bandwidth floor: the kernel issues ~560
  * warp instructions per DeepSeek-V3 token (ncu, T = 4099) and is latency-bound at 12-20
  * resident warps per SM (96-226 registers per thread): capping N = 16, L = 16 at 96
