@@ -14,10 +14,10 @@
  *      writes neither; a negative slot skips the cache row only.
  *   rope_q: step 4's rotation in place on the last R columns of every head.
  *
- * Memory: each thread prefetches the row two ahead (see PREFETCH_ROWS). Large calls
- * (MLAF_STREAM_BYTES) write the normalized outputs with non-temporal stores on the AVX-512 path
- * (no read-for-ownership; ~5% faster on one thread, neutral on two, and they leave the caches
- * to the inputs).
+ * Memory: the scale kernels prefetch the row PREFETCH_ROWS ahead, one line per line they
+ * consume. Large calls (MLAF_STREAM_BYTES) write the normalized outputs and the k_pe copy with
+ * non-temporal stores on the AVX-512 path (no read-for-ownership, and they leave the caches to
+ * the inputs).
  *
  * Threads: tokens are cut into one contiguous range per thread (static schedule), so each
  * thread converts the weights to fp32 once into its own stack scratch and then streams its
@@ -101,12 +101,20 @@ static float sumsq_scalar(const void *x, mlaf_dtype dt, int64_t n) {
     return (acc[0] + acc[2]) + (acc[1] + acc[3]);
 }
 
+/* Prefetch of the bytes [b0, b1) of a later row, one request per 64-byte line. */
+static void prefetch_bytes(const void *pf, int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; b += 64) __builtin_prefetch((const char *)pf + b, 0, 3);
+}
+
 static void scale_scalar(const void *x, mlaf_dtype dt, int64_t n, float rstd, const float *w,
-                         void *out, mlaf_dtype odt, void *out2, mlaf_dtype o2dt, int stream) {
+                         void *out, mlaf_dtype odt, void *out2, mlaf_dtype o2dt, int stream,
+                         const void *pf) {
     (void)stream;
+    const int64_t es = (int64_t)mlaf_dtype_size(dt);
     float f[BLK];
     for (int64_t i0 = 0; i0 < n; i0 += BLK) {
         int m = n - i0 < BLK ? (int)(n - i0) : BLK;
+        if (pf) prefetch_bytes(pf, i0 * es, (i0 + m) * es);
         load_block(x, dt, i0, m, f);
         for (int j = 0; j < m; j++) f[j] = (f[j] * rstd) * w[i0 + j];
         if (out) store_block(out, odt, i0, m, f);
@@ -143,13 +151,20 @@ static void rope_scalar(const void *x, mlaf_dtype dt, int32_t R, mlaf_rope_style
 
 static void fence_scalar(void) {}
 
-const mlaf_norm_kern mlaf_norm_kern_scalar = {sumsq_scalar, scale_scalar, rope_scalar, fence_scalar};
+static void copy_scalar(const void *x, size_t bytes, void *out, int stream) {
+    (void)stream;
+    memcpy(out, x, bytes);
+}
+
+const mlaf_norm_kern mlaf_norm_kern_scalar = {sumsq_scalar, scale_scalar, rope_scalar, fence_scalar,
+                                              copy_scalar};
 
 /* ---- dispatch and helpers -------------------------------------------------------------- */
 
 static const mlaf_norm_kern *kern_for(const mlaf_context *ctx) {
 #if defined(MLAF_HAVE_X86_PATHS)
-    if (ctx->isa == MLAF_CPU_ISA_AVX512) return &mlaf_norm_kern_avx512;
+    if (ctx->isa == MLAF_CPU_ISA_AVX512)
+        return mlaf_norm_avx512_bf16_supported() ? &mlaf_norm_kern_avx512_bf16 : &mlaf_norm_kern_avx512;
     if (ctx->isa == MLAF_CPU_ISA_AVX2) return &mlaf_norm_kern_avx2;
 #else
     (void)ctx;
@@ -194,12 +209,13 @@ static wview weights_prepare(const void *w, mlaf_dtype wdt, int64_t n, float *sc
     return v;
 }
 
+/* pf: the same part of the row PREFETCH_ROWS ahead, or NULL. */
 static void norm_part(const mlaf_norm_kern *k, const void *x, mlaf_dtype dt, int64_t n, float rstd,
                       const wview *w, void *out, mlaf_dtype odt, void *out2, mlaf_dtype o2dt,
-                      int stream) {
+                      int stream, const char *pf) {
     if (!out && !out2) return;
     if (w->f32) {
-        k->scale(x, dt, n, rstd, w->f32, out, odt, out2, o2dt, stream);
+        k->scale(x, dt, n, rstd, w->f32, out, odt, out2, o2dt, stream, pf);
         return;
     }
     float wb[1024];
@@ -209,19 +225,17 @@ static void norm_part(const mlaf_norm_kern *k, const void *x, mlaf_dtype dt, int
         for (int j = 0; j < m; j += BLK)
             load_block(w->raw, w->dt, i0 + j, m - j < BLK ? m - j : BLK, wb + j);
         k->scale((const char *)x + i0 * xs, dt, m, rstd, wb, out ? (char *)out + i0 * os : NULL,
-                 odt, out2 ? (char *)out2 + i0 * o2s : NULL, o2dt, 0);
+                 odt, out2 ? (char *)out2 + i0 * o2s : NULL, o2dt, 0, pf ? pf + i0 * xs : NULL);
     }
 }
 
 /* Rows are long compute bursts; without help the next row's loads only start when its sumsq
- * begins. Asking for the row two ahead (into L1/L2) took GLM-4.7-Flash, T = 65536, 2 threads
- * from ~62% to ~75% of a 176 MB memcpy (dev/cpu_norm_bench.c, ordinary stores, ~23 GB/s) on the
- * 2-core AVX-512 development machine; against `mlafuse bench`'s 1.26 GB memcpy reference
- * (non-temporal stores, ~37 GB/s) the same kernel is at ~46% (BENCHMARKS.md). */
-#define PREFETCH_ROWS 2
-static void prefetch_row(const char *p, int64_t bytes) {
-    for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(p + b, 0, 3);
-}
+ * begins, and memory then idles while a row is computed. So the scale kernels request the row
+ * PREFETCH_ROWS ahead one line per line they consume: the requests stay few at a time (each
+ * needs one of the core's few line-fill buffers) and memory stays busy during the compute.
+ * Asking for a whole row at once at the start of the previous one did little: the requests
+ * queue behind the fill buffers. See BENCHMARKS.md for the figures. */
+#define PREFETCH_ROWS 4
 
 static float rstd_of(float ss, int64_t n, float eps) { return 1.0f / sqrtf(ss / (float)n + eps); }
 
@@ -242,7 +256,8 @@ static int64_t norm_rows(const mlaf_norm_kern *k, const mlaf_norm_job *j, const 
     int64_t errors = 0;
     for (int64_t t = t0; t < t1; t++) {
         const char *row = (const char *)j->latent + t * j->latent_stride * (int64_t)es;
-        if (t + PREFETCH_ROWS < t1) prefetch_row(row + PREFETCH_ROWS * j->latent_stride * (int64_t)es, row_bytes);
+        const char *pf = t + PREFETCH_ROWS < t1 ? row + PREFETCH_ROWS * j->latent_stride * (int64_t)es : NULL;
+        if (pf) prefetch_bytes(pf, ((int64_t)Q + C) * (int64_t)es, row_bytes); /* the k_pe part */
         const char *xkv = row + (int64_t)Q * es, *xpe = row + ((int64_t)Q + C) * es;
         float ss_q = Q > 0 ? k->sumsq(row, j->dt, Q) : 0.0f;
         float ss_kv = k->sumsq(xkv, j->dt, C);
@@ -269,12 +284,12 @@ static int64_t norm_rows(const mlaf_norm_kern *k, const mlaf_norm_job *j, const 
         }
         if (Q > 0)
             norm_part(k, row, j->dt, Q, rstd_of(ss_q, Q, j->eps_q), &wq,
-                      (char *)j->q + t * j->q_stride * (int64_t)es, j->dt, NULL, j->dt, stream);
+                      (char *)j->q + t * j->q_stride * (int64_t)es, j->dt, NULL, j->dt, stream, pf);
         norm_part(k, xkv, j->dt, C, rstd_of(ss_kv, C, j->eps_kv), &wkv, k_nope, j->dt, crow,
-                  kv ? kv->cache_dt : j->dt, stream);
+                  kv ? kv->cache_dt : j->dt, stream, pf ? pf + (int64_t)Q * es : NULL);
         if (R == 0) continue;
         if (!kv) {
-            if (k_pe && k_pe != (const void *)xpe) memcpy(k_pe, xpe, (size_t)R * es);
+            if (k_pe && k_pe != (const void *)xpe) k->copy(xpe, (size_t)R * es, k_pe, stream);
         } else if (!bad && (k_pe || crow)) {
             k->rope(xpe, j->dt, R, kv->rope.style, cs, k_pe, j->dt, crow ? crow + (int64_t)C * ces : NULL,
                     kv->cache_dt);

@@ -12,6 +12,7 @@
  *    the portable code.
  */
 #include <immintrin.h>
+#include <string.h>
 
 #include "../half.h"
 #include "norm_kern.h"
@@ -69,12 +70,21 @@ static float sumsq_avx2(const void *x, mlaf_dtype dt, int64_t n) {
     return sum;
 }
 
+/* The lines of pf holding elements [i, i + 32) (one line of 16-bit values, two of f32). */
+static inline void prefetch32(const void *pf, mlaf_dtype dt, int64_t i) {
+    const char *p = (const char *)pf + i * (dt == MLAF_F32 ? 4 : 2);
+    _mm_prefetch(p, _MM_HINT_T0);
+    if (dt == MLAF_F32) _mm_prefetch(p + 64, _MM_HINT_T0);
+}
+
 static void scale_avx2(const void *x, mlaf_dtype dt, int64_t n, float rstd, const float *w,
-                       void *out, mlaf_dtype odt, void *out2, mlaf_dtype o2dt, int stream) {
+                       void *out, mlaf_dtype odt, void *out2, mlaf_dtype o2dt, int stream,
+                       const void *pf) {
     (void)stream;
     const __m256 r = _mm256_set1_ps(rstd);
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) {
+        if (pf && i % 32 == 0) prefetch32(pf, dt, i);
         __m256 y = _mm256_mul_ps(_mm256_mul_ps(ld8(x, dt, i), r), _mm256_loadu_ps(w + i));
         if (out) st8(out, odt, i, y);
         if (out2) st8(out2, o2dt, i, y);
@@ -129,4 +139,9 @@ static void rope_avx2(const void *x, mlaf_dtype dt, int32_t R, mlaf_rope_style s
 
 static void fence_avx2(void) {}
 
-const mlaf_norm_kern mlaf_norm_kern_avx2 = {sumsq_avx2, scale_avx2, rope_avx2, fence_avx2};
+static void copy_avx2(const void *x, size_t bytes, void *out, int stream) {
+    (void)stream;
+    memcpy(out, x, bytes);
+}
+
+const mlaf_norm_kern mlaf_norm_kern_avx2 = {sumsq_avx2, scale_avx2, rope_avx2, fence_avx2, copy_avx2};

@@ -3,11 +3,15 @@
  *
  * 1. Loads widen 16 elements to fp32: f32 as is, bf16 by a 16-bit shift, f16 with vcvtph2ps.
  *    Row tails use masked loads / stores (rows need no alignment, widths no padding).
- * 2. sumsq: two fp32 FMA accumulators over 32 elements per step.
- * 3. Stores narrow once: bf16 by integer round-to-nearest-even (plain F/BW has no bf16
- *    convert, and VCVTNEPS2BF16 would flush denormals) with NaNs kept quiet exactly as
- *    half.h does; f16 with vcvtps2ph in round-to-nearest-even mode (exact RNE, same bits).
- * 4. RoPE: interleaved pairs rotate 8 pairs per vector (cos/sin duplicated to both lanes of a
+ * 2. sumsq: two fp32 FMA accumulators over 32 elements per step; bf16 rows four accumulators
+ *    over 64 elements, widened without a conversion instruction (sumsq_bf16).
+ * 3. Stores narrow once: bf16 by integer round-to-nearest-even with NaNs kept quiet exactly as
+ *    half.h does, or, on CPUs with AVX512_BF16 (the mlaf_norm_kern_avx512_bf16 table), by
+ *    VCVTNE2PS2BF16, which gives the same bits except that it flushes denormals, so blocks
+ *    holding one fall back to the integer rounding; f16 with vcvtps2ph in round-to-nearest-even
+ *    mode (exact RNE, same bits).
+ * 4. The scale loop prefetches the caller's later row one line per 32 elements (norm.c).
+ * 5. RoPE: interleaved pairs rotate 8 pairs per vector (cos/sin duplicated to both lanes of a
  *    pair, partner value from an in-pair swap); NeoX pairs 16 at a time. Products and the
  *    add / subtract are separate instructions (no FMA), so the bits equal the portable path;
  *    leftover pairs go through the portable code.
@@ -15,8 +19,12 @@
  * sumsq pass and the scale pass.
  */
 #include <immintrin.h>
+#include <string.h>
 
 #include "norm_kern.h"
+
+/* Functions that may use AVX512_BF16 instructions (the build enables F/BW/VL/DQ only). */
+#define BF16_TARGET __attribute__((target("avx512bf16")))
 
 static inline __m512 ld16(const void *p, mlaf_dtype dt, int64_t i) {
     if (dt == MLAF_F32) return _mm512_loadu_ps((const float *)p + i);
@@ -85,11 +93,37 @@ static inline __attribute__((always_inline)) float sumsq_body(const void *x, mla
     return _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
 }
 
+/* bf16 needs no widening instruction: of the 32 values in a 64-byte load, the even-indexed
+ * ones become fp32 by a 16-bit shift and the odd-indexed ones by clearing their neighbour's
+ * bits. Four accumulators cover the FMA latency. */
+static float sumsq_bf16(const uint16_t *x, int64_t n) {
+    const __m512i hi = _mm512_set1_epi32((int)0xffff0000u);
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    int64_t i = 0;
+    for (; i + 64 <= n; i += 64) {
+        __m512i u = _mm512_loadu_si512(x + i), v = _mm512_loadu_si512(x + i + 32);
+        __m512 ue = _mm512_castsi512_ps(_mm512_slli_epi32(u, 16)), uo = _mm512_castsi512_ps(_mm512_and_si512(u, hi));
+        __m512 ve = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16)), vo = _mm512_castsi512_ps(_mm512_and_si512(v, hi));
+        a0 = _mm512_fmadd_ps(ue, ue, a0);
+        a1 = _mm512_fmadd_ps(uo, uo, a1);
+        a2 = _mm512_fmadd_ps(ve, ve, a2);
+        a3 = _mm512_fmadd_ps(vo, vo, a3);
+    }
+    for (; i < n; i += 32) {
+        __mmask32 m = n - i >= 32 ? 0xffffffffu : (__mmask32)((1u << (n - i)) - 1u);
+        __m512i u = _mm512_maskz_loadu_epi16(m, x + i);
+        __m512 ue = _mm512_castsi512_ps(_mm512_slli_epi32(u, 16)), uo = _mm512_castsi512_ps(_mm512_and_si512(u, hi));
+        a0 = _mm512_fmadd_ps(ue, ue, a0);
+        a1 = _mm512_fmadd_ps(uo, uo, a1);
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+}
+
 static float sumsq_avx512(const void *x, mlaf_dtype dt, int64_t n) {
     switch (dt) {
     case MLAF_F32: return sumsq_body(x, MLAF_F32, n);
     case MLAF_F16: return sumsq_body(x, MLAF_F16, n);
-    default: return sumsq_body(x, MLAF_BF16, n);
+    default: return sumsq_bf16((const uint16_t *)x, n);
     }
 }
 
@@ -107,10 +141,29 @@ AI __m512i bf16_biased(__m512 v) {
     return r;
 }
 
-/* 32 consecutive values a (first 16) and b (next 16) stored as f32 / f16 / bf16 at element i.
- * bf16: one two-source word permute picks the 32 high halves (cheaper than two narrowing
- * moves). `stream`: non-temporal stores, only called when p + i is 64-byte aligned. */
-AI void st32(void *p, mlaf_dtype dt, int64_t i, __m512 a, __m512 b, int stream) {
+/* a (first 16) and b (next 16) narrowed to 32 bf16 by integer rounding: one two-source word
+ * permute picks the 32 high halves (cheaper than two narrowing moves). */
+AI __m512i bf16x32_int(__m512 a, __m512 b) {
+    const __m512i odd = _mm512_set_epi16(63, 61, 59, 57, 55, 53, 51, 49, 47, 45, 43, 41, 39, 37, 35, 33,
+                                         31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
+    return _mm512_permutex2var_epi16(bf16_biased(a), odd, bf16_biased(b));
+}
+
+/* The same with AVX512_BF16's VCVTNE2PS2BF16: one instruction for the 32 values, rounding to
+ * nearest even and quieting NaNs exactly as half.h does (checked over all 2^32 inputs), except
+ * that it flushes fp32 denormals to zero; a block holding one (rare) takes the integer
+ * rounding instead. Only called from functions compiled for AVX512_BF16. */
+static inline BF16_TARGET __m512i bf16x32_cvt(__m512 a, __m512 b) {
+    __mmask16 da = _mm512_fpclass_ps_mask(a, 0x20), db = _mm512_fpclass_ps_mask(b, 0x20);
+    if (__builtin_expect(!_kortestz_mask16_u8(da, db), 0)) return bf16x32_int(a, b);
+    __m512bh h = _mm512_cvtne2ps_pbh(b, a); /* b to the high half, a to the low */
+    return (__m512i)h;
+}
+
+/* 32 consecutive values a (first 16) and b (next 16) stored as f32 / f16 / bf16 at element i;
+ * `cvt`: bf16 by bf16x32_cvt (callers compiled for AVX512_BF16 only), else bf16x32_int.
+ * `stream`: non-temporal stores, only called when p + i is 64-byte aligned. */
+AI void st32(void *p, mlaf_dtype dt, int64_t i, __m512 a, __m512 b, int stream, int cvt) {
     if (dt == MLAF_F32) {
         float *f = (float *)p + i;
         if (stream) {
@@ -124,9 +177,7 @@ AI void st32(void *p, mlaf_dtype dt, int64_t i, __m512 a, __m512 b, int stream) 
     }
     __m512i h;
     if (dt == MLAF_BF16) {
-        const __m512i odd = _mm512_set_epi16(63, 61, 59, 57, 55, 53, 51, 49, 47, 45, 43, 41, 39, 37, 35, 33,
-                                             31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
-        h = _mm512_permutex2var_epi16(bf16_biased(a), odd, bf16_biased(b));
+        h = cvt ? bf16x32_cvt(a, b) : bf16x32_int(a, b);
     } else {
         h = _mm512_inserti64x4(_mm512_castsi256_si512(narrow(a, dt)), narrow(b, dt), 1);
     }
@@ -136,10 +187,17 @@ AI void st32(void *p, mlaf_dtype dt, int64_t i, __m512 a, __m512 b, int stream) 
         _mm512_storeu_si512((uint16_t *)p + i, h);
 }
 
+/* The lines of pf holding elements [i, i + 32) (one line of 16-bit values, two of f32). */
+AI void prefetch32(const void *pf, mlaf_dtype dt, int64_t i) {
+    const char *p = (const char *)pf + i * (dt == MLAF_F32 ? 4 : 2);
+    _mm_prefetch(p, _MM_HINT_T0);
+    if (dt == MLAF_F32) _mm_prefetch(p + 64, _MM_HINT_T0);
+}
+
 /* The body is inlined with constant dtypes for the common combinations (see scale_avx512) so
  * the loop carries no per-vector dtype tests. */
 AI void scale_body(const void *x, mlaf_dtype dt, int64_t n, float rstd, const float *w, void *out,
-                   mlaf_dtype odt, void *out2, mlaf_dtype o2dt, int stream) {
+                   mlaf_dtype odt, void *out2, mlaf_dtype o2dt, int stream, const void *pf, int cvt) {
     const __m512 r = _mm512_set1_ps(rstd);
     int64_t i = 0;
     if (stream) {
@@ -159,11 +217,13 @@ AI void scale_body(const void *x, mlaf_dtype dt, int64_t n, float rstd, const fl
         }
     }
     for (; i + 32 <= n; i += 32) {
+        if (pf) prefetch32(pf, dt, i);
         __m512 y0 = _mm512_mul_ps(_mm512_mul_ps(ld16(x, dt, i), r), _mm512_loadu_ps(w + i));
         __m512 y1 = _mm512_mul_ps(_mm512_mul_ps(ld16(x, dt, i + 16), r), _mm512_loadu_ps(w + i + 16));
-        if (out) st32(out, odt, i, y0, y1, stream);
-        if (out2) st32(out2, o2dt, i, y0, y1, stream);
+        if (out) st32(out, odt, i, y0, y1, stream, cvt);
+        if (out2) st32(out2, o2dt, i, y0, y1, stream, cvt);
     }
+    if (pf && i < n) prefetch32(pf, dt, i);
     for (; i < n; i += 16) {
         __mmask16 k = tail_mask(n - i < 16 ? n - i : 16);
         __m512 y = _mm512_mul_ps(_mm512_mul_ps(ld16m(x, dt, i, k), r), _mm512_maskz_loadu_ps(k, w + i));
@@ -172,7 +232,7 @@ AI void scale_body(const void *x, mlaf_dtype dt, int64_t n, float rstd, const fl
     }
 }
 
-#define SCALE_SAME(DT, OUT, OUT2, S) scale_body(x, DT, n, rstd, w, OUT, DT, OUT2, DT, S)
+#define SCALE_SAME(DT, OUT, OUT2, S) scale_body(x, DT, n, rstd, w, OUT, DT, OUT2, DT, S, pf, 0)
 #define SCALE_BY_DT(OUT, OUT2, S)                                           \
     switch (dt) {                                                           \
     case MLAF_F32: SCALE_SAME(MLAF_F32, OUT, OUT2, S); return;              \
@@ -180,12 +240,18 @@ AI void scale_body(const void *x, mlaf_dtype dt, int64_t n, float rstd, const fl
     default: SCALE_SAME(MLAF_BF16, OUT, OUT2, S); return;                   \
     }
 
+/* Streaming stays on only when the two outputs (if two) reach a line boundary at the same
+ * element, since scale_body peels one head for both. */
+static int stream_ok(int stream, const void *out, mlaf_dtype odt, const void *out2, mlaf_dtype o2dt) {
+    return stream && !(out && out2 &&
+                       ((64 - (uintptr_t)out % 64) % 64) / mlaf_dtype_size(odt) !=
+                           ((64 - (uintptr_t)out2 % 64) % 64) / mlaf_dtype_size(o2dt));
+}
+
 static void scale_avx512(const void *x, mlaf_dtype dt, int64_t n, float rstd, const float *w,
-                         void *out, mlaf_dtype odt, void *out2, mlaf_dtype o2dt, int stream) {
-    if (stream && out && out2 &&
-        ((64 - (uintptr_t)out % 64) % 64) / mlaf_dtype_size(odt) !=
-            ((64 - (uintptr_t)out2 % 64) % 64) / mlaf_dtype_size(o2dt))
-        stream = 0; /* the two outputs reach a line boundary at different elements */
+                         void *out, mlaf_dtype odt, void *out2, mlaf_dtype o2dt, int stream,
+                         const void *pf) {
+    stream = stream_ok(stream, out, odt, out2, o2dt);
     if (odt == dt && (!out2 || o2dt == dt)) {
         if (!out2) {
             if (stream) SCALE_BY_DT(out, NULL, 1)
@@ -194,10 +260,41 @@ static void scale_avx512(const void *x, mlaf_dtype dt, int64_t n, float rstd, co
         if (stream) SCALE_BY_DT(out, out2, 1)
         SCALE_BY_DT(out, out2, 0)
     }
-    scale_body(x, dt, n, rstd, w, out, odt, out2, o2dt, stream); /* a cache dtype of its own */
+    scale_body(x, dt, n, rstd, w, out, odt, out2, o2dt, stream, pf, 0); /* a cache dtype of its own */
+}
+
+/* scale_avx512 with bf16 outputs narrowed by bf16x32_cvt: all-bf16 calls (the common case) get
+ * their own inlined bodies, everything else goes to scale_avx512. */
+static BF16_TARGET void scale_avx512_bf16(const void *x, mlaf_dtype dt, int64_t n, float rstd,
+                                          const float *w, void *out, mlaf_dtype odt, void *out2,
+                                          mlaf_dtype o2dt, int stream, const void *pf) {
+    const mlaf_dtype B = MLAF_BF16;
+    if (dt != B || (out && odt != B) || (out2 && o2dt != B)) {
+        scale_avx512(x, dt, n, rstd, w, out, odt, out2, o2dt, stream, pf);
+        return;
+    }
+    stream = stream_ok(stream, out, odt, out2, o2dt);
+    if (out && !out2) {
+        if (stream)
+            scale_body(x, B, n, rstd, w, out, B, NULL, B, 1, pf, 1);
+        else
+            scale_body(x, B, n, rstd, w, out, B, NULL, B, 0, pf, 1);
+    } else {
+        scale_body(x, B, n, rstd, w, out, B, out2, B, stream, pf, 1);
+    }
 }
 
 static void fence_avx512(void) { _mm_sfence(); }
+
+/* k_pe rows: whole aligned lines stream (no read-for-ownership), anything else is memcpy. */
+static void copy_avx512(const void *x, size_t bytes, void *out, int stream) {
+    if (!stream || (uintptr_t)out % 64 != 0 || bytes % 64 != 0) {
+        memcpy(out, x, bytes);
+        return;
+    }
+    for (size_t b = 0; b < bytes; b += 64)
+        _mm512_stream_si512((__m512i *)((char *)out + b), _mm512_loadu_si512((const char *)x + b));
+}
 
 static void rope_avx512(const void *x, mlaf_dtype dt, int32_t R, mlaf_rope_style style,
                         const float *cs, void *out, mlaf_dtype odt, void *out2, mlaf_dtype o2dt) {
@@ -235,4 +332,12 @@ static void rope_avx512(const void *x, mlaf_dtype dt, int32_t R, mlaf_rope_style
     if (i < h) mlaf_norm_rope_pairs(x, dt, R, style, cs, i, out, odt, out2, o2dt);
 }
 
-const mlaf_norm_kern mlaf_norm_kern_avx512 = {sumsq_avx512, scale_avx512, rope_avx512, fence_avx512};
+const mlaf_norm_kern mlaf_norm_kern_avx512 = {sumsq_avx512, scale_avx512, rope_avx512, fence_avx512,
+                                              copy_avx512};
+const mlaf_norm_kern mlaf_norm_kern_avx512_bf16 = {sumsq_avx512, scale_avx512_bf16, rope_avx512,
+                                                   fence_avx512, copy_avx512};
+
+int mlaf_norm_avx512_bf16_supported(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512bf16");
+}

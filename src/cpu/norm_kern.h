@@ -11,6 +11,11 @@
  *   Element i is read before element i of out / out2 is written, so out == x is allowed.
  * - scale with `stream` set may use non-temporal stores (large calls, whose outputs would
  *   only evict the inputs from the caches); the caller then calls fence() before it returns.
+ * - scale prefetches `pf` (when not NULL: the same n elements of a row a few rows ahead), one
+ *   cache line for each line of x it consumes, so the next rows' loads are spread over the
+ *   compute of this one instead of arriving in one burst.
+ * - copy moves `bytes` bytes unchanged (k_pe); with `stream` set it may use non-temporal
+ *   stores, under the same fence rule.
  * - rope rotates the R values of x (pairs (2i, 2i+1) or (i, i + R/2)) with c = cs[i],
  *   s = cs[R/2 + i]: y0 = x0*c - x1*s, y1 = x1*c + x0*s, as separate fp32 products and one
  *   add / subtract (never fused), so every path gives the same bits. Both values of a pair
@@ -25,16 +30,21 @@
 typedef struct mlaf_norm_kern {
     float (*sumsq)(const void *x, mlaf_dtype dt, int64_t n);
     void (*scale)(const void *x, mlaf_dtype dt, int64_t n, float rstd, const float *w, void *out,
-                  mlaf_dtype odt, void *out2, mlaf_dtype o2dt, int stream);
+                  mlaf_dtype odt, void *out2, mlaf_dtype o2dt, int stream, const void *pf);
     void (*rope)(const void *x, mlaf_dtype dt, int32_t R, mlaf_rope_style style, const float *cs,
                  void *out, mlaf_dtype odt, void *out2, mlaf_dtype o2dt);
     void (*fence)(void); /* orders non-temporal stores before the op returns */
+    void (*copy)(const void *x, size_t bytes, void *out, int stream);
 } mlaf_norm_kern;
 
 extern const mlaf_norm_kern mlaf_norm_kern_scalar;
 #if defined(MLAF_HAVE_X86_PATHS)
 extern const mlaf_norm_kern mlaf_norm_kern_avx2;
 extern const mlaf_norm_kern mlaf_norm_kern_avx512;
+/* The AVX-512 table with bf16 stores narrowed by VCVTNE2PS2BF16; only for CPUs with
+ * AVX512_BF16 (mlaf_norm_avx512_bf16_supported). */
+extern const mlaf_norm_kern mlaf_norm_kern_avx512_bf16;
+int mlaf_norm_avx512_bf16_supported(void);
 #endif
 
 /* The portable rope, used by the vector paths for the pairs that do not fill a vector (so the
