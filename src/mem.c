@@ -1,6 +1,7 @@
 /*
  * mem.c — backend memory helpers for the tools and tests (hidden from the public API).
  */
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -11,7 +12,12 @@ mlaf_status mlaf_mem_alloc(mlaf_backend b, void **p, size_t bytes) {
     *p = NULL;
     if (bytes == 0) bytes = 1;
     if (b == MLAF_BACKEND_CPU) {
-        *p = malloc(bytes);
+        /* 256-byte aligned, as cudaMalloc is and as tensor allocators are (PyTorch's CPU
+         * allocator aligns to 64 bytes): the tools then lay out host and device buffers alike,
+         * and whole output rows start on cache lines. */
+        const size_t align = 256;
+        if (bytes > SIZE_MAX - align) return MLAF_ERR_OUT_OF_MEMORY;
+        *p = aligned_alloc(align, (bytes + align - 1) / align * align);
         return *p ? MLAF_OK : MLAF_ERR_OUT_OF_MEMORY;
     }
 #ifdef MLAF_WITH_CUDA
