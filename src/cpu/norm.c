@@ -328,14 +328,28 @@ mlaf_status mlaf_cpu_mla_kv_cache(mlaf_context *ctx, const mlaf_kv_cache_job *jo
 
 /* ---- rope_q ---------------------------------------------------------------------------- */
 
+#ifndef ROPE_Q_PREFETCH_HEADS
+#define ROPE_Q_PREFETCH_HEADS 40
+#endif
+
 /* Heads [i0, i1) of the flattened [T, H] index. A bad position is counted once per token
  * (at its head 0). */
 static int64_t rope_q_heads(const mlaf_norm_kern *k, const mlaf_rope_q_job *j, int64_t i0,
                             int64_t i1) {
     const size_t es = mlaf_dtype_size(j->dt);
     const mlaf_rope_job *r = &j->rope;
+    const int64_t rope_bytes = (int64_t)r->R * (int64_t)es;
     int64_t errors = 0;
     for (int64_t i = i0; i < i1; i++) {
+        /* The R columns of consecutive heads are a strided pattern the hardware prefetchers
+         * do not run ahead of: ask for the head ROPE_Q_PREFETCH_HEADS ahead, every line of it
+         * (GLM-4.7-Flash, T = 65536, 2-core development VM: 73-76 ms without, 31-33 ms at
+         * 16 heads ahead, 21-39 ms at 40). */
+        if (i + ROPE_Q_PREFETCH_HEADS < i1) {
+            const int64_t ia = i + ROPE_Q_PREFETCH_HEADS, ta = ia / j->H, ha = ia % j->H;
+            const char *xa = (const char *)j->q + (ta * j->s0 + ha * j->s1 + (j->D - r->R)) * (int64_t)es;
+            for (int64_t b = 0; b < rope_bytes; b += 64) __builtin_prefetch(xa + b, 1, 3);
+        }
         int64_t t = i / j->H, h = i % j->H;
         int64_t pos = mlaf_load_index(r->positions, r->pos_dt, t);
         if (pos < 0 || pos >= r->max_pos) {
