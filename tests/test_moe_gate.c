@@ -289,10 +289,11 @@ static mlaf_moe_gate_params gate_params(int32_t k, int32_t G, int32_t kg, mlaf_s
     return p;
 }
 
-static void test_ties(mlaf_context *ctx) {
+/* Ties and non-finite input at E experts and T tokens; with GLM-4.7-Flash's top-4 of one group
+ * as well when `glm` (the CUDA prefill kernel's shapes are DeepSeek-V3's and GLM's at
+ * T >= 1024, so the larger T reaches its exact path and list overflow). */
+static void ties_at(mlaf_context *ctx, int32_t E, int64_t T, int glm) {
     static const mlaf_dtype dts[] = {MLAF_F32, MLAF_BF16, MLAF_F16};
-    const int32_t E = 256;
-    const int64_t T = 64;
     mlaf_rng rng;
     mlaf_rng_seed(&rng, 5);
     void *lg = malloc((size_t)(T * E) * 4);
@@ -303,6 +304,7 @@ static void test_ties(mlaf_context *ctx) {
             mlaf_moe_gate_params p1 = gate_params(8, 1, 1, (mlaf_score_func)sf, MLAF_GROUP_TOP2_SUM);
             mlaf_moe_gate_params p8 = gate_params(8, 8, 4, (mlaf_score_func)sf, MLAF_GROUP_TOP2_SUM);
             mlaf_moe_gate_params pm = gate_params(6, 8, 3, (mlaf_score_func)sf, MLAF_GROUP_MAX);
+            mlaf_moe_gate_params p4 = gate_params(4, 1, 1, (mlaf_score_func)sf, MLAF_GROUP_TOP2_SUM);
             const char *sfn = sf ? "softmax" : "sigmoid";
             char label[128];
             /* every logit equal: the lowest indices of the lowest groups */
@@ -310,6 +312,10 @@ static void test_ties(mlaf_context *ctx) {
             int32_t first[8] = {0, 1, 2, 3, 4, 5, 6, 7};
             snprintf(label, sizeof label, "ties=row equal,%s,groups=1", sfn);
             exact_case(ctx, label, &p1, E, T, dt, lg, NULL, first);
+            if (glm) {
+                snprintf(label, sizeof label, "ties=row equal,%s,E=%d,top_k=4", sfn, (int)E);
+                exact_case(ctx, label, &p4, E, T, dt, lg, NULL, first);
+            }
             snprintf(label, sizeof label, "ties=row equal,%s,groups=8/4", sfn);
             exact_case(ctx, label, &p8, E, T, dt, lg, NULL, first);
             for (int32_t e = 0; e < E; e++) bias[e] = 0.125f;
@@ -320,6 +326,10 @@ static void test_ties(mlaf_context *ctx) {
                 mlaf_store_f32(lg, dt, i, (float)((int)(mlaf_rng_u64(&rng) % 4) - 2) * 0.5f);
             snprintf(label, sizeof label, "ties=4 values,%s,groups=1", sfn);
             exact_case(ctx, label, &p1, E, T, dt, lg, NULL, NULL);
+            if (glm) {
+                snprintf(label, sizeof label, "ties=4 values,%s,E=%d,top_k=4,bias", sfn, (int)E);
+                exact_case(ctx, label, &p4, E, T, dt, lg, bias, NULL);
+            }
             snprintf(label, sizeof label, "ties=4 values,%s,groups=8/4", sfn);
             exact_case(ctx, label, &p8, E, T, dt, lg, NULL, NULL);
             snprintf(label, sizeof label, "ties=4 values,%s,groups=8/3,max", sfn);
@@ -336,6 +346,10 @@ static void test_ties(mlaf_context *ctx) {
             }
             snprintf(label, sizeof label, "nonfinite=mixed,%s,groups=1", sfn);
             exact_case(ctx, label, &p1, E, T, dt, lg, NULL, NULL);
+            if (glm) {
+                snprintf(label, sizeof label, "nonfinite=mixed,%s,E=%d,top_k=4,bias", sfn, (int)E);
+                exact_case(ctx, label, &p4, E, T, dt, lg, bias, NULL);
+            }
             snprintf(label, sizeof label, "nonfinite=mixed,%s,groups=8/4", sfn);
             exact_case(ctx, label, &p8, E, T, dt, lg, NULL, NULL);
             snprintf(label, sizeof label, "nonfinite=mixed,%s,groups=8/3,max", sfn);
@@ -362,10 +376,22 @@ static void test_ties(mlaf_context *ctx) {
             int32_t after[8] = {4, 5, 6, 7, 8, 9, 10, 11};
             snprintf(label, sizeof label, "nonfinite=bias,%s,groups=1", sfn);
             exact_case(ctx, label, &p1, E, T, dt, lg, bias, after);
+            snprintf(label, sizeof label, "nonfinite=bias,%s,groups=8/4", sfn);
+            exact_case(ctx, label, &p8, E, T, dt, lg, bias, after);
+            if (glm) {
+                snprintf(label, sizeof label, "nonfinite=bias,%s,E=%d,top_k=4", sfn, (int)E);
+                exact_case(ctx, label, &p4, E, T, dt, lg, bias, after);
+            }
         }
     }
     free(lg);
     free(bias);
+}
+
+static void test_ties(mlaf_context *ctx) {
+    ties_at(ctx, 256, 64, 0);
+    ties_at(ctx, 256, 1091, 0);
+    ties_at(ctx, 64, 1091, 1);
 }
 
 /* ---- misuse: every rejected argument ---------------------------------------------------- */

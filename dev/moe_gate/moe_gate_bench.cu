@@ -89,6 +89,16 @@ template <typename T> static std::vector<Variant> variants(const Router &r, cons
                      [unit](const GateArgs &a, cudaStream_t s) {                                  \
                          launch_team<T, N, L, false, AH, MB>(a, unit, g_sm, s);                   \
                      }});
+#define V4(E_, G_, VB_, KM_)                                                                      \
+    if (solo_fits<T>(a0, E_, G_, VB_, KM_))                                                      \
+        v.push_back({"v4 solo E=" #E_ " VB=" #VB_, [](const GateArgs &a, cudaStream_t s) {       \
+                         launch_solo<T, E_, G_, VB_, KM_>(a, g_sm, s);                           \
+                     }});
+    V4(256, 8, 16, 8) V4(256, 8, 32, 8) V4(64, 1, 8, 4) V4(64, 1, 16, 4)
+    v.push_back({"v5 tiny (else v1)", [](const GateArgs &a, cudaStream_t s) {
+                     if (!try_tiny<T>(a, g_sm, s)) launch_dt<T>(a, g_sm, s);
+                 }});
+    if (getenv("MOE_V4ONLY")) return v; /* v1 (the reference), library, v4 */
     if (r.E == 256) {
         V2(8, 32, 2048)
         V3(32, 8, 4096) V3(16, 16, 4096) V3(8, 32, 4096)
@@ -109,6 +119,7 @@ template <typename T> static std::vector<Variant> variants(const Router &r, cons
     if (r.E == 384) { V2(12, 32, 2048) V3(12, 32, 4096) V3M(12, 32, 4096, 4) V3M(12, 32, 4096, 5) }
     if (r.E == 160) { V2(5, 32, 2048) V3S(20, 8, 4096) V3SM(20, 8, 4) V3SM(20, 8, 5) V3S(5, 32, 4096) }
 #undef V2
+#undef V4
 #undef V3
 #undef V3S
 #undef V3M
@@ -179,6 +190,13 @@ static int run_router(const Router &r, bool quick, float copy_gbs, const char *d
     auto vs = variants<T>(r, a);
     cudaStream_t st;
     CK(cudaStreamCreate(&st));
+    if (const char *pt = getenv("MOE_PROFILE_T")) { /* ncu: one launch per variant at T */
+        a.T = std::min<int64_t>(atoll(pt), Tmax);
+        a.ids = d_ids, a.weights = d_w;
+        for (auto &v : vs) v.fn(a, st);
+        CK(cudaStreamSynchronize(st));
+        return 0;
+    }
     int fail = 0;
 
     /* validation against v1: the random rows, then the same rows with non-finite logits

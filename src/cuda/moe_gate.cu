@@ -1,16 +1,20 @@
 /*
- * moe_gate.cu — CUDA router top-k (SPEC §4). Three kernels, one total order (c descending,
+ * moe_gate.cu — CUDA router top-k (SPEC §4). Five kernels, one total order (c descending,
  * then the lower expert index; an invalid expert, non-finite logit or bias, ranks below every
  * valid one and weighs 0), so ids match the oracle and the CPU exactly, ties included:
+ *   - the tiny kernel (moe_gate_tiny.cuh) for decode sizes, T <= 64: one block per token, one
+ *     thread per expert, every step one warp operation or one barrier;
+ *   - the solo kernel (moe_gate_solo.cuh) for prefill, T >= 1024, at the compiled shapes
+ *     (DeepSeek-V3 / R1, GLM-4.7-Flash; sigmoid): one thread per token, rows staged whole;
  *   - the team kernel (moe_gate_team_kernel, below): a team of L lanes per token with rows
  *     staged through shared memory, the top k found by a threshold and a rank count. It takes
- *     every call whose rows can be copied in 4-byte units, E <= 512 and groups that are a
+ *     the other calls whose rows can be copied in 4-byte units, E <= 512 and groups that are a
  *     power-of-two run of whole lanes, except the two cases that follow;
  *   - the warp-step kernel (moe_gate_fast_kernel) for routers of <= 128 experts in one group
- *     at T >= 1024 (GLM-4.7-Flash, DeepSeek-V2-Lite), where its k rounds of a team max are
+ *     at T >= 1024 that the solo kernel does not take, where its k rounds of a team max are
  *     cheaper than the team kernel's threshold;
  *   - the general kernel (moe_gate_warp_kernel) for everything else (E up to 2048, any
- *     stride or alignment) and for E <= 64 at T <= 64, where its chain is the shortest.
+ *     stride or alignment).
  *
  * Warp-step kernel (moe_gate_fast_kernel). A team of L lanes (8, 16 or 32) owns a token;
  * lane l of the team holds the N contiguous experts [l N, l N + N).
@@ -28,8 +32,6 @@
  *   5. Output lane j < k owns id j; team sums for renormalization; stores of ids / weights.
  * Launch: 4 warps per block, a persistent grid of SMs x resident blocks (occupancy query,
  * cached per instantiation), grid-stride over warp steps so the ring stays full.
- * Small routers at small T (E <= 64, T <= 64) take the general kernel: its 2 experts per lane
- * make the shorter dependency chain.
  *
  * General kernel (moe_gate_warp_kernel), one warp per token; lane l holds experts
  * e = 32 * i + l, i < NMAX:
@@ -1243,9 +1245,17 @@ inline bool team_fits(const GateArgs &a, int N, int L) {
  * T = 131072, 48 us against 52 us for the best team shape). */
 constexpr int64_t kTeamWideBelowT = 1024;
 
+#include "moe_gate_solo.cuh"
+#include "moe_gate_tiny.cuh"
+
+/* Calls from this many tokens take the solo kernel where it fits. */
+constexpr int64_t kSoloFromT = 1024;
+
 template <typename T>
 bool try_team(const GateArgs &a, int sm_count, cudaStream_t stream) {
-    if (a.E <= 64 && a.T <= 64) return false; /* the general kernel's chain is shorter */
+    if (a.T >= kSoloFromT && try_solo<T>(a, sm_count, stream)) return true;
+    if (a.T <= kTinyMaxT && try_tiny<T>(a, sm_count, stream)) return true;
+    if (a.E <= 64 && a.T <= 64) return false; /* shorter chain in the general kernel */
     const int unit = fast_copy_unit<T>(a);
     if (unit == 0) return false;
     if (a.T >= kTeamWideBelowT && a.n_group == 1 && a.E <= 128) {

@@ -1,0 +1,312 @@
+/*
+ * moe_gate_tiny.cuh — the router's decode kernel (T <= 64): one block per token, one thread per
+ * expert (included by moe_gate.cu inside its anonymous namespace, before try_team; uses its
+ * GateArgs, ord32 keys, sigmoid_fast and warp reductions).
+ *
+ * At decode sizes the cost is one token's dependent chain, not throughput. The team kernels
+ * walk each lane's N experts serially and pick the threshold by ceil(k/2) dependent rounds of
+ * a team max; here every step is one warp-wide operation or one block barrier. A unit is one
+ * warp: for a grouped router (n_group > 1, <= 32 experts per group) warp g holds group g in
+ * lanes [0, P) (DeepSeek-V3: 32 of 32 lanes, DeepSeek-V2: 20 of 32), for one group warp w
+ * holds experts [32 w, 32 w + 32) (Kimi-K2: 12 warps, GLM-4.7-Flash: 2). Per token:
+ *   0. Thread (w, l) loads its logit and its bias entry first (both L2-resident in a decode
+ *      loop); thread 0 clears the candidate count, warp 0 the padding of the lists.
+ *   1. s = sigmoid_fast(x) (the team kernel's function, so keys agree bit for bit), or softmax
+ *      over the finite logits (block max of the ordered integer map, exp, block sum: two
+ *      barriers); c = s + b; rank value v = ord32(c), ord32(-inf) for an invalid expert
+ *      (non-finite logit or bias), 0 for padding lanes.
+ *   2. The unit's best two keys by two warp reductions (redux.sync max, then the max with the
+ *      maximum's holders masked out; two holders of the max make it the second too); lane 0
+ *      writes the unit's group score (the team kernel's formula) and its second best.
+ *      Barrier 1.
+ *   3. Every warp, redundantly (no barrier): lane u ranks group u against the others (score
+ *      descending, lower group index first) -> kept mask by ballot; threshold tau = the
+ *      ceil(k/2)-th largest second best over kept units (a warp min when exactly ceil(k/2)
+ *      units are kept, DeepSeek-V3 / V2 / GLM; a rank count otherwise, Kimi-K2). Each of those
+ *      units holds two real experts >= tau, so >= k experts of kept groups are >= tau and the
+ *      whole top k is >= tau (tau is raised to 1 so padding never counts).
+ *   4. Candidates (kept unit, v >= tau; typically k plus a few) append their 64-bit key
+ *      (v, then the lower expert index) and weight to a block list: one shared atomic per warp,
+ *      a ballot prefix within it. Barrier 2.
+ *   5. A candidate's rank is the number of keys above it. Up to 32 candidates: warp 0 alone,
+ *      comparing against a fixed 32 slots (the unused ones are zero, below every key) with all
+ *      loads in flight at once; more (heavy ties, rows of non-finite values): every thread takes
+ *      one candidate, exact count, one more barrier. Rank r < k stores ids[r] and parks its
+ *      weight at slot r.
+ *   6. Weights: every winner sums the k parked weights in slot order (same bits everywhere,
+ *      independent of the list order the atomics gave), then the team kernel's renormalization
+ *      (denom = sum + eps, one __frcp_rn), scaling and shared experts.
+ * The same path is exact for non-finite input and ties (the order is total, and candidates are
+ * a superset of the top k whatever the values), so there is no separate exact path: such rows
+ * only make the list longer.
+ * Launch: T blocks of NW x 32 threads (NW = units rounded up to 2, 4, 8, 12 or 16; extra warps
+ * are padding and rank last), no dynamic shared memory; static shared memory NW x 32 x 12 bytes
+ * plus ~0.2 KB (3.2 KB for NW = 8, 6.3 KB for NW = 16); 59-64 registers, no spills (sm_80 and
+ * sm_90). Never allocates or synchronizes; graph-capturable.
+ * Limits (else try_tiny returns false and the other kernels take the call): 1 <= T <= 64, no
+ * scores output, top_k <= 32, n_group > 1 with <= 32 experts per group and <= 16 groups, or one
+ * group of <= 512 experts. Rows may have any stride (element loads).
+ * Softmax differs from the team kernel only in the order of the exp sum (per warp butterfly,
+ * then the warps in order): 1/sum may differ by an ulp, so near-ties (~1e-7 relative) may
+ * order differently; sigmoid keys are the team kernel's bit for bit.
+ */
+
+constexpr int64_t kTinyMaxT = 64;
+/* Routers of <= 64 experts in one group (GLM-4.7-Flash) take the tiny kernel too; set false to
+ * leave them to the general kernel. */
+constexpr bool kTinyTakeSmallE = true;
+
+/* Loads NW consecutive 32-bit words of shared memory (16-byte aligned) with vector loads. */
+template <int NW>
+__device__ __forceinline__ void tiny_load_words(const uint32_t *p, uint32_t (&o)[NW]) {
+    if constexpr (NW % 4 == 0) {
+#pragma unroll
+        for (int i = 0; i < NW / 4; i++) {
+            const uint4 q = reinterpret_cast<const uint4 *>(p)[i];
+            o[4 * i] = q.x, o[4 * i + 1] = q.y, o[4 * i + 2] = q.z, o[4 * i + 3] = q.w;
+        }
+    } else if constexpr (NW % 2 == 0) {
+#pragma unroll
+        for (int i = 0; i < NW / 2; i++) {
+            const uint2 q = reinterpret_cast<const uint2 *>(p)[i];
+            o[2 * i] = q.x, o[2 * i + 1] = q.y;
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < NW; i++) o[i] = p[i];
+    }
+}
+
+template <typename T, int NW, bool kSoftmax>
+__global__ void __launch_bounds__(NW * 32, 1) moe_gate_tiny_kernel(const GateArgs a) {
+    static_assert(NW >= 2 && NW <= 16 && NW % 2 == 0, "tiny: 2..16 warps");
+    constexpr int kCap = NW * 32; /* every real expert fits in the list */
+    __shared__ __align__(16) uint32_t s_gs[NW];  /* group score key per unit */
+    __shared__ __align__(16) uint32_t s_k2[NW];  /* second best key per unit */
+    __shared__ __align__(16) uint32_t s_red[NW]; /* softmax: per-warp max key */
+    __shared__ __align__(16) uint32_t s_sum[NW]; /* softmax: per-warp sum (f32 bits) */
+    __shared__ __align__(16) unsigned long long s_key[kCap];
+    __shared__ __align__(16) float s_w[kCap];
+    __shared__ __align__(16) float s_sel[32]; /* weight of rank r */
+    __shared__ int s_n;
+
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    const int64_t t = blockIdx.x;
+    const int32_t E = a.E;
+    const bool grouped = a.n_group > 1;
+    const int pw = grouped ? a.P : 32; /* expert slots per warp */
+    const int e = w * pw + lane;
+    const bool in = lane < pw && e < E;
+
+    /* 0. loads first */
+    float x = 0.0f, b = 0.0f;
+    if (in) {
+        x = mlaf_elem<T>::load(__ldg(static_cast<const T *>(a.logits) + t * a.logits_stride + e));
+        if (a.bias) b = __ldg(a.bias + e);
+    }
+    if (threadIdx.x == 0) s_n = 0;
+    if (w == 0) {
+        s_key[lane] = 0ull; /* slots [n, 32) read as "below every key" */
+        s_sel[lane] = 0.0f; /* slots [k, 32) add nothing */
+    }
+
+    /* 1. scores, rank values */
+    const bool xf = in && isfinite(x);
+    float s;
+    if constexpr (kSoftmax) {
+        const uint32_t mk = warp_max_u32(xf ? ord32(x) : 0u);
+        if (lane == 0) s_red[w] = mk;
+        __syncthreads();
+        uint32_t r[NW];
+        tiny_load_words<NW>(s_red, r);
+        uint32_t mall = 0u;
+#pragma unroll
+        for (int h = 0; h < NW; h++) mall = max(mall, r[h]);
+        const float m = mall ? unord32(mall) : kNegInf; /* max over the finite logits */
+        const float ex = xf ? __expf(x - m) : 0.0f;
+        const float ws = warp_sum(ex);
+        if (lane == 0) s_sum[w] = __float_as_uint(ws);
+        __syncthreads();
+        tiny_load_words<NW>(s_sum, r);
+        float sum = 0.0f;
+#pragma unroll
+        for (int h = 0; h < NW; h++) sum += __uint_as_float(r[h]);
+        const float rinv = 1.0f / (sum > 0.0f ? sum : 1.0f);
+        s = __fmul_rn(ex, rinv);
+    } else {
+        s = sigmoid_fast(x);
+    }
+    const bool valid = xf && isfinite(b);
+    const uint32_t v = valid ? ord32(s + b) : (in ? kOrdNegInf : 0u);
+    const float wgt = valid ? s : 0.0f; /* invalid experts weigh 0 */
+
+    /* 2. the unit's best two keys; group score */
+    const uint32_t k1 = warp_max_u32(v);
+    const unsigned eq = __ballot_sync(kFull, v == k1);
+    const uint32_t k2o = warp_max_u32(v == k1 ? 0u : v);
+    const uint32_t k2 = (eq & (eq - 1u)) ? k1 : k2o;
+    if (lane == 0) {
+        s_k2[w] = k2;
+        if (grouped) {
+            uint32_t gv = 0u; /* no valid expert in the group */
+            if (k1 > kOrdNegInf) {
+                const float g1 = unord32(k1);
+                gv = ord32(((a.group_max || k2 <= kOrdNegInf) ? g1 : g1 + unord32(k2)) + 0.0f);
+            }
+            s_gs[w] = gv;
+        }
+    }
+    __syncthreads();
+
+    /* 3. kept units and the threshold (every warp the same) */
+    const int u = lane < NW ? lane : NW - 1;
+    const bool ul = lane < NW;
+    uint32_t k2s[NW];
+    tiny_load_words<NW>(s_k2, k2s);
+    const uint32_t k2u = s_k2[u];
+    uint32_t kept;
+    if (grouped) {
+        uint32_t gs[NW];
+        tiny_load_words<NW>(s_gs, gs);
+        const uint32_t gu = s_gs[u];
+        int better = 0;
+#pragma unroll
+        for (int h = 0; h < NW; h++) better += (gs[h] > gu) || (gs[h] == gu && h < u);
+        kept = __ballot_sync(kFull, ul && better < a.topk_group);
+    } else {
+        kept = NW == 32 ? kFull : ((1u << NW) - 1u);
+    }
+    const bool ku = ul && ((kept >> u) & 1u);
+    const int jn = (a.top_k + 1) >> 1;
+    uint32_t tau;
+    if (__popc(kept) == jn) {
+        tau = warp_min_u32(ku ? k2u : 0xffffffffu);
+    } else {
+        int rk = 0;
+#pragma unroll
+        for (int h = 0; h < NW; h++)
+            rk += ((kept >> h) & 1u) && (k2s[h] > k2u || (k2s[h] == k2u && h < u));
+        const unsigned sel = __ballot_sync(kFull, ku && rk == jn - 1);
+        tau = sel ? __shfl_sync(kFull, k2u, __ffs(sel) - 1) : 0u;
+    }
+    tau = max(tau, 1u); /* real experts only (and all of them when tau says nothing) */
+
+    /* 4. candidates into the block list */
+    const bool cand = ((kept >> w) & 1u) && v >= tau;
+    const unsigned bal = __ballot_sync(kFull, cand);
+    if (bal) {
+        int base = 0;
+        if (lane == 0) base = atomicAdd(&s_n, __popc(bal));
+        base = __shfl_sync(kFull, base, 0);
+        if (cand) {
+            const int pos = base + __popc(bal & ((1u << lane) - 1u));
+            s_key[pos] = ((unsigned long long)v << 32) | (uint32_t)(0xffffffffu - (uint32_t)e);
+            s_w[pos] = wgt;
+        }
+    }
+    __syncthreads();
+    const int n = s_n;
+    const int K = a.top_k;
+
+    /* 5. ranks */
+    const bool small = n <= 32;
+    if (small && w != 0) return;
+    int r = K, id = 0;
+    float wi = 0.0f;
+    const int i = small ? lane : (int)threadIdx.x;
+    if (i < n) {
+        const unsigned long long ki = s_key[i];
+        wi = s_w[i];
+        id = (int)(0xffffffffu - (uint32_t)ki);
+        int cnt = 0;
+        if (small) {
+            const ulonglong2 *q = reinterpret_cast<const ulonglong2 *>(s_key);
+            ulonglong2 kk[16];
+#pragma unroll
+            for (int j = 0; j < 16; j++) kk[j] = q[j];
+#pragma unroll
+            for (int j = 0; j < 16; j++) cnt += (kk[j].x > ki) + (kk[j].y > ki);
+        } else {
+            for (int j = 0; j < n; j++) cnt += s_key[j] > ki;
+        }
+        r = cnt;
+        if (r < K) s_sel[r] = wi;
+    }
+    if (small)
+        __syncwarp();
+    else
+        __syncthreads();
+
+    /* 6. weights (the team kernel's formulas), stores */
+    const bool win = r < K;
+    if (!win && w != 0) return;
+    float sum = 0.0f;
+    for (int j = 0; j < K; j += 8) {
+        const float4 p0 = *reinterpret_cast<const float4 *>(s_sel + j);
+        const float4 p1 = *reinterpret_cast<const float4 *>(s_sel + j + 4);
+        sum += ((p0.x + p0.y) + (p0.z + p0.w)) + ((p1.x + p1.y) + (p1.z + p1.w));
+    }
+    float routed = sum, rden = 1.0f;
+    if (a.renormalize) {
+        const float denom = sum + a.eps;
+        rden = denom > 0.0f ? __frcp_rn(denom) : 1.0f;
+        if (a.n_shared > 0) {
+            routed = 0.0f;
+            for (int j = 0; j < K; j += 8) {
+                const float4 p0 = *reinterpret_cast<const float4 *>(s_sel + j);
+                const float4 p1 = *reinterpret_cast<const float4 *>(s_sel + j + 4);
+                routed += ((p0.x * rden + p0.y * rden) + (p0.z * rden + p0.w * rden)) +
+                          ((p1.x * rden + p1.y * rden) + (p1.z * rden + p1.w * rden));
+            }
+        }
+    }
+    auto put_w = [&](int j, float wv) {
+        if (a.weights_f32)
+            static_cast<float *>(a.weights)[t * a.weights_stride + j] = wv;
+        else
+            mlaf_st(static_cast<T *>(a.weights) + t * a.weights_stride + j, wv);
+    };
+    if (win) {
+        a.ids[t * a.ids_stride + r] = id;
+        const float wr = wi * rden;
+        put_w(r, a.apply_scaling ? wr * a.scaling : wr);
+    }
+    if (w == 0) {
+        const float shared_w = routed / a.scaling;
+        for (int j = K + lane; j < a.K; j += 32) {
+            a.ids[t * a.ids_stride + j] = E + (j - K);
+            put_w(j, shared_w);
+        }
+    }
+}
+
+template <typename T, int NW>
+void launch_tiny(const GateArgs &a, cudaStream_t stream) {
+    if (a.softmax)
+        moe_gate_tiny_kernel<T, NW, true><<<(unsigned)a.T, NW * 32, 0, stream>>>(a);
+    else
+        moe_gate_tiny_kernel<T, NW, false><<<(unsigned)a.T, NW * 32, 0, stream>>>(a);
+}
+
+/* Takes decode-size calls (see the limits above); false launches nothing. */
+template <typename T>
+bool try_tiny(const GateArgs &a, int sm_count, cudaStream_t stream) {
+    (void)sm_count;
+    if (a.T < 1 || a.T > kTinyMaxT || a.scores != nullptr) return false;
+    if (a.top_k < 1 || a.top_k > 32 || a.E < 1) return false;
+    int units;
+    if (a.n_group > 1) {
+        if (a.n_group > 16 || a.P > 32 || a.P < 1 || a.n_group * a.P != a.E) return false;
+        units = a.n_group;
+    } else {
+        if (a.E > 512) return false;
+        if (!kTinyTakeSmallE && a.E <= 64) return false;
+        units = (a.E + 31) / 32;
+    }
+    if (units <= 2) launch_tiny<T, 2>(a, stream);
+    else if (units <= 4) launch_tiny<T, 4>(a, stream);
+    else if (units <= 8) launch_tiny<T, 8>(a, stream);
+    else if (units <= 12) launch_tiny<T, 12>(a, stream);
+    else launch_tiny<T, 16>(a, stream);
+    return true;
+}
