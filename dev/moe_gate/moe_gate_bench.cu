@@ -89,12 +89,16 @@ template <typename T> static std::vector<Variant> variants(const Router &r, cons
                      [unit](const GateArgs &a, cudaStream_t s) {                                  \
                          launch_team<T, N, L, false, AH, MB>(a, unit, g_sm, s);                   \
                      }});
-#define V4(E_, G_, VB_, KM_)                                                                      \
+#define V4(E_, G_, VB_, KM_, F_)                                                                  \
     if (solo_fits<T>(a0, E_, G_, VB_, KM_))                                                      \
-        v.push_back({"v4 solo E=" #E_ " VB=" #VB_, [](const GateArgs &a, cudaStream_t s) {       \
-                         launch_solo<T, E_, G_, VB_, KM_>(a, g_sm, s);                           \
+        v.push_back({"v4 solo E=" #E_ " VB=" #VB_ " F=" #F_, [](const GateArgs &a, cudaStream_t s) { \
+                         launch_solo<T, E_, G_, VB_, KM_, F_>(a, g_sm, s);                       \
                      }});
-    V4(256, 8, 16, 8) V4(256, 8, 32, 8) V4(64, 1, 8, 4) V4(64, 1, 16, 4)
+    /* F: 1 recompute s in pass 2, 4 pass 1 unrolled by two units */
+    V4(256, 8, 16, 8, 0) V4(256, 8, 16, 8, 4)
+    if (sizeof(T) == 2) { V4(256, 8, 16, 8, 1) V4(256, 8, 16, 8, 5) }
+    V4(64, 1, 8, 4, 0) V4(64, 1, 8, 4, 4) V4(64, 1, 16, 4, 0)
+    if (sizeof(T) == 2) { V4(64, 1, 8, 4, 1) }
     v.push_back({"v5 tiny (else v1)", [](const GateArgs &a, cudaStream_t s) {
                      if (!try_tiny<T>(a, g_sm, s)) launch_dt<T>(a, g_sm, s);
                  }});

@@ -4,55 +4,106 @@
  *
  * The team kernels spend most of their instructions coordinating lanes (shuffles, ballots,
  * prefix sums: ~560 warp instructions per DeepSeek-V3 token). Here a lane owns a whole token,
- * so a warp instruction advances 32 tokens and no step needs another lane:
- *   0. A warp stages its tile of 32 rows into shared memory with 16-byte cp.async (8 lanes per
- *      row line, so reads are whole 128-byte lines) in a [chunk][lane] layout whose row is
- *      XOR-swizzled by the chunk index: the copies and every later per-lane read are free of
- *      bank conflicts.
- *   1. Pass 1, per unit of VB experts: s = sigmoid(x) (the team kernel's formula, so keys agree
- *      bit for bit), written back over the row as f32 (bf16 / f16 rows are staged in the upper
- *      half of the f32 tile; a lane's s never lands on logits it has not read yet); c = s + b
- *      (b from a padded block copy: lanes in different groups read distinct banks); the unit's
- *      best two c. A non-finite logit in the row (x * 0 + acc turns NaN) sends the token to the
- *      exact path.
- *   2. Groups (G > 1: a unit is a group): group score from its best two, ranks counted.
- *   3. Threshold: tau = the k-th largest of the best-two values of kept units. Those are k real
- *      experts >= tau, so the top k are all >= tau.
- *   4. Pass 2 over kept groups (ascending expert index): c >= tau goes to a per-lane list
- *      (predicated store, no branch); typically k plus a few candidates.
+ * so a warp instruction advances 32 tokens and no step needs another lane (~190 warp
+ * instructions per DeepSeek-V3 token, ncu):
+ *   0. Each lane stages its own row into its own shared-memory row (rows padded by 16 bytes,
+ *      so the 32 lanes reading the same offset hit distinct banks): on sm_90 one bulk copy per
+ *      row segment, counted in bytes on an mbarrier; elsewhere 16-byte cp.async by runs of lanes.
+ *      Two segments, so pass 1 starts while the second half of every row is in flight.
+ *   1. Pass 1, per unit of VB experts (a unit's loads issued before the previous unit's stores,
+ *      which the compiler cannot move loads across): s = sigmoid(x) (the team kernel's formula,
+ *      so keys agree bit for bit), written back over the row as f32 (bf16 / f16 logits are
+ *      staged in the upper half of the f32 row; a lane's s never lands on logits it has not read
+ *      yet), or not kept at all (kSoloRecompute); c = s + b (b from a block copy padded per
+ *      group, so lanes in different groups read distinct banks); the unit's best two c.
+ *      A non-finite logit (x * 0 + acc turns NaN) sends the token to the exact path.
+ *   2. Groups: a group's score from its units' best two; ranks counted.
+ *   3. Threshold: tau = the k-th largest of the best-two values of kept units (a bitonic
+ *      selection network). Those are k real experts >= tau, so the top k are all >= tau; with
+ *      units of 16 experts the candidates below are k plus one or two on random rows.
+ *   4. Pass 2 over kept groups, ascending expert index: c >= tau goes to a per-lane list
+ *      (predicated stores, no branch).
  *   5. Insertion into a sorted top-KMAX in registers (strict >, so on equal c the earlier, lower
- *      index stays ahead: the library's order); weights are the winners' s, read back.
+ *      index stays ahead: the library's order); the winners' weights are their s.
  *   6. Renormalize, scale, shared experts, stores, with the team kernel's formulas.
  * Rows with a non-finite logit or bias, and lists that overflow (heavy ties), take solo_exact:
  * the SPEC §4 policy computed from the row in global memory, out of line.
- * Shared memory per warp: the f32 tile (128 E bytes) and a 16-entry list; per block the bias.
  * Limits (else the caller keeps the team kernels): sigmoid, no scores output, 16-byte aligned
  * rows, the compiled shapes (E, G) with k <= KMAX and k <= 2 x kept units.
+ * Performance (H200, T = 131072, dev/moe_gate): DeepSeek-V3 f32 75 us (2.2x its 34 us floor;
+ * the team kernel took 126), bf16 65 us; GLM-4.7-Flash f32 26 us. ncu: ~5.4 warps per SM
+ * (shared memory: 1 KB per f32 token), ~3.4 cycles per issued instruction per warp, 20% of
+ * the samples waiting for the tile's bytes.
  */
 
 constexpr int kSoloWarps = 2;
-constexpr int kSoloCap = 16; /* candidate list entries per token */
 
-template <typename T, int E, int G, int VB> struct SoloShape {
+/* Variant flags: kSoloRecompute keeps only the logits in shared memory and recomputes s in
+ * pass 2 (half the shared memory for bf16 / f16 rows, 1.5x the sigmoids); kSoloUnroll2 unrolls
+ * pass 1 by two units. */
+constexpr int kSoloRecompute = 1, kSoloUnroll2 = 4;
+
+/* Shared memory of one warp: 32 rows, one per lane, each padded by 16 bytes so that the 32
+ * lanes reading the same offset of their rows hit distinct banks; row r holds s (f32) with the
+ * logits staged in its upper part (bf16 / f16: s is written over logits already read), or the
+ * logits alone (kSoloRecompute); then NS mbarriers and the [slot][lane] candidate list. */
+template <typename T, int E, int G, int VB, int F = 0> struct SoloShape {
+    static constexpr bool RC = (F & kSoloRecompute) != 0;
     static constexpr int P = E / G;                       /* experts per group */
     static constexpr int U = E / VB;                      /* tracked units */
+    static constexpr int UG = P / VB;                     /* units per group */
     static constexpr int EPC = 16 / (int)sizeof(T);       /* logits per 16-byte chunk */
     static constexpr int XC = E / EPC;                    /* logits chunks per row */
-    static constexpr int kTileBytes = E * 4 * 32;         /* s tile, f32 */
-    static constexpr int kXOff = kTileBytes - E * (int)sizeof(T) * 32;
-    static constexpr int kListBytes = kSoloCap * 8 * 32;
-    static constexpr int kWarpBytes = kTileBytes + kListBytes;
+    static constexpr int kXBytes = E * (int)sizeof(T);    /* logits per row */
+    static constexpr int kRowBytes = (RC ? kXBytes : E * 4) + 16;
+    static constexpr int kXOff = kRowBytes - 16 - kXBytes; /* logits within a row */
+    static constexpr int NS = U % 2 == 0 && XC % 2 == 0 ? 2 : 1; /* staging segments */
+    static constexpr int kCap = U < 8 ? 8 : U;            /* list entries per token (>= tops) */
+    static constexpr int kBarOff = 32 * kRowBytes;
+    static constexpr int kListOff = kBarOff + 16;
+    static constexpr int kWarpBytes = kListOff + kCap * 8 * 32;
     static constexpr int kBiasStride = P + 4;             /* floats per group */
     static constexpr int kBiasBytes = (G * kBiasStride * 4 + 15) / 16 * 16;
     static constexpr int kSmemBytes = kBiasBytes + kSoloWarps * kWarpBytes;
-    static_assert(E % G == 0 && P % VB == 0 && VB % EPC == 0 && VB % 4 == 0, "solo shape");
-    static constexpr int UG = P / VB;                     /* units per group */
-    static_assert(sizeof(T) == 4 || E % 64 == 0, "solo: in-place s needs E % 64 == 0");
-    static_assert(U <= kSoloCap, "solo: the unit tops share the list");
+    static_assert(E % G == 0 && P % VB == 0 && VB % EPC == 0 && P % EPC == 0, "solo shape");
+    static_assert(RC || sizeof(T) == 4 || (E * 2) % 16 == 0, "solo: row layout");
+    static_assert(((kRowBytes / 16) & 1) == 1, "solo: odd row stride in 16-byte units");
+    static_assert(XC % NS == 0 && U % NS == 0 && NS <= 2, "solo: staging segments");
 };
 
-/* Byte offset of 16-byte chunk c of lane `lane` in a [chunk][lane] tile. */
-__device__ __forceinline__ int solo_slot(int c, int lane) { return (c * 32 + (lane ^ (c & 7))) << 4; }
+/* ---- staging: sm_90 bulk copies (one per row segment) on an mbarrier; cp.async elsewhere -- */
+__device__ __forceinline__ void solo_bar_init(uint32_t bar, uint32_t count) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+#endif
+}
+/* One row segment global -> shared, its bytes counted on bar (the lane arrives with them). */
+__device__ __forceinline__ void solo_bulk_row(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+    if (bytes)
+        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                     ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
+#endif
+}
+__device__ __forceinline__ void solo_bar_wait(uint32_t bar, uint32_t parity) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    uint32_t ok = 0;
+    do {
+        asm volatile("{\n\t.reg .pred p;\n\t"
+                     "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
+                     "selp.u32 %0, 1, 0, p;\n\t}"
+                     : "=r"(ok) : "r"(bar), "r"(parity) : "memory");
+    } while (!ok);
+#endif
+}
+/* This lane's earlier shared-memory accesses are ordered before its later bulk copies. */
+__device__ __forceinline__ void solo_fence_async() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+#endif
+}
 
 /* Bitonic stages that sort v[o, o + W) descending (W a power of two). */
 template <int N, int W>
@@ -202,18 +253,23 @@ __device__ __noinline__ void solo_exact(const GateArgs a, int64_t t) {
     solo_store<T, KMAX>(a, t, E, oid, ow);
 }
 
-template <typename T, int E, int G, int VB, int KMAX>
+template <typename T, int E, int G, int VB, int KMAX, int F>
 __global__ void __launch_bounds__(kSoloWarps * 32)
 moe_gate_solo_kernel(const GateArgs a) {
-    using S = SoloShape<T, E, G, VB>;
-    constexpr int P = S::P, U = S::U, EPC = S::EPC;
+    using S = SoloShape<T, E, G, VB, F>;
+    constexpr int P = S::P, U = S::U, EPC = S::EPC, NS = S::NS;
+    constexpr bool RC = S::RC;
+    constexpr int NCH = VB / EPC;               /* logits chunks per unit */
+    constexpr int SEGB = S::kXBytes / NS;       /* bytes per row segment */
     extern __shared__ __align__(16) unsigned char ssmem[];
     float *bsm = reinterpret_cast<float *>(ssmem);
     const int lane = threadIdx.x & 31;
     const int wib = threadIdx.x >> 5;
-    unsigned char *tile = ssmem + S::kBiasBytes + wib * S::kWarpBytes;
-    unsigned char *xs = tile + S::kXOff;
-    unsigned char *lst = tile + S::kTileBytes; /* [slot][lane] 8-byte entries */
+    unsigned char *wbase = ssmem + S::kBiasBytes + wib * S::kWarpBytes;
+    unsigned char *srow = wbase + lane * S::kRowBytes; /* this lane's row */
+    const unsigned char *xrow = srow + S::kXOff;
+    uint2 *list = reinterpret_cast<uint2 *>(wbase + S::kListOff) + lane; /* entry j: list[32 j] */
+    const uint32_t bar0 = (uint32_t)__cvta_generic_to_shared(wbase + S::kBarOff);
 
     /* bias, padded per group; a non-finite bias sends every token to the exact path */
     int bias_bad = 0;
@@ -222,43 +278,90 @@ moe_gate_solo_kernel(const GateArgs a) {
         bsm[(e / P) * S::kBiasStride + e % P] = b;
         bias_bad |= !isfinite(b);
     }
+    if (lane == 0)
+        for (int sg = 0; sg < NS; sg++) solo_bar_init(bar0 + 8 * sg, 32);
     const bool all_exact = __syncthreads_or(bias_bad) != 0;
 
     const unsigned char *logits = static_cast<const unsigned char *>(a.logits);
     const int64_t stride_b = a.logits_stride * (int64_t)sizeof(T);
     const int K = a.top_k;
     const int64_t ntiles = (a.T + 31) / 32;
-    for (int64_t tl = (int64_t)blockIdx.x * kSoloWarps + wib; tl < ntiles;
-         tl += (int64_t)gridDim.x * kSoloWarps) {
-        const int64_t t0 = tl * 32;
-        __syncwarp(); /* the previous tile is no longer read */
-        /* 0. stage: flat chunk f = token * XC + chunk, 32 per instruction */
-#pragma unroll 4
-        for (int i = 0; i < S::XC; i++) {
-            const int f = i * 32 + lane;
-            const int r = f / S::XC, c = f % S::XC;
-            if (t0 + r < a.T)
-                cp_async(xs + solo_slot(c, r), logits + (t0 + r) * stride_b + c * 16, 16);
-        }
-        cp_async_commit();
-        cp_async_wait<0>();
-        __syncwarp();
-        const int64_t t = t0 + lane;
+    const int64_t tstep = (int64_t)gridDim.x * kSoloWarps;
+    uint32_t parity = 0;
+    for (int64_t tl = (int64_t)blockIdx.x * kSoloWarps + wib; tl < ntiles; tl += tstep, parity ^= 1u) {
+        const int64_t t = tl * 32 + lane;
         const bool live = t < a.T;
+        /* 0. staging, NS segments so pass 1 starts before the whole row has landed */
+        __syncwarp(); /* every lane is done with the previous tile's list */
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+        solo_fence_async();
+        {
+            const unsigned char *src = logits + (live ? t : 0) * stride_b;
+            const uint32_t dst = (uint32_t)__cvta_generic_to_shared(xrow);
+#pragma unroll
+            for (int sg = 0; sg < NS; sg++)
+                solo_bulk_row(dst + sg * SEGB, src + sg * SEGB, live ? SEGB : 0u, bar0 + 8 * sg);
+        }
+#else
+        {
+            /* 16-byte copies, a run of SCH lanes per row (whole lines), rows land in their
+             * owners' padded rows */
+            constexpr int SCH = S::XC / NS;
+            static_assert(SCH <= 32 && 32 % SCH == 0, "solo: staging shape");
+            const int cl = lane % SCH, r0 = lane / SCH;
+            const int64_t t0 = tl * 32;
+#pragma unroll
+            for (int sg = 0; sg < NS; sg++) {
+#pragma unroll 4
+                for (int i = 0; i < SCH; i++) {
+                    const int r = r0 + (32 / SCH) * i, c = sg * SCH + cl;
+                    if (t0 + r < a.T)
+                        cp_async(wbase + r * S::kRowBytes + S::kXOff + c * 16,
+                                 logits + (t0 + r) * stride_b + c * 16, 16);
+                }
+                cp_async_commit();
+            }
+        }
+#endif
+        /* segment sg of every row of the tile has landed */
+        auto seg_ready = [&](int sg) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+            solo_bar_wait(bar0 + 8 * sg, parity);
+#else
+            if (NS - 1 - sg >= 1) cp_async_wait<1>();
+            else cp_async_wait<0>();
+            __syncwarp();
+#endif
+        };
 
-        /* 1. pass 1 */
+        /* 1. pass 1. A unit's loads are issued before the previous unit's stores (s in place,
+         * its best two), which the compiler could not move them across. */
         float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f}; /* four chains */
-        uint2 *tops = reinterpret_cast<uint2 *>(lst);
-#pragma unroll 1
+        uint4 xn[NCH];
+        seg_ready(0);
+#pragma unroll
+        for (int j = 0; j < NCH; j++) xn[j] = *reinterpret_cast<const uint4 *>(xrow + j * 16);
+#pragma unroll((F & kSoloUnroll2) ? 2 : 1)
         for (int u = 0; u < U; u++) {
+            uint4 xr[NCH];
+#pragma unroll
+            for (int j = 0; j < NCH; j++) xr[j] = xn[j];
             const int g = (u * VB) / P;
             const float *bu = bsm + g * S::kBiasStride + (u * VB - g * P);
+            float4 br[VB / 4];
+#pragma unroll
+            for (int q = 0; q < VB / 4; q++) br[q] = *reinterpret_cast<const float4 *>(bu + 4 * q);
+            if (u + 1 < U) {
+                if (NS > 1 && u + 1 == U / NS) seg_ready(1);
+#pragma unroll
+                for (int j = 0; j < NCH; j++)
+                    xn[j] = *reinterpret_cast<const uint4 *>(xrow + ((u + 1) * NCH + j) * 16);
+            }
             float a1 = kNegInf, a2 = kNegInf, b1 = kNegInf, b2 = kNegInf;
 #pragma unroll
-            for (int j = 0; j < VB / EPC; j++) {
-                const int c = u * (VB / EPC) + j;
-                const uint4 raw = *reinterpret_cast<const uint4 *>(xs + solo_slot(c, lane));
-                const T *el = reinterpret_cast<const T *>(&raw);
+            for (int j = 0; j < NCH; j++) {
+                const int c = u * NCH + j;
+                const T *el = reinterpret_cast<const T *>(&xr[j]);
                 float sv[EPC];
 #pragma unroll
                 for (int i = 0; i < EPC; i++) {
@@ -268,10 +371,10 @@ moe_gate_solo_kernel(const GateArgs a) {
                 }
 #pragma unroll
                 for (int q = 0; q < EPC / 4; q++) {
-                    const int sc = c * (EPC / 4) + q;
-                    *reinterpret_cast<float4 *>(tile + solo_slot(sc, lane)) =
-                        make_float4(sv[4 * q], sv[4 * q + 1], sv[4 * q + 2], sv[4 * q + 3]);
-                    const float4 b4 = *reinterpret_cast<const float4 *>(bu + j * EPC + 4 * q);
+                    if constexpr (!RC)
+                        *reinterpret_cast<float4 *>(srow + (c * EPC + 4 * q) * 4) =
+                            make_float4(sv[4 * q], sv[4 * q + 1], sv[4 * q + 2], sv[4 * q + 3]);
+                    const float4 b4 = br[(j * EPC) / 4 + q];
                     const float cc[4] = {sv[4 * q] + b4.x, sv[4 * q + 1] + b4.y,
                                          sv[4 * q + 2] + b4.z, sv[4 * q + 3] + b4.w};
 #pragma unroll
@@ -287,7 +390,7 @@ moe_gate_solo_kernel(const GateArgs a) {
                 }
             }
             const float m1 = fmaxf(a1, b1), m2 = fmaxf(fminf(a1, b1), fmaxf(a2, b2));
-            tops[u * 32 + lane] = make_uint2(__float_as_uint(m1), __float_as_uint(m2));
+            list[32 * u] = make_uint2(__float_as_uint(m1), __float_as_uint(m2));
         }
         const float accs = (acc[0] + acc[1]) + (acc[2] + acc[3]);
         bool exact = all_exact || accs != accs;
@@ -299,7 +402,7 @@ moe_gate_solo_kernel(const GateArgs a) {
             float tv[2 * U];
 #pragma unroll
             for (int u = 0; u < U; u++) {
-                const uint2 p = tops[u * 32 + lane];
+                const uint2 p = list[32 * u];
                 tv[2 * u] = __uint_as_float(p.x);
                 tv[2 * u + 1] = __uint_as_float(p.y);
             }
@@ -331,31 +434,63 @@ moe_gate_solo_kernel(const GateArgs a) {
             }
             const float tau = solo_kth<2 * U, KMAX>(tv, K);
 
-            /* 4. pass 2: candidates of kept groups, ascending expert index */
+            /* 4. pass 2: candidates of kept groups, ascending expert index. Entries past the
+             * list (heavy ties) are counted, not stored: the token then takes the exact path. */
             int n = 0;
+            auto quad = [&](const float (&sq)[4], const float4 b4, int e0) {
+                const float cc[4] = {sq[0] + b4.x, sq[1] + b4.y, sq[2] + b4.z, sq[3] + b4.w};
+                int o = n;
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    const bool p = cc[i] >= tau;
+                    if (p && o < S::kCap) list[32 * o] = make_uint2(__float_as_uint(cc[i]), (uint32_t)(e0 + i));
+                    o += p;
+                }
+                n = o;
+            };
             uint32_t km = kept;
             const int passes = G > 1 ? a.topk_group : 1;
             for (int it = 0; it < passes; it++) {
                 const int g = __ffs(km) - 1;
                 km &= km - 1;
                 const float *bg = bsm + g * S::kBiasStride;
-#pragma unroll 8
-                for (int j = 0; j < P / 4; j++) {
-                    const int sc = g * (P / 4) + j;
-                    const float4 s4 = *reinterpret_cast<const float4 *>(tile + solo_slot(sc, lane));
-                    const float4 b4 = *reinterpret_cast<const float4 *>(bg + 4 * j);
-                    const float cc[4] = {s4.x + b4.x, s4.y + b4.y, s4.z + b4.z, s4.w + b4.w};
+                /* eight chunks at a time, all loaded before the first list store */
+                constexpr int NQ = P / 4;                 /* quads of the group */
+                constexpr int NB = NQ < 8 ? NQ : 8;
+#pragma unroll 1
+                for (int j0 = 0; j0 < NQ; j0 += NB) {
+                    float4 br[NB];
 #pragma unroll
-                    for (int i = 0; i < 4; i++) {
-                        const bool p = cc[i] >= tau;
-                        if (p && n < kSoloCap)
-                            reinterpret_cast<uint2 *>(lst)[n * 32 + lane] =
-                                make_uint2(__float_as_uint(cc[i]), (uint32_t)(sc * 4 + i));
-                        n += p;
+                    for (int j = 0; j < NB; j++) br[j] = *reinterpret_cast<const float4 *>(bg + 4 * (j0 + j));
+                    if constexpr (RC) {
+                        /* the quads' logits: NB quads = NB * 4 / EPC chunks */
+                        static_assert((NB * 4) % EPC == 0, "solo: quads per chunk");
+                        uint4 xr[NB * 4 / EPC];
+#pragma unroll
+                        for (int j = 0; j < NB * 4 / EPC; j++)
+                            xr[j] = *reinterpret_cast<const uint4 *>(xrow + (g * P + 4 * j0) * (int)sizeof(T) + j * 16);
+                        const T *el = reinterpret_cast<const T *>(xr);
+#pragma unroll
+                        for (int j = 0; j < NB; j++) {
+                            float sq[4];
+#pragma unroll
+                            for (int i = 0; i < 4; i++) sq[i] = sigmoid_fast(mlaf_elem<T>::load(el[4 * j + i]));
+                            quad(sq, br[j], g * P + 4 * (j0 + j));
+                        }
+                    } else {
+                        float4 sr[NB];
+#pragma unroll
+                        for (int j = 0; j < NB; j++)
+                            sr[j] = *reinterpret_cast<const float4 *>(srow + (g * P + 4 * (j0 + j)) * 4);
+#pragma unroll
+                        for (int j = 0; j < NB; j++) {
+                            const float sq[4] = {sr[j].x, sr[j].y, sr[j].z, sr[j].w};
+                            quad(sq, br[j], g * P + 4 * (j0 + j));
+                        }
                     }
                 }
             }
-            exact = n > kSoloCap;
+            exact = n > S::kCap;
             if (!exact) {
                 /* 5. sorted insertion; candidates come in ascending index */
                 float sv[KMAX];
@@ -365,7 +500,7 @@ moe_gate_solo_kernel(const GateArgs a) {
                     tid[i] = 0;
                 }
                 for (int j = 0; j < n; j++) {
-                    const uint2 p = reinterpret_cast<const uint2 *>(lst)[j * 32 + lane];
+                    const uint2 p = list[32 * j];
                     const float x = __uint_as_float(p.x);
                     const int e = (int)p.y;
 #pragma unroll
@@ -382,22 +517,28 @@ moe_gate_solo_kernel(const GateArgs a) {
 #pragma unroll
                 for (int i = 0; i < KMAX; i++) {
                     const int e = tid[i];
-                    tw[i] = *reinterpret_cast<const float *>(tile + solo_slot(e >> 2, lane) + (e & 3) * 4);
+                    if constexpr (RC)
+                        tw[i] = sigmoid_fast(mlaf_elem<T>::load(*reinterpret_cast<const T *>(xrow + e * (int)sizeof(T))));
+                    else
+                        tw[i] = *reinterpret_cast<const float *>(srow + e * 4);
                 }
             }
         }
         if (live && exact) solo_exact<T, E, G, KMAX>(a, t);
         else if (live) solo_store<T, KMAX>(a, t, E, tid, tw);
     }
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ < 900
+    cp_async_wait<0>(); /* no copy outlives the block */
+#endif
 }
 
-template <typename T, int E, int G, int VB, int KMAX> int solo_blocks_per_sm() {
+template <typename T, int E, int G, int VB, int KMAX, int F> int solo_blocks_per_sm() {
     static std::atomic<int> cached{0};
     int v = cached.load(std::memory_order_relaxed);
     if (v == 0) {
         if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-                &v, moe_gate_solo_kernel<T, E, G, VB, KMAX>, kSoloWarps * 32,
-                SoloShape<T, E, G, VB>::kSmemBytes) != cudaSuccess ||
+                &v, moe_gate_solo_kernel<T, E, G, VB, KMAX, F>, kSoloWarps * 32,
+                SoloShape<T, E, G, VB, F>::kSmemBytes) != cudaSuccess ||
             v < 1) {
             (void)cudaGetLastError();
             v = 1;
@@ -407,18 +548,18 @@ template <typename T, int E, int G, int VB, int KMAX> int solo_blocks_per_sm() {
     return v;
 }
 
-template <typename T, int E, int G, int VB, int KMAX>
+template <typename T, int E, int G, int VB, int KMAX, int F = 0>
 void launch_solo(const GateArgs &a, int sm_count, cudaStream_t stream) {
-    using S = SoloShape<T, E, G, VB>;
+    using S = SoloShape<T, E, G, VB, F>;
     static_assert(S::kSmemBytes <= 227 * 1024, "solo kernel shared memory");
     if (S::kSmemBytes > 48 * 1024)
-        (void)cudaFuncSetAttribute(moe_gate_solo_kernel<T, E, G, VB, KMAX>,
+        (void)cudaFuncSetAttribute(moe_gate_solo_kernel<T, E, G, VB, KMAX, F>,
                                    cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmemBytes);
     const int64_t tiles = (a.T + 31) / 32;
     const int64_t want = (tiles + kSoloWarps - 1) / kSoloWarps;
-    const int64_t cap = (int64_t)(sm_count > 0 ? sm_count : 1) * solo_blocks_per_sm<T, E, G, VB, KMAX>();
+    const int64_t cap = (int64_t)(sm_count > 0 ? sm_count : 1) * solo_blocks_per_sm<T, E, G, VB, KMAX, F>();
     const int blocks = (int)(want < cap ? want : cap);
-    moe_gate_solo_kernel<T, E, G, VB, KMAX><<<blocks, kSoloWarps * 32, S::kSmemBytes, stream>>>(a);
+    moe_gate_solo_kernel<T, E, G, VB, KMAX, F><<<blocks, kSoloWarps * 32, S::kSmemBytes, stream>>>(a);
 }
 
 /* Whether the solo kernel (E, G experts / groups, units of VB, KMAX) can run call a. */
@@ -433,13 +574,16 @@ inline bool solo_fits(const GateArgs &a, int E, int G, int VB, int KMAX) {
 /* The prefill router for the shapes compiled here; false: the caller picks another kernel. */
 template <typename T>
 bool try_solo(const GateArgs &a, int sm_count, cudaStream_t stream) {
-#define MLAF_SOLO(E_, G_, VB_, KM_)                                                               \
+    /* H200, dev/moe_gate (T = 131072): pass 1 unrolled by two units everywhere; DeepSeek-V3 with
+     * 2-byte logits recomputes s in pass 2 (twice the resident warps: 76 -> 65 us). */
+    constexpr int kHalf = sizeof(T) == 2 ? kSoloRecompute : 0;
+#define MLAF_SOLO(E_, G_, VB_, KM_, F_)                                                           \
     if (solo_fits<T>(a, E_, G_, VB_, KM_)) {                                                     \
-        launch_solo<T, E_, G_, VB_, KM_>(a, sm_count, stream);                                   \
+        launch_solo<T, E_, G_, VB_, KM_, F_>(a, sm_count, stream);                               \
         return true;                                                                              \
     }
-    MLAF_SOLO(256, 8, 16, 8) /* DeepSeek-V3 / R1 */
-    MLAF_SOLO(64, 1, 8, 4)   /* GLM-4.7-Flash */
+    MLAF_SOLO(256, 8, 16, 8, kSoloUnroll2 | kHalf) /* DeepSeek-V3 / R1 */
+    MLAF_SOLO(64, 1, 8, 4, kSoloUnroll2)           /* GLM-4.7-Flash */
 #undef MLAF_SOLO
     return false;
 }
