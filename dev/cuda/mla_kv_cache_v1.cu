@@ -13,6 +13,13 @@
  * error counter exact. Timing: T in {1, 8, 64} (CUDA-graph replay, us per call), {512, 4096}
  * (the target there: fused >= 1.5x faster) and {32768, 131072} (GB/s vs the same-run D2D copy;
  * bytes = latent row + cos/sin row + position + slot read, q + cache row written).
+ * Launch modes: WAVE, PIPE, LAT, BLK (256-thread block per row, pe rotated by the first warp
+ * after the block barrier) and BLKR (norm warps + a rope warp, what the library runs for
+ * small T), each forced, and auto (what ships).
+ * `--quick`: no T = 131072. `--sweep`: validation, then the small / medium T sweep that sets
+ * the BLKR / WAVE threshold: T in {1, 8, 64, 128, 256, 384, 512, 768, 1024}, graph replay,
+ * unfused chain, WAVE, BLK, BLKR and auto side by side, with each block kernel's registers
+ * and resident blocks per SM.
  */
 #define MLAF_ROW_DEV_MODES /* PIPE and LAT too */
 #include "cuda/norm_common.cuh"
@@ -70,13 +77,82 @@ __global__ void cache_write_sep(const __nv_bfloat16 *kn, const __nv_bfloat16 *kp
 
 /* ---- validation ------------------------------------------------------------------------ */
 static const char *mode_name(int mode) {
-    return mode == MLAF_ROW_WAVE ? "WAVE" : mode == MLAF_ROW_PIPE ? "PIPE" : mode == MLAF_ROW_LAT ? "LAT" : mode == MLAF_ROW_BLK ? "BLK" : "auto";
+    return mode == MLAF_ROW_WAVE ? "WAVE" : mode == MLAF_ROW_PIPE ? "PIPE" : mode == MLAF_ROW_LAT ? "LAT"
+           : mode == MLAF_ROW_BLK ? "BLK" : mode == MLAF_ROW_BLKR ? "BLKR" : "auto";
 }
 static mlaf_row_policy policy(int mode, int64_t max_blocks = 0) {
     mlaf_row_policy p;
     p.mode = mode, p.max_blocks = max_blocks;
     return p;
 }
+
+/* ---- one timed case: buffers for T rows, rotated past L2 ----------------------------- */
+struct kv_case {
+    const dev_shape &s;
+    int64_t T, W, CR, nblocks, nrot;
+    const int64_t bs = 64, max_pos = 131072;
+    const __nv_bfloat16 *dwq, *dwkv;
+    kv_bufs b;
+    size_t fused_bytes;
+    int sms;
+
+    kv_case(const dev_shape &s_, int64_t T_, float *dcs, const __nv_bfloat16 *wq, const __nv_bfloat16 *wkv)
+        : s(s_), T(T_), dwq(wq), dwkv(wkv) {
+        W = s.Q + s.C + s.R, CR = s.C + s.R;
+        fused_bytes = (size_t)T * (2 * W + 4 * s.R + 16 + 2 * s.Q + 2 * CR);
+        nrot = T <= 64 ? 4 : rotations(fused_bytes);
+        nblocks = (T + bs - 1) / bs;
+        sms = sm_count();
+        CK(cudaMalloc(&b.L, (size_t)T * W * 2 * nrot));
+        CK(cudaMalloc(&b.q, (size_t)T * s.Q * 2 * nrot));
+        CK(cudaMalloc(&b.kn, (size_t)T * s.C * 2 * nrot));
+        CK(cudaMalloc(&b.kp, (size_t)T * s.R * 2 * nrot));
+        CK(cudaMalloc(&b.cache, (size_t)nblocks * bs * CR * 2 * nrot));
+        CK(cudaMalloc(&b.pos, T * 8));
+        CK(cudaMalloc(&b.slot, T * 8));
+        b.cs = dcs;
+        b.err = nullptr;
+        dev_fill_bf16(b.L, (size_t)T * W * nrot);
+        std::vector<int64_t> pos(T), slot(T), perm(nblocks);
+        for (int64_t i = 0; i < nblocks; i++) perm[i] = (i * 7919) % nblocks; /* scattered blocks */
+        if (std::gcd(nblocks, (int64_t)7919) != 1)
+            for (int64_t i = 0; i < nblocks; i++) perm[i] = i;
+        for (int64_t t = 0; t < T; t++) pos[t] = t % max_pos, slot[t] = perm[t / bs] * bs + t % bs;
+        CK(cudaMemcpy(b.pos, pos.data(), T * 8, cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(b.slot, slot.data(), T * 8, cudaMemcpyHostToDevice));
+    }
+    ~kv_case() {
+        CK(cudaFree(b.L)); CK(cudaFree(b.q)); CK(cudaFree(b.kn)); CK(cudaFree(b.kp)); CK(cudaFree(b.cache));
+        CK(cudaFree(b.pos)); CK(cudaFree(b.slot));
+    }
+    kv_bufs rot(int i) const {
+        const int64_t r = i % nrot;
+        kv_bufs x = b;
+        x.L += r * T * W, x.q += r * T * s.Q, x.kn += r * T * s.C, x.kp += r * T * s.R;
+        x.cache += r * nblocks * bs * CR;
+        return x;
+    }
+    /* fused: q and the cache row only, as an engine calls it; mode -1 = auto */
+    void fused(cudaStream_t st, int i, int mode) const {
+        CK(mlaf_row_launch<true>(kv_args(s, rot(i), dwq, dwkv, T, max_pos, nblocks, bs, 0, false), MLAF_BF16, sms, st,
+                                 policy(mode)));
+    }
+    void unfused(cudaStream_t st, int i) const {
+        const kv_bufs x = rot(i);
+        mlaf_row_args a = kv_args(s, x, dwq, dwkv, T, max_pos, nblocks, bs, 0, true);
+        CK(mlaf_row_launch<false>(a, MLAF_BF16, sms, st));
+        const int64_t np = T * (s.R / 2), nc = T * (CR / 8);
+        rope_sep<<<(unsigned)((np + 255) / 256), 256, 0, st>>>(x.kp, T, s.R, x.pos, x.cs, max_pos);
+        cache_write_sep<<<(unsigned)((nc + 255) / 256), 256, 0, st>>>(x.kn, x.kp, T, s.C, s.R, x.slot, x.cache,
+                                                                      nblocks * bs);
+    }
+    double graph_fused(int mode) const {
+        return graph_us([&](cudaStream_t st, int i) { fused(st, i, mode); });
+    }
+    double graph_unfused() const {
+        return graph_us([&](cudaStream_t st, int i) { unfused(st, i); });
+    }
+};
 
 static bool validate(const dev_shape &s, int neox, const std::vector<uint16_t> &wq, const std::vector<uint16_t> &wkv,
                      const __nv_bfloat16 *dwq, const __nv_bfloat16 *dwkv, int mode) {
@@ -168,15 +244,57 @@ static bool validate(const dev_shape &s, int neox, const std::vector<uint16_t> &
     return pass;
 }
 
+/* Registers and resident blocks per SM of a block kernel at its block size (the one-wave
+ * bound of BLK / BLKR is resident x SMs rows). */
+template <class K> static void print_occupancy(const char *name, K kernel, int threads, size_t smem) {
+    cudaFuncAttributes fa;
+    int n = 0;
+    CK(cudaFuncGetAttributes(&fa, kernel));
+    CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, smem));
+    printf("  %-4s %3d threads, %3d registers, %lld B local: %d blocks per SM -> one wave up to T = %d\n", name,
+           threads, fa.numRegs, (long long)fa.localSizeBytes, n, n * sm_count());
+}
+
+/* The small / medium T sweep (graph replay, us per call) that sets the BLKR / WAVE threshold. */
+static void sweep(const dev_shape &s, float *dcs, const __nv_bfloat16 *dwq, const __nv_bfloat16 *dwkv) {
+    const int W = 8, nn = (s.Q + s.C) / W, nvec = (s.Q + s.C + s.R) / W, sms = sm_count();
+    if (nvec <= 256) print_occupancy("BLK", mlaf_row_block_kernel<__nv_bfloat16, 1, true>, 256, 4 * s.R * 4);
+    else print_occupancy("BLK", mlaf_row_block_kernel<__nv_bfloat16, 2, true>, 256, 4 * s.R * 4);
+    print_occupancy("BLKR", mlaf_row_blockr_kernel<__nv_bfloat16, 1>, mlaf_rowr_threads(nn), s.R * 4);
+    printf("  auto: BLKR for T <= %d (%d rows per SM), else WAVE\n", mlaf_row_blkr_rows_per_sm(nn) * sms,
+           mlaf_row_blkr_rows_per_sm(nn));
+    printf("  %6s %10s %8s %8s %8s %8s %6s %9s %9s   %s\n", "T", "unfused", "WAVE", "BLK", "BLKR", "auto", "picks",
+           "speedup", "best", "(graph replay, us per call; speedup = unfused / auto)");
+    for (int64_t T : {1, 8, 64, 128, 256, 384, 512, 768, 1024}) {
+        kv_case k(s, T, dcs, dwq, dwkv);
+        const double uf = k.graph_unfused(), wa = k.graph_fused(MLAF_ROW_WAVE), bl = k.graph_fused(MLAF_ROW_BLK),
+                     br = k.graph_fused(MLAF_ROW_BLKR), au = k.graph_fused(-1);
+        const bool blkr = T <= (int64_t)mlaf_row_blkr_rows_per_sm(nn) * sms;
+        const double best = std::min(wa, std::min(bl, br));
+        const char *bn = best == wa ? "WAVE" : best == br ? "BLKR" : "BLK";
+        printf("  %6lld %10.2f %8.2f %8.2f %8.2f %8.2f %6s %8.2fx %9s\n", (long long)T, uf, wa, bl, br, au,
+               blkr ? "BLKR" : "WAVE", uf / au, bn);
+    }
+}
+
 int main(int argc, char **argv) {
-    const bool quick = argc > 1 && !strcmp(argv[1], "--quick");
-    printf("== mla_kv_cache v1: fused library kernel vs split + rope + cache-write kernels\n");
+    bool quick = false, do_sweep = false;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--quick")) quick = true;
+        else if (!strcmp(argv[i], "--sweep")) do_sweep = true;
+        else {
+            fprintf(stderr, "usage: %s [--quick] [--sweep]\n", argv[0]);
+            return 2;
+        }
+    }
+    printf("== mla_kv_cache v1: fused library kernel vs split + rope + cache-write kernels%s\n",
+           do_sweep ? " (sweep)" : "");
     print_device();
-    const double copy = copy_gbps();
-    printf("device-to-device copy (same run): %.0f GB/s\n", copy);
+    const double copy = do_sweep ? 0.0 : copy_gbps();
+    if (!do_sweep) printf("device-to-device copy (same run): %.0f GB/s\n", copy);
     for (const dev_shape &s : dev_shapes) {
-        const int64_t W = s.Q + s.C + s.R, CR = s.C + s.R, bs = 64, max_pos = 131072;
-        printf("\n-- %s: Q=%d C=%d R=%d, paged cache block_size %lld, bf16\n", s.name, s.Q, s.C, s.R, (long long)bs);
+        const int64_t max_pos = 131072;
+        printf("\n-- %s: Q=%d C=%d R=%d, paged cache block_size 64, bf16\n", s.name, s.Q, s.C, s.R);
         dev_rng rng(3);
         std::vector<uint16_t> wq(s.Q), wkv(s.C);
         fill_bf16(wq, rng, 1.0, 0.2);
@@ -186,7 +304,7 @@ int main(int argc, char **argv) {
         CK(cudaMalloc(&dwkv, s.C * 2));
         CK(cudaMemcpy(dwq, wq.data(), s.Q * 2, cudaMemcpyHostToDevice));
         CK(cudaMemcpy(dwkv, wkv.data(), s.C * 2, cudaMemcpyHostToDevice));
-        for (int mode = -1; mode <= MLAF_ROW_BLK; mode++) {
+        for (int mode = -1; mode <= MLAF_ROW_BLKR; mode++) {
             validate(s, 0, wq, wkv, dwq, dwkv, mode);
             validate(s, 1, wq, wkv, dwq, dwkv, mode);
         }
@@ -196,71 +314,32 @@ int main(int argc, char **argv) {
         float *dcs;
         CK(cudaMalloc(&dcs, cs.size() * 4));
         CK(cudaMemcpy(dcs, cs.data(), cs.size() * 4, cudaMemcpyHostToDevice));
+        if (do_sweep) {
+            sweep(s, dcs, dwq, dwkv);
+            CK(cudaFree(dcs)); CK(cudaFree(dwq)); CK(cudaFree(dwkv));
+            continue;
+        }
         printf("  %8s %12s %12s %8s %10s %8s   %s\n", "T", "unfused us", "fused us", "speedup", "fused GB/s", "% copy",
-               "fused WAVE / PIPE / LAT / BLK us");
+               "fused WAVE / PIPE / LAT / BLK / BLKR us");
         std::vector<int64_t> Ts = {1, 8, 64, 512, 4096, 32768};
         if (!quick) Ts.push_back(131072);
         for (int64_t T : Ts) {
-            const size_t fused_bytes = (size_t)T * (2 * W + 4 * s.R + 16 + 2 * s.Q + 2 * CR);
-            const int nrot = T <= 64 ? 4 : rotations(fused_bytes);
-            const int64_t nblocks = (T + bs - 1) / bs;
-            kv_bufs b;
-            CK(cudaMalloc(&b.L, (size_t)T * W * 2 * nrot));
-            CK(cudaMalloc(&b.q, (size_t)T * s.Q * 2 * nrot));
-            CK(cudaMalloc(&b.kn, (size_t)T * s.C * 2 * nrot));
-            CK(cudaMalloc(&b.kp, (size_t)T * s.R * 2 * nrot));
-            CK(cudaMalloc(&b.cache, (size_t)nblocks * bs * CR * 2 * nrot));
-            CK(cudaMalloc(&b.pos, T * 8));
-            CK(cudaMalloc(&b.slot, T * 8));
-            b.cs = dcs;
-            b.err = nullptr;
-            dev_fill_bf16(b.L, (size_t)T * W * nrot);
-            std::vector<int64_t> pos(T), slot(T), perm(nblocks);
-            for (int64_t i = 0; i < nblocks; i++) perm[i] = (i * 7919) % nblocks; /* scattered blocks */
-            if (std::gcd(nblocks, (int64_t)7919) != 1)
-                for (int64_t i = 0; i < nblocks; i++) perm[i] = i;
-            for (int64_t t = 0; t < T; t++) pos[t] = t % max_pos, slot[t] = perm[t / bs] * bs + t % bs;
-            CK(cudaMemcpy(b.pos, pos.data(), T * 8, cudaMemcpyHostToDevice));
-            CK(cudaMemcpy(b.slot, slot.data(), T * 8, cudaMemcpyHostToDevice));
-            auto rot = [&](int i) {
-                const int64_t r = i % nrot;
-                kv_bufs x = b;
-                x.L += r * T * W, x.q += r * T * s.Q, x.kn += r * T * s.C, x.kp += r * T * s.R;
-                x.cache += r * nblocks * bs * CR;
-                return x;
-            };
-            static const int sms = sm_count();
-            int mode = -1;
-            auto fused = [&](cudaStream_t st, int i) {
-                CK(mlaf_row_launch<true>(kv_args(s, rot(i), dwq, dwkv, T, max_pos, nblocks, bs, 0, false), MLAF_BF16, sms,
-                                         st, policy(mode)));
-            };
-            auto unfused = [&](cudaStream_t st, int i) {
-                const kv_bufs x = rot(i);
-                mlaf_row_args a = kv_args(s, x, dwq, dwkv, T, max_pos, nblocks, bs, 0, true);
-                CK(mlaf_row_launch<false>(a, MLAF_BF16, sms, st));
-                const int64_t np = T * (s.R / 2), nc = T * (CR / 8);
-                rope_sep<<<(unsigned)((np + 255) / 256), 256, 0, st>>>(x.kp, T, s.R, x.pos, x.cs, max_pos);
-                cache_write_sep<<<(unsigned)((nc + 255) / 256), 256, 0, st>>>(x.kn, x.kp, T, s.C, s.R, x.slot, x.cache,
-                                                                              nblocks * bs);
-            };
-            double uf, fu, fm[4];
+            kv_case k(s, T, dcs, dwq, dwkv);
+            double uf, fu, fm[MLAF_ROW_BLKR + 1];
             if (T <= 4096) {
-                uf = graph_us(unfused);
-                for (mode = MLAF_ROW_WAVE; mode <= MLAF_ROW_BLK; mode++) fm[mode] = graph_us(fused);
-                mode = -1;
-                fu = graph_us(fused);
+                uf = k.graph_unfused();
+                for (int mode = MLAF_ROW_WAVE; mode <= MLAF_ROW_BLKR; mode++) fm[mode] = k.graph_fused(mode);
+                fu = k.graph_fused(-1);
             } else {
-                uf = time_us([&](int i) { unfused(0, i); });
-                for (mode = MLAF_ROW_WAVE; mode <= MLAF_ROW_BLK; mode++) fm[mode] = time_us([&](int i) { fused(0, i); });
-                mode = -1;
-                fu = time_us([&](int i) { fused(0, i); });
+                uf = time_us([&](int i) { k.unfused(0, i); });
+                for (int mode = MLAF_ROW_WAVE; mode <= MLAF_ROW_BLKR; mode++)
+                    fm[mode] = time_us([&](int i) { k.fused(0, i, mode); });
+                fu = time_us([&](int i) { k.fused(0, i, -1); });
             }
-            const double gbs = fused_bytes / (fu * 1e-6) / 1e9;
-            printf("  %8lld %12.2f %12.2f %7.2fx %10.0f %7.1f%%   %.2f / %.2f / %.2f / %.2f%s\n", (long long)T, uf, fu,
-                   uf / fu, gbs, 100.0 * gbs / copy, fm[0], fm[1], fm[2], fm[3], T <= 4096 ? "   (graph replay, us per call)" : "");
-            CK(cudaFree(b.L)); CK(cudaFree(b.q)); CK(cudaFree(b.kn)); CK(cudaFree(b.kp)); CK(cudaFree(b.cache));
-            CK(cudaFree(b.pos)); CK(cudaFree(b.slot));
+            const double gbs = k.fused_bytes / (fu * 1e-6) / 1e9;
+            printf("  %8lld %12.2f %12.2f %7.2fx %10.0f %7.1f%%   %.2f / %.2f / %.2f / %.2f / %.2f%s\n", (long long)T, uf,
+                   fu, uf / fu, gbs, 100.0 * gbs / copy, fm[0], fm[1], fm[2], fm[3], fm[4],
+                   T <= 4096 ? "   (graph replay, us per call)" : "");
         }
         CK(cudaFree(dcs)); CK(cudaFree(dwq)); CK(cudaFree(dwkv));
     }

@@ -9,7 +9,8 @@
  *    writes neither the cache row nor the dense k_pe row (q and k_nope still written); a
  *    negative slot skips the cache row silently. Cache rows are converted from fp32 straight
  *    to the cache dtype; the cache row address is (slot / block_size) * s0 +
- *    (slot % block_size) * s1 elements, in 64-bit.
+ *    (slot % block_size) * s1 elements, 64-bit offsets (the division itself in 32 bits when
+ *    slot and block_size are below 2^31).
  * Limits and launch shape: see norm_common.cuh.
  */
 #include "norm_common.cuh"

@@ -32,13 +32,19 @@
  *        and token indices loaded with the row, one barrier joins the warp sums: a small-T
  *        call is the dependency chain of one row, and in a warp-per-row kernel most of it was
  *        the warp's own unrolled instructions (GLM T = 1: 1.6 us vs 2.7 us per graph call).
+ *        split_qk_norm's small-T mode.
+ *   BLKR mla_kv_cache's small-T mode: BLK's norm warps (same vectors, same sums, same bits)
+ *        plus a rope warp that owns the pe part, so the position -> cos/sin -> rotation chain
+ *        runs beside the norm chain instead of after the block barrier and the rstd; up to
+ *        min(4, blocks per SM its launch bounds guarantee) rows per SM (one wave).
  *   WAVE (larger T) 4 warps (128 threads) per block, one row per warp, grid ceil(T / 4). One
  *        warp per row keeps the reductions to shuffles with no block barrier; a GLM-4.7-Flash
  *        bf16 row is 168 vectors = 5.25 per lane and a DeepSeek-V3 row 264 = 8.25 per lane,
  *        so rows of these models need NV = 6 and NV = 9, and the register cap keeps ~25-30
  *        rows (~80-100 KB) of loads in flight per SM: 97-98% of copy at T = 131072.
  *   PIPE (persistent grid, next row prefetched) and LAT (weights in registers, no cap) lost
- *        to WAVE / BLK and exist only in the dev/ programs (MLAF_ROW_DEV_MODES).
+ *        to WAVE / BLK and exist only in the dev/ programs (MLAF_ROW_DEV_MODES), as does BLK
+ *        with the cache epilogue (BLKR replaces it).
  * All offsets are 64-bit. No allocation, no host sync: graph capturable.
  */
 #pragma once
@@ -243,7 +249,14 @@ __device__ __forceinline__ mlaf_token_info mlaf_token(const mlaf_row_args &a, in
     return mlaf_token_decide(a, mlaf_token_load(a, t), lane);
 }
 
+/* Element offset of the cache row of slot (0 <= slot < n_slots). A slot and block_size below
+ * 2^31 (every real cache) take 32-bit unsigned division and modulo, a short inline sequence;
+ * larger ones the 64-bit software division. Both give the same quotient and remainder. */
 __device__ __forceinline__ int64_t mlaf_cache_row(const mlaf_row_args &a, int64_t slot) {
+    if ((((uint64_t)slot | (uint64_t)a.block_size) >> 31) == 0) {
+        const uint32_t s = (uint32_t)slot, b = (uint32_t)a.block_size, blk = s / b;
+        return (int64_t)blk * a.c_s0 + (int64_t)(s - blk * b) * a.c_s1;
+    }
     return (slot / a.block_size) * a.c_s0 + (slot % a.block_size) * a.c_s1;
 }
 
@@ -266,6 +279,7 @@ __device__ __forceinline__ void mlaf_rope_pairs(const float *stage, const float 
                                                 int32_t R, int32_t neox, int lane, T *po, void *cache,
                                                 mlaf_dtype cdt, int64_t cidx) {
     const int32_t h = R / 2;
+#pragma unroll 1 /* one pair per lane for R <= 2 STRIDE; unrolling only held registers */
     for (int32_t i = lane; i < h; i += STRIDE) {
         const int32_t i0 = neox ? i : 2 * i, i1 = neox ? i + h : 2 * i + 1;
         const bool first = i == lane;
@@ -286,7 +300,7 @@ __device__ __forceinline__ void mlaf_rope_pairs(const float *stage, const float 
  *         with the row (and the token's indices), before any arithmetic, so a row costs one
  *         memory latency (plus the dependent cos/sin fetch in mla_kv_cache) instead of one
  *         per weight vector; no register cap. */
-enum mlaf_row_mode { MLAF_ROW_WAVE = 0, MLAF_ROW_PIPE = 1, MLAF_ROW_LAT = 2, MLAF_ROW_BLK = 3 };
+enum mlaf_row_mode { MLAF_ROW_WAVE = 0, MLAF_ROW_PIPE = 1, MLAF_ROW_LAT = 2, MLAF_ROW_BLK = 3, MLAF_ROW_BLKR = 4 };
 
 /* Blocks per SM the register allocation must allow (the row's own registers are 4 * NV per
  * lane, twice that in PIPE). */
@@ -474,6 +488,9 @@ __global__ void __launch_bounds__(MLAF_ROWB_THREADS) mlaf_row_block_kernel(const
             ti = mlaf_token_decide(a, ix, tid); /* tid 0 counts an invalid token */
             if (ti.ok && tid < a.R / 2) co0 = __ldg(ti.cs + tid), si0 = __ldg(ti.cs + a.R / 2 + tid);
         }
+        /* the cache row address needs only the slot: computed while the row is in flight */
+        const bool write_cache = KV && ti.ok && ti.slot >= 0;
+        const int64_t crow = write_cache ? mlaf_cache_row(a, ti.slot) : 0;
 
         float sq = 0.0f, skv = 0.0f;
 #pragma unroll
@@ -504,8 +521,6 @@ __global__ void __launch_bounds__(MLAF_ROWB_THREADS) mlaf_row_block_kernel(const
         const float rq = a.Q > 0 ? mlaf_rstd(sq, a.Q, a.eps_q) : 0.0f;
         const float rkv = mlaf_rstd(skv, a.C, a.eps_kv);
 
-        const bool write_cache = KV && ti.ok && ti.slot >= 0;
-        const int64_t crow = write_cache ? mlaf_cache_row(a, ti.slot) : 0;
 #pragma unroll
         for (int s = 0; s < NVB; s++) {
             const int c = tid + G * s;
@@ -534,6 +549,157 @@ __global__ void __launch_bounds__(MLAF_ROWB_THREADS) mlaf_row_block_kernel(const
                                   write_cache ? a.cache : nullptr, a.cache_dt, crow + a.C);
         }
         __syncthreads(); /* red and the stage are reused by the block's next row */
+    }
+}
+
+/* ---- block per row with a rope warp (BLKR mode, small T, mla_kv_cache) ------------------ */
+/* BLK with the pe part taken off the norm warps. The norm warps (whole warps over the
+ * (Q + C) / W q and kv vectors, at most 8; a larger row gives each thread 2 or 4 vectors) hold
+ * exactly the vectors they hold in BLK, so the sums, their order and every output bit are
+ * BLK's. One more warp, the rope warp, holds the R / W pe vectors and does the rotation. The
+ * two parts share nothing, so neither waits for the other: the norm warps join their sums on
+ * a named barrier without the rope warp, and the rope warp's chain (position -> cos/sin ->
+ * rotation -> store) runs beside theirs (row -> sums -> barrier -> rstd -> store) instead of
+ * after it. Both compute the cache row address as soon as the slot is there. A DeepSeek-V3
+ * bf16 row (256 norm vectors + 8 pe) is 9 warps of one vector per thread instead of 8 warps
+ * with a second vector in the first; GLM-4.7-Flash (160 + 8) is 6 warps instead of 8. */
+#define MLAF_ROWR_BAR 1 /* the norm warps' named barrier (0 is __syncthreads) */
+
+/* Blocks per SM the register allocation must allow (a block is at most 288 threads). */
+template <int NVB> struct mlaf_rowr_minb {
+    static constexpr int value = NVB == 1 ? 4 : NVB == 2 ? 2 : 1;
+};
+
+/* Block size for nn norm vectors: whole norm warps (at most 8) and the rope warp. */
+static inline int mlaf_rowr_threads(int nn) {
+    return (nn >= MLAF_ROWB_THREADS ? MLAF_ROWB_THREADS : (nn + 31) / 32 * 32) + 32;
+}
+
+__device__ __forceinline__ void mlaf_bar_sync(int id, int n) {
+    asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory");
+}
+
+template <typename T, int NVB>
+__global__ void __launch_bounds__(MLAF_ROWB_THREADS + 32, mlaf_rowr_minb<NVB>::value)
+mlaf_row_blockr_kernel(const mlaf_row_args a) {
+    constexpr int W = mlaf_vec<T>::W, G = MLAF_ROWB_THREADS, NW = G / 32;
+    __shared__ float red[2][NW];
+    extern __shared__ float mlaf_pe_stage[]; /* [R], the rope warp's */
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int nt = blockDim.x - 32, nw = nt >> 5; /* norm threads and warps; the rope warp is last */
+    const int qv = a.Q / W, cv = a.C / W, rv = a.R / W, nn = qv + cv;
+
+    if (tid >= nt) {
+        /* rope warp: lane l holds pe vector l (and l + 32, ... for R > 32 W) */
+        const int32_t h = a.R / 2;
+        for (int64_t t = blockIdx.x; t < a.T; t += gridDim.x) {
+            const mlaf_token_idx ix = mlaf_token_load(a, t);
+            const uint4 *src = reinterpret_cast<const uint4 *>(static_cast<const T *>(a.latent) + t * a.ls) + nn;
+            uint4 v;
+            if (lane < rv) v = __ldcs(src + lane);
+            const mlaf_token_info ti = mlaf_token_decide(a, ix, 1); /* the norm warps count */
+            if (!ti.ok || h == 0) continue;
+            /* cos/sin first: they wait for the position, nothing else waits for them */
+            const float co0 = lane < h ? __ldg(ti.cs + lane) : 0.0f, si0 = lane < h ? __ldg(ti.cs + h + lane) : 0.0f;
+            const bool write_cache = ti.slot >= 0;
+            const int64_t crow = write_cache ? mlaf_cache_row(a, ti.slot) : 0;
+            if (lane < rv) {
+                float f[W];
+                mlaf_vec<T>::unpack(v, f);
+#pragma unroll
+                for (int k = 0; k < W; k++) mlaf_pe_stage[lane * W + k] = f[k];
+            }
+            for (int c = lane + 32; c < rv; c += 32) {
+                float f[W];
+                mlaf_vec<T>::unpack(__ldcs(src + c), f);
+#pragma unroll
+                for (int k = 0; k < W; k++) mlaf_pe_stage[c * W + k] = f[k];
+            }
+            __syncwarp();
+            T *po = a.k_pe ? static_cast<T *>(a.k_pe) + t * a.ps : nullptr;
+            mlaf_rope_pairs<T>(mlaf_pe_stage, ti.cs, co0, si0, a.R, a.neox, lane, po,
+                               write_cache ? a.cache : nullptr, a.cache_dt, crow + a.C);
+            __syncwarp(); /* the stage is reused by the block's next row */
+        }
+        return;
+    }
+
+    for (int64_t t = blockIdx.x; t < a.T; t += gridDim.x) {
+        const mlaf_token_idx ix = mlaf_token_load(a, t);
+        const uint4 *src = reinterpret_cast<const uint4 *>(static_cast<const T *>(a.latent) + t * a.ls);
+        uint4 v[NVB];
+        float w[NVB][W];
+#pragma unroll
+        for (int s = 0; s < NVB; s++) {
+            const int c = tid + G * s;
+            if (c < nn) {
+                v[s] = __ldcs(src + c);
+                const bool isq = c < qv; /* one weight load path per vector */
+                mlaf_ld_weights_vec<T>(isq ? a.w_q : a.w_kv, isq ? a.wq_f32 : a.wkv_f32,
+                                       (int64_t)(isq ? c : c - qv) * W, w[s]);
+            }
+        }
+        const mlaf_token_info ti = mlaf_token_decide(a, ix, tid); /* tid 0 counts an invalid token */
+        const bool write_cache = ti.ok && ti.slot >= 0;
+        const int64_t crow = write_cache ? mlaf_cache_row(a, ti.slot) : 0;
+
+        float sq = 0.0f, skv = 0.0f;
+#pragma unroll
+        for (int s = 0; s < NVB; s++) {
+            const int c = tid + G * s;
+            if (c >= nn) continue;
+            float f[W];
+            mlaf_vec<T>::unpack(v[s], f);
+            float acc = 0.0f;
+#pragma unroll
+            for (int k = 0; k < W; k++) acc = fmaf(f[k], f[k], acc);
+            if (c < qv) sq += acc;
+            else skv += acc;
+        }
+        sq = mlaf_warp_sum(sq);
+        skv = mlaf_warp_sum(skv);
+        if (lane == 0) red[0][warp] = sq, red[1][warp] = skv;
+        mlaf_bar_sync(MLAF_ROWR_BAR, nt);
+        /* BLK's sums in BLK's order: the warps BLK has beyond nw add +0 */
+        float rq, rkv;
+        if constexpr (NVB == 1) {
+            /* one vector per thread: only its own part's rstd */
+            const bool isq = tid < qv;
+            float sum = 0.0f;
+#pragma unroll
+            for (int k = 0; k < NW; k++)
+                if (k < nw) sum += red[isq ? 0 : 1][k];
+            rq = rkv = mlaf_rstd(sum, isq ? a.Q : a.C, isq ? a.eps_q : a.eps_kv);
+        } else {
+            sq = 0.0f, skv = 0.0f;
+#pragma unroll
+            for (int k = 0; k < NW; k++)
+                if (k < nw) sq += red[0][k], skv += red[1][k];
+            rq = a.Q > 0 ? mlaf_rstd(sq, a.Q, a.eps_q) : 0.0f;
+            rkv = mlaf_rstd(skv, a.C, a.eps_kv);
+        }
+
+#pragma unroll
+        for (int s = 0; s < NVB; s++) {
+            const int c = tid + G * s;
+            if (c >= nn) continue;
+            float f[W];
+            mlaf_vec<T>::unpack(v[s], f);
+            if (c < qv) {
+#pragma unroll
+                for (int k = 0; k < W; k++) f[k] = __fmul_rn(__fmul_rn(f[k], rq), w[s][k]);
+                __stcs(reinterpret_cast<uint4 *>(static_cast<T *>(a.q) + t * a.qs) + c, mlaf_vec<T>::pack(f));
+            } else {
+                const int j = c - qv;
+#pragma unroll
+                for (int k = 0; k < W; k++) f[k] = __fmul_rn(__fmul_rn(f[k], rkv), w[s][k]);
+                if (a.k_nope)
+                    __stcs(reinterpret_cast<uint4 *>(static_cast<T *>(a.k_nope) + t * a.ks) + j,
+                           mlaf_vec<T>::pack(f));
+                if (write_cache) mlaf_st_dt_vec<W>(a.cache, a.cache_dt, crow + (int64_t)j * W, f);
+            }
+        }
+        if (t + gridDim.x < a.T) mlaf_bar_sync(MLAF_ROWR_BAR, nt); /* red is reused by the next row */
     }
 }
 
@@ -639,8 +805,8 @@ static bool mlaf_row_fast_ok(const mlaf_row_args &a) {
 /* How a call is launched. The library passes the default (auto); dev/ programs force modes
  * and grids to compare them. */
 struct mlaf_row_policy {
-    int mode = -1;      /* mlaf_row_mode, or -1: BLK for T <= MLAF_ROW_BLK_ROWS_PER_SM * SMs,
-                           else WAVE */
+    int mode = -1;      /* mlaf_row_mode, or -1: BLK (mla_kv_cache: BLKR) for T up to
+                           mlaf_row_blk_rows_per_sm() rows per SM, else WAVE */
     int grid_mult = 1;  /* PIPE / forced persistent WAVE: grid = grid_mult x resident blocks x SMs */
     bool persist = false; /* WAVE with the PIPE grid instead of ceil(T / 4) (comparison only) */
     int64_t max_blocks = 0; /* > 0: cap on the grid, so validation sees several rows per warp */
@@ -649,6 +815,17 @@ struct mlaf_row_policy {
 /* Up to this many rows per SM a call is latency-bound: one block per row (BLK) beats the
  * throughput shapes (measured on the H200, dev/README.md). */
 #define MLAF_ROW_BLK_ROWS_PER_SM 4
+
+/* Rows per SM up to which mla_kv_cache takes BLKR for a row of nn norm vectors: at most
+ * MLAF_ROW_BLK_ROWS_PER_SM, and no more than the blocks per SM its launch bounds guarantee,
+ * so the grid runs in one wave (the 256-thread BLK of DeepSeek-V3, 78 registers, 3 blocks per
+ * SM, lost to WAVE at T = 512 = 3.9 rows per SM). */
+static inline int mlaf_row_blkr_rows_per_sm(int nn) {
+    const int b = nn <= MLAF_ROWB_THREADS ? mlaf_rowr_minb<1>::value
+                  : nn <= 2 * MLAF_ROWB_THREADS ? mlaf_rowr_minb<2>::value
+                                                : mlaf_rowr_minb<4>::value;
+    return b < MLAF_ROW_BLK_ROWS_PER_SM ? b : MLAF_ROW_BLK_ROWS_PER_SM;
+}
 
 template <typename T, int NV, bool KV, int MODE>
 static cudaError_t mlaf_row_go(const mlaf_row_args &a, int sms, const mlaf_row_policy &pol, size_t smem,
@@ -689,20 +866,53 @@ static cudaError_t mlaf_row_go_blk(const mlaf_row_args &a, const mlaf_row_policy
     return cudaGetLastError();
 }
 
-/* The library ships WAVE (large T) and BLK (small T). PIPE and LAT lost on the H200 (see
+template <typename T, int NVB>
+static cudaError_t mlaf_row_go_blkr(const mlaf_row_args &a, int nn, const mlaf_row_policy &pol,
+                                    cudaStream_t stream) {
+    int64_t blocks = a.T;
+    if (pol.max_blocks > 0 && blocks > pol.max_blocks) blocks = pol.max_blocks;
+    if (blocks > 0x7fffffff) blocks = 0x7fffffff;
+    mlaf_row_blockr_kernel<T, NVB>
+        <<<(unsigned)blocks, mlaf_rowr_threads(nn), (size_t)a.R * sizeof(float), stream>>>(a);
+    return cudaGetLastError();
+}
+
+#ifdef MLAF_ROW_DEV_MODES
+#define MLAF_ROW_DEV 1
+#else
+#define MLAF_ROW_DEV 0
+#endif
+
+/* The library ships WAVE (large T) and, for small T, BLK (split_qk_norm) or BLKR
+ * (mla_kv_cache). PIPE, LAT and BLK with the cache epilogue lost on the H200 (see
  * dev/README.md) and are compiled only into the dev/ programs that compare them
  * (MLAF_ROW_DEV_MODES), so the library carries no dead kernels. */
 template <typename T, int NV, bool KV>
 static cudaError_t mlaf_row_go_nv(const mlaf_row_args &a, int sms, const mlaf_row_policy &pol, size_t smem,
                                   cudaStream_t stream) {
+    constexpr int W = mlaf_vec<T>::W;
     int mode = pol.mode;
-    const int nvec = (a.Q + a.C + a.R) / mlaf_vec<T>::W;
-    if (mode < 0)
-        mode = a.T <= (int64_t)MLAF_ROW_BLK_ROWS_PER_SM * (sms > 0 ? sms : 132) ? MLAF_ROW_BLK : MLAF_ROW_WAVE;
-    if (mode == MLAF_ROW_BLK) {
-        if (nvec <= MLAF_ROWB_THREADS) return mlaf_row_go_blk<T, 1, KV>(a, pol, smem, stream);
-        if (nvec <= 2 * MLAF_ROWB_THREADS) return mlaf_row_go_blk<T, 2, KV>(a, pol, smem, stream);
-        if (nvec <= 4 * MLAF_ROWB_THREADS) return mlaf_row_go_blk<T, 4, KV>(a, pol, smem, stream);
+    const int nvec = (a.Q + a.C + a.R) / W;
+    const int64_t nsm = sms > 0 ? sms : 132;
+    if constexpr (KV) {
+        const int nn = (a.Q + a.C) / W;
+        if (nn <= 4 * MLAF_ROWB_THREADS) {
+            if (mode < 0) mode = a.T <= mlaf_row_blkr_rows_per_sm(nn) * nsm ? MLAF_ROW_BLKR : MLAF_ROW_WAVE;
+            if (!MLAF_ROW_DEV && mode == MLAF_ROW_BLK) mode = MLAF_ROW_BLKR;
+            if (mode == MLAF_ROW_BLKR) {
+                if (nn <= MLAF_ROWB_THREADS) return mlaf_row_go_blkr<T, 1>(a, nn, pol, stream);
+                if (nn <= 2 * MLAF_ROWB_THREADS) return mlaf_row_go_blkr<T, 2>(a, nn, pol, stream);
+                return mlaf_row_go_blkr<T, 4>(a, nn, pol, stream);
+            }
+        }
+    }
+    if (mode < 0) mode = a.T <= MLAF_ROW_BLK_ROWS_PER_SM * nsm ? MLAF_ROW_BLK : MLAF_ROW_WAVE;
+    if constexpr (!KV || MLAF_ROW_DEV) {
+        if (mode == MLAF_ROW_BLK) {
+            if (nvec <= MLAF_ROWB_THREADS) return mlaf_row_go_blk<T, 1, KV>(a, pol, smem, stream);
+            if (nvec <= 2 * MLAF_ROWB_THREADS) return mlaf_row_go_blk<T, 2, KV>(a, pol, smem, stream);
+            if (nvec <= 4 * MLAF_ROWB_THREADS) return mlaf_row_go_blk<T, 4, KV>(a, pol, smem, stream);
+        }
     }
 #ifdef MLAF_ROW_DEV_MODES
     if constexpr (NV == 4 || NV == 6 || NV == 9) {
