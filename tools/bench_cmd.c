@@ -549,10 +549,11 @@ static int check_baseline(bench_op *o, char *check, size_t ccap, char *err, size
     if (o->op == MLAF_OP_MOE_GATE) {
         const int32_t *ia = (const int32_t *)a[0], *ib = (const int32_t *)b[0];
         const float *wa = (const float *)a[1], *wb = (const float *)b[1];
-        int64_t bad_rows = 0;
+        int64_t bad_rows = 0, near_rows = 0;
         double worst = 0.0;
         for (int64_t t = 0; t < o->T; t++) {
-            int bad = 0;
+            int bad = 0, swapped = 0;
+            double row_worst = 0.0;
             for (int64_t k = 0; k < o->K; k++) {
                 int64_t i = t * o->K + k;
                 if (ia[i] != ib[i]) {
@@ -563,16 +564,28 @@ static int check_baseline(bench_op *o, char *check, size_t ccap, char *err, size
                         ok = fabs(ca - cb) <= 1e-6 * fmax(fabs(ca), fabs(cb)) + 1e-9;
                     }
                     if (!ok) bad = 1;
+                    else swapped = 1;
                     continue;
                 }
                 double d = fabs((double)wa[i] - wb[i]) / fmax(fabs((double)wa[i]), 1e-12);
-                if (d > worst) worst = d;
-                if (d > 1e-4) bad = 1;
+                if (d > row_worst) row_worst = d;
+            }
+            /* A near-tie (SPEC §7: either expert is right) swaps one expert for another of a
+             * different weight, so renormalization moves every other weight of the row: those
+             * are compared only in rows without a swap. */
+            if (!swapped) {
+                if (row_worst > worst) worst = row_worst;
+                if (row_worst > 1e-4) bad = 1;
+            } else {
+                near_rows++;
             }
             bad_rows += bad;
         }
-        if (bad_rows) snprintf(check, ccap, "MISMATCH in %lld of %lld rows (worst weight rel %.2g)",
-                               (long long)bad_rows, (long long)o->T, worst);
+        if (bad_rows)
+            snprintf(check, ccap, "MISMATCH in %lld of %lld rows (worst weight rel %.2g)",
+                     (long long)bad_rows, (long long)o->T, worst);
+        else if (near_rows)
+            snprintf(check, ccap, "ok (%lld near-tie row%s)", (long long)near_rows, near_rows == 1 ? "" : "s");
         goto done;
     }
     for (int i = 0; i < n; i++) {
