@@ -8,11 +8,12 @@ args = sys.argv[1:]
 md = "--md" in args
 files = [a for a in args if a != "--md"]
 if md:
-    print("| op | preset | dtype | T | mode | fused µs | GB/s | % of copy | unfused µs | speed-up | check |")
-    print("|---|---|---|---:|---|---:|---:|---:|---:|---:|---|")
+    print("| op | preset | dtype | T | mode | fused µs | GB/s | % of copy | same-bytes copy µs "
+          "| % of it | unfused µs | speed-up | check |")
+    print("|---|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---|")
 else:
-    print(f"{'op':<14}{'preset':<15}{'T':>7} {'mode':<6}{'fused_us':>10}{'%copy':>7}"
-          f"{'unfused_us':>11}{'speedup':>8}  check")
+    print(f"{'op':<14}{'preset':<15}{'T':>7} {'mode':<6}{'fused_us':>10}{'%copy':>7}{'copy_us':>9}"
+          f"{'%cpy=':>7}{'unfused_us':>11}{'speedup':>8}  check")
 for path in files:
     try:
         doc = json.load(open(path))
@@ -27,12 +28,16 @@ for path in files:
         pct = r.get("pct_of_copy") or 0
         sp = r.get("speedup") or 0
         un = r.get("unfused_us") or 0
+        cu = r.get("same_bytes_copy_us")
+        cp = r.get("pct_of_same_bytes_copy")
+        cus = f"{cu:.2f}" if cu is not None else "-"
+        cps = f"{cp:.1f}" if cp is not None else "-"
         if md:
             print(f"| {r['op']} | {r['preset']} | {doc.get('dtype', '')} | {r['T']} | {r.get('mode', '')} | "
-                  f"{r['fused_us']:.2f} | {r.get('gbps', 0):.0f} | {pct:.1f} | {un:.2f} | {sp:.2f} | "
+                  f"{r['fused_us']:.2f} | {r.get('gbps', 0):.0f} | {pct:.1f} | {cus} | {cps} | {un:.2f} | {sp:.2f} | "
                   f"{r.get('baseline_check')} |")
         else:
             print(f"{r['op']:<14}{r['preset']:<15}{r['T']:>7} {r.get('mode', ''):<6}"
-                  f"{r['fused_us']:>10.2f}{pct:>7.1f}{un:>11.2f}{sp:>8.2f}  {r.get('baseline_check')}")
+                  f"{r['fused_us']:>10.2f}{pct:>7.1f}{cus:>9}{cps:>7}{un:>11.2f}{sp:>8.2f}  {r.get('baseline_check')}")
     if not md:
         print(f"  (copy {copy} GB/s, {doc.get('device')})")

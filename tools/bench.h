@@ -80,6 +80,9 @@ int bcu_time(bench_call_fn fn, void *arg, int reps, int graph_calls, bench_stats
              size_t cap);
 /* cudaMemcpyAsync device to device of `bytes` (>= 1 GB): read + write bytes / s in GB/s. */
 int bcu_copy_gbps(size_t bytes, int reps, double *gbps, char *err, size_t cap);
+/* A device-to-device copy of bytes / 2 (so bytes read + written), timed like an op by bcu_time
+ * (stream: same flush and events; graph_calls > 0: the same graph replay). */
+int bcu_copy_time(double bytes, int reps, int graph_calls, bench_stats *out, char *err, size_t cap);
 
 int blg_split_qk_norm(const mlaf_norm_job *job, void *q_dense, void *kv_dense, void *stream);
 int blg_rope_rows(void *x, mlaf_dtype dt, int64_t T, int64_t stride, const mlaf_rope_job *rope,

@@ -12,6 +12,8 @@
  *    CUDA graph of 100 calls, per-call time.
  * 3. Report median and p10 / p90, the op's minimal bytes (inputs read once + outputs written
  *    once), GB/s, % of the copy bandwidth, unfused time and speed-up; a table or --json.
+ *    CUDA rows add a copy of the op's own bytes timed the same way (flush, events or graph):
+ *    at mid T the 1 GB copy's bandwidth is out of reach even for the copy itself.
  */
 #define _POSIX_C_SOURCE 200809L /* strcasecmp */
 #include <math.h>
@@ -45,7 +47,9 @@ static void help(void) {
         "                       (always done for T <= 64); per-call time\n"
         "  --json               print one JSON object with an array of rows instead of a table\n"
         "\n"
-        "Bytes are the op's minimum: inputs read once + outputs written once (see docs/cli.md).\n");
+        "Bytes are the op's minimum: inputs read once + outputs written once (see docs/cli.md).\n"
+        "CUDA rows also time a device-to-device copy of those same bytes the same way (copy_us;\n"
+        "%%cpy= is copy_us / fused_us): the copy path's own time at that size.\n");
 }
 
 /* ---- buffers ----------------------------------------------------------------------------- */
@@ -625,9 +629,9 @@ typedef struct row {
     char model[64];
     int64_t T;
     const char *mode; /* "stream", "graph", "wall" */
-    int have_fused, have_unfused;
-    bench_stats fused, unfused;
-    double bytes, gbps, pct, speedup;
+    int have_fused, have_unfused, have_scopy;
+    bench_stats fused, unfused, scopy; /* scopy: CUDA, a copy of the op's bytes timed alike */
+    double bytes, gbps, pct, speedup, pct_scopy;
     char check[128];
     char error[512];
 } row;
@@ -685,6 +689,8 @@ static void print_json(const char *backend, const char *device, int threads, con
         json_num("gbps", r->gbps, 1);
         json_num("copy_gbps", copy_gbps, 1);
         json_num("pct_of_copy", r->pct, 1);
+        json_num("same_bytes_copy_us", r->have_scopy ? r->scopy.median_us : nan, 1);
+        json_num("pct_of_same_bytes_copy", r->pct_scopy, 1);
         json_num("unfused_us", r->have_unfused ? r->unfused.median_us : nan, 1);
         json_num("unfused_p10_us", r->have_unfused ? r->unfused.p10_us : nan, 1);
         json_num("unfused_p90_us", r->have_unfused ? r->unfused.p90_us : nan, 1);
@@ -702,13 +708,16 @@ static void print_json(const char *backend, const char *device, int threads, con
 }
 
 static void print_header(void) {
-    printf("%-14s %-18s %8s %-6s %10s %21s %9s %8s %6s %11s %8s  %s\n", "op", "preset", "T",
-           "mode", "fused_us", "(p10 .. p90)", "MB", "GB/s", "%copy", "unfused_us", "speedup",
-           "check");
+    printf("%-14s %-18s %8s %-6s %10s %21s %9s %8s %6s %9s %6s %11s %8s  %s\n", "op", "preset",
+           "T", "mode", "fused_us", "(p10 .. p90)", "MB", "GB/s", "%copy", "copy_us", "%cpy=",
+           "unfused_us", "speedup", "check");
 }
 
 static void print_row(const row *r) {
     char f[16] = "-", band[32] = "", mb[16], gb[16] = "-", pc[16] = "-", uf[16] = "-", sp[16] = "-";
+    char cu[16] = "-", cp[16] = "-";
+    if (r->have_scopy) snprintf(cu, sizeof cu, "%.2f", r->scopy.median_us);
+    if (isfinite(r->pct_scopy)) snprintf(cp, sizeof cp, "%.0f%%", r->pct_scopy);
     if (r->have_fused) {
         snprintf(f, sizeof f, "%.2f", r->fused.median_us);
         snprintf(band, sizeof band, "(%.2f .. %.2f)", r->fused.p10_us, r->fused.p90_us);
@@ -718,8 +727,9 @@ static void print_row(const row *r) {
     if (isfinite(r->pct)) snprintf(pc, sizeof pc, "%.0f%%", r->pct);
     if (r->have_unfused) snprintf(uf, sizeof uf, "%.2f", r->unfused.median_us);
     if (isfinite(r->speedup)) snprintf(sp, sizeof sp, "%.2fx", r->speedup);
-    printf("%-14s %-18s %8lld %-6s %10s %21s %9s %8s %6s %11s %8s  %s%s%s\n", mlaf_op_name(r->op),
-           r->model, (long long)r->T, r->mode, f, band, mb, gb, pc, uf, sp, r->check,
+    printf("%-14s %-18s %8lld %-6s %10s %21s %9s %8s %6s %9s %6s %11s %8s  %s%s%s\n",
+           mlaf_op_name(r->op), r->model, (long long)r->T, r->mode, f, band, mb, gb, pc, cu, cp, uf,
+           sp, r->check,
            r->error[0] ? "  error: " : "", r->error);
     fflush(stdout);
 }
@@ -900,7 +910,7 @@ int cmd_bench(int argc, char **argv) {
                 r->op = (mlaf_op)oi;
                 snprintf(r->model, sizeof r->model, "%.63s", models[m].name);
                 r->T = tokens[ti];
-                r->gbps = r->pct = r->speedup = NAN;
+                r->gbps = r->pct = r->speedup = r->pct_scopy = NAN;
                 snprintf(r->check, sizeof r->check, "-");
                 int graph_calls = 0;
                 r->mode = "wall";
@@ -975,11 +985,23 @@ int cmd_bench(int argc, char **argv) {
                 } else {
                     r->have_unfused = 1;
                 }
+#ifdef MLAF_WITH_CUDA
+                /* the same bytes through cudaMemcpyAsync, timed like the op (SPEC 8's copy
+                 * at this size: what ramp-up and tail leave of the copy bandwidth) */
+                if (be == MLAF_BACKEND_CUDA && r->bytes > 0) {
+                    err[0] = '\0';
+                    if (bcu_copy_time(r->bytes, (int)reps, graph_calls, &r->scopy, err, sizeof err) == 0)
+                        r->have_scopy = 1;
+                    else
+                        fprintf(stderr, "mlafuse bench: warning: same-bytes copy failed: %s\n", err);
+                }
+#endif
                 if (!r->have_fused && cerr[0] && !r->error[0]) snprintf(r->error, sizeof r->error, "%s", cerr);
                 if (r->have_fused && r->fused.median_us > 0) {
                     r->gbps = r->bytes / (r->fused.median_us * 1e3);
                     if (copy_gbps > 0) r->pct = 100.0 * r->gbps / copy_gbps;
                     if (r->have_unfused) r->speedup = r->unfused.median_us / r->fused.median_us;
+                    if (r->have_scopy) r->pct_scopy = 100.0 * r->scopy.median_us / r->fused.median_us;
                 }
                 op_free(&o);
                 if (!json) print_row(r);

@@ -14,6 +14,9 @@
  *   in a decoding step. A capture that fails (an op that synchronizes, allocates or leaves
  *   the stream) is reported, never hidden.
  * Copy reference: cudaMemcpyAsync device to device of 1 GB, bytes read + written / time.
+ * Same-bytes copy: a cudaMemcpyAsync moving the op's own byte count (half read, half written),
+ *   timed exactly like the op (same flush, same events, or the same graph), so a row shows
+ *   what the copy engine path itself reaches at that size, ramp-up and tail included.
  * Errors come back as messages; nothing here exits.
  */
 #include <cuda_runtime.h>
@@ -271,5 +274,45 @@ extern "C" int bcu_copy_gbps(size_t bytes, int reps, double *gbps, char *err, si
     free(us);
     (void)cudaFree(a);
     (void)cudaFree(b);
+    return rc;
+}
+
+/* ---- same-bytes copy ----------------------------------------------------------------------- */
+typedef struct bcu_copy_arg {
+    void *dst;
+    const void *src;
+    size_t n;
+} bcu_copy_arg;
+
+static int bcu_copy_call(void *arg, int set, char *err, size_t cap) {
+    (void)set;
+    const bcu_copy_arg *c = (const bcu_copy_arg *)arg;
+    CK(cudaMemcpyAsync(c->dst, c->src, c->n, cudaMemcpyDeviceToDevice, g_stream));
+    return 0;
+}
+
+extern "C" int bcu_copy_time(double bytes, int reps, int graph_calls, bench_stats *out, char *err,
+                             size_t cap) {
+    if (!g_stream) {
+        snprintf(err, cap, "bcu_copy_time before bcu_setup");
+        return -1;
+    }
+    size_t n = (size_t)(bytes / 2.0);
+    n = (n + 15) / 16 * 16;
+    if (n < 16) n = 16;
+    void *a = NULL, *b = NULL;
+    cudaError_t e = cudaMalloc(&a, n);
+    if (e == cudaSuccess) e = cudaMalloc(&b, n);
+    if (e == cudaSuccess) e = cudaMemsetAsync(a, 3, n, g_stream);
+    int rc = 0;
+    if (e != cudaSuccess) {
+        rc = fail(err, cap, "same-bytes copy buffers", e);
+    } else {
+        bcu_copy_arg c = {b, a, n};
+        rc = bcu_time(bcu_copy_call, &c, reps, graph_calls, out, err, cap);
+    }
+    (void)cudaStreamSynchronize(g_stream);
+    if (a) (void)cudaFree(a);
+    if (b) (void)cudaFree(b);
     return rc;
 }
