@@ -179,6 +179,22 @@ static void suite(mlaf_context *ctx, int quick, const char *extra) {
                     c.weight_dtype = variant % 7 == 3 ? MLAF_F32 : c.dtype;
                     run(ctx, "MLA_KV_CACHE", &c, extra);
                 }
+    /* 1b. the CUDA launch shapes between small and large T (H200, 132 SMs: T = 300 / 600 BLKR
+     * with 128 norm threads (4 vectors per thread for f32 rows), 1000 with 64, 3500 / 4600 the
+     * prefetching persistent grid for DeepSeek-V3 / GLM-4.7-Flash rows), every dtype, both
+     * styles */
+    if (!quick && !extra) {
+        static const int64_t mid[5] = {300, 600, 1000, 3500, 4600};
+        const char *names[2] = {"glm-4.7-flash", "deepseek-v3"};
+        for (int m = 0; m < 2; m++)
+            for (int di = 0; di < 3; di++)
+                for (int ti = 0; ti < 5; ti++) {
+                    const int st = (m + di + ti) % 2;
+                    mlaf_verify_case c = make(mlaf_preset_find(names[m]), di, mid[ti], 4 * ti + 2 * st,
+                                              seed_of(11 + m, di, mid[ti], st));
+                    run(ctx, "MLA_KV_CACHE", &c, extra);
+                }
+    }
     /* 2. every block size x style x index dtype, cache dtype different from the latent's */
     for (int b = 0; b < 3; b++)
         for (int s = 0; s < 2; s++)

@@ -17,9 +17,9 @@
  * after the block barrier) and BLKR (norm warps + a rope warp, what the library runs for
  * small T), each forced, and auto (what ships).
  * `--quick`: no T = 131072. `--sweep`: validation, then the small / medium T sweep that sets
- * the BLKR / WAVE threshold: T in {1, 8, 64, 128, 256, 384, 512, 768, 1024}, graph replay,
- * unfused chain, WAVE, BLK, BLKR and auto side by side, with each block kernel's registers
- * and resident blocks per SM.
+ * the launch shapes: T in {1, 8, 64, ..., 1024, 1536, 2048, 3072, 4096, ..., 16384}, graph
+ * replay, unfused chain, WAVE, BLK, BLKR and auto side by side, with each block kernel's
+ * registers and resident blocks per SM.
  */
 #define MLAF_ROW_DEV_MODES /* PIPE and LAT too */
 #include "cuda/norm_common.cuh"
@@ -80,9 +80,9 @@ static const char *mode_name(int mode) {
     return mode == MLAF_ROW_WAVE ? "WAVE" : mode == MLAF_ROW_PIPE ? "PIPE" : mode == MLAF_ROW_LAT ? "LAT"
            : mode == MLAF_ROW_BLK ? "BLK" : mode == MLAF_ROW_BLKR ? "BLKR" : "auto";
 }
-static mlaf_row_policy policy(int mode, int64_t max_blocks = 0) {
+static mlaf_row_policy policy(int mode, int64_t max_blocks = 0, int blkr_g = 0) {
     mlaf_row_policy p;
-    p.mode = mode, p.max_blocks = max_blocks;
+    p.mode = mode, p.max_blocks = max_blocks, p.blkr_g = blkr_g;
     return p;
 }
 
@@ -133,9 +133,9 @@ struct kv_case {
         return x;
     }
     /* fused: q and the cache row only, as an engine calls it; mode -1 = auto */
-    void fused(cudaStream_t st, int i, int mode) const {
+    void fused(cudaStream_t st, int i, int mode, int g = 0) const {
         CK(mlaf_row_launch<true>(kv_args(s, rot(i), dwq, dwkv, T, max_pos, nblocks, bs, 0, false), MLAF_BF16, sms, st,
-                                 policy(mode)));
+                                 policy(mode, 0, g)));
     }
     void unfused(cudaStream_t st, int i) const {
         const kv_bufs x = rot(i);
@@ -146,8 +146,8 @@ struct kv_case {
         cache_write_sep<<<(unsigned)((nc + 255) / 256), 256, 0, st>>>(x.kn, x.kp, T, s.C, s.R, x.slot, x.cache,
                                                                       nblocks * bs);
     }
-    double graph_fused(int mode) const {
-        return graph_us([&](cudaStream_t st, int i) { fused(st, i, mode); });
+    double graph_fused(int mode, int g = 0) const {
+        return graph_us([&](cudaStream_t st, int i) { fused(st, i, mode, g); });
     }
     double graph_unfused() const {
         return graph_us([&](cudaStream_t st, int i) { unfused(st, i); });
@@ -155,7 +155,7 @@ struct kv_case {
 };
 
 static bool validate(const dev_shape &s, int neox, const std::vector<uint16_t> &wq, const std::vector<uint16_t> &wkv,
-                     const __nv_bfloat16 *dwq, const __nv_bfloat16 *dwkv, int mode) {
+                     const __nv_bfloat16 *dwq, const __nv_bfloat16 *dwkv, int mode, int g = 0) {
     const int64_t T = 999, W = s.Q + s.C + s.R, bs = 16, nblocks = 80, max_pos = 1000, CR = s.C + s.R;
     dev_rng rng(11 + neox);
     std::vector<uint16_t> L((size_t)T * W);
@@ -193,7 +193,7 @@ static bool validate(const dev_shape &s, int neox, const std::vector<uint16_t> &
     CK(cudaMemset(b.cache, 0xee, cache_n * 2));
     CK(cudaMemset(b.err, 0, 4));
     CK(mlaf_row_launch<true>(kv_args(s, b, dwq, dwkv, T, max_pos, nblocks, bs, neox, true), MLAF_BF16, sm_count(), 0,
-                             policy(mode, mode == MLAF_ROW_LAT ? 0 : 7))); /* 7 blocks: ~36 rows per warp */
+                             policy(mode, mode == MLAF_ROW_LAT ? 0 : 7, g))); /* 7 blocks: ~36 rows per warp */
     CK(cudaDeviceSynchronize());
     std::vector<uint16_t> q((size_t)T * s.Q), kn((size_t)T * s.C), kp((size_t)T * s.R), cache(cache_n);
     int32_t err = 0;
@@ -234,9 +234,9 @@ static bool validate(const dev_shape &s, int neox, const std::vector<uint16_t> &
         if (!named[sl])
             for (int64_t e = 0; e < CR; e++) untouched_bad += cache[sl * CR + e] != 0xeeee;
     const bool pass = worst <= 1.0 && pe_bad == 0 && cache_bad == 0 && untouched_bad == 0 && err == want_err;
-    printf("  validate fused %-4s %-11s T=%lld: worst %.3f ulp, k_pe mismatches %lld, cache pe mismatches %lld, "
+    printf("  validate fused %-4s%s %-11s T=%lld: worst %.3f ulp, k_pe mismatches %lld, cache pe mismatches %lld, "
            "unnamed rows changed %lld, error_count %d (want %d)  %s\n",
-           mode_name(mode), neox ? "neox" : "interleaved", (long long)T, worst, (long long)pe_bad, (long long)cache_bad,
+           mode_name(mode), g == 64 ? "/64" : g == 128 ? "/128" : "", neox ? "neox" : "interleaved", (long long)T, worst, (long long)pe_bad, (long long)cache_bad,
            (long long)untouched_bad, err, want_err, pass ? "OK" : "FAIL");
     CK(cudaFree(b.L)); CK(cudaFree(b.q)); CK(cudaFree(b.kn)); CK(cudaFree(b.kp)); CK(cudaFree(b.cache));
     CK(cudaFree(b.pos)); CK(cudaFree(b.slot)); CK(cudaFree(b.cs)); CK(cudaFree(b.err));
@@ -261,19 +261,24 @@ static void sweep(const dev_shape &s, float *dcs, const __nv_bfloat16 *dwq, cons
     if (nvec <= 256) print_occupancy("BLK", mlaf_row_block_kernel<__nv_bfloat16, 1, true>, 256, 4 * s.R * 4);
     else print_occupancy("BLK", mlaf_row_block_kernel<__nv_bfloat16, 2, true>, 256, 4 * s.R * 4);
     print_occupancy("BLKR", mlaf_row_blockr_kernel<__nv_bfloat16, 1>, mlaf_rowr_threads(nn), s.R * 4);
-    printf("  auto: BLKR for T <= %d (%d rows per SM), else WAVE\n", mlaf_row_blkr_rows_per_sm(nn) * sms,
-           mlaf_row_blkr_rows_per_sm(nn));
-    printf("  %6s %10s %8s %8s %8s %8s %6s %9s %9s   %s\n", "T", "unfused", "WAVE", "BLK", "BLKR", "auto", "picks",
-           "speedup", "best", "(graph replay, us per call; speedup = unfused / auto)");
-    for (int64_t T : {1, 8, 64, 128, 256, 384, 512, 768, 1024}) {
+    if (nn > 128 && nn <= 256) {
+        print_occupancy("B128", mlaf_row_blockr_kernel<__nv_bfloat16, 2, 128>, mlaf_rowr_threads(nn, 128), s.R * 4);
+        print_occupancy("B64", mlaf_row_blockr_kernel<__nv_bfloat16, 4, 64>, mlaf_rowr_threads(nn, 64), s.R * 4);
+    }
+    printf("  %6s %8s %7s %7s %7s %7s %7s %7s %7s %8s %6s   %s\n", "T", "unfused", "WAVE", "PIPE", "BLKR", "B128",
+           "B64", "auto", "best", "speedup", "", "(graph replay, us per call; speedup = unfused / best)");
+    for (int64_t T : {1, 8, 64, 128, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192, 16384}) {
         kv_case k(s, T, dcs, dwq, dwkv);
-        const double uf = k.graph_unfused(), wa = k.graph_fused(MLAF_ROW_WAVE), bl = k.graph_fused(MLAF_ROW_BLK),
-                     br = k.graph_fused(MLAF_ROW_BLKR), au = k.graph_fused(-1);
-        const bool blkr = T <= (int64_t)mlaf_row_blkr_rows_per_sm(nn) * sms;
-        const double best = std::min(wa, std::min(bl, br));
-        const char *bn = best == wa ? "WAVE" : best == br ? "BLKR" : "BLK";
-        printf("  %6lld %10.2f %8.2f %8.2f %8.2f %8.2f %6s %8.2fx %9s\n", (long long)T, uf, wa, bl, br, au,
-               blkr ? "BLKR" : "WAVE", uf / au, bn);
+        const double uf = k.graph_unfused(), wa = k.graph_fused(MLAF_ROW_WAVE), pi = k.graph_fused(MLAF_ROW_PIPE),
+                     br = k.graph_fused(MLAF_ROW_BLKR), b128 = k.graph_fused(MLAF_ROW_BLKR, 128),
+                     b64 = k.graph_fused(MLAF_ROW_BLKR, 64), au = k.graph_fused(-1);
+        const double t[5] = {wa, pi, br, b128, b64};
+        const char *nm[5] = {"WAVE", "PIPE", "BLKR", "B128", "B64"};
+        int bi = 0;
+        for (int i = 1; i < 5; i++)
+            if (t[i] < t[bi]) bi = i;
+        printf("  %6lld %8.2f %7.2f %7.2f %7.2f %7.2f %7.2f %7.2f %7s %7.2fx %5.2fx\n", (long long)T, uf, wa, pi, br,
+               b128, b64, au, nm[bi], uf / t[bi], uf / au);
     }
 }
 
@@ -308,6 +313,8 @@ int main(int argc, char **argv) {
             validate(s, 0, wq, wkv, dwq, dwkv, mode);
             validate(s, 1, wq, wkv, dwq, dwkv, mode);
         }
+        for (int g : {64, 128}) /* BLKR's mid-T shapes */
+            for (int neox : {0, 1}) validate(s, neox, wq, wkv, dwq, dwkv, MLAF_ROW_BLKR, g);
 
         std::vector<float> cs;
         make_cos_sin(cs, (int)max_pos, s.R);

@@ -33,18 +33,22 @@
  *        call is the dependency chain of one row, and in a warp-per-row kernel most of it was
  *        the warp's own unrolled instructions (GLM T = 1: 1.6 us vs 2.7 us per graph call).
  *        split_qk_norm's small-T mode.
- *   BLKR mla_kv_cache's small-T mode: BLK's norm warps (same vectors, same sums, same bits)
+ *   BLKR mla_kv_cache's small- and mid-T mode: norm warps (as BLK's for 256 norm threads)
  *        plus a rope warp that owns the pe part, so the position -> cos/sin -> rotation chain
- *        runs beside the norm chain instead of after the block barrier and the rstd; up to
- *        min(4, blocks per SM its launch bounds guarantee) rows per SM (one wave).
+ *        runs beside the norm chain instead of after the block barrier and the rstd. Three
+ *        shapes, each while the call fits one wave of it: 256 norm threads up to 2 rows per SM
+ *        (4 for rows of <= 128 or > 512 vectors), then 128 (2 or 4 vectors per thread) and 64
+ *        (4 per thread): fewer threads per row, more rows per SM (DeepSeek-V3 bf16: 4, 6, 8).
  *   WAVE (larger T) 4 warps (128 threads) per block, one row per warp, grid ceil(T / 4). One
  *        warp per row keeps the reductions to shuffles with no block barrier; a GLM-4.7-Flash
  *        bf16 row is 168 vectors = 5.25 per lane and a DeepSeek-V3 row 264 = 8.25 per lane,
  *        so rows of these models need NV = 6 and NV = 9, and the register cap keeps ~25-30
  *        rows (~80-100 KB) of loads in flight per SM: 97-98% of copy at T = 131072.
- *   PIPE (persistent grid, next row prefetched) and LAT (weights in registers, no cap) lost
- *        to WAVE / BLK and exist only in the dev/ programs (MLAF_ROW_DEV_MODES), as does BLK
- *        with the cache epilogue (BLKR replaces it).
+ *   PIPE (persistent grid, next row prefetched): mla_kv_cache between 1 and 1.3 waves of
+ *        WAVE blocks (DeepSeek-V3 T = 4096: 12.7 vs 14.1 us); it lost to WAVE elsewhere. LAT
+ *        (weights in registers, no cap) lost to WAVE / BLK and, like PIPE for split_qk_norm and
+ *        BLK with the cache epilogue (BLKR replaces it), exists only in the dev/ programs
+ *        (MLAF_ROW_DEV_MODES).
  * All offsets are 64-bit. No allocation, no host sync: graph capturable.
  */
 #pragma once
@@ -167,11 +171,12 @@ __device__ __forceinline__ void mlaf_st_dt(void *base, mlaf_dtype dt, int64_t i,
  * min(16, W * element size) bytes on the fast path. */
 template <int W>
 __device__ __forceinline__ void mlaf_st_dt_vec(void *base, mlaf_dtype dt, int64_t i, const float *f) {
+    /* streaming stores (evict-first), like every other output of the row kernels */
     if (dt == MLAF_F32) {
         float4 *p = reinterpret_cast<float4 *>(static_cast<float *>(base) + i);
 #pragma unroll
         for (int k = 0; k < W / 4; k++)
-            p[k] = make_float4(f[4 * k], f[4 * k + 1], f[4 * k + 2], f[4 * k + 3]);
+            __stcs(p + k, make_float4(f[4 * k], f[4 * k + 1], f[4 * k + 2], f[4 * k + 3]));
     } else {
         uint32_t u[W / 2];
 #pragma unroll
@@ -180,9 +185,9 @@ __device__ __forceinline__ void mlaf_st_dt_vec(void *base, mlaf_dtype dt, int64_
                                    : mlaf_vec<__half>::pack2(f[2 * k], f[2 * k + 1]);
         uint16_t *p = static_cast<uint16_t *>(base) + i;
         if constexpr (W == 8)
-            *reinterpret_cast<uint4 *>(p) = make_uint4(u[0], u[1], u[2], u[3]);
+            __stcs(reinterpret_cast<uint4 *>(p), make_uint4(u[0], u[1], u[2], u[3]));
         else
-            *reinterpret_cast<uint2 *>(p) = make_uint2(u[0], u[1]);
+            __stcs(reinterpret_cast<uint2 *>(p), make_uint2(u[0], u[1]));
     }
 }
 
@@ -565,24 +570,29 @@ __global__ void __launch_bounds__(MLAF_ROWB_THREADS) mlaf_row_block_kernel(const
  * with a second vector in the first; GLM-4.7-Flash (160 + 8) is 6 warps instead of 8. */
 #define MLAF_ROWR_BAR 1 /* the norm warps' named barrier (0 is __syncthreads) */
 
-/* Blocks per SM the register allocation must allow (a block is at most 288 threads). */
-template <int NVB> struct mlaf_rowr_minb {
-    static constexpr int value = NVB == 1 ? 4 : NVB == 2 ? 2 : 1;
+/* Blocks per SM the register allocation must allow, for at most G norm threads holding NVB
+ * vectors each (plus the rope warp). G = 256 is the small-T shape (a row over as many threads
+ * as possible); G = 64 / 128 put more rows on an SM for mid T (fewer threads per row, so fewer
+ * per-thread registers per row). */
+template <int NVB, int G = MLAF_ROWB_THREADS> struct mlaf_rowr_minb {
+    static constexpr int value = G == 64    ? (NVB <= 4 ? 8 : 2)
+                                 : G == 128 ? (NVB <= 2 ? 6 : 3)
+                                            : (NVB == 1 ? 4 : NVB == 2 ? 2 : 1);
 };
 
-/* Block size for nn norm vectors: whole norm warps (at most 8) and the rope warp. */
-static inline int mlaf_rowr_threads(int nn) {
-    return (nn >= MLAF_ROWB_THREADS ? MLAF_ROWB_THREADS : (nn + 31) / 32 * 32) + 32;
+/* Block size for nn norm vectors: whole norm warps (at most G / 32) and the rope warp. */
+static inline int mlaf_rowr_threads(int nn, int G = MLAF_ROWB_THREADS) {
+    return (nn >= G ? G : (nn + 31) / 32 * 32) + 32;
 }
 
 __device__ __forceinline__ void mlaf_bar_sync(int id, int n) {
     asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory");
 }
 
-template <typename T, int NVB>
-__global__ void __launch_bounds__(MLAF_ROWB_THREADS + 32, mlaf_rowr_minb<NVB>::value)
+template <typename T, int NVB, int G = MLAF_ROWB_THREADS>
+__global__ void __launch_bounds__(G + 32, mlaf_rowr_minb<NVB, G>::value)
 mlaf_row_blockr_kernel(const mlaf_row_args a) {
-    constexpr int W = mlaf_vec<T>::W, G = MLAF_ROWB_THREADS, NW = G / 32;
+    constexpr int W = mlaf_vec<T>::W, NW = G / 32;
     __shared__ float red[2][NW];
     extern __shared__ float mlaf_pe_stage[]; /* [R], the rope warp's */
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -810,43 +820,25 @@ struct mlaf_row_policy {
     int grid_mult = 1;  /* PIPE / forced persistent WAVE: grid = grid_mult x resident blocks x SMs */
     bool persist = false; /* WAVE with the PIPE grid instead of ceil(T / 4) (comparison only) */
     int64_t max_blocks = 0; /* > 0: cap on the grid, so validation sees several rows per warp */
+    int blkr_g = 0;         /* BLKR's norm threads: 64, 128 or 256 (0: the library's choice) */
 };
 
 /* Up to this many rows per SM a call is latency-bound: one block per row (BLK) beats the
  * throughput shapes (measured on the H200, dev/README.md). */
 #define MLAF_ROW_BLK_ROWS_PER_SM 4
 
-/* Rows per SM up to which mla_kv_cache takes BLKR for a row of nn norm vectors: at most
- * MLAF_ROW_BLK_ROWS_PER_SM, and no more than the blocks per SM its launch bounds guarantee,
- * so the grid runs in one wave (the 256-thread BLK of DeepSeek-V3, 78 registers, 3 blocks per
- * SM, lost to WAVE at T = 512 = 3.9 rows per SM). */
-static inline int mlaf_row_blkr_rows_per_sm(int nn) {
-    const int b = nn <= MLAF_ROWB_THREADS ? mlaf_rowr_minb<1>::value
-                  : nn <= 2 * MLAF_ROWB_THREADS ? mlaf_rowr_minb<2>::value
-                                                : mlaf_rowr_minb<4>::value;
-    return b < MLAF_ROW_BLK_ROWS_PER_SM ? b : MLAF_ROW_BLK_ROWS_PER_SM;
-}
-
+/* Resident blocks per SM the dispatch counts on: the minimum each kernel's launch bounds
+ * guarantee (the register allocation must allow it), a compile-time constant. The H200 runs
+ * exactly these (WAVE 8 / 6 for NV = 6 / 9, PIPE 5 / 4, BLKR 4 / 6 / 8 for 256 / 128 / 64 norm
+ * threads of a DeepSeek-V3 row); asking the occupancy API instead would put a runtime query,
+ * and possibly a module load, inside the first call, which may be under graph capture. */
 template <typename T, int NV, bool KV, int MODE>
 static cudaError_t mlaf_row_go(const mlaf_row_args &a, int sms, const mlaf_row_policy &pol, size_t smem,
                                cudaStream_t stream) {
     const int64_t need = (a.T + MLAF_ROW_WARPS - 1) / MLAF_ROW_WARPS;
     int64_t blocks = need;
     if (MODE == MLAF_ROW_PIPE || pol.persist) {
-        /* resident blocks per SM of this instantiation; asked once (the answer depends on the
-         * kernel's registers, fixed at build time, and on the arch) */
-        static int resident = [] {
-            int n = 0;
-            if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, mlaf_row_fast_kernel<T, NV, KV, MODE>,
-                                                              MLAF_ROW_WARPS * 32,
-                                                              KV ? MLAF_ROW_WARPS * 64 * sizeof(float) : 0) !=
-                    cudaSuccess ||
-                n < 1) {
-                (void)cudaGetLastError();
-                n = mlaf_row_minb<NV, MODE>::value;
-            }
-            return n;
-        }();
+        const int resident = mlaf_row_minb<NV, MODE>::value;
         const int64_t g = (int64_t)(pol.grid_mult > 0 ? pol.grid_mult : 1) * resident * (sms > 0 ? sms : 132);
         if (g < blocks) blocks = g;
     }
@@ -866,15 +858,47 @@ static cudaError_t mlaf_row_go_blk(const mlaf_row_args &a, const mlaf_row_policy
     return cudaGetLastError();
 }
 
-template <typename T, int NVB>
+template <typename T, int NVB, int G = MLAF_ROWB_THREADS>
 static cudaError_t mlaf_row_go_blkr(const mlaf_row_args &a, int nn, const mlaf_row_policy &pol,
                                     cudaStream_t stream) {
     int64_t blocks = a.T;
     if (pol.max_blocks > 0 && blocks > pol.max_blocks) blocks = pol.max_blocks;
     if (blocks > 0x7fffffff) blocks = 0x7fffffff;
-    mlaf_row_blockr_kernel<T, NVB>
-        <<<(unsigned)blocks, mlaf_rowr_threads(nn), (size_t)a.R * sizeof(float), stream>>>(a);
+    mlaf_row_blockr_kernel<T, NVB, G>
+        <<<(unsigned)blocks, mlaf_rowr_threads(nn, G), (size_t)a.R * sizeof(float), stream>>>(a);
     return cudaGetLastError();
+}
+
+/* BLKR with at most g norm threads (g = 64 / 128 for mid T where the row fits them with 4 / 2-4
+ * vectors per thread, else the 256-thread shape). */
+template <typename T>
+static cudaError_t mlaf_row_go_blkr_g(const mlaf_row_args &a, int nn, int g, const mlaf_row_policy &pol,
+                                      cudaStream_t stream) {
+    if (g == 64 && nn > 128 && nn <= 256) return mlaf_row_go_blkr<T, 4, 64>(a, nn, pol, stream);
+    if (g <= 128 && nn > 128 && nn <= 256) return mlaf_row_go_blkr<T, 2, 128>(a, nn, pol, stream);
+    if (g <= 128 && nn > 256 && nn <= 512) return mlaf_row_go_blkr<T, 4, 128>(a, nn, pol, stream);
+    if (nn <= MLAF_ROWB_THREADS) return mlaf_row_go_blkr<T, 1>(a, nn, pol, stream);
+    if (nn <= 2 * MLAF_ROWB_THREADS) return mlaf_row_go_blkr<T, 2>(a, nn, pol, stream);
+    return mlaf_row_go_blkr<T, 4>(a, nn, pol, stream);
+}
+
+/* mla_kv_cache's small / mid-T shape for nn norm vectors and T rows on nsm SMs: BLKR with 256,
+ * 128 or 64 norm threads, or 0 (WAVE / PIPE). Fewer norm threads per row leave more rows on an
+ * SM, at a longer chain per row; each shape is taken while the call fits one wave of it
+ * (H200, dev/cuda/mla_kv_cache_v1 --sweep, graph replay: DeepSeek-V3 T = 768 4.27 us with
+ * 128 threads vs 5.97 with 256; T = 1024 5.40 us with 64 vs 6.59 WAVE). */
+static inline int mlaf_row_kv_blkr_g(int nn, int64_t T, int64_t nsm) {
+    const bool mid = nn > 128 && nn <= 512;
+    const int occ256 = nn <= MLAF_ROWB_THREADS       ? mlaf_rowr_minb<1, 256>::value
+                       : nn <= 2 * MLAF_ROWB_THREADS ? mlaf_rowr_minb<2, 256>::value
+                                                     : mlaf_rowr_minb<4, 256>::value;
+    const int cap = mid ? 2 : MLAF_ROW_BLK_ROWS_PER_SM;
+    if (T <= (int64_t)(occ256 < cap ? occ256 : cap) * nsm) return 256;
+    if (!mid) return 0;
+    const int occ128 = nn <= 256 ? mlaf_rowr_minb<2, 128>::value : mlaf_rowr_minb<4, 128>::value;
+    if (T <= (int64_t)occ128 * nsm) return 128;
+    if (nn <= 256 && T <= (int64_t)mlaf_rowr_minb<4, 64>::value * nsm) return 64;
+    return 0;
 }
 
 #ifdef MLAF_ROW_DEV_MODES
@@ -883,10 +907,11 @@ static cudaError_t mlaf_row_go_blkr(const mlaf_row_args &a, int nn, const mlaf_r
 #define MLAF_ROW_DEV 0
 #endif
 
-/* The library ships WAVE (large T) and, for small T, BLK (split_qk_norm) or BLKR
- * (mla_kv_cache). PIPE, LAT and BLK with the cache epilogue lost on the H200 (see
- * dev/README.md) and are compiled only into the dev/ programs that compare them
- * (MLAF_ROW_DEV_MODES), so the library carries no dead kernels. */
+/* The library ships WAVE (large T), for small T BLK (split_qk_norm) or BLKR (mla_kv_cache,
+ * also mid T), and PIPE for mla_kv_cache just past one WAVE wave. LAT, PIPE for
+ * split_qk_norm and BLK with the cache epilogue lost on the H200 (see dev/README.md) and are
+ * compiled only into the dev/ programs that compare them (MLAF_ROW_DEV_MODES), so the library
+ * carries no dead kernels. */
 template <typename T, int NV, bool KV>
 static cudaError_t mlaf_row_go_nv(const mlaf_row_args &a, int sms, const mlaf_row_policy &pol, size_t smem,
                                   cudaStream_t stream) {
@@ -897,13 +922,22 @@ static cudaError_t mlaf_row_go_nv(const mlaf_row_args &a, int sms, const mlaf_ro
     if constexpr (KV) {
         const int nn = (a.Q + a.C) / W;
         if (nn <= 4 * MLAF_ROWB_THREADS) {
-            if (mode < 0) mode = a.T <= mlaf_row_blkr_rows_per_sm(nn) * nsm ? MLAF_ROW_BLKR : MLAF_ROW_WAVE;
-            if (!MLAF_ROW_DEV && mode == MLAF_ROW_BLK) mode = MLAF_ROW_BLKR;
-            if (mode == MLAF_ROW_BLKR) {
-                if (nn <= MLAF_ROWB_THREADS) return mlaf_row_go_blkr<T, 1>(a, nn, pol, stream);
-                if (nn <= 2 * MLAF_ROWB_THREADS) return mlaf_row_go_blkr<T, 2>(a, nn, pol, stream);
-                return mlaf_row_go_blkr<T, 4>(a, nn, pol, stream);
+            int g = pol.blkr_g;
+            if (mode < 0) {
+                g = mlaf_row_kv_blkr_g(nn, a.T, nsm);
+                if (g > 0) mode = MLAF_ROW_BLKR;
             }
+            if (!MLAF_ROW_DEV && mode == MLAF_ROW_BLK) mode = MLAF_ROW_BLKR;
+            if (mode == MLAF_ROW_BLKR) return mlaf_row_go_blkr_g<T>(a, nn, g > 0 ? g : 256, pol, stream);
+        }
+        if constexpr (NV == 4 || NV == 6 || NV == 9) {
+            /* just past one wave of WAVE blocks (up to 1.3 waves), the persistent grid with the
+             * next row prefetched (PIPE) saves most of a nearly empty second wave (H200,
+             * DeepSeek-V3, T = 4096 = 1.29 waves: 12.7 vs 14.1 us); at 1.45 waves (GLM-4.7-Flash
+             * T = 6144: 13.6 vs 12.7 us) and beyond, plain WAVE is faster */
+            const int64_t wave_rows = (int64_t)mlaf_row_minb<NV, MLAF_ROW_WAVE>::value * MLAF_ROW_WARPS * nsm;
+            if (mode < 0 && a.T > wave_rows && 10 * a.T <= 13 * wave_rows) mode = MLAF_ROW_PIPE;
+            if (mode == MLAF_ROW_PIPE) return mlaf_row_go<T, NV, KV, MLAF_ROW_PIPE>(a, sms, pol, smem, stream);
         }
     }
     if (mode < 0) mode = a.T <= MLAF_ROW_BLK_ROWS_PER_SM * nsm ? MLAF_ROW_BLK : MLAF_ROW_WAVE;
