@@ -18,8 +18,8 @@
  * fp32 can be). Invalid choices must match the oracle's ids exactly: their order is defined
  * by index alone. Where two groups' scores tie within 2e-6 relative across the topk_group
  * boundary, a backend that kept the other group is judged against the oracle's selection
- * from the groups it kept. Weights are then recomputed from the backend's own ids with the oracle's
- * scores, so an accepted near-tie swap is judged on its weights too.
+ * from the groups it kept. Weights are then recomputed from the backend's own ids with the
+ * oracle's scores, so an accepted near-tie swap is judged on its weights too.
  */
 #include <math.h>
 #include <stdio.h>
