@@ -192,6 +192,14 @@ __device__ __forceinline__ void mlaf_st_dt_vec(void *base, mlaf_dtype dt, int64_
     }
 }
 
+/* Sum of squares of one vector's W values, in the one order every launch mode uses. */
+template <int W> __device__ __forceinline__ float mlaf_sumsq(const float *f) {
+    float acc = 0.0f;
+#pragma unroll
+    for (int k = 0; k < W; k++) acc = fmaf(f[k], f[k], acc);
+    return acc;
+}
+
 __device__ __forceinline__ float mlaf_warp_sum(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -384,9 +392,7 @@ mlaf_row_fast_kernel(const mlaf_row_args a) {
             if (c < qv + cv) {
                 float f[W];
                 mlaf_vec<T>::unpack(v[s], f);
-                float acc = 0.0f;
-#pragma unroll
-                for (int k = 0; k < W; k++) acc = fmaf(f[k], f[k], acc);
+                const float acc = mlaf_sumsq<W>(f);
                 if (c < qv) sq += acc;
                 else skv += acc;
             }
@@ -506,9 +512,7 @@ __global__ void __launch_bounds__(MLAF_ROWB_THREADS) mlaf_row_block_kernel(const
             float f[W];
             mlaf_vec<T>::unpack(v[s], f);
             if (c < qv + cv) {
-                float acc = 0.0f;
-#pragma unroll
-                for (int k = 0; k < W; k++) acc = fmaf(f[k], f[k], acc);
+                const float acc = mlaf_sumsq<W>(f);
                 if (c < qv) sq += acc;
                 else skv += acc;
             } else if (KV && ti.ok) {
@@ -661,9 +665,7 @@ mlaf_row_blockr_kernel(const mlaf_row_args a) {
             if (c >= nn) continue;
             float f[W];
             mlaf_vec<T>::unpack(v[s], f);
-            float acc = 0.0f;
-#pragma unroll
-            for (int k = 0; k < W; k++) acc = fmaf(f[k], f[k], acc);
+            const float acc = mlaf_sumsq<W>(f);
             if (c < qv) sq += acc;
             else skv += acc;
         }
