@@ -92,6 +92,15 @@ struct GateArgs {
     int64_t scores_stride;
 };
 
+/* Weight j of token t, in the weights' dtype (f32 or the logits' T), rounded once. */
+template <typename T>
+__device__ __forceinline__ void gate_put_weight(const GateArgs &a, int64_t t, int j, float w) {
+    if (a.weights_f32)
+        static_cast<float *>(a.weights)[t * a.weights_stride + j] = w;
+    else
+        mlaf_st(static_cast<T *>(a.weights) + t * a.weights_stride + j, w);
+}
+
 __device__ __forceinline__ uint32_t ord32(float f) {
     uint32_t u = __float_as_uint(f);
     return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
@@ -369,10 +378,7 @@ moe_gate_warp_kernel(const GateArgs a) {
                 w = shared_w;
             }
             ids[j] = id;
-            if (a.weights_f32)
-                static_cast<float *>(a.weights)[t * a.weights_stride + j] = w;
-            else
-                mlaf_st(static_cast<T *>(a.weights) + t * a.weights_stride + j, w);
+            gate_put_weight<T>(a, t, j, w);
         }
     }
 }
@@ -680,10 +686,7 @@ moe_gate_fast_kernel(const GateArgs a, const int copy_unit) {
                 const int32_t id = routed_slot ? my_id : E + (j - k);
                 const float w = routed_slot ? my_w : shared_w;
                 ids[j] = id;
-                if (a.weights_f32)
-                    static_cast<float *>(a.weights)[t * a.weights_stride + j] = w;
-                else
-                    mlaf_st(static_cast<T *>(a.weights) + t * a.weights_stride + j, w);
+                gate_put_weight<T>(a, t, j, w);
             }
         }
     }
@@ -1172,23 +1175,17 @@ moe_gate_team_kernel(const GateArgs a, const int copy_unit) {
             if (a.n_shared > 0) routed = team_sum_m<L>(part, team_mask);
         }
         int32_t *ids = a.ids + t * a.ids_stride;
-        auto put_w = [&](int j, float w) {
-            if (a.weights_f32)
-                static_cast<float *>(a.weights)[t * a.weights_stride + j] = w;
-            else
-                mlaf_st(static_cast<T *>(a.weights) + t * a.weights_stride + j, w);
-        };
 #pragma unroll
         for (int jj = 0; jj < S::J; jj++) {
             if (wr[jj] < K) {
                 ids[wr[jj]] = wid[jj];
-                put_w(wr[jj], a.apply_scaling ? ww[jj] * a.scaling : ww[jj]);
+                gate_put_weight<T>(a, t, wr[jj], a.apply_scaling ? ww[jj] * a.scaling : ww[jj]);
             }
         }
         const float shared_w = routed / a.scaling;
         for (int j = K + tl; j < a.K; j += L) {
             ids[j] = E + (j - K);
-            put_w(j, shared_w);
+            gate_put_weight<T>(a, t, j, shared_w);
         }
     }
     cp_async_wait<0>(); /* no copy outlives the block */

@@ -181,23 +181,17 @@ __device__ __forceinline__ void solo_store(const GateArgs &a, int64_t t, int E, 
         }
     }
     int32_t *ids = a.ids + t * a.ids_stride;
-    auto put_w = [&](int j, float w) {
-        if (a.weights_f32)
-            static_cast<float *>(a.weights)[t * a.weights_stride + j] = w;
-        else
-            mlaf_st(static_cast<T *>(a.weights) + t * a.weights_stride + j, w);
-    };
 #pragma unroll
     for (int i = 0; i < KMAX; i++) {
         if (i < K) {
             ids[i] = tid[i];
-            put_w(i, a.apply_scaling ? tw[i] * a.scaling : tw[i]);
+            gate_put_weight<T>(a, t, i, a.apply_scaling ? tw[i] * a.scaling : tw[i]);
         }
     }
     const float shared_w = routed / a.scaling;
     for (int j = K; j < a.K; j++) {
         ids[j] = E + (j - K);
-        put_w(j, shared_w);
+        gate_put_weight<T>(a, t, j, shared_w);
     }
 }
 

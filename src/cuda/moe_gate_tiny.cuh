@@ -260,22 +260,16 @@ __global__ void __launch_bounds__(NW * 32, 1) moe_gate_tiny_kernel(const GateArg
             }
         }
     }
-    auto put_w = [&](int j, float wv) {
-        if (a.weights_f32)
-            static_cast<float *>(a.weights)[t * a.weights_stride + j] = wv;
-        else
-            mlaf_st(static_cast<T *>(a.weights) + t * a.weights_stride + j, wv);
-    };
     if (win) {
         a.ids[t * a.ids_stride + r] = id;
         const float wr = wi * rden;
-        put_w(r, a.apply_scaling ? wr * a.scaling : wr);
+        gate_put_weight<T>(a, t, r, a.apply_scaling ? wr * a.scaling : wr);
     }
     if (w == 0) {
         const float shared_w = routed / a.scaling;
         for (int j = K + lane; j < a.K; j += 32) {
             a.ids[t * a.ids_stride + j] = E + (j - K);
-            put_w(j, shared_w);
+            gate_put_weight<T>(a, t, j, shared_w);
         }
     }
 }
