@@ -19,9 +19,13 @@
  * `--quick`: no T = 131072. `--sweep`: validation, then the small / medium T sweep that sets
  * the launch shapes: T in {1, 8, 64, ..., 1024, 1536, 2048, 3072, 4096, ..., 16384}, graph
  * replay, unfused chain, WAVE, BLK, BLKR and auto side by side, with each block kernel's
- * registers and resident blocks per SM.
+ * registers and resident blocks per SM. `--large`: T = 8192 / 32768 / 131072 in two rounds,
+ * WAVE, RUN with 2 / 4 / 8 / 16 rows per warp (indices one row ahead), PIPE, auto and
+ * split_qk_norm alone (% of the same-run copy). `--profile T`: one unfused chain and one WAVE
+ * call per shape, no timing, for ncu. DEV_SLOT_IDENTITY=1: slots in order instead of scattered
+ * blocks.
  */
-#define MLAF_ROW_DEV_MODES /* PIPE and LAT too */
+#define MLAF_ROW_DEV_MODES /* PIPE, LAT and RUN too */
 #include "cuda/norm_common.cuh"
 #include "common.cuh"
 
@@ -78,11 +82,11 @@ __global__ void cache_write_sep(const __nv_bfloat16 *kn, const __nv_bfloat16 *kp
 /* ---- validation ------------------------------------------------------------------------ */
 static const char *mode_name(int mode) {
     return mode == MLAF_ROW_WAVE ? "WAVE" : mode == MLAF_ROW_PIPE ? "PIPE" : mode == MLAF_ROW_LAT ? "LAT"
-           : mode == MLAF_ROW_BLK ? "BLK" : mode == MLAF_ROW_BLKR ? "BLKR" : "auto";
+           : mode == MLAF_ROW_BLK ? "BLK" : mode == MLAF_ROW_BLKR ? "BLKR" : mode == MLAF_ROW_RUN ? "RUN" : "auto";
 }
-static mlaf_row_policy policy(int mode, int64_t max_blocks = 0, int blkr_g = 0) {
+static mlaf_row_policy policy(int mode, int64_t max_blocks = 0, int blkr_g = 0, int run = 0) {
     mlaf_row_policy p;
-    p.mode = mode, p.max_blocks = max_blocks, p.blkr_g = blkr_g;
+    p.mode = mode, p.max_blocks = max_blocks, p.blkr_g = blkr_g, p.run = run;
     return p;
 }
 
@@ -115,7 +119,7 @@ struct kv_case {
         dev_fill_bf16(b.L, (size_t)T * W * nrot);
         std::vector<int64_t> pos(T), slot(T), perm(nblocks);
         for (int64_t i = 0; i < nblocks; i++) perm[i] = (i * 7919) % nblocks; /* scattered blocks */
-        if (std::gcd(nblocks, (int64_t)7919) != 1)
+        if (std::gcd(nblocks, (int64_t)7919) != 1 || getenv("DEV_SLOT_IDENTITY"))
             for (int64_t i = 0; i < nblocks; i++) perm[i] = i;
         for (int64_t t = 0; t < T; t++) pos[t] = t % max_pos, slot[t] = perm[t / bs] * bs + t % bs;
         CK(cudaMemcpy(b.pos, pos.data(), T * 8, cudaMemcpyHostToDevice));
@@ -133,9 +137,13 @@ struct kv_case {
         return x;
     }
     /* fused: q and the cache row only, as an engine calls it; mode -1 = auto */
-    void fused(cudaStream_t st, int i, int mode, int g = 0) const {
+    void fused(cudaStream_t st, int i, int mode, int g = 0, int run = 0) const {
         CK(mlaf_row_launch<true>(kv_args(s, rot(i), dwq, dwkv, T, max_pos, nblocks, bs, 0, false), MLAF_BF16, sms, st,
-                                 policy(mode, 0, g)));
+                                 policy(mode, 0, g, run)));
+    }
+    /* split_qk_norm alone (the chain's first kernel: q, k_nope, k_pe) */
+    void split(cudaStream_t st, int i) const {
+        CK(mlaf_row_launch<false>(kv_args(s, rot(i), dwq, dwkv, T, max_pos, nblocks, bs, 0, true), MLAF_BF16, sms, st));
     }
     void unfused(cudaStream_t st, int i) const {
         const kv_bufs x = rot(i);
@@ -155,7 +163,8 @@ struct kv_case {
 };
 
 static bool validate(const dev_shape &s, int neox, const std::vector<uint16_t> &wq, const std::vector<uint16_t> &wkv,
-                     const __nv_bfloat16 *dwq, const __nv_bfloat16 *dwkv, int mode, int g = 0) {
+                     const __nv_bfloat16 *dwq, const __nv_bfloat16 *dwkv, int mode, int g = 0,
+                     int64_t cap = 7) {
     const int64_t T = 999, W = s.Q + s.C + s.R, bs = 16, nblocks = 80, max_pos = 1000, CR = s.C + s.R;
     dev_rng rng(11 + neox);
     std::vector<uint16_t> L((size_t)T * W);
@@ -193,7 +202,7 @@ static bool validate(const dev_shape &s, int neox, const std::vector<uint16_t> &
     CK(cudaMemset(b.cache, 0xee, cache_n * 2));
     CK(cudaMemset(b.err, 0, 4));
     CK(mlaf_row_launch<true>(kv_args(s, b, dwq, dwkv, T, max_pos, nblocks, bs, neox, true), MLAF_BF16, sm_count(), 0,
-                             policy(mode, mode == MLAF_ROW_LAT ? 0 : 7, g))); /* 7 blocks: ~36 rows per warp */
+                             policy(mode, mode == MLAF_ROW_LAT ? 0 : cap, g))); /* 7 blocks: ~36 rows per warp */
     CK(cudaDeviceSynchronize());
     std::vector<uint16_t> q((size_t)T * s.Q), kn((size_t)T * s.C), kp((size_t)T * s.R), cache(cache_n);
     int32_t err = 0;
@@ -234,9 +243,9 @@ static bool validate(const dev_shape &s, int neox, const std::vector<uint16_t> &
         if (!named[sl])
             for (int64_t e = 0; e < CR; e++) untouched_bad += cache[sl * CR + e] != 0xeeee;
     const bool pass = worst <= 1.0 && pe_bad == 0 && cache_bad == 0 && untouched_bad == 0 && err == want_err;
-    printf("  validate fused %-4s%s %-11s T=%lld: worst %.3f ulp, k_pe mismatches %lld, cache pe mismatches %lld, "
+    printf("  validate fused %-4s%s%s %-11s T=%lld: worst %.3f ulp, k_pe mismatches %lld, cache pe mismatches %lld, "
            "unnamed rows changed %lld, error_count %d (want %d)  %s\n",
-           mode_name(mode), g == 64 ? "/64" : g == 128 ? "/128" : "", neox ? "neox" : "interleaved", (long long)T, worst, (long long)pe_bad, (long long)cache_bad,
+           mode_name(mode), g == 64 ? "/64" : g == 128 ? "/128" : "", cap ? "" : " (full grid)", neox ? "neox" : "interleaved", (long long)T, worst, (long long)pe_bad, (long long)cache_bad,
            (long long)untouched_bad, err, want_err, pass ? "OK" : "FAIL");
     CK(cudaFree(b.L)); CK(cudaFree(b.q)); CK(cudaFree(b.kn)); CK(cudaFree(b.kp)); CK(cudaFree(b.cache));
     CK(cudaFree(b.pos)); CK(cudaFree(b.slot)); CK(cudaFree(b.cs)); CK(cudaFree(b.err));
@@ -253,6 +262,29 @@ template <class K> static void print_occupancy(const char *name, K kernel, int t
     CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, smem));
     printf("  %-4s %3d threads, %3d registers, %lld B local: %d blocks per SM -> one wave up to T = %d\n", name,
            threads, fa.numRegs, (long long)fa.localSizeBytes, n, n * sm_count());
+}
+
+/* Large T, the streaming shapes side by side in two interleaved rounds (us, % of copy): WAVE,
+ * RUN with 2 / 4 / 8 / 16 rows per warp, PIPE, auto. */
+static void large(const dev_shape &s, float *dcs, const __nv_bfloat16 *dwq, const __nv_bfloat16 *dwkv, double copy) {
+    printf("  %7s %5s %8s %14s %14s %14s %14s %14s %14s %14s %14s\n", "T", "round", "unfused", "WAVE", "RUN2", "RUN4",
+           "RUN8", "RUN16", "PIPE", "auto", "split_qk_norm");
+    for (int64_t T : {8192, 32768, 131072}) {
+        kv_case k(s, T, dcs, dwq, dwkv);
+        for (int round = 0; round < 2; round++) {
+            const double uf = time_us([&](int i) { k.unfused(0, i); });
+            double t[7];
+            t[0] = time_us([&](int i) { k.fused(0, i, MLAF_ROW_WAVE); });
+            const int runs[4] = {2, 4, 8, 16};
+            for (int r = 0; r < 4; r++) t[1 + r] = time_us([&](int i) { k.fused(0, i, MLAF_ROW_RUN, 0, runs[r]); });
+            t[5] = time_us([&](int i) { k.fused(0, i, MLAF_ROW_PIPE); });
+            t[6] = time_us([&](int i) { k.fused(0, i, -1); });
+            printf("  %7lld %5d %8.2f", (long long)T, round, uf);
+            for (double x : t) printf(" %7.2f (%4.1f%%)", x, 100.0 * k.fused_bytes / (x * 1e-6) / 1e9 / copy);
+            const double sp = time_us([&](int i) { k.split(0, i); });
+            printf(" %7.2f (%4.1f%%)\n", sp, 100.0 * (double)T * 4 * (s.Q + s.C + s.R) / (sp * 1e-6) / 1e9 / copy);
+        }
+    }
 }
 
 /* The small / medium T sweep (graph replay, us per call) that sets the BLKR / WAVE threshold. */
@@ -283,12 +315,15 @@ static void sweep(const dev_shape &s, float *dcs, const __nv_bfloat16 *dwq, cons
 }
 
 int main(int argc, char **argv) {
-    bool quick = false, do_sweep = false;
+    bool quick = false, do_sweep = false, do_large = false;
+    int64_t prof_T = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) quick = true;
         else if (!strcmp(argv[i], "--sweep")) do_sweep = true;
+        else if (!strcmp(argv[i], "--large")) do_large = true;
+        else if (!strcmp(argv[i], "--profile") && i + 1 < argc) prof_T = atoll(argv[++i]);
         else {
-            fprintf(stderr, "usage: %s [--quick] [--sweep]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--quick] [--sweep] [--large] [--profile T]\n", argv[0]);
             return 2;
         }
     }
@@ -309,18 +344,35 @@ int main(int argc, char **argv) {
         CK(cudaMalloc(&dwkv, s.C * 2));
         CK(cudaMemcpy(dwq, wq.data(), s.Q * 2, cudaMemcpyHostToDevice));
         CK(cudaMemcpy(dwkv, wkv.data(), s.C * 2, cudaMemcpyHostToDevice));
-        for (int mode = -1; mode <= MLAF_ROW_BLKR; mode++) {
+        for (int mode = -1; mode <= MLAF_ROW_RUN && prof_T == 0; mode++) {
             validate(s, 0, wq, wkv, dwq, dwkv, mode);
             validate(s, 1, wq, wkv, dwq, dwkv, mode);
         }
-        for (int g : {64, 128}) /* BLKR's mid-T shapes */
-            for (int neox : {0, 1}) validate(s, neox, wq, wkv, dwq, dwkv, MLAF_ROW_BLKR, g);
+        for (int neox : {0, 1}) {
+            if (prof_T > 0) break;
+            validate(s, neox, wq, wkv, dwq, dwkv, MLAF_ROW_RUN, 0, 0); /* runs of 4, full grid */
+            for (int g : {64, 128}) validate(s, neox, wq, wkv, dwq, dwkv, MLAF_ROW_BLKR, g); /* mid-T shapes */
+        }
 
         std::vector<float> cs;
         make_cos_sin(cs, (int)max_pos, s.R);
         float *dcs;
         CK(cudaMalloc(&dcs, cs.size() * 4));
         CK(cudaMemcpy(dcs, cs.data(), cs.size() * 4, cudaMemcpyHostToDevice));
+        if (prof_T > 0) {
+            /* one unfused chain and one fused WAVE call per shape, for a profiler; no timing */
+            kv_case k(s, prof_T, dcs, dwq, dwkv);
+            k.unfused(0, 0);
+            k.fused(0, 1, MLAF_ROW_WAVE);
+            CK(cudaDeviceSynchronize());
+            CK(cudaFree(dcs)); CK(cudaFree(dwq)); CK(cudaFree(dwkv));
+            continue;
+        }
+        if (do_large) {
+            large(s, dcs, dwq, dwkv, copy);
+            CK(cudaFree(dcs)); CK(cudaFree(dwq)); CK(cudaFree(dwkv));
+            continue;
+        }
         if (do_sweep) {
             sweep(s, dcs, dwq, dwkv);
             CK(cudaFree(dcs)); CK(cudaFree(dwq)); CK(cudaFree(dwkv));

@@ -48,7 +48,10 @@
  *        WAVE blocks (DeepSeek-V3 T = 4096: 12.7 vs 14.1 us); it lost to WAVE elsewhere. LAT
  *        (weights in registers, no cap) lost to WAVE / BLK and, like PIPE for split_qk_norm and
  *        BLK with the cache epilogue (BLKR replaces it), exists only in the dev/ programs
- *        (MLAF_ROW_DEV_MODES).
+ *        (MLAF_ROW_DEV_MODES). So does RUN (each warp a run of rows, the next token's
+ *        position and slot loaded one row ahead, so the cos/sin fetch leaves with the row's
+ *        loads): it tested whether mla_kv_cache's dependent position -> cos/sin load limits
+ *        large T, and it does not (RUN 2 ties WAVE, longer runs lose; H200, dev/README.md).
  * All offsets are 64-bit. No allocation, no host sync: graph capturable.
  */
 #pragma once
@@ -82,6 +85,7 @@ struct mlaf_row_args {
     void *cache;
     int64_t n_slots, block_size, c_s0, c_s1;
     int32_t *err;
+    int32_t run; /* RUN mode: rows per warp */
 };
 
 #define MLAF_ROW_WARPS 4
@@ -286,8 +290,25 @@ __device__ __forceinline__ void mlaf_rope_store(float x0, float x1, float co, fl
     if (cache) mlaf_st_dt(cache, cdt, cidx + i0, y0), mlaf_st_dt(cache, cdt, cidx + i1, y1);
 }
 
+/* Two adjacent values y0, y1 as one store (element i even; the fast path's rows start on a
+ * vector boundary, so the pair is aligned to its size). */
+template <typename T> __device__ __forceinline__ void mlaf_st2(T *p, float y0, float y1) {
+    if constexpr (sizeof(T) == 4)
+        *reinterpret_cast<float2 *>(p) = make_float2(y0, y1);
+    else
+        *reinterpret_cast<uint32_t *>(p) = mlaf_vec<T>::pack2(y0, y1);
+}
+__device__ __forceinline__ void mlaf_st2_dt(void *base, mlaf_dtype dt, int64_t i, float y0, float y1) {
+    if (dt == MLAF_F32) mlaf_st2(static_cast<float *>(base) + i, y0, y1);
+    else if (dt == MLAF_BF16) mlaf_st2(static_cast<__nv_bfloat16 *>(base) + i, y0, y1);
+    else mlaf_st2(static_cast<__half *>(base) + i, y0, y1);
+}
+
 /* The R staged pe values of one row, pairs split over the lanes; the lane's first pair
- * (i = lane) uses co0 / si0, fetched as soon as the position was known. */
+ * (i = lane) uses co0 / si0, fetched as soon as the position was known. Interleaved pairs are
+ * adjacent, so each lane stores its two results as one 4- or 8-byte value: a warp's store
+ * covers whole sectors instead of every other element (fast path only: the generic kernel's
+ * rows may be unaligned and keep mlaf_rope_store). */
 template <typename T, int STRIDE = 32>
 __device__ __forceinline__ void mlaf_rope_pairs(const float *stage, const float *cs, float co0, float si0,
                                                 int32_t R, int32_t neox, int lane, T *po, void *cache,
@@ -295,10 +316,16 @@ __device__ __forceinline__ void mlaf_rope_pairs(const float *stage, const float 
     const int32_t h = R / 2;
 #pragma unroll 1 /* one pair per lane for R <= 2 STRIDE; unrolling only held registers */
     for (int32_t i = lane; i < h; i += STRIDE) {
-        const int32_t i0 = neox ? i : 2 * i, i1 = neox ? i + h : 2 * i + 1;
         const bool first = i == lane;
         const float co = first ? co0 : __ldg(cs + i), si = first ? si0 : __ldg(cs + h + i);
-        mlaf_rope_store<T>(stage[i0], stage[i1], co, si, i0, i1, po, cache, cdt, cidx);
+        if (neox) {
+            mlaf_rope_store<T>(stage[i], stage[i + h], co, si, i, i + h, po, cache, cdt, cidx);
+        } else {
+            const float2 x = *reinterpret_cast<const float2 *>(stage + 2 * i);
+            const float y0 = mlaf_rope_x0(x.x, x.y, co, si), y1 = mlaf_rope_x1(x.x, x.y, co, si);
+            if (po) mlaf_st2(po + 2 * i, y0, y1);
+            if (cache) mlaf_st2_dt(cache, cdt, cidx + 2 * i, y0, y1);
+        }
     }
 }
 
@@ -314,7 +341,10 @@ __device__ __forceinline__ void mlaf_rope_pairs(const float *stage, const float 
  *         with the row (and the token's indices), before any arithmetic, so a row costs one
  *         memory latency (plus the dependent cos/sin fetch in mla_kv_cache) instead of one
  *         per weight vector; no register cap. */
-enum mlaf_row_mode { MLAF_ROW_WAVE = 0, MLAF_ROW_PIPE = 1, MLAF_ROW_LAT = 2, MLAF_ROW_BLK = 3, MLAF_ROW_BLKR = 4 };
+enum mlaf_row_mode {
+    MLAF_ROW_WAVE = 0, MLAF_ROW_PIPE = 1, MLAF_ROW_LAT = 2, MLAF_ROW_BLK = 3, MLAF_ROW_BLKR = 4,
+    MLAF_ROW_RUN = 5
+};
 
 /* Blocks per SM the register allocation must allow (the row's own registers are 4 * NV per
  * lane, twice that in PIPE). */
@@ -339,7 +369,7 @@ template <typename T, int NV, bool KV, int MODE>
 __global__ void __launch_bounds__(MLAF_ROW_WARPS * 32, mlaf_row_minb<NV, MODE>::value)
 mlaf_row_fast_kernel(const mlaf_row_args a) {
     constexpr int W = mlaf_vec<T>::W;
-    constexpr bool PIPE = MODE == MLAF_ROW_PIPE, LAT = MODE == MLAF_ROW_LAT;
+    constexpr bool PIPE = MODE == MLAF_ROW_PIPE, LAT = MODE == MLAF_ROW_LAT, RUN = MODE == MLAF_ROW_RUN;
     extern __shared__ float mlaf_pe_stage[]; /* [MLAF_ROW_WARPS][R], mla_kv_cache only */
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int qv = a.Q / W, cv = a.C / W, rv = a.R / W, nv = qv + cv + rv;
@@ -354,7 +384,14 @@ mlaf_row_fast_kernel(const mlaf_row_args a) {
             else if (c < qv + cv) mlaf_ld_weights_vec<T>(a.w_kv, a.wkv_f32, (int64_t)(c - qv) * W, wr[s]);
         }
     }
-    const int64_t t0 = (int64_t)blockIdx.x * MLAF_ROW_WARPS + warp;
+    /* rows of this warp: t0, t0 + step, ... below t_end (RUN: a run of a.run rows per warp,
+     * interleaved over the block's warps; else a grid stride) */
+    int64_t t0 = (int64_t)blockIdx.x * MLAF_ROW_WARPS + warp, step = nwarps, t_end = a.T;
+    if constexpr (RUN) {
+        const int64_t b0 = (int64_t)blockIdx.x * MLAF_ROW_WARPS * a.run;
+        t0 = b0 + warp, step = MLAF_ROW_WARPS;
+        t_end = b0 + (int64_t)MLAF_ROW_WARPS * a.run < a.T ? b0 + (int64_t)MLAF_ROW_WARPS * a.run : a.T;
+    }
     mlaf_token_idx ix = {-1, 0};
     uint4 v[NV];
     if constexpr (PIPE) {
@@ -363,8 +400,11 @@ mlaf_row_fast_kernel(const mlaf_row_args a) {
             mlaf_row_load<T, NV>(a, t0, lane, nv, v);
         }
     }
+    if constexpr (RUN && KV) {
+        if (t0 < t_end) ix = mlaf_token_load(a, t0);
+    }
 
-    for (int64_t t = t0; t < a.T; t += nwarps) {
+    for (int64_t t = t0; t < t_end; t += step) {
         uint4 vn[PIPE ? NV : 1];
         mlaf_token_idx ixn = {-1, 0};
         if constexpr (PIPE) {
@@ -372,6 +412,11 @@ mlaf_row_fast_kernel(const mlaf_row_args a) {
                 if (KV) ixn = mlaf_token_load(a, t + nwarps);
                 mlaf_row_load<T, NV>(a, t + nwarps, lane, nv, vn);
             }
+        } else if constexpr (RUN) {
+            /* the token's indices came one row ahead, so its cos/sin fetch below goes out with
+             * the row's loads: one memory latency per row instead of two */
+            mlaf_row_load<T, NV>(a, t, lane, nv, v);
+            if (KV && t + step < t_end) ixn = mlaf_token_load(a, t + step);
         } else {
             if (KV) ix = mlaf_token_load(a, t);
             mlaf_row_load<T, NV>(a, t, lane, nv, v);
@@ -461,6 +506,7 @@ mlaf_row_fast_kernel(const mlaf_row_args a) {
 #pragma unroll
             for (int s = 0; s < NV; s++) v[s] = vn[s];
         }
+        if constexpr (RUN) ix = ixn;
     }
 }
 
@@ -824,7 +870,11 @@ struct mlaf_row_policy {
     bool persist = false; /* WAVE with the PIPE grid instead of ceil(T / 4) (comparison only) */
     int64_t max_blocks = 0; /* > 0: cap on the grid, so validation sees several rows per warp */
     int blkr_g = 0;         /* BLKR's norm threads: 64, 128 or 256 (0: the library's choice) */
+    int run = 0;            /* RUN's rows per warp (0: MLAF_ROW_RUN_ROWS) */
 };
+
+/* Rows per warp of RUN mode. */
+#define MLAF_ROW_RUN_ROWS 4
 
 /* Up to this many rows per SM a call is latency-bound: one block per row (BLK) beats the
  * throughput shapes (measured on the H200, dev/README.md). */
@@ -838,7 +888,16 @@ struct mlaf_row_policy {
 template <typename T, int NV, bool KV, int MODE>
 static cudaError_t mlaf_row_go(const mlaf_row_args &a, int sms, const mlaf_row_policy &pol, size_t smem,
                                cudaStream_t stream) {
-    const int64_t need = (a.T + MLAF_ROW_WARPS - 1) / MLAF_ROW_WARPS;
+    mlaf_row_args ar = a;
+    ar.run = MODE == MLAF_ROW_RUN ? (pol.run > 0 ? pol.run : MLAF_ROW_RUN_ROWS) : 1;
+    if (MODE == MLAF_ROW_RUN && pol.max_blocks > 0) {
+        /* a capped grid still covers every row: longer runs */
+        const int64_t cover = (a.T + (int64_t)MLAF_ROW_WARPS * pol.max_blocks - 1) /
+                              ((int64_t)MLAF_ROW_WARPS * pol.max_blocks);
+        if (cover > ar.run) ar.run = (int32_t)cover;
+    }
+    const int64_t per_block = (int64_t)MLAF_ROW_WARPS * ar.run;
+    const int64_t need = (a.T + per_block - 1) / per_block;
     int64_t blocks = need;
     if (MODE == MLAF_ROW_PIPE || pol.persist) {
         const int resident = mlaf_row_minb<NV, MODE>::value;
@@ -847,7 +906,7 @@ static cudaError_t mlaf_row_go(const mlaf_row_args &a, int sms, const mlaf_row_p
     }
     if (pol.max_blocks > 0 && blocks > pol.max_blocks) blocks = pol.max_blocks;
     if (blocks > 0x7fffffff) blocks = 0x7fffffff;
-    mlaf_row_fast_kernel<T, NV, KV, MODE><<<(unsigned)blocks, MLAF_ROW_WARPS * 32, smem, stream>>>(a);
+    mlaf_row_fast_kernel<T, NV, KV, MODE><<<(unsigned)blocks, MLAF_ROW_WARPS * 32, smem, stream>>>(ar);
     return cudaGetLastError();
 }
 
@@ -955,6 +1014,7 @@ static cudaError_t mlaf_row_go_nv(const mlaf_row_args &a, int sms, const mlaf_ro
     if constexpr (NV == 4 || NV == 6 || NV == 9) {
         if (mode == MLAF_ROW_LAT) return mlaf_row_go<T, NV, KV, MLAF_ROW_LAT>(a, sms, pol, smem, stream);
         if (mode == MLAF_ROW_PIPE) return mlaf_row_go<T, NV, KV, MLAF_ROW_PIPE>(a, sms, pol, smem, stream);
+        if (mode == MLAF_ROW_RUN) return mlaf_row_go<T, NV, KV, MLAF_ROW_RUN>(a, sms, pol, smem, stream);
     }
 #endif
     return mlaf_row_go<T, NV, KV, MLAF_ROW_WAVE>(a, sms, pol, smem, stream);
