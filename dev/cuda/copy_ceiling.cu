@@ -1,0 +1,250 @@
+/*
+ * copy_ceiling — how fast can any kernel move the bytes of one call of an op, at that size?
+ *
+ * The large-T targets compare an op with the bandwidth of a 1 GB device-to-device copy. A copy
+ * of fewer bytes pays the same fixed costs (launch, the first loads' DRAM latency, the last
+ * stores' drain, the last wave's tail) over less work, so it reaches less than the 1 GB rate.
+ * This program times, for the byte counts of the ops' benchmark rows (the same count
+ * `mlafuse bench` uses: inputs read once + outputs written once), four ways of copying half of
+ * those bytes onto the other half, exactly the way `mlafuse bench` times an op (before each
+ * sample a 256 MB memset and a read of that buffer leave L2 holding clean, unrelated lines;
+ * CUDA events around the call; median of 30):
+ *   memcpy  cudaMemcpyAsync device to device
+ *   grid    grid-stride loop, 16 blocks of 256 threads per SM, 4 x 16-byte loads then 4 stores
+ *   flat8   one-shot grid, 8 x 16-byte vectors per thread, all loads before the stores (the
+ *           shape of the library's WAVE row kernel)
+ *   flat2   one-shot grid, 2 vectors per thread
+ *   flat2 L2::256B  flat2 with ld.global.nc.L1::no_allocate.L2::256B loads
+ *   bulk    sm_90 bulk (TMA) copies, one thread per CTA, 2 CTAs per SM, a 6-stage ring of 16 KB
+ * and prints each as a % of the reference rate of the same run (a 1 GiB cudaMemcpyAsync, back to
+ * back, as mlafuse bench measures it), and the best of the SM kernels: the ceiling a kernel
+ * moving that many bytes reached here. Each kernel's copy is checked once against the source.
+ * `--memcpy-only`: one 256 MB cudaMemcpyAsync and nothing else; under ncu it shows whether the
+ * device-to-device copy runs as a kernel (on the H200 it does not: "No kernels were profiled",
+ * it is the copy engines' DMA).
+ */
+#include "common.cuh"
+
+__global__ void cc_clean_read(const uint4 *p, size_t n, unsigned *sink) {
+    unsigned acc = 0;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        const uint4 v = p[i];
+        acc ^= v.x ^ v.y ^ v.z ^ v.w;
+    }
+    if (acc == 0x9e3779b9u) *sink = acc;
+}
+
+__global__ void cc_grid(const uint4 *__restrict__ s, uint4 *__restrict__ d, size_t n) {
+    const size_t stride = (size_t)gridDim.x * blockDim.x;
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    for (; i + 3 * stride < n; i += 4 * stride) {
+        uint4 v[4];
+#pragma unroll
+        for (int k = 0; k < 4; k++) v[k] = __ldcs(s + i + k * stride);
+#pragma unroll
+        for (int k = 0; k < 4; k++) __stcs(d + i + k * stride, v[k]);
+    }
+    for (; i < n; i += stride) __stcs(d + i, __ldcs(s + i));
+}
+
+template <int U> __global__ void cc_flat(const uint4 *__restrict__ s, uint4 *__restrict__ d, size_t n) {
+    const size_t base = (size_t)blockIdx.x * blockDim.x * U + threadIdx.x;
+    uint4 v[U];
+#pragma unroll
+    for (int k = 0; k < U; k++)
+        if (base + k * blockDim.x < n) v[k] = __ldcs(s + base + k * blockDim.x);
+#pragma unroll
+    for (int k = 0; k < U; k++)
+        if (base + k * blockDim.x < n) __stcs(d + base + k * blockDim.x, v[k]);
+}
+
+/* flat2 with 256-byte L2 fetches and no L1 allocation for the loads */
+__global__ void cc_flat2_l2(const uint4 *__restrict__ s, uint4 *__restrict__ d, size_t n) {
+    const size_t base = (size_t)blockIdx.x * blockDim.x * 2 + threadIdx.x;
+    uint4 v[2];
+#pragma unroll
+    for (int k = 0; k < 2; k++)
+        if (base + k * blockDim.x < n)
+            asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+                         : "=r"(v[k].x), "=r"(v[k].y), "=r"(v[k].z), "=r"(v[k].w)
+                         : "l"(s + base + k * blockDim.x));
+#pragma unroll
+    for (int k = 0; k < 2; k++)
+        if (base + k * blockDim.x < n) __stcs(d + base + k * blockDim.x, v[k]);
+}
+
+/* sm_90 bulk (TMA) copies: one thread per CTA streams chunks of CH bytes (grid-stride) through
+ * an S-stage shared-memory ring: bulk load on an mbarrier, bulk store from the stage; a stage
+ * is reloaded once the store issued before the latest one has read it. */
+template <int S, int CH> __global__ void cc_bulk(const unsigned char *src, unsigned char *dst, size_t nbytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    extern __shared__ __align__(128) unsigned char ring[];
+    __shared__ __align__(8) uint64_t bar[S];
+    if (threadIdx.x != 0) return;
+    const uint32_t r0 = (uint32_t)__cvta_generic_to_shared(ring), b0 = (uint32_t)__cvta_generic_to_shared(bar);
+    for (int i = 0; i < S; i++) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(b0 + 8 * i) : "memory");
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    const size_t nch = (nbytes + CH - 1) / CH;
+    auto load = [&](size_t k) { /* chunk index k of this CTA into stage k % S */
+        const size_t c = blockIdx.x + k * gridDim.x;
+        if (c >= nch) return;
+        const uint32_t bytes = (uint32_t)(c + 1 < nch ? CH : nbytes - c * CH), st = (uint32_t)(k % S);
+        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(b0 + 8 * st), "r"(bytes) : "memory");
+        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                     ::"r"(r0 + st * CH), "l"(src + c * CH), "r"(bytes), "r"(b0 + 8 * st) : "memory");
+    };
+    for (size_t k = 0; k < (size_t)S; k++) load(k);
+    for (size_t k = 0;; k++) {
+        const size_t c = blockIdx.x + k * gridDim.x;
+        if (c >= nch) break;
+        const uint32_t bytes = (uint32_t)(c + 1 < nch ? CH : nbytes - c * CH), st = (uint32_t)(k % S);
+        const uint32_t par = (uint32_t)((k / S) & 1);
+        uint32_t ok = 0;
+        do {
+            asm volatile("{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
+                         "selp.u32 %0, 1, 0, p;\n\t}" : "=r"(ok) : "r"(b0 + 8 * st), "r"(par) : "memory");
+        } while (!ok);
+        asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(dst + c * CH),
+                     "r"(r0 + st * CH), "r"(bytes) : "memory");
+        asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+        if (k >= 1) {
+            asm volatile("cp.async.bulk.wait_group.read 1;" ::: "memory");
+            load(k - 1 + S);
+        }
+    }
+    asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+#endif
+}
+
+struct flusher {
+    void *buf = nullptr;
+    unsigned *sink = nullptr;
+    size_t bytes = (size_t)256 << 20;
+    flusher() {
+        CK(cudaMalloc(&buf, bytes));
+        CK(cudaMalloc(&sink, 4));
+    }
+    ~flusher() {
+        CK(cudaFree(buf));
+        CK(cudaFree(sink));
+    }
+    void operator()(int i) const {
+        CK(cudaMemsetAsync(buf, i & 0xff, bytes));
+        cc_clean_read<<<1024, 256>>>((const uint4 *)buf, bytes / 16, sink);
+    }
+};
+
+/* Median time (us) of launch() with L2 flushed (clean) before each sample. */
+template <class F> static double flushed_us(const flusher &fl, F launch, int iters = 30) {
+    cudaEvent_t a, b;
+    CK(cudaEventCreate(&a));
+    CK(cudaEventCreate(&b));
+    for (int i = 0; i < 3; i++) launch();
+    std::vector<float> ms(iters);
+    for (int i = 0; i < iters; i++) {
+        fl(i);
+        CK(cudaEventRecord(a));
+        launch();
+        CK(cudaEventRecord(b));
+        CK(cudaEventSynchronize(b));
+        CK(cudaEventElapsedTime(&ms[i], a, b));
+    }
+    CK(cudaGetLastError());
+    CK(cudaEventDestroy(a));
+    CK(cudaEventDestroy(b));
+    std::sort(ms.begin(), ms.end());
+    return 1000.0 * ms[iters / 2];
+}
+
+int main(int argc, char **argv) {
+    if (argc > 1 && !strcmp(argv[1], "--memcpy-only")) {
+        /* one 256 MB cudaMemcpyAsync and nothing else: under ncu, whether it runs as a kernel */
+        void *a, *b;
+        CK(cudaMalloc(&a, (size_t)256 << 20));
+        CK(cudaMalloc(&b, (size_t)256 << 20));
+        CK(cudaMemcpyAsync(b, a, (size_t)256 << 20, cudaMemcpyDeviceToDevice));
+        CK(cudaDeviceSynchronize());
+        printf("memcpy-only done\n");
+        return 0;
+    }
+    printf("== copy_ceiling: the best copy of an op's bytes, timed like mlafuse bench\n");
+    print_device();
+    const int sms = sm_count();
+    struct row { const char *what; double mb; };
+    /* bytes per call as mlafuse bench counts them (bf16 rows, f32 router logits) */
+    const row rows[] = {
+        {"moe_gate glm-4.7-flash f32 T=32768", 32768 * 296.0 / 1e6},
+        {"moe_gate deepseek-v3 f32 T=32768", 32768 * 1096.0 / 1e6},
+        {"moe_gate glm-4.7-flash f32 T=131072", 131072 * 296.0 / 1e6},
+        {"moe_gate deepseek-v3 f32 T=131072", 131072 * 1096.0 / 1e6},
+        {"split_qk_norm glm-4.7-flash T=32768", 32768 * 5376.0 / 1e6},
+        {"mla_kv_cache glm-4.7-flash T=32768", 32768 * 5648.0 / 1e6},
+        {"split_qk_norm deepseek-v3 T=32768", 32768 * 8448.0 / 1e6},
+        {"mla_kv_cache deepseek-v3 T=32768", 32768 * 8720.0 / 1e6},
+        {"split_qk_norm glm-4.7-flash T=131072", 131072 * 5376.0 / 1e6},
+        {"mla_kv_cache glm-4.7-flash T=131072", 131072 * 5648.0 / 1e6},
+        {"split_qk_norm deepseek-v3 T=131072", 131072 * 8448.0 / 1e6},
+        {"mla_kv_cache deepseek-v3 T=131072", 131072 * 8720.0 / 1e6},
+        {"1 GiB (the reference, flushed)", 2147.483648},
+    };
+    const size_t gib = (size_t)1 << 30;
+    uint4 *src, *dst;
+    CK(cudaMalloc(&src, gib));
+    CK(cudaMalloc(&dst, gib));
+    CK(cudaMemset(src, 1, gib));
+    flusher fl;
+    /* the reference rate, as mlafuse bench measures it: cudaMemcpyAsync of 1 GiB, back to back,
+     * bytes read + written / median time */
+    const double ref_us = time_us([&](int) { CK(cudaMemcpyAsync(dst, src, gib, cudaMemcpyDeviceToDevice)); }, 15, 2);
+    const double ref_gbs = 2.0 * gib / (ref_us * 1e-6) / 1e9;
+    printf("1 GiB memcpy (the targets' copy reference): %.2f us = %.0f GB/s (read + written)\n\n", ref_us, ref_gbs);
+    constexpr int BS = 6, BCH = 16384; /* bulk: 6 stages of 16 KB, 2 CTAs per SM */
+    CK(cudaFuncSetAttribute(cc_bulk<BS, BCH>, cudaFuncAttributeMaxDynamicSharedMemorySize, BS * BCH));
+    printf("%-38s %9s %18s %18s %18s %18s %18s %18s %8s\n", "bytes of", "MB", "memcpy us (%)", "grid us (%)",
+           "flat8 us (%)", "flat2 us (%)", "flat2 L2::256B", "bulk (TMA)", "best SM");
+    bool checked = false;
+    for (const row &r : rows) {
+        const size_t half = (size_t)(r.mb * 1e6 / 2) / 16 * 16, n = half / 16;
+        double t[6];
+        t[0] = flushed_us(fl, [&] { CK(cudaMemcpyAsync(dst, src, half, cudaMemcpyDeviceToDevice)); });
+        t[1] = flushed_us(fl, [&] { cc_grid<<<16 * sms, 256>>>(src, dst, n); });
+        t[2] = flushed_us(fl, [&] { cc_flat<8><<<(unsigned)((n + 2047) / 2048), 256>>>(src, dst, n); });
+        t[3] = flushed_us(fl, [&] { cc_flat<2><<<(unsigned)((n + 511) / 512), 256>>>(src, dst, n); });
+        t[4] = flushed_us(fl, [&] { cc_flat2_l2<<<(unsigned)((n + 511) / 512), 256>>>(src, dst, n); });
+        t[5] = flushed_us(fl, [&] {
+            cc_bulk<BS, BCH><<<2 * sms, 32, BS * BCH>>>((const unsigned char *)src, (unsigned char *)dst, half);
+        });
+        double best = t[1];
+        printf("%-38s %9.1f", r.what, 2.0 * half / 1e6);
+        for (int i = 0; i < 6; i++) {
+            if (i > 0) best = std::min(best, t[i]);
+            printf(" %9.2f (%5.1f%%)", t[i], 100.0 * 2.0 * half / (t[i] * 1e-6) / 1e9 / ref_gbs);
+        }
+        printf(" %7.1f%%\n", 100.0 * 2.0 * half / (best * 1e-6) / 1e9 / ref_gbs);
+        if (!checked) { /* every kernel's copy is exact (checked once, at the first size) */
+            checked = true;
+            std::vector<uint4> a(n), b(n);
+            CK(cudaMemcpy(a.data(), src, half, cudaMemcpyDeviceToHost));
+            const char *names[5] = {"grid", "flat8", "flat2", "flat2 L2::256B", "bulk"};
+            for (int kk = 0; kk < 5; kk++) {
+                CK(cudaMemset(dst, 0, half));
+                if (kk == 0) cc_grid<<<16 * sms, 256>>>(src, dst, n);
+                if (kk == 1) cc_flat<8><<<(unsigned)((n + 2047) / 2048), 256>>>(src, dst, n);
+                if (kk == 2) cc_flat<2><<<(unsigned)((n + 511) / 512), 256>>>(src, dst, n);
+                if (kk == 3) cc_flat2_l2<<<(unsigned)((n + 511) / 512), 256>>>(src, dst, n);
+                if (kk == 4) cc_bulk<BS, BCH><<<2 * sms, 32, BS * BCH>>>((const unsigned char *)src, (unsigned char *)dst, half);
+                CK(cudaMemcpy(b.data(), dst, half, cudaMemcpyDeviceToHost));
+                if (memcmp(a.data(), b.data(), half)) {
+                    printf("  %s: copy mismatch FAIL\n", names[kk]);
+                    dev_failures++;
+                }
+            }
+        }
+    }
+    /* a kernel that moves nothing, timed the same way: the fixed cost of one call */
+    const double empty = flushed_us(fl, [&] { cc_flat<1><<<1, 32>>>(src, dst, 0); });
+    printf("\nan empty kernel, timed the same way: %.2f us\n", empty);
+    CK(cudaFree(src));
+    CK(cudaFree(dst));
+    return dev_failures ? 1 : 0;
+}
