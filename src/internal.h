@@ -28,6 +28,7 @@ struct mlaf_context {
     int cuda_device;
     void *cuda_stream;     /* cudaStream_t */
     int cuda_sm_count;     /* multiprocessors of cuda_device, read when the device is set */
+    int cuda_cc;           /* its compute capability, major * 10 + minor (90 = sm_90) */
     char err[MLAF_ERR_CAP];
 };
 

@@ -2,7 +2,8 @@
  * test_split_qk_norm.c — split_qk_norm against the float64 oracle on every backend: every
  * preset x dtype x T x layout, weights in f32, the named NO_Q_LORA and
  * IN_PLACE_CONTEXT_PARALLEL cases, k_pe omitted, odd widths (vector tails, weights too wide
- * for the per-thread scratch), separate eps, T > 65536, every CPU instruction-set path.
+ * for the per-thread scratch), separate eps, T > 65536 (also in place and without k_pe: the
+ * CUDA backend's staged path on sm_90), every CPU instruction-set path.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -176,6 +177,17 @@ static void suite(mlaf_context *ctx, int quick) {
             c.in_place = k == 1 && di == 2;
             run(ctx, "SPLIT_QK_NORM", &c, NULL);
         }
+    /* 7. large T (on sm_90 the CUDA backend stages rows by bulk copies from 65536 rows): in
+     * place; strided rows with k_pe omitted */
+    if (!quick) {
+        mlaf_verify_case c = mlaf_verify_case_default(mlaf_preset_at(0), MLAF_BF16, 65537, seed_of(0, 2, 19, 0));
+        c.in_place = 1;
+        run(ctx, "IN_PLACE_CONTEXT_PARALLEL", &c, NULL);
+        c = mlaf_verify_case_default(mlaf_preset_at(1), MLAF_BF16, 65537, seed_of(1, 2, 19, 1));
+        c.strided = 1;
+        c.no_k_pe = 1;
+        run(ctx, "SPLIT_QK_NORM", &c, NULL);
+    }
     separate_eps(ctx);
 }
 

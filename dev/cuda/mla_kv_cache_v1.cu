@@ -19,13 +19,13 @@
  * `--quick`: no T = 131072. `--sweep`: validation, then the small / medium T sweep that sets
  * the launch shapes: T in {1, 8, 64, ..., 1024, 1536, 2048, 3072, 4096, ..., 16384}, graph
  * replay, unfused chain, WAVE, BLK, BLKR and auto side by side, with each block kernel's
- * registers and resident blocks per SM. `--large`: T = 8192 / 32768 / 131072 in two rounds,
- * WAVE, RUN with 2 / 4 / 8 / 16 rows per warp (indices one row ahead), PIPE, auto and
- * split_qk_norm alone (% of the same-run copy). `--profile T`: one unfused chain and one WAVE
+ * registers and resident blocks per SM. `--large`: T = 8192 ... 131072 in two rounds, WAVE,
+ * STAGE (rows brought into shared memory by bulk copies), RUN with 2 rows per warp (indices
+ * one row ahead), PIPE, auto, and split_qk_norm alone, auto and STAGE (% of the same-run copy). `--profile T`: one unfused chain and one WAVE
  * call per shape, no timing, for ncu. DEV_SLOT_IDENTITY=1: slots in order instead of scattered
  * blocks.
  */
-#define MLAF_ROW_DEV_MODES /* PIPE, LAT and RUN too */
+#define MLAF_ROW_DEV_MODES /* PIPE, LAT, RUN and STAGE at any width too */
 #include "cuda/norm_common.cuh"
 #include "common.cuh"
 
@@ -82,11 +82,12 @@ __global__ void cache_write_sep(const __nv_bfloat16 *kn, const __nv_bfloat16 *kp
 /* ---- validation ------------------------------------------------------------------------ */
 static const char *mode_name(int mode) {
     return mode == MLAF_ROW_WAVE ? "WAVE" : mode == MLAF_ROW_PIPE ? "PIPE" : mode == MLAF_ROW_LAT ? "LAT"
-           : mode == MLAF_ROW_BLK ? "BLK" : mode == MLAF_ROW_BLKR ? "BLKR" : mode == MLAF_ROW_RUN ? "RUN" : "auto";
+           : mode == MLAF_ROW_BLK ? "BLK" : mode == MLAF_ROW_BLKR ? "BLKR" : mode == MLAF_ROW_RUN ? "RUN" : mode == MLAF_ROW_STAGE ? "STAGE" : "auto";
 }
 static mlaf_row_policy policy(int mode, int64_t max_blocks = 0, int blkr_g = 0, int run = 0) {
     mlaf_row_policy p;
     p.mode = mode, p.max_blocks = max_blocks, p.blkr_g = blkr_g, p.run = run;
+    p.stage = true; /* as the library on sm_90 (split_qk_norm's auto takes STAGE at large T) */
     return p;
 }
 
@@ -142,8 +143,30 @@ struct kv_case {
                                  policy(mode, 0, g, run)));
     }
     /* split_qk_norm alone (the chain's first kernel: q, k_nope, k_pe) */
-    void split(cudaStream_t st, int i) const {
-        CK(mlaf_row_launch<false>(kv_args(s, rot(i), dwq, dwkv, T, max_pos, nblocks, bs, 0, true), MLAF_BF16, sms, st));
+    void split(cudaStream_t st, int i, int mode = -1) const {
+        CK(mlaf_row_launch<false>(kv_args(s, rot(i), dwq, dwkv, T, max_pos, nblocks, bs, 0, true), MLAF_BF16, sms, st,
+                                  policy(mode)));
+    }
+    /* split_qk_norm's outputs of rotation set 0 under mode equal those of WAVE, bit for bit */
+    bool split_same(int mode) const {
+        const size_t nq = (size_t)T * s.Q, nk = (size_t)T * s.C, np = (size_t)T * s.R;
+        std::vector<uint16_t> ref((nq + nk + np)), got(nq + nk + np);
+        for (int pass = 0; pass < 2; pass++) {
+            CK(cudaMemset(b.q, 0, nq * 2));
+            CK(cudaMemset(b.kn, 0, nk * 2));
+            CK(cudaMemset(b.kp, 0, np * 2));
+            split(0, 0, pass == 0 ? MLAF_ROW_WAVE : mode);
+            CK(cudaDeviceSynchronize());
+            std::vector<uint16_t> &o = pass == 0 ? ref : got;
+            CK(cudaMemcpy(o.data(), b.q, nq * 2, cudaMemcpyDeviceToHost));
+            CK(cudaMemcpy(o.data() + nq, b.kn, nk * 2, cudaMemcpyDeviceToHost));
+            CK(cudaMemcpy(o.data() + nq + nk, b.kp, np * 2, cudaMemcpyDeviceToHost));
+        }
+        const bool same = ref == got;
+        printf("  split_qk_norm %s vs WAVE, T=%lld: %s\n", mode == MLAF_ROW_STAGE ? "STAGE" : "?", (long long)T,
+               same ? "bit-identical OK" : "FAIL");
+        dev_failures += !same;
+        return same;
     }
     void unfused(cudaStream_t st, int i) const {
         const kv_bufs x = rot(i);
@@ -264,25 +287,31 @@ template <class K> static void print_occupancy(const char *name, K kernel, int t
            threads, fa.numRegs, (long long)fa.localSizeBytes, n, n * sm_count());
 }
 
-/* Large T, the streaming shapes side by side in two interleaved rounds (us, % of copy): WAVE,
- * RUN with 2 / 4 / 8 / 16 rows per warp, PIPE, auto. */
+/* Large T, the streaming shapes side by side in two interleaved rounds (us, % of copy): fused
+ * WAVE, STAGE, RUN with 2 rows per warp, PIPE, auto; split_qk_norm auto and STAGE (checked
+ * bit-identical to WAVE first). (RUN 4 / 8 / 16 lost to RUN 2 on the H200: 207.9 / 214.0 /
+ * 219.8 vs 201.2 us, GLM T = 131072.) */
 static void large(const dev_shape &s, float *dcs, const __nv_bfloat16 *dwq, const __nv_bfloat16 *dwkv, double copy) {
-    printf("  %7s %5s %8s %14s %14s %14s %14s %14s %14s %14s %14s\n", "T", "round", "unfused", "WAVE", "RUN2", "RUN4",
-           "RUN8", "RUN16", "PIPE", "auto", "split_qk_norm");
-    for (int64_t T : {8192, 32768, 131072}) {
+    printf("  %7s %5s %8s %14s %14s %14s %14s %14s %14s %14s\n", "T", "round", "unfused", "WAVE", "STAGE", "RUN2",
+           "PIPE", "auto", "split auto", "split STAGE");
+    for (int64_t T : {8192, 32768, 49152, 65536, 98304, 131072}) {
         kv_case k(s, T, dcs, dwq, dwkv);
+        k.split_same(MLAF_ROW_STAGE);
         for (int round = 0; round < 2; round++) {
             const double uf = time_us([&](int i) { k.unfused(0, i); });
-            double t[7];
+            double t[5];
             t[0] = time_us([&](int i) { k.fused(0, i, MLAF_ROW_WAVE); });
-            const int runs[4] = {2, 4, 8, 16};
-            for (int r = 0; r < 4; r++) t[1 + r] = time_us([&](int i) { k.fused(0, i, MLAF_ROW_RUN, 0, runs[r]); });
-            t[5] = time_us([&](int i) { k.fused(0, i, MLAF_ROW_PIPE); });
-            t[6] = time_us([&](int i) { k.fused(0, i, -1); });
+            t[1] = time_us([&](int i) { k.fused(0, i, MLAF_ROW_STAGE); });
+            t[2] = time_us([&](int i) { k.fused(0, i, MLAF_ROW_RUN, 0, 2); });
+            t[3] = time_us([&](int i) { k.fused(0, i, MLAF_ROW_PIPE); });
+            t[4] = time_us([&](int i) { k.fused(0, i, -1); });
             printf("  %7lld %5d %8.2f", (long long)T, round, uf);
             for (double x : t) printf(" %7.2f (%4.1f%%)", x, 100.0 * k.fused_bytes / (x * 1e-6) / 1e9 / copy);
             const double sp = time_us([&](int i) { k.split(0, i); });
-            printf(" %7.2f (%4.1f%%)\n", sp, 100.0 * (double)T * 4 * (s.Q + s.C + s.R) / (sp * 1e-6) / 1e9 / copy);
+            const double ss = time_us([&](int i) { k.split(0, i, MLAF_ROW_STAGE); });
+            const double sb = (double)T * 4 * (s.Q + s.C + s.R);
+            printf(" %7.2f (%4.1f%%) %7.2f (%4.1f%%)\n", sp, 100.0 * sb / (sp * 1e-6) / 1e9 / copy, ss,
+                   100.0 * sb / (ss * 1e-6) / 1e9 / copy);
         }
     }
 }
@@ -344,13 +373,14 @@ int main(int argc, char **argv) {
         CK(cudaMalloc(&dwkv, s.C * 2));
         CK(cudaMemcpy(dwq, wq.data(), s.Q * 2, cudaMemcpyHostToDevice));
         CK(cudaMemcpy(dwkv, wkv.data(), s.C * 2, cudaMemcpyHostToDevice));
-        for (int mode = -1; mode <= MLAF_ROW_RUN && prof_T == 0; mode++) {
+        for (int mode = -1; mode <= MLAF_ROW_STAGE && prof_T == 0; mode++) {
             validate(s, 0, wq, wkv, dwq, dwkv, mode);
             validate(s, 1, wq, wkv, dwq, dwkv, mode);
         }
         for (int neox : {0, 1}) {
             if (prof_T > 0) break;
             validate(s, neox, wq, wkv, dwq, dwkv, MLAF_ROW_RUN, 0, 0); /* runs of 4, full grid */
+            validate(s, neox, wq, wkv, dwq, dwkv, MLAF_ROW_STAGE, 0, 0); /* one row per warp */
             for (int g : {64, 128}) validate(s, neox, wq, wkv, dwq, dwkv, MLAF_ROW_BLKR, g); /* mid-T shapes */
         }
 

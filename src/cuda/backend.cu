@@ -28,14 +28,17 @@ int mlaf_cuda_device_count(void) {
 }
 
 mlaf_status mlaf_cuda_bind_device(mlaf_context *ctx, int device) {
-    int sms = 0;
+    int sms = 0, major = 0, minor = 0;
     cudaError_t e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
     if (e != cudaSuccess) {
         (void)cudaGetLastError();
         return mlaf_fail(ctx, MLAF_ERR_DEVICE, "cuda device %d: %s", device, cudaGetErrorString(e));
     }
     ctx->cuda_device = device;
     ctx->cuda_sm_count = sms;
+    ctx->cuda_cc = major * 10 + minor;
     return MLAF_OK;
 }
 

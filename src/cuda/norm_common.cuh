@@ -44,6 +44,15 @@
  *        bf16 row is 168 vectors = 5.25 per lane and a DeepSeek-V3 row 264 = 8.25 per lane,
  *        so rows of these models need NV = 6 and NV = 9, and the register cap keeps ~25-30
  *        rows (~80-100 KB) of loads in flight per SM: 97-98% of copy at T = 131072.
+ *   STAGE (large T on sm_90: split_qk_norm from 65536 rows, mla_kv_cache from 32768, rows of
+ *        6 or 9 vectors per lane) WAVE's shape, but lane 0 brings the row into the warp's
+ *        shared-memory slot with one bulk copy on an mbarrier, and the lanes read their vectors
+ *        from the slot when they need them (once for the sums, once for the outputs) instead of
+ *        holding the row in registers: 40 registers instead of 64 / 79, 12 resident blocks
+ *        instead of 8 / 6, rows in flight bounded by shared memory. Same arithmetic and bits
+ *        as WAVE; the row is read whole before any store, so in place stays safe. H200, T =
+ *        131072: split_qk_norm 2.7-3.6%, mla_kv_cache 3.3-5.2% faster than WAVE (numbers at
+ *        MLAF_ROW_STAGE_FROM_T).
  *   PIPE (persistent grid, next row prefetched): mla_kv_cache between 1 and 1.3 waves of
  *        WAVE blocks (DeepSeek-V3 T = 4096: 12.7 vs 14.1 us); it lost to WAVE elsewhere. LAT
  *        (weights in registers, no cap) lost to WAVE / BLK and, like PIPE for split_qk_norm and
@@ -85,7 +94,8 @@ struct mlaf_row_args {
     void *cache;
     int64_t n_slots, block_size, c_s0, c_s1;
     int32_t *err;
-    int32_t run; /* RUN mode: rows per warp */
+    int32_t run;  /* RUN mode: rows per warp */
+    int32_t slot; /* STAGE mode: bytes of a warp's row slot in shared memory */
 };
 
 #define MLAF_ROW_WARPS 4
@@ -343,13 +353,17 @@ __device__ __forceinline__ void mlaf_rope_pairs(const float *stage, const float 
  *         per weight vector; no register cap. */
 enum mlaf_row_mode {
     MLAF_ROW_WAVE = 0, MLAF_ROW_PIPE = 1, MLAF_ROW_LAT = 2, MLAF_ROW_BLK = 3, MLAF_ROW_BLKR = 4,
-    MLAF_ROW_RUN = 5
+    MLAF_ROW_RUN = 5, MLAF_ROW_STAGE = 6
 };
+
+/* STAGE: 12 resident blocks (40 registers for the rows of 6 / 9 vectors per lane, both ops). */
+#define MLAF_ROW_STAGE_MINB 12
 
 /* Blocks per SM the register allocation must allow (the row's own registers are 4 * NV per
  * lane, twice that in PIPE). */
 template <int NV, int MODE> struct mlaf_row_minb {
     static constexpr int value = MODE == MLAF_ROW_LAT    ? 1
+                                 : MODE == MLAF_ROW_STAGE ? MLAF_ROW_STAGE_MINB
                                  : MODE == MLAF_ROW_PIPE ? (NV <= 4 ? 6 : NV <= 6 ? 5 : NV <= 9 ? 4 : 2)
                                  : (NV <= 6 ? 8 : NV <= 9 ? 6 : NV <= 16 ? 3 : 2);
 };
@@ -365,12 +379,55 @@ __device__ __forceinline__ void mlaf_row_load(const mlaf_row_args &a, int64_t t,
     }
 }
 
+/* STAGE: lane 0 of the warp sets up the warp's mbarrier (one arrival per phase). */
+__device__ __forceinline__ void mlaf_stage_init(uint64_t *bar, int lane) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (lane == 0) {
+        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"((uint32_t)__cvta_generic_to_shared(bar)) : "memory");
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+#endif
+    (void)bar, (void)lane;
+    __syncwarp();
+}
+
+/* STAGE: the warp's row (bytes, a multiple of 16, 16-byte aligned) into its slot; returns when
+ * every byte has landed. sm_90: one bulk copy by lane 0, counted on the mbarrier (phase
+ * `parity`); elsewhere (dev/ only) 16-byte loads and stores by the lanes. */
+__device__ __forceinline__ void mlaf_stage_row(uint64_t *bar, const uint4 *slot, const void *src, int bytes, int lane,
+                                               uint32_t parity) {
+    __syncwarp(); /* every lane is done with the slot's previous row */
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    const uint32_t b = (uint32_t)__cvta_generic_to_shared(bar);
+    if (lane == 0) {
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); /* those reads before the copy */
+        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(b), "r"(bytes) : "memory");
+        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                     ::"r"((uint32_t)__cvta_generic_to_shared(slot)), "l"(src), "r"(bytes), "r"(b) : "memory");
+    }
+    uint32_t ok = 0;
+    do {
+        asm volatile("{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
+                     "selp.u32 %0, 1, 0, p;\n\t}" : "=r"(ok) : "r"(b), "r"(parity) : "memory");
+    } while (!ok);
+#else
+    (void)bar, (void)parity;
+    for (int c = lane; c < bytes / 16; c += 32)
+        const_cast<uint4 *>(slot)[c] = __ldcs(static_cast<const uint4 *>(src) + c);
+    __syncwarp();
+#endif
+}
+
 template <typename T, int NV, bool KV, int MODE>
 __global__ void __launch_bounds__(MLAF_ROW_WARPS * 32, mlaf_row_minb<NV, MODE>::value)
 mlaf_row_fast_kernel(const mlaf_row_args a) {
     constexpr int W = mlaf_vec<T>::W;
     constexpr bool PIPE = MODE == MLAF_ROW_PIPE, LAT = MODE == MLAF_ROW_LAT, RUN = MODE == MLAF_ROW_RUN;
-    extern __shared__ float mlaf_pe_stage[]; /* [MLAF_ROW_WARPS][R], mla_kv_cache only */
+    constexpr bool STG = MODE == MLAF_ROW_STAGE;
+    /* dynamic shared memory: STAGE's row slots [MLAF_ROW_WARPS][a.slot bytes], then the pe
+     * stage [MLAF_ROW_WARPS][R] floats (mla_kv_cache only) */
+    extern __shared__ __align__(128) float mlaf_row_smem[];
+    float *const mlaf_pe_stage = mlaf_row_smem + (STG ? MLAF_ROW_WARPS * a.slot / 4 : 0);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int qv = a.Q / W, cv = a.C / W, rv = a.R / W, nv = qv + cv + rv;
     const int64_t nwarps = (int64_t)gridDim.x * MLAF_ROW_WARPS;
@@ -393,7 +450,13 @@ mlaf_row_fast_kernel(const mlaf_row_args a) {
         t_end = b0 + (int64_t)MLAF_ROW_WARPS * a.run < a.T ? b0 + (int64_t)MLAF_ROW_WARPS * a.run : a.T;
     }
     mlaf_token_idx ix = {-1, 0};
-    uint4 v[NV];
+    uint4 v[STG ? 1 : NV];
+    /* STAGE: this warp's row slot and its mbarrier (one bulk copy per row) */
+    const uint4 *const srow = reinterpret_cast<const uint4 *>(reinterpret_cast<const unsigned char *>(mlaf_row_smem) +
+                                                              (STG ? (size_t)warp * a.slot : 0));
+    __shared__ __align__(8) uint64_t mlaf_row_bar[STG ? MLAF_ROW_WARPS : 1];
+    if constexpr (STG) mlaf_stage_init(&mlaf_row_bar[warp], lane);
+    uint32_t parity = 0;
     if constexpr (PIPE) {
         if (t0 < a.T) {
             if (KV) ix = mlaf_token_load(a, t0);
@@ -417,10 +480,20 @@ mlaf_row_fast_kernel(const mlaf_row_args a) {
              * the row's loads: one memory latency per row instead of two */
             mlaf_row_load<T, NV>(a, t, lane, nv, v);
             if (KV && t + step < t_end) ixn = mlaf_token_load(a, t + step);
+        } else if constexpr (STG) {
+            if (KV) ix = mlaf_token_load(a, t);
+            mlaf_stage_row(&mlaf_row_bar[warp], srow, static_cast<const T *>(a.latent) + t * a.ls, nv * 16, lane,
+                           parity);
+            parity ^= 1u;
         } else {
             if (KV) ix = mlaf_token_load(a, t);
             mlaf_row_load<T, NV>(a, t, lane, nv, v);
         }
+        /* vector slot s (column c) of the row: registers, or the row slot (STAGE) */
+        auto vec = [&](int s, int c) -> uint4 {
+            if constexpr (STG) return srow[c];
+            else return v[s];
+        };
 
         mlaf_token_info ti = {nullptr, -1, true};
         float co0 = 0.0f, si0 = 0.0f;
@@ -436,7 +509,7 @@ mlaf_row_fast_kernel(const mlaf_row_args a) {
             const int c = lane + 32 * s;
             if (c < qv + cv) {
                 float f[W];
-                mlaf_vec<T>::unpack(v[s], f);
+                mlaf_vec<T>::unpack(vec(s, c), f);
                 const float acc = mlaf_sumsq<W>(f);
                 if (c < qv) sq += acc;
                 else skv += acc;
@@ -455,7 +528,8 @@ mlaf_row_fast_kernel(const mlaf_row_args a) {
             const int c = lane + 32 * s;
             if (c >= nv) continue;
             float f[W], w[W];
-            mlaf_vec<T>::unpack(v[s], f);
+            const uint4 vs = vec(s, c);
+            mlaf_vec<T>::unpack(vs, f);
             if (c < qv) {
                 if constexpr (LAT) {
 #pragma unroll
@@ -484,7 +558,7 @@ mlaf_row_fast_kernel(const mlaf_row_args a) {
             } else if (!KV) {
                 if (a.k_pe)
                     __stcs(reinterpret_cast<uint4 *>(static_cast<T *>(a.k_pe) + t * a.ps) + (c - qv - cv),
-                           v[s]);
+                           vs);
             } else if (ti.ok) {
                 /* Raw pe values go to the warp's stage; the rotation runs per pair below. */
                 float *stage = mlaf_pe_stage + warp * a.R + (c - qv - cv) * W;
@@ -871,6 +945,7 @@ struct mlaf_row_policy {
     int64_t max_blocks = 0; /* > 0: cap on the grid, so validation sees several rows per warp */
     int blkr_g = 0;         /* BLKR's norm threads: 64, 128 or 256 (0: the library's choice) */
     int run = 0;            /* RUN's rows per warp (0: MLAF_ROW_RUN_ROWS) */
+    bool stage = false;     /* the device is sm_90+: STAGE may be taken at large T */
 };
 
 /* Rows per warp of RUN mode. */
@@ -908,6 +983,29 @@ static cudaError_t mlaf_row_go(const mlaf_row_args &a, int sms, const mlaf_row_p
     if (blocks > 0x7fffffff) blocks = 0x7fffffff;
     mlaf_row_fast_kernel<T, NV, KV, MODE><<<(unsigned)blocks, MLAF_ROW_WARPS * 32, smem, stream>>>(ar);
     return cudaGetLastError();
+}
+
+/* From these many rows, on sm_90, the ops take STAGE for rows of 6 or 9 vectors per lane (bf16 /
+ * f16 rows of GLM-4.7-Flash and DeepSeek-V3), where it was measured (H200,
+ * dev/cuda/mla_kv_cache_v1 --large, bit-identical to WAVE, us):
+ *   split_qk_norm  T = 131072 GLM 177.6-178.3 vs 184.2-184.8, DeepSeek-V3 277.9-278.4 vs
+ *                  285.4-287.0; GLM a little ahead from 32768, DeepSeek-V3 0.5-1.8% behind at
+ *                  32768 / 49152; slower at 8192.
+ *   mla_kv_cache   T = 131072 GLM 187.7 vs 198.1, DeepSeek-V3 293.7 vs 303.7; 32768 GLM 55.0
+ *                  vs 56.6, DeepSeek-V3 82.7-83.3 vs 83.6-84.8; slower at 8192 (21.5 vs 19.6). */
+#define MLAF_ROW_STAGE_FROM_T 65536
+#define MLAF_ROW_STAGE_FROM_T_KV 32768
+
+template <typename T, int NV, bool KV>
+static cudaError_t mlaf_row_go_stage(const mlaf_row_args &a, int sms, const mlaf_row_policy &pol, size_t smem,
+                                     int nvec, cudaStream_t stream) {
+    mlaf_row_args ar = a;
+    ar.slot = (nvec * 16 + 127) / 128 * 128;
+    const size_t sm = smem + (size_t)MLAF_ROW_WARPS * ar.slot;
+    if (sm > 48 * 1024)
+        (void)cudaFuncSetAttribute(mlaf_row_fast_kernel<T, NV, KV, MLAF_ROW_STAGE>,
+                                   cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm);
+    return mlaf_row_go<T, NV, KV, MLAF_ROW_STAGE>(ar, sms, pol, sm, stream);
 }
 
 template <typename T, int NVB, bool KV>
@@ -1002,6 +1100,11 @@ static cudaError_t mlaf_row_go_nv(const mlaf_row_args &a, int sms, const mlaf_ro
             if (mode == MLAF_ROW_PIPE) return mlaf_row_go<T, NV, KV, MLAF_ROW_PIPE>(a, sms, pol, smem, stream);
         }
     }
+    if constexpr (NV == 6 || NV == 9) {
+        if (mode < 0 && pol.stage && a.T >= (KV ? MLAF_ROW_STAGE_FROM_T_KV : MLAF_ROW_STAGE_FROM_T))
+            mode = MLAF_ROW_STAGE;
+        if (mode == MLAF_ROW_STAGE) return mlaf_row_go_stage<T, NV, KV>(a, sms, pol, smem, nvec, stream);
+    }
     if (mode < 0) mode = a.T <= MLAF_ROW_BLK_ROWS_PER_SM * nsm ? MLAF_ROW_BLK : MLAF_ROW_WAVE;
     if constexpr (!KV || MLAF_ROW_DEV) {
         if (mode == MLAF_ROW_BLK) {
@@ -1016,6 +1119,7 @@ static cudaError_t mlaf_row_go_nv(const mlaf_row_args &a, int sms, const mlaf_ro
         if (mode == MLAF_ROW_PIPE) return mlaf_row_go<T, NV, KV, MLAF_ROW_PIPE>(a, sms, pol, smem, stream);
         if (mode == MLAF_ROW_RUN) return mlaf_row_go<T, NV, KV, MLAF_ROW_RUN>(a, sms, pol, smem, stream);
     }
+    if (mode == MLAF_ROW_STAGE) return mlaf_row_go_stage<T, NV, KV>(a, sms, pol, smem, nvec, stream); /* any width */
 #endif
     return mlaf_row_go<T, NV, KV, MLAF_ROW_WAVE>(a, sms, pol, smem, stream);
 }

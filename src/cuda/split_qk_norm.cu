@@ -5,7 +5,8 @@
  * 2. Launch the shared row kernel (norm_common.cuh) without the cache epilogue: q and kv
  *    parts normalized, the pe part copied bit for bit.
  * Limits and launch shape: see norm_common.cuh (one warp per row, 4 rows per block,
- * 16-byte vector fast path for aligned shapes, element-wise generic path otherwise).
+ * 16-byte vector fast path for aligned shapes, element-wise generic path otherwise; on sm_90
+ * at large T the row arrives in shared memory by one bulk copy, STAGE).
  */
 #include "norm_common.cuh"
 
@@ -14,7 +15,9 @@ extern "C" mlaf_status mlaf_cuda_split_qk_norm(mlaf_context *ctx, const mlaf_nor
     mlaf_cuda_device_guard guard(ctx);
     mlaf_row_args a;
     mlaf_row_args_from_norm(&a, job);
-    cudaError_t e = mlaf_row_launch<false>(a, job->dt, ctx->cuda_sm_count, (cudaStream_t)ctx->cuda_stream);
+    mlaf_row_policy pol;
+    pol.stage = ctx->cuda_cc >= 90; /* STAGE's bulk copies: sm_90 */
+    cudaError_t e = mlaf_row_launch<false>(a, job->dt, ctx->cuda_sm_count, (cudaStream_t)ctx->cuda_stream, pol);
     if (e != cudaSuccess)
         return mlaf_fail(ctx, MLAF_ERR_DEVICE, "split_qk_norm: kernel launch failed: %s",
                          cudaGetErrorString(e));
