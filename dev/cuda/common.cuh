@@ -133,7 +133,11 @@ static inline void dev_fill_bf16(__nv_bfloat16 *p, size_t n, uint64_t seed = 42)
 
 /* ---- timing ------------------------------------------------------------------------------ */
 /* Median time in microseconds of launch(i), i = 0.., timed one call at a time with events. */
-template <class F> static double time_us(F launch, int iters = 25, int warm = 4) {
+struct no_prep {
+    void operator()(int) const {}
+};
+/* prep(i), if given, runs before sample i's start event (untimed), e.g. an L2 flush. */
+template <class F, class P = no_prep> static double time_us(F launch, int iters = 25, int warm = 4, P prep = P()) {
     cudaEvent_t a, b;
     CK(cudaEventCreate(&a));
     CK(cudaEventCreate(&b));
@@ -141,6 +145,7 @@ template <class F> static double time_us(F launch, int iters = 25, int warm = 4)
     CK(cudaDeviceSynchronize());
     std::vector<float> ms(iters);
     for (int i = 0; i < iters; i++) {
+        prep(i);
         CK(cudaEventRecord(a));
         launch(warm + i);
         CK(cudaEventRecord(b));

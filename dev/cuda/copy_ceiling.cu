@@ -136,24 +136,7 @@ struct flusher {
 
 /* Median time (us) of launch() with L2 flushed (clean) before each sample. */
 template <class F> static double flushed_us(const flusher &fl, F launch, int iters = 30) {
-    cudaEvent_t a, b;
-    CK(cudaEventCreate(&a));
-    CK(cudaEventCreate(&b));
-    for (int i = 0; i < 3; i++) launch();
-    std::vector<float> ms(iters);
-    for (int i = 0; i < iters; i++) {
-        fl(i);
-        CK(cudaEventRecord(a));
-        launch();
-        CK(cudaEventRecord(b));
-        CK(cudaEventSynchronize(b));
-        CK(cudaEventElapsedTime(&ms[i], a, b));
-    }
-    CK(cudaGetLastError());
-    CK(cudaEventDestroy(a));
-    CK(cudaEventDestroy(b));
-    std::sort(ms.begin(), ms.end());
-    return 1000.0 * ms[iters / 2];
+    return time_us([&](int) { launch(); }, iters, 3, [&](int i) { fl(i); });
 }
 
 int main(int argc, char **argv) {
@@ -205,15 +188,18 @@ int main(int argc, char **argv) {
     bool checked = false;
     for (const row &r : rows) {
         const size_t half = (size_t)(r.mb * 1e6 / 2) / 16 * 16, n = half / 16;
+        /* copy variant k (0 grid, 1 flat8, 2 flat2, 3 flat2 L2::256B, 4 bulk) of the row's bytes */
+        auto copy_kernel = [&](int k) {
+            const unsigned g8 = (unsigned)((n + 2047) / 2048), g2 = (unsigned)((n + 511) / 512);
+            if (k == 0) cc_grid<<<16 * sms, 256>>>(src, dst, n);
+            if (k == 1) cc_flat<8><<<g8, 256>>>(src, dst, n);
+            if (k == 2) cc_flat<2><<<g2, 256>>>(src, dst, n);
+            if (k == 3) cc_flat2_l2<<<g2, 256>>>(src, dst, n);
+            if (k == 4) cc_bulk<BS, BCH><<<2 * sms, 32, BS * BCH>>>((const unsigned char *)src, (unsigned char *)dst, half);
+        };
         double t[6];
         t[0] = flushed_us(fl, [&] { CK(cudaMemcpyAsync(dst, src, half, cudaMemcpyDeviceToDevice)); });
-        t[1] = flushed_us(fl, [&] { cc_grid<<<16 * sms, 256>>>(src, dst, n); });
-        t[2] = flushed_us(fl, [&] { cc_flat<8><<<(unsigned)((n + 2047) / 2048), 256>>>(src, dst, n); });
-        t[3] = flushed_us(fl, [&] { cc_flat<2><<<(unsigned)((n + 511) / 512), 256>>>(src, dst, n); });
-        t[4] = flushed_us(fl, [&] { cc_flat2_l2<<<(unsigned)((n + 511) / 512), 256>>>(src, dst, n); });
-        t[5] = flushed_us(fl, [&] {
-            cc_bulk<BS, BCH><<<2 * sms, 32, BS * BCH>>>((const unsigned char *)src, (unsigned char *)dst, half);
-        });
+        for (int k = 0; k < 5; k++) t[1 + k] = flushed_us(fl, [&] { copy_kernel(k); });
         double best = t[1];
         printf("%-38s %9.1f", r.what, 2.0 * half / 1e6);
         for (int i = 0; i < 6; i++) {
@@ -228,11 +214,7 @@ int main(int argc, char **argv) {
             const char *names[5] = {"grid", "flat8", "flat2", "flat2 L2::256B", "bulk"};
             for (int kk = 0; kk < 5; kk++) {
                 CK(cudaMemset(dst, 0, half));
-                if (kk == 0) cc_grid<<<16 * sms, 256>>>(src, dst, n);
-                if (kk == 1) cc_flat<8><<<(unsigned)((n + 2047) / 2048), 256>>>(src, dst, n);
-                if (kk == 2) cc_flat<2><<<(unsigned)((n + 511) / 512), 256>>>(src, dst, n);
-                if (kk == 3) cc_flat2_l2<<<(unsigned)((n + 511) / 512), 256>>>(src, dst, n);
-                if (kk == 4) cc_bulk<BS, BCH><<<2 * sms, 32, BS * BCH>>>((const unsigned char *)src, (unsigned char *)dst, half);
+                copy_kernel(kk);
                 CK(cudaMemcpy(b.data(), dst, half, cudaMemcpyDeviceToHost));
                 if (memcmp(a.data(), b.data(), half)) {
                     printf("  %s: copy mismatch FAIL\n", names[kk]);
