@@ -35,9 +35,8 @@ extern "C" mlaf_status mlaf_cuda_mla_kv_cache(mlaf_context *ctx, const mlaf_kv_c
     a.c_s0 = job->cache_s0;
     a.c_s1 = job->cache_s1;
     a.err = job->error_count;
-    mlaf_row_policy pol;
-    pol.stage = ctx->cuda_cc >= 90; /* STAGE's bulk copies: sm_90 */
-    cudaError_t e = mlaf_row_launch<true>(a, job->norm.dt, ctx->cuda_sm_count, (cudaStream_t)ctx->cuda_stream, pol);
+    cudaError_t e = mlaf_row_launch<true>(a, job->norm.dt, ctx->cuda_sm_count, (cudaStream_t)ctx->cuda_stream,
+                                            mlaf_row_policy_for(ctx));
     if (e != cudaSuccess)
         return mlaf_fail(ctx, MLAF_ERR_DEVICE, "mla_kv_cache: kernel launch failed: %s",
                          cudaGetErrorString(e));

@@ -948,6 +948,14 @@ struct mlaf_row_policy {
     bool stage = false;     /* the device is sm_90+: STAGE may be taken at large T */
 };
 
+/* The library's policy for a call on ctx's device: auto, with STAGE allowed on sm_90 and newer
+ * (its bulk copies need sm_90). */
+static inline mlaf_row_policy mlaf_row_policy_for(const mlaf_context *ctx) {
+    mlaf_row_policy pol;
+    pol.stage = ctx->cuda_cc >= 90;
+    return pol;
+}
+
 /* Rows per warp of RUN mode. */
 #define MLAF_ROW_RUN_ROWS 4
 

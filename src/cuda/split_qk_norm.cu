@@ -15,9 +15,8 @@ extern "C" mlaf_status mlaf_cuda_split_qk_norm(mlaf_context *ctx, const mlaf_nor
     mlaf_cuda_device_guard guard(ctx);
     mlaf_row_args a;
     mlaf_row_args_from_norm(&a, job);
-    mlaf_row_policy pol;
-    pol.stage = ctx->cuda_cc >= 90; /* STAGE's bulk copies: sm_90 */
-    cudaError_t e = mlaf_row_launch<false>(a, job->dt, ctx->cuda_sm_count, (cudaStream_t)ctx->cuda_stream, pol);
+    cudaError_t e = mlaf_row_launch<false>(a, job->dt, ctx->cuda_sm_count, (cudaStream_t)ctx->cuda_stream,
+                                            mlaf_row_policy_for(ctx));
     if (e != cudaSuccess)
         return mlaf_fail(ctx, MLAF_ERR_DEVICE, "split_qk_norm: kernel launch failed: %s",
                          cudaGetErrorString(e));
