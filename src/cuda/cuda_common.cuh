@@ -63,3 +63,49 @@ template <typename T>
 __device__ __forceinline__ float mlaf_ld_weight(const void *w, bool w_is_f32, int64_t i) {
     return w_is_f32 ? static_cast<const float *>(w)[i] : mlaf_ld(static_cast<const T *>(w) + i);
 }
+
+/* ---- sm_90 bulk copies counted on an mbarrier (no-ops below sm_90: callers take another path
+ * there). bar, dst: shared-memory addresses (__cvta_generic_to_shared). ------------------------ */
+__device__ __forceinline__ void mlaf_bar_init(uint32_t bar, uint32_t count) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+#endif
+}
+/* The calling thread arrives on bar expecting `bytes` more bytes in this phase (0: an arrival
+ * only). */
+__device__ __forceinline__ void mlaf_bar_expect(uint32_t bar, uint32_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+#endif
+}
+/* bytes (> 0, a multiple of 16, 16-byte aligned ends) global -> shared, counted on bar. */
+__device__ __forceinline__ void mlaf_bulk_copy(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                 ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
+#endif
+}
+/* Both: the calling thread arrives with `bytes` (0: an arrival only, no copy). */
+__device__ __forceinline__ void mlaf_bulk_load(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar) {
+    mlaf_bar_expect(bar, bytes);
+    if (bytes) mlaf_bulk_copy(dst, src, bytes, bar);
+}
+/* Returns once the phase `parity` of bar has completed. */
+__device__ __forceinline__ void mlaf_bar_wait(uint32_t bar, uint32_t parity) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    uint32_t ok = 0;
+    do {
+        asm volatile("{\n\t.reg .pred p;\n\t"
+                     "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
+                     "selp.u32 %0, 1, 0, p;\n\t}"
+                     : "=r"(ok) : "r"(bar), "r"(parity) : "memory");
+    } while (!ok);
+#endif
+}
+/* This thread's earlier shared-memory accesses are ordered before its later bulk copies. */
+__device__ __forceinline__ void mlaf_fence_async() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+#endif
+}

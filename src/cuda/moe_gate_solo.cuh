@@ -71,39 +71,8 @@ template <typename T, int E, int G, int VB, int F = 0> struct SoloShape {
     static_assert(XC % NS == 0 && U % NS == 0 && NS <= 2, "solo: staging segments");
 };
 
-/* ---- staging: sm_90 bulk copies (one per row segment) on an mbarrier; cp.async elsewhere -- */
-__device__ __forceinline__ void solo_bar_init(uint32_t bar, uint32_t count) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-#endif
-}
-/* One row segment global -> shared, its bytes counted on bar (the lane arrives with them). */
-__device__ __forceinline__ void solo_bulk_row(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
-    if (bytes)
-        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-                     ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
-#endif
-}
-__device__ __forceinline__ void solo_bar_wait(uint32_t bar, uint32_t parity) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    uint32_t ok = 0;
-    do {
-        asm volatile("{\n\t.reg .pred p;\n\t"
-                     "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
-                     "selp.u32 %0, 1, 0, p;\n\t}"
-                     : "=r"(ok) : "r"(bar), "r"(parity) : "memory");
-    } while (!ok);
-#endif
-}
-/* This lane's earlier shared-memory accesses are ordered before its later bulk copies. */
-__device__ __forceinline__ void solo_fence_async() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-#endif
-}
+/* ---- staging: sm_90 bulk copies (one per row segment) on an mbarrier (cuda_common.cuh);
+ * cp.async elsewhere ---------------------------------------------------------------------- */
 
 /* Bitonic stages that sort v[o, o + W) descending (W a power of two). */
 template <int N, int W>
@@ -273,7 +242,7 @@ moe_gate_solo_kernel(const GateArgs a) {
         bias_bad |= !isfinite(b);
     }
     if (lane == 0)
-        for (int sg = 0; sg < NS; sg++) solo_bar_init(bar0 + 8 * sg, 32);
+        for (int sg = 0; sg < NS; sg++) mlaf_bar_init(bar0 + 8 * sg, 32);
     const bool all_exact = __syncthreads_or(bias_bad) != 0;
 
     const unsigned char *logits = static_cast<const unsigned char *>(a.logits);
@@ -288,13 +257,13 @@ moe_gate_solo_kernel(const GateArgs a) {
         /* 0. staging, NS segments so pass 1 starts before the whole row has landed */
         __syncwarp(); /* every lane is done with the previous tile's list */
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-        solo_fence_async();
+        mlaf_fence_async();
         {
             const unsigned char *src = logits + (live ? t : 0) * stride_b;
             const uint32_t dst = (uint32_t)__cvta_generic_to_shared(xrow);
 #pragma unroll
-            for (int sg = 0; sg < NS; sg++)
-                solo_bulk_row(dst + sg * SEGB, src + sg * SEGB, live ? SEGB : 0u, bar0 + 8 * sg);
+            for (int sg = 0; sg < NS; sg++) /* a lane past T arrives with no bytes */
+                mlaf_bulk_load(dst + sg * SEGB, src + sg * SEGB, live ? SEGB : 0u, bar0 + 8 * sg);
         }
 #else
         {
@@ -320,7 +289,7 @@ moe_gate_solo_kernel(const GateArgs a) {
         /* segment sg of every row of the tile has landed */
         auto seg_ready = [&](int sg) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-            solo_bar_wait(bar0 + 8 * sg, parity);
+            mlaf_bar_wait(bar0 + 8 * sg, parity);
 #else
             if (NS - 1 - sg >= 1) cp_async_wait<1>();
             else cp_async_wait<0>();

@@ -381,13 +381,7 @@ __device__ __forceinline__ void mlaf_row_load(const mlaf_row_args &a, int64_t t,
 
 /* STAGE: lane 0 of the warp sets up the warp's mbarrier (one arrival per phase). */
 __device__ __forceinline__ void mlaf_stage_init(uint64_t *bar, int lane) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if (lane == 0) {
-        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"((uint32_t)__cvta_generic_to_shared(bar)) : "memory");
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    }
-#endif
-    (void)bar, (void)lane;
+    if (lane == 0) mlaf_bar_init((uint32_t)__cvta_generic_to_shared(bar), 1);
     __syncwarp();
 }
 
@@ -400,16 +394,11 @@ __device__ __forceinline__ void mlaf_stage_row(uint64_t *bar, const uint4 *slot,
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     const uint32_t b = (uint32_t)__cvta_generic_to_shared(bar);
     if (lane == 0) {
-        asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); /* those reads before the copy */
-        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(b), "r"(bytes) : "memory");
-        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-                     ::"r"((uint32_t)__cvta_generic_to_shared(slot)), "l"(src), "r"(bytes), "r"(b) : "memory");
+        mlaf_fence_async(); /* those reads before the copy */
+        mlaf_bar_expect(b, (uint32_t)bytes);
+        mlaf_bulk_copy((uint32_t)__cvta_generic_to_shared(slot), src, (uint32_t)bytes, b);
     }
-    uint32_t ok = 0;
-    do {
-        asm volatile("{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
-                     "selp.u32 %0, 1, 0, p;\n\t}" : "=r"(ok) : "r"(b), "r"(parity) : "memory");
-    } while (!ok);
+    mlaf_bar_wait(b, parity);
 #else
     (void)bar, (void)parity;
     for (int c = lane; c < bytes / 16; c += 32)
