@@ -10,6 +10,8 @@
  *       fast path, included as shipped (src/cuda/moe_gate.cu; "v2 library" also takes the
  *       library's choice of v1 for E <= 64 at T <= 64).
  *   v2 variants: other in-flight depths (2 / 4 KB per warp) and other team shapes.
+ *   v3 / v4 / v5  the team, solo and tiny kernels (src/cuda), with their variant flags.
+ *   v6  two lanes per token (moe_gate_pair.cuh, dev only; measured, not shipped).
  *
  * Validation: every variant against v1 at T = 4099 (v1 matches the float64 oracle in
  * tests/test_moe_gate.c): ids must agree except at near-ties (c within 1e-6 relative, judged
@@ -21,6 +23,7 @@
  */
 #define MLAF_MOE_GATE_NO_ENTRY 1
 #include "../../src/cuda/moe_gate.cu"
+#include "moe_gate_pair.cuh" /* v6, measured and not shipped */
 
 #include <algorithm>
 #include <cmath>
@@ -95,10 +98,22 @@ template <typename T> static std::vector<Variant> variants(const Router &r, cons
                          launch_solo<T, E_, G_, VB_, KM_, F_>(a, g_sm, s);                       \
                      }});
     /* F: 1 recompute s in pass 2, 4 pass 1 unrolled by two units */
-    V4(256, 8, 16, 8, 0) V4(256, 8, 16, 8, 4)
-    if (sizeof(T) == 2) { V4(256, 8, 16, 8, 1) V4(256, 8, 16, 8, 5) }
-    V4(64, 1, 8, 4, 0) V4(64, 1, 8, 4, 4) V4(64, 1, 16, 4, 0)
+    V4(256, 8, 16, 8, 0) V4(256, 8, 16, 8, 4) V4(256, 8, 16, 8, 6)
+    if (sizeof(T) == 2) { V4(256, 8, 16, 8, 1) V4(256, 8, 16, 8, 5) V4(256, 8, 16, 8, 7) }
+    V4(64, 1, 8, 4, 0) V4(64, 1, 8, 4, 4) V4(64, 1, 8, 4, 6) V4(64, 1, 16, 4, 0)
     if (sizeof(T) == 2) { V4(64, 1, 8, 4, 1) }
+#define V6(E_, G_, VB_, KM_, F_)                                                                  \
+    if (solo_fits<T>(a0, E_, G_, VB_, KM_))                                                      \
+        v.push_back({"v6 pair E=" #E_ " VB=" #VB_ " F=" #F_, [](const GateArgs &a, cudaStream_t s) { \
+                         launch_pair<T, E_, G_, VB_, KM_, F_>(a, g_sm, s);                       \
+                     }});
+    /* F: 1 recompute s in pass 2, 2 one staging copy per half row, 4 pass 1 unrolled by two
+     * units, F / 16 = minimum resident blocks (register cap; 0: what the shared memory allows) */
+    V6(256, 8, 16, 8, 2) V6(256, 8, 16, 8, 6)
+    if (sizeof(T) == 2) { V6(256, 8, 16, 8, 3) V6(256, 8, 16, 8, 7) }
+    V6(64, 1, 8, 4, 2) V6(64, 1, 8, 4, 6) V6(64, 1, 8, 4, 166)
+    if (sizeof(T) == 2) { V6(64, 1, 8, 4, 3) }
+#undef V6
     v.push_back({"v5 tiny (else v1)", [](const GateArgs &a, cudaStream_t s) {
                      if (!try_tiny<T>(a, g_sm, s)) launch_dt<T>(a, g_sm, s);
                  }});

@@ -9,7 +9,8 @@
  *   0. Each lane stages its own row into its own shared-memory row (rows padded by 16 bytes,
  *      so the 32 lanes reading the same offset hit distinct banks): on sm_90 one bulk copy per
  *      row segment, counted in bytes on an mbarrier; elsewhere 16-byte cp.async by runs of lanes.
- *      Two segments, so pass 1 starts while the second half of every row is in flight.
+ *      Two segments, so pass 1 starts while the second half of every row is in flight
+ *      (kSoloOneSeg: one, for short rows).
  *   1. Pass 1, per unit of VB experts (a unit's loads issued before the previous unit's stores,
  *      which the compiler cannot move loads across): s = sigmoid(x) (the team kernel's formula,
  *      so keys agree bit for bit), written back over the row as f32 (bf16 / f16 logits are
@@ -41,7 +42,7 @@ constexpr int kSoloWarps = 2;
 /* Variant flags: kSoloRecompute keeps only the logits in shared memory and recomputes s in
  * pass 2 (half the shared memory for bf16 / f16 rows, 1.5x the sigmoids); kSoloUnroll2 unrolls
  * pass 1 by two units. */
-constexpr int kSoloRecompute = 1, kSoloUnroll2 = 4;
+constexpr int kSoloRecompute = 1, kSoloUnroll2 = 4, kSoloOneSeg = 2; /* kSoloOneSeg: one staging copy per row */
 
 /* Shared memory of one warp: 32 rows, one per lane, each padded by 16 bytes so that the 32
  * lanes reading the same offset of their rows hit distinct banks; row r holds s (f32) with the
@@ -57,7 +58,7 @@ template <typename T, int E, int G, int VB, int F = 0> struct SoloShape {
     static constexpr int kXBytes = E * (int)sizeof(T);    /* logits per row */
     static constexpr int kRowBytes = (RC ? kXBytes : E * 4) + 16;
     static constexpr int kXOff = kRowBytes - 16 - kXBytes; /* logits within a row */
-    static constexpr int NS = U % 2 == 0 && XC % 2 == 0 ? 2 : 1; /* staging segments */
+    static constexpr int NS = (F & kSoloOneSeg) == 0 && U % 2 == 0 && XC % 2 == 0 ? 2 : 1; /* staging segments */
     static constexpr int kCap = U < 8 ? 8 : U;            /* list entries per token (>= tops) */
     static constexpr int kBarOff = 32 * kRowBytes;
     static constexpr int kListOff = kBarOff + 16;
@@ -546,7 +547,10 @@ bool try_solo(const GateArgs &a, int sm_count, cudaStream_t stream) {
         return true;                                                                              \
     }
     MLAF_SOLO(256, 8, 16, 8, kSoloUnroll2 | kHalf) /* DeepSeek-V3 / R1 */
-    MLAF_SOLO(64, 1, 8, 4, kSoloUnroll2)           /* GLM-4.7-Flash */
+    /* GLM-4.7-Flash: one copy per (256-byte f32) row, not two (T = 131072, dev/moe_gate same call:
+     * f32 23.0 vs 24.4 us, bf16 21.9 vs 23.2; mlafuse bench 21.6 / 19.7 after, 22.1 / 21.1 before;
+     * DeepSeek-V3 split, 69.3 / 74.5 vs 73.3 / 73.3 in two calls, keeps two segments) */
+    MLAF_SOLO(64, 1, 8, 4, kSoloUnroll2 | kSoloOneSeg)
 #undef MLAF_SOLO
     return false;
 }
