@@ -159,6 +159,40 @@ template <class F, class P = no_prep> static double time_us(F launch, int iters 
     return 1000.0 * ms[iters / 2];
 }
 
+/* The bench's L2 flush, leaving L2 clean: a memset of 256 MB, then a read pass over it (the
+ * memset alone leaves ~one L2 of dirty lines to be written back during the timed call). */
+__global__ void dev_clean_read(const uint4 *p, size_t n, unsigned *sink) {
+    unsigned acc = 0;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        const uint4 v = p[i];
+        acc ^= v.x ^ v.y ^ v.z ^ v.w;
+    }
+    if (acc == 0x9e3779b9u) *sink = acc;
+}
+
+struct flusher {
+    void *buf = nullptr;
+    unsigned *sink = nullptr;
+    size_t bytes = (size_t)256 << 20;
+    flusher() {
+        CK(cudaMalloc(&buf, bytes));
+        CK(cudaMalloc(&sink, 4));
+    }
+    ~flusher() {
+        CK(cudaFree(buf));
+        CK(cudaFree(sink));
+    }
+    void operator()(int i) const {
+        CK(cudaMemsetAsync(buf, i & 0xff, bytes));
+        dev_clean_read<<<1024, 256>>>((const uint4 *)buf, bytes / 16, sink);
+    }
+};
+
+/* Median time (us) of launch() with L2 flushed (clean) before each sample, as mlafuse bench. */
+template <class F> static double flushed_us(const flusher &fl, F launch, int iters = 30) {
+    return time_us([&](int) { launch(); }, iters, 3, [&](int i) { fl(i); });
+}
+
 /* Per-call time in microseconds under CUDA-graph replay: n calls captured into one graph,
  * replayed several times; the median replay divided by n. launch(stream, i) must enqueue on
  * the given stream. */

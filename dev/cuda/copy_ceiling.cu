@@ -25,15 +25,6 @@
  */
 #include "common.cuh"
 
-__global__ void cc_clean_read(const uint4 *p, size_t n, unsigned *sink) {
-    unsigned acc = 0;
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        const uint4 v = p[i];
-        acc ^= v.x ^ v.y ^ v.z ^ v.w;
-    }
-    if (acc == 0x9e3779b9u) *sink = acc;
-}
-
 __global__ void cc_grid(const uint4 *__restrict__ s, uint4 *__restrict__ d, size_t n) {
     const size_t stride = (size_t)gridDim.x * blockDim.x;
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -114,29 +105,6 @@ template <int S, int CH> __global__ void cc_bulk(const unsigned char *src, unsig
     }
     asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
 #endif
-}
-
-struct flusher {
-    void *buf = nullptr;
-    unsigned *sink = nullptr;
-    size_t bytes = (size_t)256 << 20;
-    flusher() {
-        CK(cudaMalloc(&buf, bytes));
-        CK(cudaMalloc(&sink, 4));
-    }
-    ~flusher() {
-        CK(cudaFree(buf));
-        CK(cudaFree(sink));
-    }
-    void operator()(int i) const {
-        CK(cudaMemsetAsync(buf, i & 0xff, bytes));
-        cc_clean_read<<<1024, 256>>>((const uint4 *)buf, bytes / 16, sink);
-    }
-};
-
-/* Median time (us) of launch() with L2 flushed (clean) before each sample. */
-template <class F> static double flushed_us(const flusher &fl, F launch, int iters = 30) {
-    return time_us([&](int) { launch(); }, iters, 3, [&](int i) { fl(i); });
 }
 
 int main(int argc, char **argv) {

@@ -21,7 +21,10 @@
  * replay, unfused chain, WAVE, BLK, BLKR and auto side by side, with each block kernel's
  * registers and resident blocks per SM. `--large`: T = 8192 ... 131072 in two rounds, WAVE,
  * STAGE (rows brought into shared memory by bulk copies), RUN with 2 rows per warp (indices
- * one row ahead), PIPE, auto, and split_qk_norm alone, auto and STAGE (% of the same-run copy). `--profile T`: one unfused chain and one WAVE
+ * one row ahead), PIPE, auto, and split_qk_norm alone, auto and STAGE (% of the same-run copy).
+ * `--flushed`: T = 16384 ... 131072 timed like mlafuse bench (clean-L2 flush per sample), WAVE,
+ * STAGE and STAGE on a persistent grid for both ops, a memcpy of the same bytes and an empty
+ * kernel. `--profile T`: one unfused chain and one WAVE
  * call per shape, no timing, for ncu. DEV_SLOT_IDENTITY=1: slots in order instead of scattered
  * blocks.
  */
@@ -84,9 +87,9 @@ static const char *mode_name(int mode) {
     return mode == MLAF_ROW_WAVE ? "WAVE" : mode == MLAF_ROW_PIPE ? "PIPE" : mode == MLAF_ROW_LAT ? "LAT"
            : mode == MLAF_ROW_BLK ? "BLK" : mode == MLAF_ROW_BLKR ? "BLKR" : mode == MLAF_ROW_RUN ? "RUN" : mode == MLAF_ROW_STAGE ? "STAGE" : "auto";
 }
-static mlaf_row_policy policy(int mode, int64_t max_blocks = 0, int blkr_g = 0, int run = 0) {
+static mlaf_row_policy policy(int mode, int64_t max_blocks = 0, int blkr_g = 0, int run = 0, bool persist = false) {
     mlaf_row_policy p;
-    p.mode = mode, p.max_blocks = max_blocks, p.blkr_g = blkr_g, p.run = run;
+    p.mode = mode, p.max_blocks = max_blocks, p.blkr_g = blkr_g, p.run = run, p.persist = persist;
     p.stage = true; /* as the library on sm_90 (split_qk_norm's auto takes STAGE at large T) */
     return p;
 }
@@ -138,14 +141,14 @@ struct kv_case {
         return x;
     }
     /* fused: q and the cache row only, as an engine calls it; mode -1 = auto */
-    void fused(cudaStream_t st, int i, int mode, int g = 0, int run = 0) const {
+    void fused(cudaStream_t st, int i, int mode, int g = 0, int run = 0, bool persist = false) const {
         CK(mlaf_row_launch<true>(kv_args(s, rot(i), dwq, dwkv, T, max_pos, nblocks, bs, 0, false), MLAF_BF16, sms, st,
-                                 policy(mode, 0, g, run)));
+                                 policy(mode, 0, g, run, persist)));
     }
     /* split_qk_norm alone (the chain's first kernel: q, k_nope, k_pe) */
-    void split(cudaStream_t st, int i, int mode = -1) const {
+    void split(cudaStream_t st, int i, int mode = -1, bool persist = false) const {
         CK(mlaf_row_launch<false>(kv_args(s, rot(i), dwq, dwkv, T, max_pos, nblocks, bs, 0, true), MLAF_BF16, sms, st,
-                                  policy(mode)));
+                                  policy(mode, 0, 0, 0, persist)));
     }
     /* split_qk_norm's outputs of rotation set 0 under mode equal those of WAVE, bit for bit */
     bool split_same(int mode) const {
@@ -316,6 +319,44 @@ static void large(const dev_shape &s, float *dcs, const __nv_bfloat16 *dwq, cons
     }
 }
 
+__global__ void dev_empty_kernel() {}
+
+/* Large T timed as mlafuse bench times it (L2 flushed clean before each of 30 samples, median),
+ * so that the per-call intercept is the kernel's: fused and split in WAVE, STAGE and STAGE on a
+ * persistent grid (12 resident blocks x SMs, each warp striding over rows), a cudaMemcpyAsync of
+ * the fused op's bytes and an empty kernel, all in the same process (us, % of the 1 GiB copy). */
+static void flushed(const dev_shape &s, float *dcs, const __nv_bfloat16 *dwq, const __nv_bfloat16 *dwkv, double copy) {
+    flusher fl;
+    const double empty = flushed_us(fl, [&] { dev_empty_kernel<<<1, 32>>>(); });
+    printf("  empty kernel %.2f us\n", empty);
+    printf("  %7s %15s %15s %15s %15s %15s %15s %15s %15s\n", "T", "memcpy", "WAVE", "STAGE", "STAGE-P", "auto",
+           "split WAVE", "split STAGE", "split STAGE-P");
+    for (int64_t T : {16384, 32768, 65536, 131072}) {
+        kv_case k(s, T, dcs, dwq, dwkv);
+        const double sb = (double)T * 4 * (s.Q + s.C + s.R);
+        void *src, *dst;
+        CK(cudaMalloc(&src, k.fused_bytes / 2 + 16));
+        CK(cudaMalloc(&dst, k.fused_bytes / 2 + 16));
+        double t[8];
+        t[0] = flushed_us(fl, [&] { CK(cudaMemcpyAsync(dst, src, k.fused_bytes / 2, cudaMemcpyDeviceToDevice)); });
+        t[1] = flushed_us(fl, [&] { k.fused(0, 0, MLAF_ROW_WAVE); });
+        t[2] = flushed_us(fl, [&] { k.fused(0, 0, MLAF_ROW_STAGE); });
+        t[3] = flushed_us(fl, [&] { k.fused(0, 0, MLAF_ROW_STAGE, 0, 0, true); });
+        t[4] = flushed_us(fl, [&] { k.fused(0, 0, -1); });
+        t[5] = flushed_us(fl, [&] { k.split(0, 0, MLAF_ROW_WAVE); });
+        t[6] = flushed_us(fl, [&] { k.split(0, 0, MLAF_ROW_STAGE); });
+        t[7] = flushed_us(fl, [&] { k.split(0, 0, MLAF_ROW_STAGE, true); });
+        CK(cudaFree(src));
+        CK(cudaFree(dst));
+        printf("  %7lld", (long long)T);
+        for (int i = 0; i < 8; i++) {
+            const double by = i < 5 ? (double)k.fused_bytes : sb;
+            printf(" %7.2f (%4.1f%%)", t[i], 100.0 * by / (t[i] * 1e-6) / 1e9 / copy);
+        }
+        printf("\n");
+    }
+}
+
 /* The small / medium T sweep (graph replay, us per call) that sets the BLKR / WAVE threshold. */
 static void sweep(const dev_shape &s, float *dcs, const __nv_bfloat16 *dwq, const __nv_bfloat16 *dwkv) {
     const int W = 8, nn = (s.Q + s.C) / W, nvec = (s.Q + s.C + s.R) / W, sms = sm_count();
@@ -344,15 +385,16 @@ static void sweep(const dev_shape &s, float *dcs, const __nv_bfloat16 *dwq, cons
 }
 
 int main(int argc, char **argv) {
-    bool quick = false, do_sweep = false, do_large = false;
+    bool quick = false, do_sweep = false, do_large = false, do_flushed = false;
     int64_t prof_T = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) quick = true;
         else if (!strcmp(argv[i], "--sweep")) do_sweep = true;
         else if (!strcmp(argv[i], "--large")) do_large = true;
+        else if (!strcmp(argv[i], "--flushed")) do_flushed = true;
         else if (!strcmp(argv[i], "--profile") && i + 1 < argc) prof_T = atoll(argv[++i]);
         else {
-            fprintf(stderr, "usage: %s [--quick] [--sweep] [--large] [--profile T]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--quick] [--sweep] [--large] [--flushed] [--profile T]\n", argv[0]);
             return 2;
         }
     }
@@ -373,12 +415,12 @@ int main(int argc, char **argv) {
         CK(cudaMalloc(&dwkv, s.C * 2));
         CK(cudaMemcpy(dwq, wq.data(), s.Q * 2, cudaMemcpyHostToDevice));
         CK(cudaMemcpy(dwkv, wkv.data(), s.C * 2, cudaMemcpyHostToDevice));
-        for (int mode = -1; mode <= MLAF_ROW_STAGE && prof_T == 0; mode++) {
+        for (int mode = -1; mode <= MLAF_ROW_STAGE && prof_T == 0 && !do_flushed; mode++) {
             validate(s, 0, wq, wkv, dwq, dwkv, mode);
             validate(s, 1, wq, wkv, dwq, dwkv, mode);
         }
         for (int neox : {0, 1}) {
-            if (prof_T > 0) break;
+            if (prof_T > 0 || do_flushed) break;
             validate(s, neox, wq, wkv, dwq, dwkv, MLAF_ROW_RUN, 0, 0); /* runs of 4, full grid */
             validate(s, neox, wq, wkv, dwq, dwkv, MLAF_ROW_STAGE, 0, 0); /* one row per warp */
             for (int g : {64, 128}) validate(s, neox, wq, wkv, dwq, dwkv, MLAF_ROW_BLKR, g); /* mid-T shapes */
@@ -395,6 +437,11 @@ int main(int argc, char **argv) {
             k.unfused(0, 0);
             k.fused(0, 1, MLAF_ROW_WAVE);
             CK(cudaDeviceSynchronize());
+            CK(cudaFree(dcs)); CK(cudaFree(dwq)); CK(cudaFree(dwkv));
+            continue;
+        }
+        if (do_flushed) {
+            flushed(s, dcs, dwq, dwkv, copy);
             CK(cudaFree(dcs)); CK(cudaFree(dwq)); CK(cudaFree(dwkv));
             continue;
         }
