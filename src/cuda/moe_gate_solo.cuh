@@ -31,10 +31,12 @@
  * the SPEC §4 policy computed from the row in global memory, out of line.
  * Limits (else the caller keeps the team kernels): sigmoid, no scores output, 16-byte aligned
  * rows, the compiled shapes (E, G) with k <= KMAX and k <= 2 x kept units.
- * Performance (H200, T = 131072, dev/moe_gate): DeepSeek-V3 f32 75 us (2.2x its 34 us floor;
- * the team kernel took 126), bf16 65 us; GLM-4.7-Flash f32 26 us. ncu: ~5.4 warps per SM
- * (shared memory: 1 KB per f32 token), ~3.4 cycles per issued instruction per warp, 20% of
- * the samples waiting for the tile's bytes.
+ * Performance (H200, T = 131072, dev/moe_gate): DeepSeek-V3 f32 69 us (2.1x its 34 us floor;
+ * the team kernel took 126), bf16 63 us; GLM-4.7-Flash f32 23 us. ncu (two segments per row):
+ * ~5.4 warps per SM (shared memory: 1 KB per f32 token), ~3.4 cycles per issued instruction
+ * per warp (1.2 of them waiting on fixed-latency dependences), 20% of the samples waiting for
+ * the tile's bytes. Two lanes per token (dev/moe_gate v6) issued faster but ran 1.3x the
+ * instructions and lost.
  */
 
 constexpr int kSoloWarps = 2;
@@ -546,10 +548,13 @@ bool try_solo(const GateArgs &a, int sm_count, cudaStream_t stream) {
         launch_solo<T, E_, G_, VB_, KM_, F_>(a, sm_count, stream);                               \
         return true;                                                                              \
     }
-    MLAF_SOLO(256, 8, 16, 8, kSoloUnroll2 | kHalf) /* DeepSeek-V3 / R1 */
-    /* GLM-4.7-Flash: one copy per (256-byte f32) row, not two (T = 131072, dev/moe_gate same call:
-     * f32 23.0 vs 24.4 us, bf16 21.9 vs 23.2; mlafuse bench 21.6 / 19.7 after, 22.1 / 21.1 before;
-     * DeepSeek-V3 split, 69.3 / 74.5 vs 73.3 / 73.3 in two calls, keeps two segments) */
+    /* DeepSeek-V3 / R1: f32 rows with one copy each (T = 131072, dev/moe_gate: 69.1 / 69.2 vs
+     * 73.0 / 72.7 us in one call, 69.3 vs 73.3 and 74.5 vs 73.3 in two others); 2-byte rows keep
+     * two segments (63.4 / 63.2 vs 63.0 / 63.2) */
+    constexpr int kSeg = sizeof(T) == 4 ? kSoloOneSeg : 0;
+    MLAF_SOLO(256, 8, 16, 8, kSoloUnroll2 | kHalf | kSeg)
+    /* GLM-4.7-Flash: one copy per row, not two (T = 131072, dev/moe_gate same call: f32 23.0 vs
+     * 24.4 us, bf16 21.9 vs 23.2; mlafuse bench 21.6 / 19.7 after, 22.1 / 21.1 before) */
     MLAF_SOLO(64, 1, 8, 4, kSoloUnroll2 | kSoloOneSeg)
 #undef MLAF_SOLO
     return false;
