@@ -147,16 +147,15 @@ moe_gate_pair_kernel(const GateArgs a) {
         }
 #else
         {
-            /* 16-byte copies, a run of SCH lanes per half row; half row r belongs to lane r */
+            /* 16-byte copies, consecutive lanes on a half row's chunks; half row r belongs to
+             * lane r */
             constexpr int SCH = S::XC / NS;
-            static_assert(SCH <= 32 && 32 % SCH == 0, "pair: staging shape");
-            const int cl = lane % SCH, r0 = lane / SCH;
             const int64_t t0 = tl * 16;
 #pragma unroll
             for (int sg = 0; sg < NS; sg++) {
 #pragma unroll 4
                 for (int i = 0; i < SCH; i++) {
-                    const int r = r0 + (32 / SCH) * i, c = sg * SCH + cl;
+                    const int k = lane + 32 * i, r = k / SCH, c = sg * SCH + k % SCH;
                     if (t0 + r / 2 < a.T)
                         cp_async(wbase + r * S::kRowBytes + S::kXOff + c * 16,
                                  logits + (t0 + r / 2) * stride_b + (r & 1) * S::kXBytes + c * 16, 16);

@@ -270,17 +270,16 @@ moe_gate_solo_kernel(const GateArgs a) {
         }
 #else
         {
-            /* 16-byte copies, a run of SCH lanes per row (whole lines), rows land in their
-             * owners' padded rows */
+            /* 16-byte copies: the SCH chunks of a row segment go to consecutive lanes (whole
+             * lines), chunk k of the tile's 32 x SCH to lane k % 32; rows land in their owners'
+             * padded rows */
             constexpr int SCH = S::XC / NS;
-            static_assert(SCH <= 32 && 32 % SCH == 0, "solo: staging shape");
-            const int cl = lane % SCH, r0 = lane / SCH;
             const int64_t t0 = tl * 32;
 #pragma unroll
             for (int sg = 0; sg < NS; sg++) {
 #pragma unroll 4
                 for (int i = 0; i < SCH; i++) {
-                    const int r = r0 + (32 / SCH) * i, c = sg * SCH + cl;
+                    const int k = lane + 32 * i, r = k / SCH, c = sg * SCH + k % SCH;
                     if (t0 + r < a.T)
                         cp_async(wbase + r * S::kRowBytes + S::kXOff + c * 16,
                                  logits + (t0 + r) * stride_b + c * 16, 16);
