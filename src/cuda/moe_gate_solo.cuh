@@ -9,8 +9,8 @@
  *   0. Each lane stages its own row into its own shared-memory row (rows padded by 16 bytes,
  *      so the 32 lanes reading the same offset hit distinct banks): on sm_90 one bulk copy per
  *      row segment, counted in bytes on an mbarrier; elsewhere 16-byte cp.async by runs of lanes.
- *      Two segments, so pass 1 starts while the second half of every row is in flight
- *      (kSoloOneSeg: one, for short rows).
+ *      Two segments, so pass 1 starts while the second half of every row is in flight, or
+ *      one copy per row (kSoloOneSeg: faster for f32 DeepSeek-V3 and GLM-4.7-Flash rows).
  *   1. Pass 1, per unit of VB experts (a unit's loads issued before the previous unit's stores,
  *      which the compiler cannot move loads across): s = sigmoid(x) (the team kernel's formula,
  *      so keys agree bit for bit), written back over the row as f32 (bf16 / f16 logits are
@@ -42,9 +42,9 @@
 constexpr int kSoloWarps = 2;
 
 /* Variant flags: kSoloRecompute keeps only the logits in shared memory and recomputes s in
- * pass 2 (half the shared memory for bf16 / f16 rows, 1.5x the sigmoids); kSoloUnroll2 unrolls
- * pass 1 by two units. */
-constexpr int kSoloRecompute = 1, kSoloUnroll2 = 4, kSoloOneSeg = 2; /* kSoloOneSeg: one staging copy per row */
+ * pass 2 (half the shared memory for bf16 / f16 rows, 1.5x the sigmoids); kSoloOneSeg stages a
+ * row in one copy instead of two segments; kSoloUnroll2 unrolls pass 1 by two units. */
+constexpr int kSoloRecompute = 1, kSoloOneSeg = 2, kSoloUnroll2 = 4;
 
 /* Shared memory of one warp: 32 rows, one per lane, each padded by 16 bytes so that the 32
  * lanes reading the same offset of their rows hit distinct banks; row r holds s (f32) with the
@@ -60,7 +60,8 @@ template <typename T, int E, int G, int VB, int F = 0> struct SoloShape {
     static constexpr int kXBytes = E * (int)sizeof(T);    /* logits per row */
     static constexpr int kRowBytes = (RC ? kXBytes : E * 4) + 16;
     static constexpr int kXOff = kRowBytes - 16 - kXBytes; /* logits within a row */
-    static constexpr int NS = (F & kSoloOneSeg) == 0 && U % 2 == 0 && XC % 2 == 0 ? 2 : 1; /* staging segments */
+    /* staging segments */
+    static constexpr int NS = (F & kSoloOneSeg) == 0 && U % 2 == 0 && XC % 2 == 0 ? 2 : 1;
     static constexpr int kCap = U < 8 ? 8 : U;            /* list entries per token (>= tops) */
     static constexpr int kBarOff = 32 * kRowBytes;
     static constexpr int kListOff = kBarOff + 16;
