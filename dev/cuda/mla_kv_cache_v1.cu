@@ -24,9 +24,14 @@
  * one row ahead), PIPE, auto, and split_qk_norm alone, auto and STAGE (% of the same-run copy).
  * `--flushed`: T = 16384 ... 131072 timed like mlafuse bench (clean-L2 flush per sample), WAVE,
  * STAGE and STAGE on a persistent grid for both ops, a memcpy of the same bytes and an empty
- * kernel. `--profile T`: one unfused chain and one WAVE
- * call per shape, no timing, for ncu. DEV_SLOT_IDENTITY=1: slots in order instead of scattered
- * blocks.
+ * kernel. `--tile`: TILE (each warp streams rows through a ring of shared-memory slots, bulk
+ * loads and bulk or lane stores; dev only, it lost) validated, checked bit-identical to WAVE,
+ * timed like `--flushed`. `--mid`: validation of WAVE / WAVEW / PIPE / STAGE / auto (both RoPE
+ * styles), bit-identity with WAVE's pe stage path, then mid T under graph replay with and
+ * without the KF kernels (-s: the pe stage path), WAVEW, PIPE, auto and split_qk_norm alone,
+ * and STAGE with and without KF at T = 32768 / 131072 timed like mlafuse bench. `--profile T`:
+ * one unfused chain and one WAVE call per shape, no timing, for ncu. DEV_SLOT_IDENTITY=1: slots
+ * in order instead of scattered blocks.
  */
 #define MLAF_ROW_DEV_MODES /* PIPE, LAT, RUN and STAGE at any width too */
 #include "cuda/norm_common.cuh"
@@ -83,13 +88,18 @@ __global__ void cache_write_sep(const __nv_bfloat16 *kn, const __nv_bfloat16 *kp
 }
 
 /* ---- validation ------------------------------------------------------------------------ */
+/* TILE's ring and store path for the calls that follow (--tile) */
+static int g_ring = 0;
+static bool g_tile_lanes = false, g_kv_fast = true;
+
 static const char *mode_name(int mode) {
     return mode == MLAF_ROW_WAVE ? "WAVE" : mode == MLAF_ROW_PIPE ? "PIPE" : mode == MLAF_ROW_LAT ? "LAT"
-           : mode == MLAF_ROW_BLK ? "BLK" : mode == MLAF_ROW_BLKR ? "BLKR" : mode == MLAF_ROW_RUN ? "RUN" : mode == MLAF_ROW_STAGE ? "STAGE" : "auto";
+           : mode == MLAF_ROW_BLK ? "BLK" : mode == MLAF_ROW_BLKR ? "BLKR" : mode == MLAF_ROW_RUN ? "RUN" : mode == MLAF_ROW_STAGE ? "STAGE" : mode == MLAF_ROW_TILE ? (g_tile_lanes ? "TILE-L" : "TILE") : mode == MLAF_ROW_WAVEW ? "WAVEW" : "auto";
 }
 static mlaf_row_policy policy(int mode, int64_t max_blocks = 0, int blkr_g = 0, int run = 0, bool persist = false) {
     mlaf_row_policy p;
     p.mode = mode, p.max_blocks = max_blocks, p.blkr_g = blkr_g, p.run = run, p.persist = persist;
+    p.ring = g_ring, p.tile_lanes = g_tile_lanes, p.kv_fast = g_kv_fast;
     p.stage = true; /* as the library on sm_90 (split_qk_norm's auto takes STAGE at large T) */
     return p;
 }
@@ -166,8 +176,39 @@ struct kv_case {
             CK(cudaMemcpy(o.data() + nq + nk, b.kp, np * 2, cudaMemcpyDeviceToHost));
         }
         const bool same = ref == got;
-        printf("  split_qk_norm %s vs WAVE, T=%lld: %s\n", mode == MLAF_ROW_STAGE ? "STAGE" : "?", (long long)T,
+        printf("  split_qk_norm %s (ring %d) vs WAVE, T=%lld: %s\n", mode_name(mode), g_ring, (long long)T,
                same ? "bit-identical OK" : "FAIL");
+        dev_failures += !same;
+        return same;
+    }
+    /* the fused op's outputs of rotation set 0 (q, dense k_nope / k_pe, the whole cache) under
+     * mode equal those of WAVE, bit for bit, both RoPE styles */
+    bool fused_same(int mode) const {
+        const size_t nq = (size_t)T * s.Q, nk = (size_t)T * s.C, np = (size_t)T * s.R,
+                     nc = (size_t)nblocks * bs * CR;
+        bool same = true;
+        for (int neox : {0, 1}) {
+            std::vector<uint16_t> ref(nq + nk + np + nc), got(nq + nk + np + nc);
+            for (int pass = 0; pass < 2; pass++) {
+                CK(cudaMemset(b.q, 0, nq * 2));
+                CK(cudaMemset(b.kn, 0, nk * 2));
+                CK(cudaMemset(b.kp, 0, np * 2));
+                CK(cudaMemset(b.cache, 0x5a, nc * 2));
+                mlaf_row_policy pol = policy(pass == 0 ? MLAF_ROW_WAVE : mode);
+                if (pass == 0) pol.kv_fast = false; /* the reference: WAVE with the pe stage */
+                CK(mlaf_row_launch<true>(kv_args(s, b, dwq, dwkv, T, max_pos, nblocks, bs, neox, true), MLAF_BF16, sms,
+                                         0, pol));
+                CK(cudaDeviceSynchronize());
+                std::vector<uint16_t> &o = pass == 0 ? ref : got;
+                CK(cudaMemcpy(o.data(), b.q, nq * 2, cudaMemcpyDeviceToHost));
+                CK(cudaMemcpy(o.data() + nq, b.kn, nk * 2, cudaMemcpyDeviceToHost));
+                CK(cudaMemcpy(o.data() + nq + nk, b.kp, np * 2, cudaMemcpyDeviceToHost));
+                CK(cudaMemcpy(o.data() + nq + nk + np, b.cache, nc * 2, cudaMemcpyDeviceToHost));
+            }
+            same = same && ref == got;
+        }
+        printf("  mla_kv_cache %s (ring %d, kv_fast %d) vs WAVE with the pe stage, T=%lld, both styles: %s\n",
+               mode_name(mode), g_ring, (int)g_kv_fast, (long long)T, same ? "bit-identical OK" : "FAIL");
         dev_failures += !same;
         return same;
     }
@@ -357,6 +398,93 @@ static void flushed(const dev_shape &s, float *dcs, const __nv_bfloat16 *dwq, co
     }
 }
 
+/* TILE (rows streamed through a ring of shared-memory slots, bulk loads and bulk stores) at
+ * large T, timed as mlafuse bench times it (clean-L2 flush per sample), against STAGE / WAVE
+ * and a memcpy of the same bytes; validated and checked bit-identical to WAVE first. */
+static void tile_flushed(const dev_shape &s, float *dcs, const __nv_bfloat16 *dwq, const __nv_bfloat16 *dwkv,
+                         double copy) {
+    for (int lanes : {0, 1}) {
+        g_ring = 3, g_tile_lanes = lanes;
+        kv_case k(s, 32768 + 1234, dcs, dwq, dwkv);
+        k.fused_same(MLAF_ROW_TILE);
+        k.split_same(MLAF_ROW_TILE);
+    }
+    g_ring = 0, g_tile_lanes = false;
+    flusher fl;
+    printf("  %7s %15s %15s %15s %15s %15s %15s %15s %15s\n", "T", "memcpy", "auto", "TILE r3", "TILE-L r2",
+           "TILE-L r3", "split auto", "split TILE r3", "split TILE-L r3");
+    for (int64_t T : {16384, 32768, 65536, 131072}) {
+        kv_case k(s, T, dcs, dwq, dwkv);
+        const double sb = (double)T * 4 * (s.Q + s.C + s.R);
+        void *src, *dst;
+        CK(cudaMalloc(&src, k.fused_bytes / 2 + 16));
+        CK(cudaMalloc(&dst, k.fused_bytes / 2 + 16));
+        double t[8];
+        t[0] = flushed_us(fl, [&] { CK(cudaMemcpyAsync(dst, src, k.fused_bytes / 2, cudaMemcpyDeviceToDevice)); });
+        t[1] = flushed_us(fl, [&] { k.fused(0, 0, -1); });
+        g_ring = 3;
+        t[2] = flushed_us(fl, [&] { k.fused(0, 0, MLAF_ROW_TILE); });
+        g_tile_lanes = true, g_ring = 2;
+        t[3] = flushed_us(fl, [&] { k.fused(0, 0, MLAF_ROW_TILE); });
+        g_ring = 3;
+        t[4] = flushed_us(fl, [&] { k.fused(0, 0, MLAF_ROW_TILE); });
+        g_tile_lanes = false, g_ring = 0;
+        t[5] = flushed_us(fl, [&] { k.split(0, 0, -1); });
+        g_ring = 3;
+        t[6] = flushed_us(fl, [&] { k.split(0, 0, MLAF_ROW_TILE); });
+        g_tile_lanes = true;
+        t[7] = flushed_us(fl, [&] { k.split(0, 0, MLAF_ROW_TILE); });
+        g_tile_lanes = false, g_ring = 0;
+        CK(cudaFree(src));
+        CK(cudaFree(dst));
+        printf("  %7lld", (long long)T);
+        for (int j = 0; j < 8; j++) {
+            const double by = j < 5 ? (double)k.fused_bytes : sb;
+            printf(" %7.2f (%4.1f%%)", t[j], 100.0 * by / (t[j] * 1e-6) / 1e9 / copy);
+        }
+        printf("\n");
+    }
+}
+
+/* Mid T under graph replay: WAVE, WAVEW (blocks of 8 warps that stage the weights in shared
+ * memory while their rows are in flight), PIPE and auto (us per call; speed-ups over the
+ * unfused chain). */
+static void mid(const dev_shape &s, float *dcs, const __nv_bfloat16 *dwq, const __nv_bfloat16 *dwkv) {
+    {
+        kv_case k(s, 2048 + 77, dcs, dwq, dwkv);
+        for (int mode : {(int)MLAF_ROW_WAVE, (int)MLAF_ROW_WAVEW, (int)MLAF_ROW_PIPE, (int)MLAF_ROW_STAGE})
+            k.fused_same(mode);
+    }
+    printf("  %6s %8s %7s %7s %7s %7s %7s %7s %7s %7s %8s %8s\n", "T", "unfused", "split", "WAVE-s", "WAVE", "WAVEW-s",
+           "WAVEW", "PIPE", "auto-s", "auto", "auto-s/uf", "auto/uf");
+    for (int64_t T : {512, 1024, 1536, 2048, 3072, 4096, 6144}) {
+        kv_case k(s, T, dcs, dwq, dwkv);
+        for (int round = 0; round < 2; round++) {
+            g_kv_fast = false;
+            const double uf = k.graph_unfused(), ws = k.graph_fused(MLAF_ROW_WAVE), wws = k.graph_fused(MLAF_ROW_WAVEW),
+                         aus = k.graph_fused(-1);
+            g_kv_fast = true;
+            const double wa = k.graph_fused(MLAF_ROW_WAVE), ww = k.graph_fused(MLAF_ROW_WAVEW),
+                         pi = k.graph_fused(MLAF_ROW_PIPE), au = k.graph_fused(-1),
+                         sp = graph_us([&](cudaStream_t st, int i) { k.split(st, i); });
+            printf("  %6lld %8.2f %7.2f %7.2f %7.2f %7.2f %7.2f %7.2f %7.2f %7.2f %7.2fx %7.2fx\n", (long long)T, uf, sp,
+                   ws, wa, wws, ww, pi, aus, au, uf / aus, uf / au);
+        }
+    }
+    /* large T, timed like mlafuse bench: STAGE with the pe stage (-s) and with the register pe */
+    flusher fl;
+    for (int64_t T : {32768, 131072}) {
+        kv_case k(s, T, dcs, dwq, dwkv);
+        for (int round = 0; round < 2; round++) {
+            g_kv_fast = false;
+            const double st0 = flushed_us(fl, [&] { k.fused(0, 0, MLAF_ROW_STAGE); });
+            g_kv_fast = true;
+            const double st1 = flushed_us(fl, [&] { k.fused(0, 0, MLAF_ROW_STAGE); });
+            printf("  T=%lld flushed: STAGE-s %.2f us, STAGE %.2f us\n", (long long)T, st0, st1);
+        }
+    }
+}
+
 /* The small / medium T sweep (graph replay, us per call) that sets the BLKR / WAVE threshold. */
 static void sweep(const dev_shape &s, float *dcs, const __nv_bfloat16 *dwq, const __nv_bfloat16 *dwkv) {
     const int W = 8, nn = (s.Q + s.C) / W, nvec = (s.Q + s.C + s.R) / W, sms = sm_count();
@@ -385,24 +513,27 @@ static void sweep(const dev_shape &s, float *dcs, const __nv_bfloat16 *dwq, cons
 }
 
 int main(int argc, char **argv) {
-    bool quick = false, do_sweep = false, do_large = false, do_flushed = false;
+    bool quick = false, do_sweep = false, do_large = false, do_flushed = false, do_tile = false, do_mid = false;
     int64_t prof_T = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) quick = true;
         else if (!strcmp(argv[i], "--sweep")) do_sweep = true;
         else if (!strcmp(argv[i], "--large")) do_large = true;
         else if (!strcmp(argv[i], "--flushed")) do_flushed = true;
+        else if (!strcmp(argv[i], "--tile")) do_tile = true;
+        else if (!strcmp(argv[i], "--mid")) do_mid = true;
         else if (!strcmp(argv[i], "--profile") && i + 1 < argc) prof_T = atoll(argv[++i]);
         else {
-            fprintf(stderr, "usage: %s [--quick] [--sweep] [--large] [--flushed] [--profile T]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--quick] [--sweep] [--large] [--flushed] [--tile] [--mid] [--profile T]\n", argv[0]);
             return 2;
         }
     }
     printf("== mla_kv_cache v1: fused library kernel vs split + rope + cache-write kernels%s\n",
            do_sweep ? " (sweep)" : "");
     print_device();
-    const double copy = do_sweep ? 0.0 : copy_gbps();
-    if (!do_sweep) printf("device-to-device copy (same run): %.0f GB/s\n", copy);
+    const bool no_copy = do_sweep || do_mid;
+    const double copy = no_copy ? 0.0 : copy_gbps();
+    if (!no_copy) printf("device-to-device copy (same run): %.0f GB/s\n", copy);
     for (const dev_shape &s : dev_shapes) {
         const int64_t max_pos = 131072;
         printf("\n-- %s: Q=%d C=%d R=%d, paged cache block_size 64, bf16\n", s.name, s.Q, s.C, s.R);
@@ -415,12 +546,33 @@ int main(int argc, char **argv) {
         CK(cudaMalloc(&dwkv, s.C * 2));
         CK(cudaMemcpy(dwq, wq.data(), s.Q * 2, cudaMemcpyHostToDevice));
         CK(cudaMemcpy(dwkv, wkv.data(), s.C * 2, cudaMemcpyHostToDevice));
-        for (int mode = -1; mode <= MLAF_ROW_STAGE && prof_T == 0 && !do_flushed; mode++) {
+        if (do_mid) {
+            for (int mode : {(int)MLAF_ROW_WAVE, (int)MLAF_ROW_WAVEW, (int)MLAF_ROW_PIPE, (int)MLAF_ROW_STAGE, -1})
+                for (int neox : {0, 1}) {
+                    validate(s, neox, wq, wkv, dwq, dwkv, mode);
+                    validate(s, neox, wq, wkv, dwq, dwkv, mode, 0, 0);
+                }
+        }
+        if (do_tile) {
+            g_tile_lanes = true;
+            g_ring = 3;
+            for (int neox : {0, 1}) validate(s, neox, wq, wkv, dwq, dwkv, MLAF_ROW_TILE);
+            g_tile_lanes = false;
+            for (int ring : {3, 4}) {
+                g_ring = ring;
+                for (int neox : {0, 1}) {
+                    validate(s, neox, wq, wkv, dwq, dwkv, MLAF_ROW_TILE);       /* 7 blocks: long rings */
+                    validate(s, neox, wq, wkv, dwq, dwkv, MLAF_ROW_TILE, 0, 0); /* full grid */
+                }
+            }
+            g_ring = 0;
+        }
+        for (int mode = -1; mode <= MLAF_ROW_STAGE && prof_T == 0 && !do_flushed && !do_tile && !do_mid; mode++) {
             validate(s, 0, wq, wkv, dwq, dwkv, mode);
             validate(s, 1, wq, wkv, dwq, dwkv, mode);
         }
         for (int neox : {0, 1}) {
-            if (prof_T > 0 || do_flushed) break;
+            if (prof_T > 0 || do_flushed || do_tile || do_mid) break;
             validate(s, neox, wq, wkv, dwq, dwkv, MLAF_ROW_RUN, 0, 0); /* runs of 4, full grid */
             validate(s, neox, wq, wkv, dwq, dwkv, MLAF_ROW_STAGE, 0, 0); /* one row per warp */
             for (int g : {64, 128}) validate(s, neox, wq, wkv, dwq, dwkv, MLAF_ROW_BLKR, g); /* mid-T shapes */
@@ -437,6 +589,16 @@ int main(int argc, char **argv) {
             k.unfused(0, 0);
             k.fused(0, 1, MLAF_ROW_WAVE);
             CK(cudaDeviceSynchronize());
+            CK(cudaFree(dcs)); CK(cudaFree(dwq)); CK(cudaFree(dwkv));
+            continue;
+        }
+        if (do_tile) {
+            tile_flushed(s, dcs, dwq, dwkv, copy);
+            CK(cudaFree(dcs)); CK(cudaFree(dwq)); CK(cudaFree(dwkv));
+            continue;
+        }
+        if (do_mid) {
+            mid(s, dcs, dwq, dwkv);
             CK(cudaFree(dcs)); CK(cudaFree(dwq)); CK(cudaFree(dwkv));
             continue;
         }

@@ -109,3 +109,29 @@ __device__ __forceinline__ void mlaf_fence_async() {
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 #endif
 }
+/* bytes (> 0, a multiple of 16, both ends 16-byte aligned) shared -> global, in the calling
+ * thread's current bulk group. */
+__device__ __forceinline__ void mlaf_bulk_store(void *dst, uint32_t src, uint32_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(dst), "r"(src), "r"(bytes)
+                 : "memory");
+#endif
+}
+/* Closes the calling thread's current bulk group. */
+__device__ __forceinline__ void mlaf_bulk_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+#endif
+}
+/* Returns once at most N of the calling thread's bulk groups still read shared memory. */
+template <int N> __device__ __forceinline__ void mlaf_bulk_wait_read() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(N) : "memory");
+#endif
+}
+/* Returns once every bulk group of the calling thread has completed (its writes done). */
+__device__ __forceinline__ void mlaf_bulk_wait_all() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+#endif
+}

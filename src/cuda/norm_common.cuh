@@ -67,6 +67,14 @@
 
 #include "cuda_common.cuh"
 
+#include <type_traits>
+
+/* The mlaf_dtype of a kernel element type. */
+template <typename T> constexpr mlaf_dtype mlaf_dtype_of() {
+    return sizeof(T) == 4 ? MLAF_F32 : std::is_same<T, __half>::value ? MLAF_F16 : MLAF_BF16;
+}
+
+
 /* Everything the row kernel needs, by value (one kernel argument block). */
 struct mlaf_row_args {
     int64_t T;
@@ -93,9 +101,13 @@ struct mlaf_row_args {
     mlaf_dtype cache_dt;
     void *cache;
     int64_t n_slots, block_size, c_s0, c_s1;
+    uint64_t bs_mul; /* slot / block_size = (slot * bs_mul) >> bs_shift for slot, block_size */
+    int32_t bs_shift; /* below 2^31 (set by mlaf_row_launch) */
     int32_t *err;
     int32_t run;  /* RUN mode: rows per warp */
-    int32_t slot; /* STAGE mode: bytes of a warp's row slot in shared memory */
+    int32_t slot; /* STAGE / TILE modes: bytes of a warp's row slot in shared memory */
+    int32_t ring; /* TILE mode: row slots per warp */
+    int32_t tile_lanes; /* TILE mode: the lanes store the outputs (else bulk stores) */
 };
 
 #define MLAF_ROW_WARPS 4
@@ -278,11 +290,13 @@ __device__ __forceinline__ mlaf_token_info mlaf_token(const mlaf_row_args &a, in
 }
 
 /* Element offset of the cache row of slot (0 <= slot < n_slots). A slot and block_size below
- * 2^31 (every real cache) take 32-bit unsigned division and modulo, a short inline sequence;
- * larger ones the 64-bit software division. Both give the same quotient and remainder. */
+ * 2^31 (every real cache) divide by one 64-bit multiply and shift with the host's constants
+ * (mlaf_row_set_div: exact for every such slot); larger ones take the 64-bit software
+ * division. Both give the same quotient and remainder. */
 __device__ __forceinline__ int64_t mlaf_cache_row(const mlaf_row_args &a, int64_t slot) {
     if ((((uint64_t)slot | (uint64_t)a.block_size) >> 31) == 0) {
-        const uint32_t s = (uint32_t)slot, b = (uint32_t)a.block_size, blk = s / b;
+        const uint32_t s = (uint32_t)slot, b = (uint32_t)a.block_size,
+                       blk = (uint32_t)(((uint64_t)s * a.bs_mul) >> a.bs_shift);
         return (int64_t)blk * a.c_s0 + (int64_t)(s - blk * b) * a.c_s1;
     }
     return (slot / a.block_size) * a.c_s0 + (slot % a.block_size) * a.c_s1;
@@ -353,17 +367,25 @@ __device__ __forceinline__ void mlaf_rope_pairs(const float *stage, const float 
  *         per weight vector; no register cap. */
 enum mlaf_row_mode {
     MLAF_ROW_WAVE = 0, MLAF_ROW_PIPE = 1, MLAF_ROW_LAT = 2, MLAF_ROW_BLK = 3, MLAF_ROW_BLKR = 4,
-    MLAF_ROW_RUN = 5, MLAF_ROW_STAGE = 6
+    MLAF_ROW_RUN = 5, MLAF_ROW_STAGE = 6, MLAF_ROW_TILE = 7, MLAF_ROW_WAVEW = 8
 };
 
 /* STAGE: 12 resident blocks (40 registers for the rows of 6 / 9 vectors per lane, both ops). */
 #define MLAF_ROW_STAGE_MINB 12
+
+/* WAVEW's warps per block (8 lost to 4 on the H200: load balance at one wave). */
+#define MLAF_ROW_WAVEW_WARPS 4
+template <int MODE> struct mlaf_row_nw {
+    static constexpr int value = MODE == MLAF_ROW_WAVEW ? MLAF_ROW_WAVEW_WARPS : MLAF_ROW_WARPS;
+};
 
 /* Blocks per SM the register allocation must allow (the row's own registers are 4 * NV per
  * lane, twice that in PIPE). */
 template <int NV, int MODE> struct mlaf_row_minb {
     static constexpr int value = MODE == MLAF_ROW_LAT    ? 1
                                  : MODE == MLAF_ROW_STAGE ? MLAF_ROW_STAGE_MINB
+                                 : MODE == MLAF_ROW_TILE ? 1
+                                 : MODE == MLAF_ROW_WAVEW ? (NV <= 6 ? 8 : NV <= 9 ? 6 : 2)
                                  : MODE == MLAF_ROW_PIPE ? (NV <= 4 ? 6 : NV <= 6 ? 5 : NV <= 9 ? 4 : 2)
                                  : (NV <= 6 ? 8 : NV <= 9 ? 6 : NV <= 16 ? 3 : 2);
 };
@@ -407,19 +429,29 @@ __device__ __forceinline__ void mlaf_stage_row(uint64_t *bar, const uint4 *slot,
 #endif
 }
 
-template <typename T, int NV, bool KV, int MODE>
-__global__ void __launch_bounds__(MLAF_ROW_WARPS * 32, mlaf_row_minb<NV, MODE>::value)
+/* QS >= 0 (mla_kv_cache, where mlaf_row_kvfast_ok: "KF"): the row's layout is known at compile
+ * time (slots 0 .. QS - 1 of every lane are q, QS .. NV - 2 kv, NV - 1 the pe part on lanes
+ * 0 .. rv - 1), so the per-slot part tests compile away; the pe part is rotated in registers and
+ * the cache row stored as the latent dtype's vectors. Its own instantiation: carrying both pe
+ * paths made ptxas spill the bf16 / f16 kernels (up to 64 bytes). */
+template <typename T, int NV, bool KV, int MODE, int QS = -1>
+__global__ void __launch_bounds__(mlaf_row_nw<MODE>::value * 32, mlaf_row_minb<NV, MODE>::value)
 mlaf_row_fast_kernel(const mlaf_row_args a) {
     constexpr int W = mlaf_vec<T>::W;
     constexpr bool PIPE = MODE == MLAF_ROW_PIPE, LAT = MODE == MLAF_ROW_LAT, RUN = MODE == MLAF_ROW_RUN;
     constexpr bool STG = MODE == MLAF_ROW_STAGE;
-    /* dynamic shared memory: STAGE's row slots [MLAF_ROW_WARPS][a.slot bytes], then the pe
-     * stage [MLAF_ROW_WARPS][R] floats (mla_kv_cache only) */
+    constexpr int NW = mlaf_row_nw<MODE>::value; /* warps per block */
+    /* WAVEW: WAVE, but the block stages the weights (as stored) in shared memory while the warps
+     * first rows are in flight, so no warp meets the weights' L2 latency after its reductions */
+    constexpr bool WSM = MODE == MLAF_ROW_WAVEW;
+    constexpr bool KF = QS >= 0;
+    /* dynamic shared memory: STAGE's row slots [NW][a.slot bytes], then the pe
+     * stage [NW][R] floats (mla_kv_cache only) */
     extern __shared__ __align__(128) float mlaf_row_smem[];
-    float *const mlaf_pe_stage = mlaf_row_smem + (STG ? MLAF_ROW_WARPS * a.slot / 4 : 0);
+    float *const mlaf_pe_stage = mlaf_row_smem + (STG ? NW * a.slot / 4 : 0);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int qv = a.Q / W, cv = a.C / W, rv = a.R / W, nv = qv + cv + rv;
-    const int64_t nwarps = (int64_t)gridDim.x * MLAF_ROW_WARPS;
+    const int64_t nwarps = (int64_t)gridDim.x * NW;
 
     float wr[LAT ? NV : 1][W];
     if constexpr (LAT) {
@@ -432,18 +464,18 @@ mlaf_row_fast_kernel(const mlaf_row_args a) {
     }
     /* rows of this warp: t0, t0 + step, ... below t_end (RUN: a run of a.run rows per warp,
      * interleaved over the block's warps; else a grid stride) */
-    int64_t t0 = (int64_t)blockIdx.x * MLAF_ROW_WARPS + warp, step = nwarps, t_end = a.T;
+    int64_t t0 = (int64_t)blockIdx.x * NW + warp, step = nwarps, t_end = a.T;
     if constexpr (RUN) {
-        const int64_t b0 = (int64_t)blockIdx.x * MLAF_ROW_WARPS * a.run;
-        t0 = b0 + warp, step = MLAF_ROW_WARPS;
-        t_end = b0 + (int64_t)MLAF_ROW_WARPS * a.run < a.T ? b0 + (int64_t)MLAF_ROW_WARPS * a.run : a.T;
+        const int64_t b0 = (int64_t)blockIdx.x * NW * a.run;
+        t0 = b0 + warp, step = NW;
+        t_end = b0 + (int64_t)NW * a.run < a.T ? b0 + (int64_t)NW * a.run : a.T;
     }
     mlaf_token_idx ix = {-1, 0};
     uint4 v[STG ? 1 : NV];
     /* STAGE: this warp's row slot and its mbarrier (one bulk copy per row) */
     const uint4 *const srow = reinterpret_cast<const uint4 *>(reinterpret_cast<const unsigned char *>(mlaf_row_smem) +
                                                               (STG ? (size_t)warp * a.slot : 0));
-    __shared__ __align__(8) uint64_t mlaf_row_bar[STG ? MLAF_ROW_WARPS : 1];
+    __shared__ __align__(8) uint64_t mlaf_row_bar[STG ? NW : 1];
     if constexpr (STG) mlaf_stage_init(&mlaf_row_bar[warp], lane);
     uint32_t parity = 0;
     if constexpr (PIPE) {
@@ -454,6 +486,17 @@ mlaf_row_fast_kernel(const mlaf_row_args a) {
     }
     if constexpr (RUN && KV) {
         if (t0 < t_end) ix = mlaf_token_load(a, t0);
+    }
+    /* WAVEW: the weights' vectors as stored (the latent dtype; the host checks), q then kv */
+    uint4 *const wsm = reinterpret_cast<uint4 *>(mlaf_pe_stage + (KV ? NW * a.R : 0));
+    if constexpr (WSM) {
+        if (t0 < a.T) {
+            if (KV) ix = mlaf_token_load(a, t0);
+            mlaf_row_load<T, NV>(a, t0, lane, nv, v);
+        }
+        for (int i = threadIdx.x; i < qv + cv; i += NW * 32)
+            wsm[i] = __ldg(i < qv ? static_cast<const uint4 *>(a.w_q) + i : static_cast<const uint4 *>(a.w_kv) + (i - qv));
+        __syncthreads();
     }
 
     for (int64_t t = t0; t < t_end; t += step) {
@@ -474,7 +517,7 @@ mlaf_row_fast_kernel(const mlaf_row_args a) {
             mlaf_stage_row(&mlaf_row_bar[warp], srow, static_cast<const T *>(a.latent) + t * a.ls, nv * 16, lane,
                            parity);
             parity ^= 1u;
-        } else {
+        } else if (!WSM || t != t0) {
             if (KV) ix = mlaf_token_load(a, t);
             mlaf_row_load<T, NV>(a, t, lane, nv, v);
         }
@@ -492,15 +535,21 @@ mlaf_row_fast_kernel(const mlaf_row_args a) {
             if (ti.ok && lane < a.R / 2) co0 = __ldg(ti.cs + lane), si0 = __ldg(ti.cs + a.R / 2 + lane);
         }
 
+        /* slot s (column c) of the lane: q, q or kv (the normed part), in the row */
+        /* (STAGE keeps the run-time tests: with the compile-time ones its 40 registers spilled) */
+        constexpr bool KL = KF && !STG;
+        auto is_q = [&](int s, int c) { return KL ? s < QS : c < qv; };
+        auto is_n = [&](int s, int c) { return KL ? s < NV - 1 : c < qv + cv; };
+        auto in_row = [&](int s, int c) { return KL ? (s < NV - 1 || lane < rv) : c < nv; };
         float sq = 0.0f, skv = 0.0f;
 #pragma unroll
         for (int s = 0; s < NV; s++) {
             const int c = lane + 32 * s;
-            if (c < qv + cv) {
+            if (is_n(s, c)) {
                 float f[W];
                 mlaf_vec<T>::unpack(vec(s, c), f);
                 const float acc = mlaf_sumsq<W>(f);
-                if (c < qv) sq += acc;
+                if (is_q(s, c)) sq += acc;
                 else skv += acc;
             }
         }
@@ -515,14 +564,27 @@ mlaf_row_fast_kernel(const mlaf_row_args a) {
 #pragma unroll
         for (int s = 0; s < NV; s++) {
             const int c = lane + 32 * s;
-            if (c >= nv) continue;
+            /* KF: the pe vectors are slot NV - 1 of lanes 0 .. rv - 1, each W / 2 adjacent
+             * pairs; pair i's cos / sin come from lane i's co0 / si0 (every lane shuffles, here
+             * where the row's other registers are free) */
+            float pco[KV ? W / 2 : 1], psi[KV ? W / 2 : 1];
+            if (KF && s == NV - 1) {
+#pragma unroll
+                for (int k = 0; k < W / 2; k++) {
+                    const int i = ((W / 2) * lane + k) & 31;
+                    pco[k] = __shfl_sync(0xffffffffu, co0, i), psi[k] = __shfl_sync(0xffffffffu, si0, i);
+                }
+            }
+            if (!in_row(s, c)) continue;
             float f[W], w[W];
             const uint4 vs = vec(s, c);
             mlaf_vec<T>::unpack(vs, f);
-            if (c < qv) {
+            if (is_q(s, c)) {
                 if constexpr (LAT) {
 #pragma unroll
                     for (int k = 0; k < W; k++) w[k] = wr[s][k];
+                } else if constexpr (WSM) {
+                    mlaf_vec<T>::unpack(wsm[c], w);
                 } else {
                     mlaf_ld_weights_vec<T>(a.w_q, a.wq_f32, (int64_t)c * W, w);
                 }
@@ -530,11 +592,13 @@ mlaf_row_fast_kernel(const mlaf_row_args a) {
                 for (int k = 0; k < W; k++) f[k] = __fmul_rn(__fmul_rn(f[k], rq), w[k]);
                 __stcs(reinterpret_cast<uint4 *>(static_cast<T *>(a.q) + t * a.qs) + c,
                        mlaf_vec<T>::pack(f));
-            } else if (c < qv + cv) {
+            } else if (is_n(s, c)) {
                 const int j = c - qv;
                 if constexpr (LAT) {
 #pragma unroll
                     for (int k = 0; k < W; k++) w[k] = wr[s][k];
+                } else if constexpr (WSM) {
+                    mlaf_vec<T>::unpack(wsm[c], w);
                 } else {
                     mlaf_ld_weights_vec<T>(a.w_kv, a.wkv_f32, (int64_t)j * W, w);
                 }
@@ -543,11 +607,30 @@ mlaf_row_fast_kernel(const mlaf_row_args a) {
                 if (a.k_nope)
                     __stcs(reinterpret_cast<uint4 *>(static_cast<T *>(a.k_nope) + t * a.ks) + j,
                            mlaf_vec<T>::pack(f));
-                if (write_cache) mlaf_st_dt_vec<W>(a.cache, a.cache_dt, crow + (int64_t)j * W, f);
+                if (write_cache) {
+                    if constexpr (KF) /* the cache is in the latent dtype */
+                        *reinterpret_cast<uint4 *>(static_cast<T *>(a.cache) + crow + (int64_t)j * W) =
+                            mlaf_vec<T>::pack(f);
+                    else
+                        mlaf_st_dt_vec<W>(a.cache, a.cache_dt, crow + (int64_t)j * W, f);
+                }
             } else if (!KV) {
                 if (a.k_pe)
                     __stcs(reinterpret_cast<uint4 *>(static_cast<T *>(a.k_pe) + t * a.ps) + (c - qv - cv),
                            vs);
+            } else if (KF && ti.ok) {
+                if (s == NV - 1) { /* always, under KF: the pe part is this slot */
+#pragma unroll
+                    for (int k = 0; k < W / 2; k++) {
+                        const float x0 = f[2 * k], x1 = f[2 * k + 1];
+                        f[2 * k] = mlaf_rope_x0(x0, x1, pco[k], psi[k]);
+                        f[2 * k + 1] = mlaf_rope_x1(x0, x1, pco[k], psi[k]);
+                    }
+                    const uint4 o = mlaf_vec<T>::pack(f);
+                    if (a.k_pe) reinterpret_cast<uint4 *>(static_cast<T *>(a.k_pe) + t * a.ps)[c - qv - cv] = o;
+                    if (write_cache)
+                        reinterpret_cast<uint4 *>(static_cast<T *>(a.cache) + crow + a.C)[c - qv - cv] = o;
+                }
             } else if (ti.ok) {
                 /* Raw pe values go to the warp's stage; the rotation runs per pair below. */
                 float *stage = mlaf_pe_stage + warp * a.R + (c - qv - cv) * W;
@@ -555,7 +638,7 @@ mlaf_row_fast_kernel(const mlaf_row_args a) {
                 for (int k = 0; k < W; k++) stage[k] = f[k];
             }
         }
-        if (KV && ti.ok && a.R > 0) {
+        if (KV && !KF && ti.ok && a.R > 0) {
             __syncwarp();
             const float *stage = mlaf_pe_stage + warp * a.R;
             T *po = a.k_pe ? static_cast<T *>(a.k_pe) + t * a.ps : nullptr;
@@ -572,6 +655,153 @@ mlaf_row_fast_kernel(const mlaf_row_args a) {
         if constexpr (RUN) ix = ixn;
     }
 }
+
+#ifdef MLAF_ROW_DEV_MODES
+/* ---- TILE (sm_90, large T) -------------------------------------------------------------- */
+/* Each warp streams its rows (grid stride, persistent grid) through a ring of a.ring row slots
+ * in shared memory. Lane 0 keeps the warp's next ring - 1 rows in flight as bulk copies (one
+ * mbarrier per slot); the lanes compute a row from its slot with WAVE's arithmetic and write
+ * the results back into the slot (q and the kv part normalized, mla_kv_cache's pe part roped
+ * in place); then lane 0 sends each output out of the slot with one bulk store (q row; k_nope or
+ * the cache row [kv | pe], which are adjacent in the slot; k_pe), so no lane waits on a store
+ * and loads keep streaming while a row is computed. Same arithmetic and bits as WAVE. Needs
+ * outputs that bulk stores can take: the cache in the latent dtype (every offset the fast path
+ * admits is then a multiple of 16 bytes). A row is read whole before its stores, and rows are
+ * disjoint, so in place stays safe. */
+#define MLAF_ROW_TILE_RING 4
+
+template <typename T, int NV, bool KV>
+__global__ void __launch_bounds__(MLAF_ROW_WARPS * 32) mlaf_row_tile_kernel(const mlaf_row_args a) {
+    constexpr int W = mlaf_vec<T>::W, ES = (int)sizeof(T);
+    extern __shared__ __align__(128) unsigned char mlaf_tile_smem[];
+    __shared__ __align__(8) uint64_t bars[MLAF_ROW_WARPS * 8];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int qv = a.Q / W, cv = a.C / W, rv = a.R / W, nv = qv + cv + rv;
+    const int S = a.ring;
+    const int64_t nwarps = (int64_t)gridDim.x * MLAF_ROW_WARPS;
+    const int64_t t0 = (int64_t)blockIdx.x * MLAF_ROW_WARPS + warp;
+    unsigned char *const ring = mlaf_tile_smem + (size_t)warp * S * a.slot;
+    const uint32_t ring_s = (uint32_t)__cvta_generic_to_shared(ring);
+    const uint32_t bar0 = (uint32_t)__cvta_generic_to_shared(&bars[warp * 8]);
+    const uint32_t rowbytes = (uint32_t)nv * 16;
+    const T *const lat = static_cast<const T *>(a.latent);
+    if (lane == 0) {
+        for (int j = 0; j < S; j++) mlaf_bar_init(bar0 + 8 * j, 1);
+        for (int j = 0; j < S - 1; j++) {
+            const int64_t t = t0 + j * nwarps;
+            if (t >= a.T) break;
+            mlaf_bulk_load(ring_s + (uint32_t)(j * a.slot), lat + t * a.ls, rowbytes, bar0 + 8 * j);
+        }
+    }
+    __syncwarp();
+
+    int j = 0;
+    uint32_t parity = 0;
+    for (int64_t t = t0; t < a.T; t += nwarps) {
+        uint4 *const row = reinterpret_cast<uint4 *>(ring + (size_t)j * a.slot);
+        mlaf_token_info ti = {nullptr, -1, true};
+        float co0 = 0.0f, si0 = 0.0f;
+        if (KV) {
+            ti = mlaf_token(a, t, lane);
+            if (ti.ok && lane < a.R / 2) co0 = __ldg(ti.cs + lane), si0 = __ldg(ti.cs + a.R / 2 + lane);
+        }
+        mlaf_bar_wait(bar0 + 8 * j, parity);
+
+        float sq = 0.0f, skv = 0.0f;
+#pragma unroll
+        for (int s = 0; s < NV; s++) {
+            const int c = lane + 32 * s;
+            if (c < qv + cv) {
+                float f[W];
+                mlaf_vec<T>::unpack(row[c], f);
+                const float acc = mlaf_sumsq<W>(f);
+                if (c < qv) sq += acc;
+                else skv += acc;
+            }
+        }
+        sq = mlaf_warp_sum(sq);
+        skv = mlaf_warp_sum(skv);
+        const float rq = a.Q > 0 ? mlaf_rstd(sq, a.Q, a.eps_q) : 0.0f;
+        const float rkv = mlaf_rstd(skv, a.C, a.eps_kv);
+#pragma unroll
+        for (int s = 0; s < NV; s++) {
+            const int c = lane + 32 * s;
+            if (c >= qv + cv) continue;
+            float f[W], w[W];
+            mlaf_vec<T>::unpack(row[c], f);
+            const float r = c < qv ? rq : rkv;
+            if (c < qv) mlaf_ld_weights_vec<T>(a.w_q, a.wq_f32, (int64_t)c * W, w);
+            else mlaf_ld_weights_vec<T>(a.w_kv, a.wkv_f32, (int64_t)(c - qv) * W, w);
+#pragma unroll
+            for (int k = 0; k < W; k++) f[k] = __fmul_rn(__fmul_rn(f[k], r), w[k]);
+            row[c] = mlaf_vec<T>::pack(f);
+        }
+        if (KV && ti.ok && a.R > 0) {
+            /* the pairs of the pe part, rotated in place; each lane owns its pairs */
+            T *pe = reinterpret_cast<T *>(row) + a.Q + a.C;
+            const int32_t h = a.R / 2;
+#pragma unroll 1
+            for (int32_t i = lane; i < h; i += 32) {
+                const float co = i == lane ? co0 : __ldg(ti.cs + i), si = i == lane ? si0 : __ldg(ti.cs + h + i);
+                const int32_t i0 = a.neox ? i : 2 * i, i1 = a.neox ? i + h : 2 * i + 1;
+                const float x0 = mlaf_ld(pe + i0), x1 = mlaf_ld(pe + i1);
+                const float y0 = mlaf_rope_x0(x0, x1, co, si), y1 = mlaf_rope_x1(x0, x1, co, si);
+                if (a.neox) mlaf_st(pe + i0, y0), mlaf_st(pe + i1, y1);
+                else mlaf_st2(pe + i0, y0, y1);
+            }
+        }
+        mlaf_fence_async(); /* this lane's slot writes, then the bulk stores that read them */
+        __syncwarp();
+        if (a.tile_lanes) {
+            /* the lanes store the outputs from the slot themselves (16-byte stores), then lane 0
+             * refills the slot of the previous row */
+            const uint4 *src = row;
+            auto seg = [&](void *dst, int off, int n) {
+                for (int c = lane; c < n; c += 32) reinterpret_cast<uint4 *>(dst)[c] = src[off + c];
+            };
+            if (qv) seg(static_cast<T *>(a.q) + t * a.qs, 0, qv);
+            if (a.k_nope) seg(static_cast<T *>(a.k_nope) + t * a.ks, qv, cv);
+            if (KV) {
+                if (ti.ok && a.k_pe && rv) seg(static_cast<T *>(a.k_pe) + t * a.ps, qv + cv, rv);
+                if (ti.ok && ti.slot >= 0) seg(static_cast<T *>(a.cache) + mlaf_cache_row(a, ti.slot), qv, cv + rv);
+            } else if (a.k_pe && rv) {
+                seg(static_cast<T *>(a.k_pe) + t * a.ps, qv + cv, rv);
+            }
+            mlaf_fence_async();
+            __syncwarp();
+            if (lane == 0) {
+                const int64_t tn = t + (int64_t)(S - 1) * nwarps;
+                if (tn < a.T) {
+                    const int jn = j == 0 ? S - 1 : j - 1;
+                    mlaf_bulk_load(ring_s + (uint32_t)(jn * a.slot), lat + tn * a.ls, rowbytes, bar0 + 8 * jn);
+                }
+            }
+        } else if (lane == 0) {
+            const uint32_t rs = ring_s + (uint32_t)(j * a.slot);
+            const uint32_t qb = (uint32_t)a.Q * ES, cb = (uint32_t)a.C * ES, pb = (uint32_t)a.R * ES;
+            if (qb) mlaf_bulk_store(static_cast<T *>(a.q) + t * a.qs, rs, qb);
+            if (a.k_nope) mlaf_bulk_store(static_cast<T *>(a.k_nope) + t * a.ks, rs + qb, cb);
+            if (KV) {
+                if (ti.ok && a.k_pe && pb) mlaf_bulk_store(static_cast<T *>(a.k_pe) + t * a.ps, rs + qb + cb, pb);
+                if (ti.ok && ti.slot >= 0)
+                    mlaf_bulk_store(static_cast<T *>(a.cache) + mlaf_cache_row(a, ti.slot), rs + qb, cb + pb);
+            } else if (a.k_pe && pb) {
+                mlaf_bulk_store(static_cast<T *>(a.k_pe) + t * a.ps, rs + qb + cb, pb);
+            }
+            mlaf_bulk_commit();
+            /* the slot of the previous row (its group) has been read out: refill it */
+            mlaf_bulk_wait_read<1>();
+            const int64_t tn = t + (int64_t)(S - 1) * nwarps;
+            if (tn < a.T) {
+                const int jn = j == 0 ? S - 1 : j - 1;
+                mlaf_bulk_load(ring_s + (uint32_t)(jn * a.slot), lat + tn * a.ls, rowbytes, bar0 + 8 * jn);
+            }
+        }
+        if (++j == S) j = 0, parity ^= 1u;
+    }
+    if (lane == 0) mlaf_bulk_wait_all();
+}
+#endif /* MLAF_ROW_DEV_MODES: TILE */
 
 /* ---- block-per-row kernel (BLK mode, small T) ------------------------------------------- */
 /* For a handful of rows the time is the dependency chain of one row, and in a warp-per-row
@@ -935,6 +1165,9 @@ struct mlaf_row_policy {
     int blkr_g = 0;         /* BLKR's norm threads: 64, 128 or 256 (0: the library's choice) */
     int run = 0;            /* RUN's rows per warp (0: MLAF_ROW_RUN_ROWS) */
     bool stage = false;     /* the device is sm_90+: STAGE may be taken at large T */
+    int ring = 0;           /* TILE's row slots per warp (0: MLAF_ROW_TILE_RING) */
+    bool tile_lanes = false; /* TILE: lanes store the outputs instead of bulk stores */
+    bool kv_fast = true;     /* the KF kernels where mlaf_row_kvfast_ok (false: dev/ A/B) */
 };
 
 /* The library's policy for a call on ctx's device: auto, with STAGE allowed on sm_90 and newer
@@ -957,7 +1190,24 @@ static inline mlaf_row_policy mlaf_row_policy_for(const mlaf_context *ctx) {
  * exactly these (WAVE 8 / 6 for NV = 6 / 9, PIPE 5 / 4, BLKR 4 / 6 / 8 for 256 / 128 / 64 norm
  * threads of a DeepSeek-V3 row); asking the occupancy API instead would put a runtime query,
  * and possibly a module load, inside the first call, which may be under graph capture. */
-template <typename T, int NV, bool KV, int MODE>
+/* The KF kernels' q slots per lane for NV slots: the layouts of the presets' bf16 / f16 rows,
+ * DeepSeek-V3 / Kimi-K2 (192 q + 64 kv + 8 pe vectors: NV = 9, QS = 6) and GLM-4.7-Flash
+ * (96 + 64 + 8: NV = 6, QS = 3); -1: none. */
+template <int NV> struct mlaf_row_kf_qs {
+    static constexpr int value = NV == 9 ? 6 : NV == 6 ? 3 : -1;
+};
+
+/* The KF kernel applies to an mla_kv_cache call with interleaved RoPE, at most 32 pairs (each
+ * lane's co0 / si0 covers one), the cache in the latent dtype, and the row laid out as the
+ * kernel assumes: q exactly QS slots of every lane, the pe part exactly slot NV - 1 of lanes
+ * 0 .. rv - 1. */
+template <typename T, int NV, bool KV> static bool mlaf_row_kvfast_ok(const mlaf_row_args &a) {
+    constexpr int W = mlaf_vec<T>::W, QS = mlaf_row_kf_qs<NV>::value;
+    return KV && QS >= 0 && !a.neox && a.R > 0 && a.R <= 64 && a.cache_dt == mlaf_dtype_of<T>() &&
+           a.Q / W == 32 * QS && (a.Q + a.C) / W == 32 * (NV - 1) && a.R / W <= 32;
+}
+
+template <typename T, int NV, bool KV, int MODE, int QS = -1>
 static cudaError_t mlaf_row_go(const mlaf_row_args &a, int sms, const mlaf_row_policy &pol, size_t smem,
                                cudaStream_t stream) {
     mlaf_row_args ar = a;
@@ -968,7 +1218,8 @@ static cudaError_t mlaf_row_go(const mlaf_row_args &a, int sms, const mlaf_row_p
                               ((int64_t)MLAF_ROW_WARPS * pol.max_blocks);
         if (cover > ar.run) ar.run = (int32_t)cover;
     }
-    const int64_t per_block = (int64_t)MLAF_ROW_WARPS * ar.run;
+    constexpr int NW = mlaf_row_nw<MODE>::value;
+    const int64_t per_block = (int64_t)NW * ar.run;
     const int64_t need = (a.T + per_block - 1) / per_block;
     int64_t blocks = need;
     if (MODE == MLAF_ROW_PIPE || pol.persist) {
@@ -978,8 +1229,20 @@ static cudaError_t mlaf_row_go(const mlaf_row_args &a, int sms, const mlaf_row_p
     }
     if (pol.max_blocks > 0 && blocks > pol.max_blocks) blocks = pol.max_blocks;
     if (blocks > 0x7fffffff) blocks = 0x7fffffff;
-    mlaf_row_fast_kernel<T, NV, KV, MODE><<<(unsigned)blocks, MLAF_ROW_WARPS * 32, smem, stream>>>(ar);
+    mlaf_row_fast_kernel<T, NV, KV, MODE, QS><<<(unsigned)blocks, NW * 32, smem, stream>>>(ar);
     return cudaGetLastError();
+}
+
+/* mlaf_row_go with the KF kernel where it applies (the bf16 / f16 rows of every preset), else
+ * the general one. */
+template <typename T, int NV, bool KV, int MODE>
+static cudaError_t mlaf_row_go_kf(const mlaf_row_args &a, int sms, const mlaf_row_policy &pol, size_t smem,
+                                  cudaStream_t stream) {
+    if constexpr (KV && mlaf_row_kf_qs<NV>::value >= 0 && !std::is_same<T, float>::value) {
+        if (pol.kv_fast && mlaf_row_kvfast_ok<T, NV, KV>(a))
+            return mlaf_row_go<T, NV, KV, MODE, mlaf_row_kf_qs<NV>::value>(a, sms, pol, smem, stream);
+    }
+    return mlaf_row_go<T, NV, KV, MODE>(a, sms, pol, smem, stream);
 }
 
 /* From these many rows, on sm_90, the ops take STAGE for rows of 6 or 9 vectors per lane (bf16 /
@@ -1002,8 +1265,48 @@ static cudaError_t mlaf_row_go_stage(const mlaf_row_args &a, int sms, const mlaf
     if (sm > 48 * 1024)
         (void)cudaFuncSetAttribute(mlaf_row_fast_kernel<T, NV, KV, MLAF_ROW_STAGE>,
                                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm);
-    return mlaf_row_go<T, NV, KV, MLAF_ROW_STAGE>(ar, sms, pol, sm, stream);
+    return mlaf_row_go_kf<T, NV, KV, MLAF_ROW_STAGE>(ar, sms, pol, sm, stream);
 }
+
+#ifdef MLAF_ROW_DEV_MODES
+/* TILE takes rows of at most this many bytes (slots of 4 warps x ring must fit an SM). */
+#define MLAF_ROW_TILE_MAX_ROW 8192
+/* Shared memory per SM the TILE grid counts on (sm_90: 228 KB; a smaller one only means that
+ * part of the grid waits for a second wave). */
+#define MLAF_ROW_TILE_SM_SMEM (228 * 1024)
+
+/* TILE applies to a fast-path call whose outputs bulk stores can take: the cache (if any) in
+ * the latent dtype, rows of at most MLAF_ROW_TILE_MAX_ROW bytes. */
+template <typename T, bool KV> static bool mlaf_row_tile_ok(const mlaf_row_args &a) {
+    if (KV && a.cache_dt != mlaf_dtype_of<T>()) return false;
+    return (int64_t)(a.Q + a.C + a.R) * (int64_t)sizeof(T) <= MLAF_ROW_TILE_MAX_ROW;
+}
+
+template <typename T, int NV, bool KV>
+static cudaError_t mlaf_row_go_tile(const mlaf_row_args &a, int sms, const mlaf_row_policy &pol, int nvec,
+                                    cudaStream_t stream) {
+    mlaf_row_args ar = a;
+    ar.slot = (nvec * 16 + 127) / 128 * 128;
+    int ring = pol.ring > 0 ? pol.ring : MLAF_ROW_TILE_RING;
+    if (ring > 8) ring = 8;
+    while (ring > 2 && (size_t)MLAF_ROW_WARPS * ring * ar.slot > 200 * 1024) ring--;
+    ar.ring = ring;
+    ar.tile_lanes = pol.tile_lanes ? 1 : 0;
+    const size_t sm = (size_t)MLAF_ROW_WARPS * ring * ar.slot;
+    if (sm > 48 * 1024)
+        (void)cudaFuncSetAttribute(mlaf_row_tile_kernel<T, NV, KV>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   (int)sm);
+    int64_t resident = (int64_t)MLAF_ROW_TILE_SM_SMEM / (int64_t)(sm + 2048);
+    if (resident < 1) resident = 1;
+    if (resident > 16) resident = 16;
+    int64_t blocks = (a.T + MLAF_ROW_WARPS - 1) / MLAF_ROW_WARPS;
+    const int64_t g = resident * (sms > 0 ? sms : 132) * (pol.grid_mult > 0 ? pol.grid_mult : 1);
+    if (g < blocks) blocks = g;
+    if (pol.max_blocks > 0 && blocks > pol.max_blocks) blocks = pol.max_blocks;
+    mlaf_row_tile_kernel<T, NV, KV><<<(unsigned)blocks, MLAF_ROW_WARPS * 32, sm, stream>>>(ar);
+    return cudaGetLastError();
+}
+#endif
 
 template <typename T, int NVB, bool KV>
 static cudaError_t mlaf_row_go_blk(const mlaf_row_args &a, const mlaf_row_policy &pol, size_t smem,
@@ -1094,13 +1397,29 @@ static cudaError_t mlaf_row_go_nv(const mlaf_row_args &a, int sms, const mlaf_ro
              * T = 6144: 13.6 vs 12.7 us) and beyond, plain WAVE is faster */
             const int64_t wave_rows = (int64_t)mlaf_row_minb<NV, MLAF_ROW_WAVE>::value * MLAF_ROW_WARPS * nsm;
             if (mode < 0 && a.T > wave_rows && 10 * a.T <= 13 * wave_rows) mode = MLAF_ROW_PIPE;
-            if (mode == MLAF_ROW_PIPE) return mlaf_row_go<T, NV, KV, MLAF_ROW_PIPE>(a, sms, pol, smem, stream);
+            if (mode == MLAF_ROW_PIPE) return mlaf_row_go_kf<T, NV, KV, MLAF_ROW_PIPE>(a, sms, pol, smem, stream);
         }
     }
+#ifdef MLAF_ROW_DEV_MODES
+    if (mode == MLAF_ROW_TILE && mlaf_row_tile_ok<T, KV>(a)) return mlaf_row_go_tile<T, NV, KV>(a, sms, pol, nvec, stream);
+#endif
     if constexpr (NV == 6 || NV == 9) {
         if (mode < 0 && pol.stage && a.T >= (KV ? MLAF_ROW_STAGE_FROM_T_KV : MLAF_ROW_STAGE_FROM_T))
             mode = MLAF_ROW_STAGE;
         if (mode == MLAF_ROW_STAGE) return mlaf_row_go_stage<T, NV, KV>(a, sms, pol, smem, nvec, stream);
+    }
+    if constexpr (KV && (NV == 6 || NV == 9 || MLAF_ROW_DEV)) {
+        /* up to 3 WAVE blocks per SM, WAVEW: the weights staged per block once instead of
+         * each warp meeting their L2 latency after its reductions (H200, graph replay,
+         * DeepSeek-V3 T = 1536: 6.67-6.74 vs 7.13-7.16 us; at 2048 = 3.9 blocks per SM it
+         * ties WAVE, at 3072 it loses) */
+        const bool wok = !a.wq_f32 && !a.wkv_f32;
+        if (mode < 0 && wok && a.T <= (int64_t)(NV == 9 ? 4 : 3) * MLAF_ROW_WARPS * nsm) mode = MLAF_ROW_WAVEW;
+        if (mode == MLAF_ROW_WAVEW && wok)
+            return mlaf_row_go_kf<T, NV, KV, MLAF_ROW_WAVEW>(
+                a, sms, pol, (size_t)MLAF_ROW_WAVEW_WARPS * a.R * sizeof(float) + (size_t)(a.Q + a.C) * sizeof(T),
+                stream);
+        if (mode == MLAF_ROW_WAVEW) mode = MLAF_ROW_WAVE;
     }
     if (mode < 0) mode = a.T <= MLAF_ROW_BLK_ROWS_PER_SM * nsm ? MLAF_ROW_BLK : MLAF_ROW_WAVE;
     if constexpr (!KV || MLAF_ROW_DEV) {
@@ -1118,12 +1437,28 @@ static cudaError_t mlaf_row_go_nv(const mlaf_row_args &a, int sms, const mlaf_ro
     }
     if (mode == MLAF_ROW_STAGE) return mlaf_row_go_stage<T, NV, KV>(a, sms, pol, smem, nvec, stream); /* any width */
 #endif
-    return mlaf_row_go<T, NV, KV, MLAF_ROW_WAVE>(a, sms, pol, smem, stream);
+    return mlaf_row_go_kf<T, NV, KV, MLAF_ROW_WAVE>(a, sms, pol, smem, stream);
+}
+
+/* The constants of mlaf_cache_row's division by d = block_size (1 <= d < 2^31): with
+ * s = ceil(log2 d) and m = ceil(2^(31+s) / d), floor(n / d) = (n * m) >> (31 + s) for every
+ * n < 2^31: m d - 2^(31+s) = e < d <= 2^s, so n e / 2^(31+s) < 1 and the error never carries
+ * past n mod d; n * m < 2^31 * 2^32 fits 64 bits. */
+static inline void mlaf_row_set_div(mlaf_row_args *a) {
+    a->bs_mul = 0, a->bs_shift = 0;
+    if (a->block_size < 1 || a->block_size >= ((int64_t)1 << 31)) return;
+    const uint64_t d = (uint64_t)a->block_size;
+    int sh = 0;
+    while (((uint64_t)1 << sh) < d) sh++;
+    a->bs_mul = (((uint64_t)1 << (31 + sh)) + d - 1) / d;
+    a->bs_shift = 31 + sh;
 }
 
 template <typename T, bool KV>
-static cudaError_t mlaf_row_launch_t(const mlaf_row_args &a, int sms, cudaStream_t stream,
+static cudaError_t mlaf_row_launch_t(const mlaf_row_args &a0, int sms, cudaStream_t stream,
                                      const mlaf_row_policy &pol) {
+    mlaf_row_args a = a0;
+    if (KV) mlaf_row_set_div(&a);
     if (!mlaf_row_fast_ok<T, KV>(a)) {
         const int64_t blocks64 = (a.T + MLAF_ROW_WARPS - 1) / MLAF_ROW_WARPS;
         const unsigned blocks = (unsigned)(blocks64 < 0x7fffffff ? blocks64 : 0x7fffffff);
