@@ -180,15 +180,16 @@ static void suite(mlaf_context *ctx, int quick, const char *extra) {
                     run(ctx, "MLA_KV_CACHE", &c, extra);
                 }
     /* 1b. the CUDA launch shapes between small and large T (H200, 132 SMs: T = 300 / 600 BLKR
-     * with 128 norm threads (4 vectors per thread for f32 rows), 1000 with 64, 3500 / 4600 the
-     * prefetching persistent grid for DeepSeek-V3 / GLM-4.7-Flash rows), every dtype, both
-     * styles */
+     * with 128 norm threads (4 vectors per thread for f32 rows), 1000 with 64, 1500 / 2000 the
+     * PIPE kernel for rows of the KF layout (bf16 / f16, interleaved) and WAVEW (weights staged
+     * per block) for the others, 3500 / 4600 the prefetching persistent grid for DeepSeek-V3 /
+     * GLM-4.7-Flash rows), every dtype, both styles */
     if (!quick && !extra) {
-        static const int64_t mid[5] = {300, 600, 1000, 3500, 4600};
+        static const int64_t mid[7] = {300, 600, 1000, 1500, 2000, 3500, 4600};
         const char *names[2] = {"glm-4.7-flash", "deepseek-v3"};
         for (int m = 0; m < 2; m++)
             for (int di = 0; di < 3; di++)
-                for (int ti = 0; ti < 5; ti++) {
+                for (int ti = 0; ti < 7; ti++) {
                     const int st = (m + di + ti) % 2;
                     mlaf_verify_case c = make(mlaf_preset_find(names[m]), di, mid[ti], 4 * ti + 2 * st,
                                               seed_of(11 + m, di, mid[ti], st));

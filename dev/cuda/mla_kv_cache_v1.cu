@@ -168,7 +168,10 @@ struct kv_case {
             CK(cudaMemset(b.q, 0, nq * 2));
             CK(cudaMemset(b.kn, 0, nk * 2));
             CK(cudaMemset(b.kp, 0, np * 2));
+            const bool kf = g_kv_fast;
+            if (pass == 0) g_kv_fast = false; /* the reference: WAVE with run-time layout tests */
             split(0, 0, pass == 0 ? MLAF_ROW_WAVE : mode);
+            g_kv_fast = kf;
             CK(cudaDeviceSynchronize());
             std::vector<uint16_t> &o = pass == 0 ? ref : got;
             CK(cudaMemcpy(o.data(), b.q, nq * 2, cudaMemcpyDeviceToHost));
@@ -176,7 +179,7 @@ struct kv_case {
             CK(cudaMemcpy(o.data() + nq + nk, b.kp, np * 2, cudaMemcpyDeviceToHost));
         }
         const bool same = ref == got;
-        printf("  split_qk_norm %s (ring %d) vs WAVE, T=%lld: %s\n", mode_name(mode), g_ring, (long long)T,
+        printf("  split_qk_norm %s (ring %d, kf %d) vs WAVE, T=%lld: %s\n", mode_name(mode), g_ring, (int)g_kv_fast, (long long)T,
                same ? "bit-identical OK" : "FAIL");
         dev_failures += !same;
         return same;
@@ -454,21 +457,23 @@ static void mid(const dev_shape &s, float *dcs, const __nv_bfloat16 *dwq, const 
         kv_case k(s, 2048 + 77, dcs, dwq, dwkv);
         for (int mode : {(int)MLAF_ROW_WAVE, (int)MLAF_ROW_WAVEW, (int)MLAF_ROW_PIPE, (int)MLAF_ROW_STAGE})
             k.fused_same(mode);
+        k.split_same(MLAF_ROW_WAVE);
+        k.split_same(-1);
     }
-    printf("  %6s %8s %7s %7s %7s %7s %7s %7s %7s %7s %8s %8s\n", "T", "unfused", "split", "WAVE-s", "WAVE", "WAVEW-s",
-           "WAVEW", "PIPE", "auto-s", "auto", "auto-s/uf", "auto/uf");
+    printf("  %6s %8s %7s %7s %7s %7s %7s %7s %7s %7s %7s %8s %8s\n", "T", "unfused", "split-s", "split", "WAVE-s",
+           "WAVE", "WAVEW-s", "WAVEW", "PIPE", "auto-s", "auto", "auto-s/uf", "auto/uf");
     for (int64_t T : {512, 1024, 1536, 2048, 3072, 4096, 6144}) {
         kv_case k(s, T, dcs, dwq, dwkv);
         for (int round = 0; round < 2; round++) {
             g_kv_fast = false;
             const double uf = k.graph_unfused(), ws = k.graph_fused(MLAF_ROW_WAVE), wws = k.graph_fused(MLAF_ROW_WAVEW),
-                         aus = k.graph_fused(-1);
+                         aus = k.graph_fused(-1), sps = graph_us([&](cudaStream_t st, int i) { k.split(st, i); });
             g_kv_fast = true;
             const double wa = k.graph_fused(MLAF_ROW_WAVE), ww = k.graph_fused(MLAF_ROW_WAVEW),
                          pi = k.graph_fused(MLAF_ROW_PIPE), au = k.graph_fused(-1),
                          sp = graph_us([&](cudaStream_t st, int i) { k.split(st, i); });
-            printf("  %6lld %8.2f %7.2f %7.2f %7.2f %7.2f %7.2f %7.2f %7.2f %7.2f %7.2fx %7.2fx\n", (long long)T, uf, sp,
-                   ws, wa, wws, ww, pi, aus, au, uf / aus, uf / au);
+            printf("  %6lld %8.2f %7.2f %7.2f %7.2f %7.2f %7.2f %7.2f %7.2f %7.2f %7.2f %7.2fx %7.2fx\n", (long long)T, uf,
+                   sps, sp, ws, wa, wws, ww, pi, aus, au, uf / aus, uf / au);
         }
     }
     /* large T, timed like mlafuse bench: STAGE with the pe stage (-s) and with the register pe */
@@ -478,9 +483,12 @@ static void mid(const dev_shape &s, float *dcs, const __nv_bfloat16 *dwq, const 
         for (int round = 0; round < 2; round++) {
             g_kv_fast = false;
             const double st0 = flushed_us(fl, [&] { k.fused(0, 0, MLAF_ROW_STAGE); });
+            const double sp0 = flushed_us(fl, [&] { k.split(0, 0, -1); });
             g_kv_fast = true;
             const double st1 = flushed_us(fl, [&] { k.fused(0, 0, MLAF_ROW_STAGE); });
-            printf("  T=%lld flushed: STAGE-s %.2f us, STAGE %.2f us\n", (long long)T, st0, st1);
+            const double sp1 = flushed_us(fl, [&] { k.split(0, 0, -1); });
+            printf("  T=%lld flushed: STAGE-s %.2f us, STAGE %.2f us; split auto-s %.2f us, split auto %.2f us\n",
+                   (long long)T, st0, st1, sp0, sp1);
         }
     }
 }

@@ -44,6 +44,22 @@
  *        bf16 row is 168 vectors = 5.25 per lane and a DeepSeek-V3 row 264 = 8.25 per lane,
  *        so rows of these models need NV = 6 and NV = 9, and the register cap keeps ~25-30
  *        rows (~80-100 KB) of loads in flight per SM: 97-98% of copy at T = 131072.
+ *   KF   (the presets' bf16 / f16 rows: q, kv and pe at fixed slots of each lane) the row
+ *        layout is a template parameter, so the per-slot part tests compile away (not in
+ *        STAGE, whose 40 registers then spilled); for mla_kv_cache with interleaved RoPE and the
+ *        cache in the latent dtype, each pe lane also rotates its W / 2 adjacent pairs in
+ *        registers (cos / sin shuffled from the lanes that fetched them) and stores 16 bytes
+ *        instead of a shared-memory stage, two warp barriers and pair stores. H200, graph
+ *        replay, buffers rotated past L2: mla_kv_cache DeepSeek-V3 WAVE T = 1536 6.05 vs 7.15
+ *        us, split_qk_norm 5.80 vs 6.55; flushed T = 32768 split_qk_norm 71.0-71.2 vs 72.8-73.1,
+ *        mla_kv_cache STAGE 76.5-77.1 vs 77.3-78.2 (dev/README.md). mla_kv_cache takes PIPE's
+ *        kernel for KF rows past the BLKR shapes up to one PIPE wave (its register budget gives
+ *        a shorter schedule: DeepSeek-V3 T = 2048 6.66 vs WAVE 6.92 us).
+ *   WAVEW (mla_kv_cache rows without KF, up to 3 WAVE blocks per SM, 4 for rows of 9 vectors per
+ *        lane, weights in the latent dtype) WAVE, but each block stages the weights in shared
+ *        memory once, while its warps' rows are in flight: in a call of less than a wave every
+ *        warp otherwise meets the weights' L2 latency after its reductions (DeepSeek-V3 T =
+ *        1536, pe-stage kernels: 6.51 vs 7.14 us).
  *   STAGE (large T on sm_90: split_qk_norm from 65536 rows, mla_kv_cache from 32768, rows of
  *        6 or 9 vectors per lane) WAVE's shape, but lane 0 brings the row into the warp's
  *        shared-memory slot with one bulk copy on an mbarrier, and the lanes read their vectors
@@ -61,6 +77,9 @@
  *        position and slot loaded one row ahead, so the cos/sin fetch leaves with the row's
  *        loads): it tested whether mla_kv_cache's dependent position -> cos/sin load limits
  *        large T, and it does not (RUN 2 ties WAVE, longer runs lose; H200, dev/README.md).
+ *        And TILE (each warp streams its rows through a ring of shared-memory slots, bulk loads
+ *        and bulk stores, persistent grid): bit-identical, 67-87% of copy where STAGE gets
+ *        86-98%.
  * All offsets are 64-bit. No allocation, no host sync: graph capturable.
  */
 #pragma once
@@ -568,7 +587,7 @@ mlaf_row_fast_kernel(const mlaf_row_args a) {
              * pairs; pair i's cos / sin come from lane i's co0 / si0 (every lane shuffles, here
              * where the row's other registers are free) */
             float pco[KV ? W / 2 : 1], psi[KV ? W / 2 : 1];
-            if (KF && s == NV - 1) {
+            if (KV && KF && s == NV - 1) {
 #pragma unroll
                 for (int k = 0; k < W / 2; k++) {
                     const int i = ((W / 2) * lane + k) & 31;
@@ -1167,7 +1186,7 @@ struct mlaf_row_policy {
     bool stage = false;     /* the device is sm_90+: STAGE may be taken at large T */
     int ring = 0;           /* TILE's row slots per warp (0: MLAF_ROW_TILE_RING) */
     bool tile_lanes = false; /* TILE: lanes store the outputs instead of bulk stores */
-    bool kv_fast = true;     /* the KF kernels where mlaf_row_kvfast_ok (false: dev/ A/B) */
+    bool kv_fast = true;     /* the KF kernels where they apply (false: dev/ A/B) */
 };
 
 /* The library's policy for a call on ctx's device: auto, with STAGE allowed on sm_90 and newer
@@ -1201,10 +1220,13 @@ template <int NV> struct mlaf_row_kf_qs {
  * lane's co0 / si0 covers one), the cache in the latent dtype, and the row laid out as the
  * kernel assumes: q exactly QS slots of every lane, the pe part exactly slot NV - 1 of lanes
  * 0 .. rv - 1. */
-template <typename T, int NV, bool KV> static bool mlaf_row_kvfast_ok(const mlaf_row_args &a) {
+template <typename T, int NV> static bool mlaf_row_layout_ok(const mlaf_row_args &a) {
     constexpr int W = mlaf_vec<T>::W, QS = mlaf_row_kf_qs<NV>::value;
-    return KV && QS >= 0 && !a.neox && a.R > 0 && a.R <= 64 && a.cache_dt == mlaf_dtype_of<T>() &&
-           a.Q / W == 32 * QS && (a.Q + a.C) / W == 32 * (NV - 1) && a.R / W <= 32;
+    return QS >= 0 && a.Q / W == 32 * QS && (a.Q + a.C) / W == 32 * (NV - 1) && a.R / W <= 32;
+}
+template <typename T, int NV, bool KV> static bool mlaf_row_kvfast_ok(const mlaf_row_args &a) {
+    return KV && !a.neox && a.R > 0 && a.R <= 64 && a.cache_dt == mlaf_dtype_of<T>() &&
+           mlaf_row_layout_ok<T, NV>(a);
 }
 
 template <typename T, int NV, bool KV, int MODE, int QS = -1>
@@ -1240,6 +1262,11 @@ static cudaError_t mlaf_row_go_kf(const mlaf_row_args &a, int sms, const mlaf_ro
                                   cudaStream_t stream) {
     if constexpr (KV && mlaf_row_kf_qs<NV>::value >= 0 && !std::is_same<T, float>::value) {
         if (pol.kv_fast && mlaf_row_kvfast_ok<T, NV, KV>(a))
+            return mlaf_row_go<T, NV, KV, MODE, mlaf_row_kf_qs<NV>::value>(a, sms, pol, smem, stream);
+    }
+    /* split_qk_norm's WAVE: the layout alone (there is no pe rotation) */
+    if constexpr (!KV && MODE == MLAF_ROW_WAVE && mlaf_row_kf_qs<NV>::value >= 0 && !std::is_same<T, float>::value) {
+        if (pol.kv_fast && mlaf_row_layout_ok<T, NV>(a))
             return mlaf_row_go<T, NV, KV, MODE, mlaf_row_kf_qs<NV>::value>(a, sms, pol, smem, stream);
     }
     return mlaf_row_go<T, NV, KV, MODE>(a, sms, pol, smem, stream);
@@ -1390,6 +1417,16 @@ static cudaError_t mlaf_row_go_nv(const mlaf_row_args &a, int sms, const mlaf_ro
             if (!MLAF_ROW_DEV && mode == MLAF_ROW_BLK) mode = MLAF_ROW_BLKR;
             if (mode == MLAF_ROW_BLKR) return mlaf_row_go_blkr_g<T>(a, nn, g > 0 ? g : 256, pol, stream);
         }
+        if constexpr (mlaf_row_kf_qs<NV>::value >= 0 && !std::is_same<T, float>::value) {
+            /* KF rows past the BLKR shapes, up to one wave of PIPE blocks (each warp one row):
+             * PIPE's kernel, whose register budget (4 / 5 blocks per SM) leaves ptxas a shorter
+             * schedule than WAVE's (H200, graph replay, buffers rotated past L2: DeepSeek-V3
+             * T = 2048 6.66 vs WAVE 6.94 / WAVEW 7.28 us; GLM-4.7-Flash 1536 4.62 vs 4.90 /
+             * 4.80) */
+            const int64_t pipe_wave = (int64_t)mlaf_row_minb<NV, MLAF_ROW_PIPE>::value * MLAF_ROW_WARPS * nsm;
+            if (mode < 0 && a.T <= pipe_wave && pol.kv_fast && mlaf_row_kvfast_ok<T, NV, KV>(a))
+                mode = MLAF_ROW_PIPE;
+        }
         if constexpr (NV == 4 || NV == 6 || NV == 9) {
             /* just past one wave of WAVE blocks (up to 1.3 waves), the persistent grid with the
              * next row prefetched (PIPE) saves most of a nearly empty second wave (H200,
@@ -1409,10 +1446,10 @@ static cudaError_t mlaf_row_go_nv(const mlaf_row_args &a, int sms, const mlaf_ro
         if (mode == MLAF_ROW_STAGE) return mlaf_row_go_stage<T, NV, KV>(a, sms, pol, smem, nvec, stream);
     }
     if constexpr (KV && (NV == 6 || NV == 9 || MLAF_ROW_DEV)) {
-        /* up to 3 WAVE blocks per SM, WAVEW: the weights staged per block once instead of
-         * each warp meeting their L2 latency after its reductions (H200, graph replay,
-         * DeepSeek-V3 T = 1536: 6.67-6.74 vs 7.13-7.16 us; at 2048 = 3.9 blocks per SM it
-         * ties WAVE, at 3072 it loses) */
+        /* rows without the KF kernels, up to 3 WAVE blocks per SM (4 for rows of 9 vectors
+         * per lane): WAVEW, the weights staged per block once instead of each warp meeting
+         * their L2 latency after its reductions (H200, graph replay, DeepSeek-V3 pe-stage
+         * kernels: T = 1536 6.46-6.51 vs WAVE 7.05-7.13 us; 2048 7.47-7.51 vs 7.49-7.53) */
         const bool wok = !a.wq_f32 && !a.wkv_f32;
         if (mode < 0 && wok && a.T <= (int64_t)(NV == 9 ? 4 : 3) * MLAF_ROW_WARPS * nsm) mode = MLAF_ROW_WAVEW;
         if (mode == MLAF_ROW_WAVEW && wok)
