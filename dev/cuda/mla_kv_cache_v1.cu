@@ -365,16 +365,17 @@ static void large(const dev_shape &s, float *dcs, const __nv_bfloat16 *dwq, cons
 
 __global__ void dev_empty_kernel() {}
 
-/* Large T timed as mlafuse bench times it (L2 flushed clean before each of 30 samples, median),
- * so that the per-call intercept is the kernel's: fused and split in WAVE, STAGE and STAGE on a
- * persistent grid (12 resident blocks x SMs, each warp striding over rows), a cudaMemcpyAsync of
- * the fused op's bytes and an empty kernel, all in the same process (us, % of the 1 GiB copy). */
-static void flushed(const dev_shape &s, float *dcs, const __nv_bfloat16 *dwq, const __nv_bfloat16 *dwkv, double copy) {
+/* One table of large-T rows timed as mlafuse bench times it (L2 flushed clean before each of 30
+ * samples, median): per T, a cudaMemcpyAsync of the fused op's bytes, then the seven columns
+ * cols(k, fl, t) fills into t[1..7] (the first four the fused op, the last three split_qk_norm;
+ * us, % of the 1 GiB copy). */
+template <class F>
+static void flushed_table(const dev_shape &s, float *dcs, const __nv_bfloat16 *dwq, const __nv_bfloat16 *dwkv,
+                          double copy, const char *const names[8], F cols) {
     flusher fl;
-    const double empty = flushed_us(fl, [&] { dev_empty_kernel<<<1, 32>>>(); });
-    printf("  empty kernel %.2f us\n", empty);
-    printf("  %7s %15s %15s %15s %15s %15s %15s %15s %15s\n", "T", "memcpy", "WAVE", "STAGE", "STAGE-P", "auto",
-           "split WAVE", "split STAGE", "split STAGE-P");
+    printf("  %7s", "T");
+    for (int i = 0; i < 8; i++) printf(" %15s", names[i]);
+    printf("\n");
     for (int64_t T : {16384, 32768, 65536, 131072}) {
         kv_case k(s, T, dcs, dwq, dwkv);
         const double sb = (double)T * 4 * (s.Q + s.C + s.R);
@@ -383,13 +384,7 @@ static void flushed(const dev_shape &s, float *dcs, const __nv_bfloat16 *dwq, co
         CK(cudaMalloc(&dst, k.fused_bytes / 2 + 16));
         double t[8];
         t[0] = flushed_us(fl, [&] { CK(cudaMemcpyAsync(dst, src, k.fused_bytes / 2, cudaMemcpyDeviceToDevice)); });
-        t[1] = flushed_us(fl, [&] { k.fused(0, 0, MLAF_ROW_WAVE); });
-        t[2] = flushed_us(fl, [&] { k.fused(0, 0, MLAF_ROW_STAGE); });
-        t[3] = flushed_us(fl, [&] { k.fused(0, 0, MLAF_ROW_STAGE, 0, 0, true); });
-        t[4] = flushed_us(fl, [&] { k.fused(0, 0, -1); });
-        t[5] = flushed_us(fl, [&] { k.split(0, 0, MLAF_ROW_WAVE); });
-        t[6] = flushed_us(fl, [&] { k.split(0, 0, MLAF_ROW_STAGE); });
-        t[7] = flushed_us(fl, [&] { k.split(0, 0, MLAF_ROW_STAGE, true); });
+        cols(k, fl, t);
         CK(cudaFree(src));
         CK(cudaFree(dst));
         printf("  %7lld", (long long)T);
@@ -401,9 +396,29 @@ static void flushed(const dev_shape &s, float *dcs, const __nv_bfloat16 *dwq, co
     }
 }
 
+/* WAVE, STAGE and STAGE on a persistent grid (12 resident blocks x SMs, each warp striding over
+ * rows) for both ops, with an empty kernel timed the same way. */
+static void flushed(const dev_shape &s, float *dcs, const __nv_bfloat16 *dwq, const __nv_bfloat16 *dwkv, double copy) {
+    {
+        flusher fl;
+        printf("  empty kernel %.2f us\n", flushed_us(fl, [&] { dev_empty_kernel<<<1, 32>>>(); }));
+    }
+    const char *const names[8] = {"memcpy", "WAVE", "STAGE", "STAGE-P", "auto", "split WAVE", "split STAGE",
+                                  "split STAGE-P"};
+    flushed_table(s, dcs, dwq, dwkv, copy, names, [&](const kv_case &k, const flusher &fl, double *t) {
+        t[1] = flushed_us(fl, [&] { k.fused(0, 0, MLAF_ROW_WAVE); });
+        t[2] = flushed_us(fl, [&] { k.fused(0, 0, MLAF_ROW_STAGE); });
+        t[3] = flushed_us(fl, [&] { k.fused(0, 0, MLAF_ROW_STAGE, 0, 0, true); });
+        t[4] = flushed_us(fl, [&] { k.fused(0, 0, -1); });
+        t[5] = flushed_us(fl, [&] { k.split(0, 0, MLAF_ROW_WAVE); });
+        t[6] = flushed_us(fl, [&] { k.split(0, 0, MLAF_ROW_STAGE); });
+        t[7] = flushed_us(fl, [&] { k.split(0, 0, MLAF_ROW_STAGE, true); });
+    });
+}
+
 /* TILE (rows streamed through a ring of shared-memory slots, bulk loads and bulk stores) at
- * large T, timed as mlafuse bench times it (clean-L2 flush per sample), against STAGE / WAVE
- * and a memcpy of the same bytes; validated and checked bit-identical to WAVE first. */
+ * large T, timed as mlafuse bench times it, against auto (STAGE / WAVE); validated and checked
+ * bit-identical to WAVE first. */
 static void tile_flushed(const dev_shape &s, float *dcs, const __nv_bfloat16 *dwq, const __nv_bfloat16 *dwkv,
                          double copy) {
     for (int lanes : {0, 1}) {
@@ -413,17 +428,9 @@ static void tile_flushed(const dev_shape &s, float *dcs, const __nv_bfloat16 *dw
         k.split_same(MLAF_ROW_TILE);
     }
     g_ring = 0, g_tile_lanes = false;
-    flusher fl;
-    printf("  %7s %15s %15s %15s %15s %15s %15s %15s %15s\n", "T", "memcpy", "auto", "TILE r3", "TILE-L r2",
-           "TILE-L r3", "split auto", "split TILE r3", "split TILE-L r3");
-    for (int64_t T : {16384, 32768, 65536, 131072}) {
-        kv_case k(s, T, dcs, dwq, dwkv);
-        const double sb = (double)T * 4 * (s.Q + s.C + s.R);
-        void *src, *dst;
-        CK(cudaMalloc(&src, k.fused_bytes / 2 + 16));
-        CK(cudaMalloc(&dst, k.fused_bytes / 2 + 16));
-        double t[8];
-        t[0] = flushed_us(fl, [&] { CK(cudaMemcpyAsync(dst, src, k.fused_bytes / 2, cudaMemcpyDeviceToDevice)); });
+    const char *const names[8] = {"memcpy", "auto", "TILE r3", "TILE-L r2", "TILE-L r3", "split auto",
+                                  "split TILE r3", "split TILE-L r3"};
+    flushed_table(s, dcs, dwq, dwkv, copy, names, [&](const kv_case &k, const flusher &fl, double *t) {
         t[1] = flushed_us(fl, [&] { k.fused(0, 0, -1); });
         g_ring = 3;
         t[2] = flushed_us(fl, [&] { k.fused(0, 0, MLAF_ROW_TILE); });
@@ -438,15 +445,7 @@ static void tile_flushed(const dev_shape &s, float *dcs, const __nv_bfloat16 *dw
         g_tile_lanes = true;
         t[7] = flushed_us(fl, [&] { k.split(0, 0, MLAF_ROW_TILE); });
         g_tile_lanes = false, g_ring = 0;
-        CK(cudaFree(src));
-        CK(cudaFree(dst));
-        printf("  %7lld", (long long)T);
-        for (int j = 0; j < 8; j++) {
-            const double by = j < 5 ? (double)k.fused_bytes : sb;
-            printf(" %7.2f (%4.1f%%)", t[j], 100.0 * by / (t[j] * 1e-6) / 1e9 / copy);
-        }
-        printf("\n");
-    }
+    });
 }
 
 /* Mid T under graph replay: WAVE, WAVEW (blocks of 8 warps that stage the weights in shared
@@ -600,28 +599,12 @@ int main(int argc, char **argv) {
             CK(cudaFree(dcs)); CK(cudaFree(dwq)); CK(cudaFree(dwkv));
             continue;
         }
-        if (do_tile) {
-            tile_flushed(s, dcs, dwq, dwkv, copy);
-            CK(cudaFree(dcs)); CK(cudaFree(dwq)); CK(cudaFree(dwkv));
-            continue;
-        }
-        if (do_mid) {
-            mid(s, dcs, dwq, dwkv);
-            CK(cudaFree(dcs)); CK(cudaFree(dwq)); CK(cudaFree(dwkv));
-            continue;
-        }
-        if (do_flushed) {
-            flushed(s, dcs, dwq, dwkv, copy);
-            CK(cudaFree(dcs)); CK(cudaFree(dwq)); CK(cudaFree(dwkv));
-            continue;
-        }
-        if (do_large) {
-            large(s, dcs, dwq, dwkv, copy);
-            CK(cudaFree(dcs)); CK(cudaFree(dwq)); CK(cudaFree(dwkv));
-            continue;
-        }
-        if (do_sweep) {
-            sweep(s, dcs, dwq, dwkv);
+        if (do_tile || do_mid || do_flushed || do_large || do_sweep) { /* one study per run */
+            if (do_tile) tile_flushed(s, dcs, dwq, dwkv, copy);
+            else if (do_mid) mid(s, dcs, dwq, dwkv);
+            else if (do_flushed) flushed(s, dcs, dwq, dwkv, copy);
+            else if (do_large) large(s, dcs, dwq, dwkv, copy);
+            else sweep(s, dcs, dwq, dwkv);
             CK(cudaFree(dcs)); CK(cudaFree(dwq)); CK(cudaFree(dwkv));
             continue;
         }
