@@ -392,12 +392,6 @@ enum mlaf_row_mode {
 /* STAGE: 12 resident blocks (40 registers for the rows of 6 / 9 vectors per lane, both ops). */
 #define MLAF_ROW_STAGE_MINB 12
 
-/* WAVEW's warps per block (8 lost to 4 on the H200: load balance at one wave). */
-#define MLAF_ROW_WAVEW_WARPS 4
-template <int MODE> struct mlaf_row_nw {
-    static constexpr int value = MODE == MLAF_ROW_WAVEW ? MLAF_ROW_WAVEW_WARPS : MLAF_ROW_WARPS;
-};
-
 /* Blocks per SM the register allocation must allow (the row's own registers are 4 * NV per
  * lane, twice that in PIPE). */
 template <int NV, int MODE> struct mlaf_row_minb {
@@ -454,23 +448,22 @@ __device__ __forceinline__ void mlaf_stage_row(uint64_t *bar, const uint4 *slot,
  * the cache row stored as the latent dtype's vectors. Its own instantiation: carrying both pe
  * paths made ptxas spill the bf16 / f16 kernels (up to 64 bytes). */
 template <typename T, int NV, bool KV, int MODE, int QS = -1>
-__global__ void __launch_bounds__(mlaf_row_nw<MODE>::value * 32, mlaf_row_minb<NV, MODE>::value)
+__global__ void __launch_bounds__(MLAF_ROW_WARPS * 32, mlaf_row_minb<NV, MODE>::value)
 mlaf_row_fast_kernel(const mlaf_row_args a) {
     constexpr int W = mlaf_vec<T>::W;
     constexpr bool PIPE = MODE == MLAF_ROW_PIPE, LAT = MODE == MLAF_ROW_LAT, RUN = MODE == MLAF_ROW_RUN;
     constexpr bool STG = MODE == MLAF_ROW_STAGE;
-    constexpr int NW = mlaf_row_nw<MODE>::value; /* warps per block */
     /* WAVEW: WAVE, but the block stages the weights (as stored) in shared memory while the warps
      * first rows are in flight, so no warp meets the weights' L2 latency after its reductions */
     constexpr bool WSM = MODE == MLAF_ROW_WAVEW;
     constexpr bool KF = QS >= 0;
-    /* dynamic shared memory: STAGE's row slots [NW][a.slot bytes], then the pe
-     * stage [NW][R] floats (mla_kv_cache only) */
+    /* dynamic shared memory: STAGE's row slots [MLAF_ROW_WARPS][a.slot bytes], then the pe
+     * stage [MLAF_ROW_WARPS][R] floats (mla_kv_cache only) */
     extern __shared__ __align__(128) float mlaf_row_smem[];
-    float *const mlaf_pe_stage = mlaf_row_smem + (STG ? NW * a.slot / 4 : 0);
+    float *const mlaf_pe_stage = mlaf_row_smem + (STG ? MLAF_ROW_WARPS * a.slot / 4 : 0);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int qv = a.Q / W, cv = a.C / W, rv = a.R / W, nv = qv + cv + rv;
-    const int64_t nwarps = (int64_t)gridDim.x * NW;
+    const int64_t nwarps = (int64_t)gridDim.x * MLAF_ROW_WARPS;
 
     float wr[LAT ? NV : 1][W];
     if constexpr (LAT) {
@@ -483,18 +476,18 @@ mlaf_row_fast_kernel(const mlaf_row_args a) {
     }
     /* rows of this warp: t0, t0 + step, ... below t_end (RUN: a run of a.run rows per warp,
      * interleaved over the block's warps; else a grid stride) */
-    int64_t t0 = (int64_t)blockIdx.x * NW + warp, step = nwarps, t_end = a.T;
+    int64_t t0 = (int64_t)blockIdx.x * MLAF_ROW_WARPS + warp, step = nwarps, t_end = a.T;
     if constexpr (RUN) {
-        const int64_t b0 = (int64_t)blockIdx.x * NW * a.run;
-        t0 = b0 + warp, step = NW;
-        t_end = b0 + (int64_t)NW * a.run < a.T ? b0 + (int64_t)NW * a.run : a.T;
+        const int64_t b0 = (int64_t)blockIdx.x * MLAF_ROW_WARPS * a.run;
+        t0 = b0 + warp, step = MLAF_ROW_WARPS;
+        t_end = b0 + (int64_t)MLAF_ROW_WARPS * a.run < a.T ? b0 + (int64_t)MLAF_ROW_WARPS * a.run : a.T;
     }
     mlaf_token_idx ix = {-1, 0};
     uint4 v[STG ? 1 : NV];
     /* STAGE: this warp's row slot and its mbarrier (one bulk copy per row) */
     const uint4 *const srow = reinterpret_cast<const uint4 *>(reinterpret_cast<const unsigned char *>(mlaf_row_smem) +
                                                               (STG ? (size_t)warp * a.slot : 0));
-    __shared__ __align__(8) uint64_t mlaf_row_bar[STG ? NW : 1];
+    __shared__ __align__(8) uint64_t mlaf_row_bar[STG ? MLAF_ROW_WARPS : 1];
     if constexpr (STG) mlaf_stage_init(&mlaf_row_bar[warp], lane);
     uint32_t parity = 0;
     if constexpr (PIPE) {
@@ -507,13 +500,13 @@ mlaf_row_fast_kernel(const mlaf_row_args a) {
         if (t0 < t_end) ix = mlaf_token_load(a, t0);
     }
     /* WAVEW: the weights' vectors as stored (the latent dtype; the host checks), q then kv */
-    uint4 *const wsm = reinterpret_cast<uint4 *>(mlaf_pe_stage + (KV ? NW * a.R : 0));
+    uint4 *const wsm = reinterpret_cast<uint4 *>(mlaf_pe_stage + (KV ? MLAF_ROW_WARPS * a.R : 0));
     if constexpr (WSM) {
         if (t0 < a.T) {
             if (KV) ix = mlaf_token_load(a, t0);
             mlaf_row_load<T, NV>(a, t0, lane, nv, v);
         }
-        for (int i = threadIdx.x; i < qv + cv; i += NW * 32)
+        for (int i = threadIdx.x; i < qv + cv; i += MLAF_ROW_WARPS * 32)
             wsm[i] = __ldg(i < qv ? static_cast<const uint4 *>(a.w_q) + i : static_cast<const uint4 *>(a.w_kv) + (i - qv));
         __syncthreads();
     }
@@ -1240,8 +1233,7 @@ static cudaError_t mlaf_row_go(const mlaf_row_args &a, int sms, const mlaf_row_p
                               ((int64_t)MLAF_ROW_WARPS * pol.max_blocks);
         if (cover > ar.run) ar.run = (int32_t)cover;
     }
-    constexpr int NW = mlaf_row_nw<MODE>::value;
-    const int64_t per_block = (int64_t)NW * ar.run;
+    const int64_t per_block = (int64_t)MLAF_ROW_WARPS * ar.run;
     const int64_t need = (a.T + per_block - 1) / per_block;
     int64_t blocks = need;
     if (MODE == MLAF_ROW_PIPE || pol.persist) {
@@ -1251,7 +1243,7 @@ static cudaError_t mlaf_row_go(const mlaf_row_args &a, int sms, const mlaf_row_p
     }
     if (pol.max_blocks > 0 && blocks > pol.max_blocks) blocks = pol.max_blocks;
     if (blocks > 0x7fffffff) blocks = 0x7fffffff;
-    mlaf_row_fast_kernel<T, NV, KV, MODE, QS><<<(unsigned)blocks, NW * 32, smem, stream>>>(ar);
+    mlaf_row_fast_kernel<T, NV, KV, MODE, QS><<<(unsigned)blocks, MLAF_ROW_WARPS * 32, smem, stream>>>(ar);
     return cudaGetLastError();
 }
 
@@ -1454,7 +1446,7 @@ static cudaError_t mlaf_row_go_nv(const mlaf_row_args &a, int sms, const mlaf_ro
         if (mode < 0 && wok && a.T <= (int64_t)(NV == 9 ? 4 : 3) * MLAF_ROW_WARPS * nsm) mode = MLAF_ROW_WAVEW;
         if (mode == MLAF_ROW_WAVEW && wok)
             return mlaf_row_go_kf<T, NV, KV, MLAF_ROW_WAVEW>(
-                a, sms, pol, (size_t)MLAF_ROW_WAVEW_WARPS * a.R * sizeof(float) + (size_t)(a.Q + a.C) * sizeof(T),
+                a, sms, pol, (size_t)MLAF_ROW_WARPS * a.R * sizeof(float) + (size_t)(a.Q + a.C) * sizeof(T),
                 stream);
         if (mode == MLAF_ROW_WAVEW) mode = MLAF_ROW_WAVE;
     }
