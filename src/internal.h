@@ -150,6 +150,20 @@ extern const mlaf_backend_iface mlaf_cpu_backend;
 int mlaf_cpu_isa_supported(mlaf_cpu_isa isa); /* what this machine can run */
 int mlaf_cpu_core_count(void);
 
+/* Division by a fixed d, 1 <= d < 2^31, as one multiply and shift (the CUDA kernels' cache-slot
+ * addressing, slot / block_size): with s = ceil(log2 d) and m = ceil(2^(31+s) / d),
+ * floor(n / d) = (n * m) >> (31 + s) for every 0 <= n < 2^31. Proof: m d - 2^(31+s) = e < d <= 2^s,
+ * so n m / 2^(31+s) = n / d + n e / (d 2^(31+s)) with n e / 2^(31+s) < 1, which cannot carry
+ * past n mod d <= d - 1; and n m < 2^31 * 2^32 fits 64 bits. Returns 0 for d out of range. */
+static inline int mlaf_div_magic(int64_t d, uint64_t *mul, int32_t *shift) {
+    if (d < 1 || d >= ((int64_t)1 << 31)) return 0;
+    int s = 0;
+    while (((uint64_t)1 << s) < (uint64_t)d) s++;
+    *mul = (((uint64_t)1 << (31 + s)) + (uint64_t)d - 1) / (uint64_t)d;
+    *shift = 31 + s;
+    return 1;
+}
+
 /* CUDA backend (src/cuda/, built only when MLAF_WITH_CUDA). */
 #ifdef MLAF_WITH_CUDA
 extern const mlaf_backend_iface mlaf_cuda_backend;

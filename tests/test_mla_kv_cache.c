@@ -7,9 +7,11 @@
  * position equals bit for bit the rope_q query rotated for that position.
  * (The slot / position patterns themselves are built by mlaf_verify_mla_kv_cache.)
  */
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "internal.h"
 #include "testlib.h"
 
 static const mlaf_dtype DTYPES[3] = {MLAF_F32, MLAF_F16, MLAF_BF16};
@@ -241,4 +243,45 @@ static void suite(mlaf_context *ctx, int quick, const char *extra) {
             for (int s = 0; s < 2; s++) key_equals_query(ctx, DTYPES[di], s ? MLAF_ROPE_NEOX : MLAF_ROPE_INTERLEAVED);
 }
 
-int main(void) { return tl_run_suite("MLA_KV_CACHE", suite); }
+/* The CUDA kernels find a slot's cache block as (slot * mul) >> shift (mlaf_div_magic): equal to
+ * slot / block_size for edge and pseudo-random block sizes and slots below 2^31, and no
+ * constants for block sizes outside [1, 2^31). */
+static void slot_division(void) {
+    static const int64_t edge[] = {1,          2,          3,          5,          7,          16,
+                                   17,         63,         64,         65,         255,        256,
+                                   1000,       4095,       4096,       4097,       65535,      65537,
+                                   1000003,    715827883,  1073741823, 1073741824, 1073741825, 2147483647};
+    const int ne = (int)(sizeof edge / sizeof edge[0]);
+    uint64_t r = 0x9e3779b97f4a7c15ull, checks = 0, bad = 0, bad_d = 0, bad_n = 0;
+    for (int i = 0; i < ne + 300; i++) {
+        r = r * 6364136223846793005ull + 1442695040888963407ull;
+        const int64_t d = i < ne ? edge[i] : (int64_t)((r >> 33) % 2147483647u) + 1;
+        uint64_t mul = 0;
+        int32_t sh = 0;
+        if (!mlaf_div_magic(d, &mul, &sh)) {
+            bad++, bad_d = (uint64_t)d;
+            continue;
+        }
+        const int64_t top = 2147483647, near = top / d * d;
+        const int64_t fixed[] = {0, 1, d - 1, d, d + 1, 2 * d - 1, 2 * d, near - 1, near, top - 1, top};
+        for (int k = 0; k < 11 + 2000; k++) {
+            r = r * 6364136223846793005ull + 1442695040888963407ull;
+            const int64_t n = k < 11 ? fixed[k] : (int64_t)((r >> 33) & 0x7fffffffu);
+            if (n < 0 || n > top) continue;
+            checks++;
+            if ((((uint64_t)n * mul) >> sh) != (uint64_t)(n / d)) bad++, bad_d = (uint64_t)d, bad_n = (uint64_t)n;
+        }
+    }
+    uint64_t m2 = 0;
+    int32_t s2 = 0;
+    const int refuse = !mlaf_div_magic(0, &m2, &s2) && !mlaf_div_magic(-5, &m2, &s2) &&
+                       !mlaf_div_magic((int64_t)1 << 31, &m2, &s2);
+    tl_case(bad == 0 && refuse, "CACHE_SLOT_DIVISION(block_size=1..2^31-1,slots<2^31)",
+            "%llu of %llu checks wrong (first d=%llu n=%llu), out-of-range refused=%d", (unsigned long long)bad,
+            (unsigned long long)checks, (unsigned long long)bad_d, (unsigned long long)bad_n, refuse);
+}
+
+int main(void) {
+    slot_division();
+    return tl_run_suite("MLA_KV_CACHE", suite);
+}

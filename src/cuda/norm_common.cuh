@@ -310,7 +310,7 @@ __device__ __forceinline__ mlaf_token_info mlaf_token(const mlaf_row_args &a, in
 
 /* Element offset of the cache row of slot (0 <= slot < n_slots). A slot and block_size below
  * 2^31 (every real cache) divide by one 64-bit multiply and shift with the host's constants
- * (mlaf_row_set_div: exact for every such slot); larger ones take the 64-bit software
+ * (mlaf_div_magic: exact for every such slot); larger ones take the 64-bit software
  * division. Both give the same quotient and remainder. */
 __device__ __forceinline__ int64_t mlaf_cache_row(const mlaf_row_args &a, int64_t slot) {
     if ((((uint64_t)slot | (uint64_t)a.block_size) >> 31) == 0) {
@@ -1469,18 +1469,11 @@ static cudaError_t mlaf_row_go_nv(const mlaf_row_args &a, int sms, const mlaf_ro
     return mlaf_row_go_kf<T, NV, KV, MLAF_ROW_WAVE>(a, sms, pol, smem, stream);
 }
 
-/* The constants of mlaf_cache_row's division by d = block_size (1 <= d < 2^31): with
- * s = ceil(log2 d) and m = ceil(2^(31+s) / d), floor(n / d) = (n * m) >> (31 + s) for every
- * n < 2^31: m d - 2^(31+s) = e < d <= 2^s, so n e / 2^(31+s) < 1 and the error never carries
- * past n mod d; n * m < 2^31 * 2^32 fits 64 bits. */
+/* The constants of mlaf_cache_row's division by block_size (mlaf_div_magic, internal.h: exact
+ * for every slot below 2^31; tested in test_mla_kv_cache). */
 static inline void mlaf_row_set_div(mlaf_row_args *a) {
     a->bs_mul = 0, a->bs_shift = 0;
-    if (a->block_size < 1 || a->block_size >= ((int64_t)1 << 31)) return;
-    const uint64_t d = (uint64_t)a->block_size;
-    int sh = 0;
-    while (((uint64_t)1 << sh) < d) sh++;
-    a->bs_mul = (((uint64_t)1 << (31 + sh)) + d - 1) / d;
-    a->bs_shift = 31 + sh;
+    (void)mlaf_div_magic(a->block_size, &a->bs_mul, &a->bs_shift);
 }
 
 template <typename T, bool KV>
