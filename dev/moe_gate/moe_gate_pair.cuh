@@ -1,7 +1,7 @@
 /*
  * moe_gate_pair.cuh — v6, a prefill router kernel with two lanes per token (dev/ only: included
  * by moe_gate_bench.cu after src/cuda/moe_gate.cu; uses the solo kernel's flags, solo_sort_run
- * and solo_exact). Measured on the H200 and not shipped: see dev/moe_gate/README.md.
+ * and solo_exact_warp). Measured on the H200 and not shipped: see dev/moe_gate/README.md.
  *
  * The solo kernel gives a lane a whole token. Its rows are staged in shared memory (1 KB per
  * f32 DeepSeek-V3 token), so an SM holds six of its 32-token warps, and each lane's chain of
@@ -26,7 +26,7 @@
  * row is read from shared memory after a __syncwarp), so the even lane's candidates all have
  * the lower indices. Without groups each lane scans its own half.
  * A non-finite logit or bias in either half, or a list overflow in either lane, sends the token
- * to solo_exact, run by the pair's even lane.
+ * to solo_exact_warp (the whole warp, the pair's even lane stores).
  */
 
 constexpr int kPairWarps = 2;
@@ -460,7 +460,10 @@ moe_gate_pair_kernel(const GateArgs a) {
                 }
             }
         }
-        if (live && exact && h == 0) solo_exact<T, E, G, KMAX>(a, t);
+        for (unsigned em = __ballot_sync(kFull, live && exact && h == 0); em; em &= em - 1) {
+            const int l = __ffs(em) - 1;
+            solo_exact_warp<T, E, G, KMAX>(a, tl * 16 + (l >> 1), l);
+        }
     }
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ < 900
     cp_async_wait<0>();

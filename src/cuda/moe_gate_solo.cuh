@@ -27,8 +27,9 @@
  *   5. Insertion into a sorted top-KMAX in registers (strict >, so on equal c the earlier, lower
  *      index stays ahead: the library's order); the winners' weights are their s.
  *   6. Renormalize, scale, shared experts, stores, with the team kernel's formulas.
- * Rows with a non-finite logit or bias, and lists that overflow (heavy ties), take solo_exact:
- * the SPEC §4 policy computed from the row in global memory, out of line.
+ * Rows with a non-finite logit or bias, and lists that overflow (heavy ties), take
+ * solo_exact_warp: the SPEC §4 policy computed by the whole warp from the row in global
+ * memory, one such token after another, out of line.
  * Limits (else the caller keeps the team kernels): sigmoid, no scores output, 16-byte aligned
  * rows, the compiled shapes (E, G) with k <= KMAX and k <= 2 x kept units.
  * Performance (H200, T = 131072, dev/moe_gate): DeepSeek-V3 f32 69 us (2.1x its 34 us floor;
@@ -43,8 +44,10 @@ constexpr int kSoloWarps = 2;
 
 /* Variant flags: kSoloRecompute keeps only the logits in shared memory and recomputes s in
  * pass 2 (half the shared memory for bf16 / f16 rows, 1.5x the sigmoids); kSoloOneSeg stages a
- * row in one copy instead of two segments; kSoloUnroll2 unrolls pass 1 by two units. */
-constexpr int kSoloRecompute = 1, kSoloOneSeg = 2, kSoloUnroll2 = 4;
+ * row in one copy instead of two segments; kSoloUnroll2 unrolls pass 1 by two units;
+ * kSoloPrefetch asks L2 for the lane's row of the warp's next tile once pass 1 is done (sm_90),
+ * so that tile's staging copy finds it there. */
+constexpr int kSoloRecompute = 1, kSoloOneSeg = 2, kSoloUnroll2 = 4, kSoloPrefetch = 8;
 
 /* Shared memory of one warp: 32 rows, one per lane, each padded by 16 bytes so that the 32
  * lanes reading the same offset of their rows hit distinct banks; row r holds s (f32) with the
@@ -168,56 +171,57 @@ __device__ __forceinline__ void solo_store(const GateArgs &a, int64_t t, int E, 
     }
 }
 
-/* The SPEC §4 policy for one token, from its row in global memory: invalid experts (non-finite
- * logit or bias) rank after every valid one and weigh 0; groups without a valid expert rank
- * last; k rounds of the max key below the previous one; then the common epilogue. */
+/* The SPEC §4 policy for token t, computed by the whole warp from the row in global memory
+ * (every lane calls it, convergent; lane `owner` stores): lane l holds the E / 32 contiguous
+ * experts [l E / 32, (l + 1) E / 32), so a group is a run of lanes and team_group_kept and
+ * team_max_u64 (the team kernel's exact path) apply with one 32-lane team. Invalid experts
+ * (non-finite logit or bias) rank after every valid one and weigh 0; groups without a valid
+ * expert rank last; k rounds of the warp max of the keys below the previous one; then the
+ * common epilogue. One token costs the warp a row load and ~k + log2(G) shuffle rounds: a
+ * lane computing the policy alone over E experts (k passes over a local array) took tens of
+ * microseconds per token, and a single list overflow in a call put that on the critical path
+ * (H200, DeepSeek-V3 f32, T = 126720: 127 us instead of ~64). */
 template <typename T, int E, int G, int KMAX>
-__device__ __noinline__ void solo_exact(const GateArgs a, int64_t t) {
+__device__ __noinline__ void solo_exact_warp(const GateArgs a, int64_t t, int owner) {
+    constexpr int NPL = E / 32; /* experts per lane */
+    constexpr int P = E / G;
+    static_assert(E % 32 == 0 && (G == 1 || (P % NPL == 0 && G * (P / NPL) <= 32)), "solo exact: shape");
+    const int lane = threadIdx.x & 31, e0 = lane * NPL;
+    const T *row = static_cast<const T *>(a.logits) + t * a.logits_stride;
+    float c[NPL];
+    float lm1 = kNegInf, lm2 = kNegInf;
+#pragma unroll
+    for (int i = 0; i < NPL; i++) {
+        const float x = mlaf_ld(row + e0 + i);
+        const float b = a.bias ? a.bias[e0 + i] : 0.0f;
+        c[i] = (isfinite(x) && isfinite(b)) ? sigmoid_fast(x) + b : kNegInf;
+        lm2 = fmaxf(lm2, fminf(lm1, c[i]));
+        lm1 = fmaxf(lm1, c[i]);
+    }
+    const bool kept = team_group_kept<32>(a, lm1, lm2, G > 1 ? P / NPL : 32, lane, 0, kFull);
     int oid[KMAX];
     float ow[KMAX];
-    constexpr int P = E / G;
-    const T *row = static_cast<const T *>(a.logits) + t * a.logits_stride;
-    float cl[E];
-    for (int e = 0; e < E; e++) {
-        const float x = mlaf_ld(row + e);
-        const float b = a.bias ? a.bias[e] : 0.0f;
-        cl[e] = (isfinite(x) && isfinite(b)) ? sigmoid_fast(x) + b : kNegInf;
-    }
-    uint32_t kept = 0xffffffffu;
-    if constexpr (G > 1) {
-        uint32_t gv[G];
-        for (int g = 0; g < G; g++) {
-            float m1 = kNegInf, m2 = kNegInf;
-            for (int e = g * P; e < g * P + P; e++) {
-                m2 = fmaxf(m2, fminf(m1, cl[e]));
-                m1 = fmaxf(m1, cl[e]);
-            }
-            gv[g] = m1 == kNegInf ? 0u : ord32(((a.group_max || m2 == kNegInf) ? m1 : m1 + m2) + 0.0f);
-        }
-        kept = 0u;
-        for (int g = 0; g < G; g++) {
-            int better = 0;
-            for (int h = 0; h < G; h++) better += gv[h] > gv[g] || (gv[h] == gv[g] && h < g);
-            if (better < a.topk_group) kept |= 1u << g;
-        }
-    }
     unsigned long long prev = ~0ull;
+#pragma unroll
     for (int r = 0; r < KMAX; r++) {
         oid[r] = 0;
         ow[r] = 0.0f;
-        if (r >= a.top_k) continue;
+        if (r >= a.top_k) continue; /* warp-uniform */
         unsigned long long best = 0ull;
-        for (int e = 0; e < E; e++) {
-            if (!((kept >> (e / P)) & 1u)) continue;
-            const unsigned long long kk = team_key(cl[e], e);
-            if (kk < prev && kk > best) best = kk;
+        if (kept) {
+#pragma unroll
+            for (int i = 0; i < NPL; i++) {
+                const unsigned long long kk = team_key(c[i], e0 + i);
+                if (kk < prev && kk > best) best = kk;
+            }
         }
+        best = team_max_u64<32>(best, kFull);
         prev = best;
         const int e = (int)(0xffffffffu - (uint32_t)best);
         oid[r] = e;
         ow[r] = (uint32_t)(best >> 32) == kOrdNegInf ? 0.0f : sigmoid_fast(mlaf_ld(row + e));
     }
-    solo_store<T, KMAX>(a, t, E, oid, ow);
+    if (lane == owner) solo_store<T, KMAX>(a, t, E, oid, ow);
 }
 
 template <typename T, int E, int G, int VB, int KMAX, int F>
@@ -358,6 +362,10 @@ moe_gate_solo_kernel(const GateArgs a) {
             const float m1 = fmaxf(a1, b1), m2 = fmaxf(fminf(a1, b1), fmaxf(a2, b2));
             list[32 * u] = make_uint2(__float_as_uint(m1), __float_as_uint(m2));
         }
+        if constexpr ((F & kSoloPrefetch) != 0) {
+            const int64_t tn = (tl + tstep) * 32 + lane;
+            if (tn < a.T) mlaf_prefetch_l2(logits + tn * stride_b, (uint32_t)S::kXBytes);
+        }
         const float accs = (acc[0] + acc[1]) + (acc[2] + acc[3]);
         bool exact = all_exact || accs != accs;
 
@@ -490,8 +498,12 @@ moe_gate_solo_kernel(const GateArgs a) {
                 }
             }
         }
-        if (live && exact) solo_exact<T, E, G, KMAX>(a, t);
-        else if (live) solo_store<T, KMAX>(a, t, E, tid, tw);
+        if (live && !exact) solo_store<T, KMAX>(a, t, E, tid, tw);
+        /* the tile's exact tokens, one at a time by the whole warp */
+        for (unsigned em = __ballot_sync(kFull, live && exact); em; em &= em - 1) {
+            const int l = __ffs(em) - 1;
+            solo_exact_warp<T, E, G, KMAX>(a, tl * 32 + l, l);
+        }
     }
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ < 900
     cp_async_wait<0>(); /* no copy outlives the block */
