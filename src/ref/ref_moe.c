@@ -284,6 +284,28 @@ static const char *check_ids(const mlaf_moe_gate_job *job, const ref_token *r,
     return why;
 }
 
+const char *mlaf_ref_moe_gate_check_token(const mlaf_moe_gate_job *job, int64_t t,
+                                          const int32_t *got, char *why, size_t cap) {
+    if (job->E > REF_MAX_E || job->n_group > REF_MAX_G || job->top_k > 64) {
+        snprintf(why, cap, "shape beyond the oracle (E = %d, groups = %d, top_k = %d)",
+                 (int)job->E, (int)job->n_group, (int)job->top_k);
+        return why;
+    }
+    ref_token *r = (ref_token *)malloc(sizeof *r);
+    if (!r) {
+        snprintf(why, cap, "out of host memory");
+        return why;
+    }
+    ref_token_run(job, t, r);
+    /* check_ids also checks the shared ids: give it the routed ids and the shared ones */
+    int32_t ids[64 + 64];
+    for (int32_t j = 0; j < job->top_k; j++) ids[j] = got[j];
+    for (int32_t j = 0; j < job->n_shared && job->top_k + j < 128; j++) ids[job->top_k + j] = job->E + j;
+    const char *bad = check_ids(job, r, ids, why, cap);
+    free(r);
+    return bad;
+}
+
 static size_t elem_bytes(mlaf_dtype dt) { return mlaf_dtype_size(dt); }
 
 /* 1 if every byte of [p, p + n) is 0xFF (the poison). */

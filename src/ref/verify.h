@@ -130,6 +130,11 @@ void mlaf_ref_rope_q(const mlaf_rope_q_job *job, double *q_out, int8_t *status);
  * scores [T,E] (may be NULL). */
 void mlaf_ref_moe_gate(const mlaf_moe_gate_job *job, double *weights, int32_t *ids, double *sel,
                        double *scores);
+/* SPEC §7 for one token t of a job whose logits and bias are in host memory: NULL when the
+ * routed ids got[0, top_k) are acceptable (the oracle's, or within its near-ties of c and of
+ * group scores), else why not (written to why). */
+const char *mlaf_ref_moe_gate_check_token(const mlaf_moe_gate_job *job, int64_t t,
+                                          const int32_t *got, char *why, size_t cap);
 
 #ifdef __cplusplus
 }
