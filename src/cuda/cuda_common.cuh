@@ -91,6 +91,13 @@ __device__ __forceinline__ void mlaf_bulk_load(uint32_t dst, const void *src, ui
     mlaf_bar_expect(bar, bytes);
     if (bytes) mlaf_bulk_copy(dst, src, bytes, bar);
 }
+/* Asks L2 to fetch bytes (a multiple of 16, 16-byte aligned) of global memory; no completion
+ * to wait for. sm_90; a no-op elsewhere. */
+__device__ __forceinline__ void mlaf_prefetch_l2(const void *src, uint32_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(bytes) : "memory");
+#endif
+}
 /* Returns once the phase `parity` of bar has completed. */
 __device__ __forceinline__ void mlaf_bar_wait(uint32_t bar, uint32_t parity) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
