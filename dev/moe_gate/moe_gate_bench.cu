@@ -93,15 +93,14 @@ template <typename T> static std::vector<Variant> variants(const Router &r, cons
                          launch_team<T, N, L, false, AH, MB>(a, unit, g_sm, s);                   \
                      }});
 #define V4(E_, G_, VB_, KM_, F_)                                                                  \
-    if (solo_fits<T>(a0, E_, G_, VB_, KM_, F_))                                                  \
+    if (solo_fits<T>(a0, E_, G_, VB_, KM_))                                                      \
         v.push_back({"v4 solo E=" #E_ " VB=" #VB_ " F=" #F_, [](const GateArgs &a, cudaStream_t s) { \
                          launch_solo<T, E_, G_, VB_, KM_, F_>(a, g_sm, s);                       \
                      }});
     /* F: 1 recompute s in pass 2, 2 one staging copy per row, 4 pass 1 unrolled by two units,
-     * 8 the next tile's rows prefetched into L2 after pass 1, 16 the next tile's first half of
-     * the groups staged into the slots of this tile's dropped groups */
-    V4(256, 8, 16, 8, 0) V4(256, 8, 16, 8, 4) V4(256, 8, 16, 8, 6) V4(256, 8, 16, 8, 14) V4(256, 8, 16, 8, 20)
-    if (sizeof(T) == 2) { V4(256, 8, 16, 8, 1) V4(256, 8, 16, 8, 5) V4(256, 8, 16, 8, 7) V4(256, 8, 16, 8, 13) V4(256, 8, 16, 8, 21) }
+     * 8 the next tile's rows prefetched into L2 after pass 1 */
+    V4(256, 8, 16, 8, 0) V4(256, 8, 16, 8, 4) V4(256, 8, 16, 8, 6) V4(256, 8, 16, 8, 14)
+    if (sizeof(T) == 2) { V4(256, 8, 16, 8, 1) V4(256, 8, 16, 8, 5) V4(256, 8, 16, 8, 7) V4(256, 8, 16, 8, 13) }
     V4(64, 1, 8, 4, 0) V4(64, 1, 8, 4, 4) V4(64, 1, 8, 4, 6) V4(64, 1, 8, 4, 14) V4(64, 1, 16, 4, 0)
     if (sizeof(T) == 2) { V4(64, 1, 8, 4, 1) }
 #define V6(E_, G_, VB_, KM_, F_)                                                                  \

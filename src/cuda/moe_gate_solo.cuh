@@ -46,13 +46,8 @@ constexpr int kSoloWarps = 2;
  * pass 2 (half the shared memory for bf16 / f16 rows, 1.5x the sigmoids); kSoloOneSeg stages a
  * row in one copy instead of two segments; kSoloUnroll2 unrolls pass 1 by two units;
  * kSoloPrefetch asks L2 for the lane's row of the warp's next tile once pass 1 is done (sm_90),
- * so that tile's staging copy finds it there; kSoloSwap (sm_90, G > 1, calls that keep at most
- * G / 2 groups) stages the first G / 2 groups of the next tile's row into the slots of the
- * groups this token dropped as soon as they are known, so that copy overlaps the rest of this
- * tile; the other G / 2 groups land in the remaining slots at the next tile's start (a group's
- * slot is a per-lane map, 4 bits per group). */
-constexpr int kSoloRecompute = 1, kSoloOneSeg = 2, kSoloUnroll2 = 4, kSoloPrefetch = 8,
-              kSoloSwap = 16;
+ * so that tile's staging copy finds it there. */
+constexpr int kSoloRecompute = 1, kSoloOneSeg = 2, kSoloUnroll2 = 4, kSoloPrefetch = 8;
 
 /* Shared memory of one warp: 32 rows, one per lane, each padded by 16 bytes so that the 32
  * lanes reading the same offset of their rows hit distinct banks; row r holds s (f32) with the
@@ -237,14 +232,6 @@ moe_gate_solo_kernel(const GateArgs a) {
     constexpr bool RC = S::RC;
     constexpr int NCH = VB / EPC;               /* logits chunks per unit */
     constexpr int SEGB = S::kXBytes / NS;       /* bytes per row segment */
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    /* two halves of whole groups, logits and s at the same offsets (f32 rows, or s not kept) */
-    constexpr bool SW = (F & kSoloSwap) != 0 && G > 1 && G <= 8 && NS == 2 && (RC || sizeof(T) == 4);
-#else
-    constexpr bool SW = false;
-#endif
-    constexpr int XG = P * (int)sizeof(T);      /* logits bytes of a group (a slot) */
-    constexpr uint32_t kIdMap = 0x76543210u;    /* group g in slot g */
     extern __shared__ __align__(16) unsigned char ssmem[];
     float *bsm = reinterpret_cast<float *>(ssmem);
     const int lane = threadIdx.x & 31;
@@ -272,33 +259,14 @@ moe_gate_solo_kernel(const GateArgs a) {
     const int64_t ntiles = (a.T + 31) / 32;
     const int64_t tstep = (int64_t)gridDim.x * kSoloWarps;
     uint32_t parity = 0;
-    uint32_t smap = kIdMap; /* kSoloSwap: this tile's slot of group g, bits [4 g, 4 g + 4) */
-    bool first = true;
     for (int64_t tl = (int64_t)blockIdx.x * kSoloWarps + wib; tl < ntiles; tl += tstep, parity ^= 1u) {
         const int64_t t = tl * 32 + lane;
         const bool live = t < a.T;
-        const uint32_t map = SW ? smap : kIdMap;
-        /* byte offsets of group g's logits and of its s (f32) within the row */
-        auto xoff = [&](int g) { return SW ? (int)((map >> (4 * g)) & 15u) * XG : g * XG; };
-        auto soff = [&](int g) { return SW ? (int)((map >> (4 * g)) & 15u) * (P * 4) : g * (P * 4); };
         /* 0. staging, NS segments so pass 1 starts before the whole row has landed */
         __syncwarp(); /* every lane is done with the previous tile's list */
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
         mlaf_fence_async();
-        if constexpr (SW) {
-            /* the first half of the groups is in flight since the previous tile (but on a
-             * warp's first tile); the second half goes to the slots the map gives it */
-            const unsigned char *src = logits + (live ? t : 0) * stride_b;
-            const uint32_t dst = (uint32_t)__cvta_generic_to_shared(xrow);
-#pragma unroll
-            for (int h = first ? 0 : 1; h < 2; h++) {
-                mlaf_bar_expect(bar0 + 8 * h, live ? SEGB : 0u);
-                if (live)
-#pragma unroll
-                    for (int g = h * (G / 2); g < (h + 1) * (G / 2); g++)
-                        mlaf_bulk_copy(dst + xoff(g), src + g * XG, XG, bar0 + 8 * h);
-            }
-        } else {
+        {
             const unsigned char *src = logits + (live ? t : 0) * stride_b;
             const uint32_t dst = (uint32_t)__cvta_generic_to_shared(xrow);
 #pragma unroll
@@ -342,7 +310,7 @@ moe_gate_solo_kernel(const GateArgs a) {
         uint4 xn[NCH];
         seg_ready(0);
 #pragma unroll
-        for (int j = 0; j < NCH; j++) xn[j] = *reinterpret_cast<const uint4 *>(xrow + xoff(0) + j * 16);
+        for (int j = 0; j < NCH; j++) xn[j] = *reinterpret_cast<const uint4 *>(xrow + j * 16);
 #pragma unroll((F & kSoloUnroll2) ? 2 : 1)
         for (int u = 0; u < U; u++) {
             uint4 xr[NCH];
@@ -355,10 +323,9 @@ moe_gate_solo_kernel(const GateArgs a) {
             for (int q = 0; q < VB / 4; q++) br[q] = *reinterpret_cast<const float4 *>(bu + 4 * q);
             if (u + 1 < U) {
                 if (NS > 1 && u + 1 == U / NS) seg_ready(1);
-                const int gn = ((u + 1) * VB) / P;
-                const unsigned char *xu = xrow + xoff(gn) + ((u + 1) * VB - gn * P) * (int)sizeof(T);
 #pragma unroll
-                for (int j = 0; j < NCH; j++) xn[j] = *reinterpret_cast<const uint4 *>(xu + j * 16);
+                for (int j = 0; j < NCH; j++)
+                    xn[j] = *reinterpret_cast<const uint4 *>(xrow + ((u + 1) * NCH + j) * 16);
             }
             float a1 = kNegInf, a2 = kNegInf, b1 = kNegInf, b2 = kNegInf;
 #pragma unroll
@@ -375,7 +342,7 @@ moe_gate_solo_kernel(const GateArgs a) {
 #pragma unroll
                 for (int q = 0; q < EPC / 4; q++) {
                     if constexpr (!RC)
-                        *reinterpret_cast<float4 *>(srow + soff(g) + (c * EPC + 4 * q - g * P) * 4) =
+                        *reinterpret_cast<float4 *>(srow + (c * EPC + 4 * q) * 4) =
                             make_float4(sv[4 * q], sv[4 * q + 1], sv[4 * q + 2], sv[4 * q + 3]);
                     const float4 b4 = br[(j * EPC) / 4 + q];
                     const float cc[4] = {sv[4 * q] + b4.x, sv[4 * q + 1] + b4.y,
@@ -402,41 +369,8 @@ moe_gate_solo_kernel(const GateArgs a) {
         const float accs = (acc[0] + acc[1]) + (acc[2] + acc[3]);
         bool exact = all_exact || accs != accs;
 
-        /* kSoloSwap: the next tile's first G / 2 groups into slots this tile no longer needs
-         * (those of the groups not in keptm, in slot order); the map for the next tile */
-        auto stage_next = [&](uint32_t keptm) {
-            if constexpr (SW) {
-                uint32_t busy = 0u; /* slots of kept groups */
-#pragma unroll
-                for (int g = 0; g < G; g++)
-                    if ((keptm >> g) & 1u) busy |= 1u << ((map >> (4 * g)) & 15u);
-                uint32_t next = 0u;
-                int ne = 0, nl = G / 2;
-#pragma unroll
-                for (int sl = 0; sl < G; sl++) {
-                    const bool early = !((busy >> sl) & 1u) && ne < G / 2;
-                    const int g = early ? ne : nl;
-                    next |= (uint32_t)sl << (4 * g);
-                    ne += early;
-                    nl += !early;
-                }
-                const int64_t tn = (tl + tstep) * 32 + lane;
-                const bool livn = tn < a.T;
-                const unsigned char *src = logits + (livn ? tn : 0) * stride_b;
-                const uint32_t dst = (uint32_t)__cvta_generic_to_shared(xrow);
-                mlaf_fence_async(); /* s written over those slots in pass 1, before the copies */
-                mlaf_bar_expect(bar0, livn ? SEGB : 0u);
-                if (livn)
-#pragma unroll
-                    for (int g = 0; g < G / 2; g++)
-                        mlaf_bulk_copy(dst + ((next >> (4 * g)) & 15u) * XG, src + g * XG, XG, bar0);
-                smap = next;
-            }
-        };
-
         int tid[KMAX];
         float tw[KMAX];
-        if (!(live && !exact)) stage_next((1u << (G / 2)) - 1u); /* every slot is free */
         if (live && !exact) {
             /* 2. groups; 3. threshold */
             float tv[2 * U];
@@ -472,7 +406,6 @@ moe_gate_solo_kernel(const GateArgs a) {
                 for (int u = 0; u < U; u++)
                     if (!((kept >> (u / S::UG)) & 1u)) tv[2 * u] = tv[2 * u + 1] = kNegInf;
             }
-            stage_next(kept);
             const float tau = solo_kth<2 * U, KMAX>(tv, K);
 
             /* 4. pass 2: candidates of kept groups, ascending expert index. Entries past the
@@ -509,7 +442,7 @@ moe_gate_solo_kernel(const GateArgs a) {
                         uint4 xr[NB * 4 / EPC];
 #pragma unroll
                         for (int j = 0; j < NB * 4 / EPC; j++)
-                            xr[j] = *reinterpret_cast<const uint4 *>(xrow + xoff(g) + 4 * j0 * (int)sizeof(T) + j * 16);
+                            xr[j] = *reinterpret_cast<const uint4 *>(xrow + (g * P + 4 * j0) * (int)sizeof(T) + j * 16);
                         const T *el = reinterpret_cast<const T *>(xr);
 #pragma unroll
                         for (int j = 0; j < NB; j++) {
@@ -522,7 +455,7 @@ moe_gate_solo_kernel(const GateArgs a) {
                         float4 sr[NB];
 #pragma unroll
                         for (int j = 0; j < NB; j++)
-                            sr[j] = *reinterpret_cast<const float4 *>(srow + soff(g) + 4 * (j0 + j) * 4);
+                            sr[j] = *reinterpret_cast<const float4 *>(srow + (g * P + 4 * (j0 + j)) * 4);
 #pragma unroll
                         for (int j = 0; j < NB; j++) {
                             const float sq[4] = {sr[j].x, sr[j].y, sr[j].z, sr[j].w};
@@ -559,14 +492,12 @@ moe_gate_solo_kernel(const GateArgs a) {
                 for (int i = 0; i < KMAX; i++) {
                     const int e = tid[i];
                     if constexpr (RC)
-                        tw[i] = sigmoid_fast(mlaf_elem<T>::load(
-                            *reinterpret_cast<const T *>(xrow + xoff(e / P) + (e % P) * (int)sizeof(T))));
+                        tw[i] = sigmoid_fast(mlaf_elem<T>::load(*reinterpret_cast<const T *>(xrow + e * (int)sizeof(T))));
                     else
-                        tw[i] = *reinterpret_cast<const float *>(srow + soff(e / P) + (e % P) * 4);
+                        tw[i] = *reinterpret_cast<const float *>(srow + e * 4);
                 }
             }
         }
-        first = false;
         if (live && !exact) solo_store<T, KMAX>(a, t, E, tid, tw);
         /* the tile's exact tokens, one at a time by the whole warp */
         for (unsigned em = __ballot_sync(kFull, live && exact); em; em &= em - 1) {
@@ -609,11 +540,10 @@ void launch_solo(const GateArgs &a, int sm_count, cudaStream_t stream) {
     moe_gate_solo_kernel<T, E, G, VB, KMAX, F><<<blocks, kSoloWarps * 32, S::kSmemBytes, stream>>>(a);
 }
 
-/* Whether the solo kernel (E, G experts / groups, units of VB, KMAX, variant F) can run call a. */
+/* Whether the solo kernel (E, G experts / groups, units of VB, KMAX) can run call a. */
 template <typename T>
-inline bool solo_fits(const GateArgs &a, int E, int G, int VB, int KMAX, int F = 0) {
+inline bool solo_fits(const GateArgs &a, int E, int G, int VB, int KMAX) {
     if (a.E != E || a.n_group != G || a.softmax || a.scores || a.top_k > KMAX) return false;
-    if ((F & kSoloSwap) && G > 1 && 2 * a.topk_group > G) return false; /* free slots for half a row */
     const int units_kept = G > 1 ? a.topk_group * (E / G / VB) : E / VB;
     if (a.top_k > 2 * units_kept) return false;
     return fast_copy_unit<T>(a) == 16;
@@ -626,7 +556,7 @@ bool try_solo(const GateArgs &a, int sm_count, cudaStream_t stream) {
      * 2-byte logits recomputes s in pass 2 (twice the resident warps: 76 -> 65 us). */
     constexpr int kHalf = sizeof(T) == 2 ? kSoloRecompute : 0;
 #define MLAF_SOLO(E_, G_, VB_, KM_, F_)                                                           \
-    if (solo_fits<T>(a, E_, G_, VB_, KM_, F_)) {                                                 \
+    if (solo_fits<T>(a, E_, G_, VB_, KM_)) {                                                     \
         launch_solo<T, E_, G_, VB_, KM_, F_>(a, sm_count, stream);                               \
         return true;                                                                              \
     }
