@@ -98,12 +98,11 @@ template <typename T> static std::vector<Variant> variants(const Router &r, cons
                          launch_solo<T, E_, G_, VB_, KM_, F_>(a, g_sm, s);                       \
                      }});
     /* F: 1 recompute s in pass 2, 2 one staging copy per row, 4 pass 1 unrolled by two units,
-     * 8 the next tile's rows prefetched into L2 after pass 1, 16 two row buffers per warp (the
-     * next tile staged while this one runs) */
-    V4(256, 8, 16, 8, 0) V4(256, 8, 16, 8, 4) V4(256, 8, 16, 8, 6) V4(256, 8, 16, 8, 14) V4(256, 8, 16, 8, 22)
-    if (sizeof(T) == 2) { V4(256, 8, 16, 8, 1) V4(256, 8, 16, 8, 5) V4(256, 8, 16, 8, 7) V4(256, 8, 16, 8, 13) V4(256, 8, 16, 8, 21) V4(256, 8, 16, 8, 23) }
-    V4(64, 1, 8, 4, 0) V4(64, 1, 8, 4, 4) V4(64, 1, 8, 4, 6) V4(64, 1, 8, 4, 14) V4(64, 1, 8, 4, 22) V4(64, 1, 16, 4, 0)
-    if (sizeof(T) == 2) { V4(64, 1, 8, 4, 1) V4(64, 1, 8, 4, 23) }
+     * 8 the next tile's rows prefetched into L2 after pass 1 */
+    V4(256, 8, 16, 8, 0) V4(256, 8, 16, 8, 4) V4(256, 8, 16, 8, 6) V4(256, 8, 16, 8, 14)
+    if (sizeof(T) == 2) { V4(256, 8, 16, 8, 1) V4(256, 8, 16, 8, 5) V4(256, 8, 16, 8, 7) V4(256, 8, 16, 8, 13) }
+    V4(64, 1, 8, 4, 0) V4(64, 1, 8, 4, 4) V4(64, 1, 8, 4, 6) V4(64, 1, 8, 4, 14) V4(64, 1, 16, 4, 0)
+    if (sizeof(T) == 2) { V4(64, 1, 8, 4, 1) }
 #define V6(E_, G_, VB_, KM_, F_)                                                                  \
     if (solo_fits<T>(a0, E_, G_, VB_, KM_))                                                      \
         v.push_back({"v6 pair E=" #E_ " VB=" #VB_ " F=" #F_, [](const GateArgs &a, cudaStream_t s) { \

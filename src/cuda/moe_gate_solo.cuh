@@ -46,11 +46,8 @@ constexpr int kSoloWarps = 2;
  * pass 2 (half the shared memory for bf16 / f16 rows, 1.5x the sigmoids); kSoloOneSeg stages a
  * row in one copy instead of two segments; kSoloUnroll2 unrolls pass 1 by two units;
  * kSoloPrefetch asks L2 for the lane's row of the warp's next tile once pass 1 is done (sm_90),
- * so that tile's staging copy finds it there; kSoloDouble (sm_90) gives each warp two row
- * buffers and stages its next tile into the other one before it computes this one (twice the
- * shared memory per warp). */
-constexpr int kSoloRecompute = 1, kSoloOneSeg = 2, kSoloUnroll2 = 4, kSoloPrefetch = 8,
-              kSoloDouble = 16;
+ * so that tile's staging copy finds it there. */
+constexpr int kSoloRecompute = 1, kSoloOneSeg = 2, kSoloUnroll2 = 4, kSoloPrefetch = 8;
 
 /* Shared memory of one warp: 32 rows, one per lane, each padded by 16 bytes so that the 32
  * lanes reading the same offset of their rows hit distinct banks; row r holds s (f32) with the
@@ -69,10 +66,8 @@ template <typename T, int E, int G, int VB, int F = 0> struct SoloShape {
     /* staging segments */
     static constexpr int NS = (F & kSoloOneSeg) == 0 && U % 2 == 0 && XC % 2 == 0 ? 2 : 1;
     static constexpr int kCap = U < 8 ? 8 : U;            /* list entries per token (>= tops) */
-    static constexpr int NB = (F & kSoloDouble) ? 2 : 1;  /* row buffers per warp */
-    static constexpr int kBufBytes = 32 * kRowBytes;
-    static constexpr int kBarOff = NB * kBufBytes;
-    static constexpr int kListOff = kBarOff + 16 * NB;
+    static constexpr int kBarOff = 32 * kRowBytes;
+    static constexpr int kListOff = kBarOff + 16;
     static constexpr int kWarpBytes = kListOff + kCap * 8 * 32;
     static constexpr int kBiasStride = P + 4;             /* floats per group */
     static constexpr int kBiasBytes = (G * kBiasStride * 4 + 15) / 16 * 16;
@@ -242,7 +237,8 @@ moe_gate_solo_kernel(const GateArgs a) {
     const int lane = threadIdx.x & 31;
     const int wib = threadIdx.x >> 5;
     unsigned char *wbase = ssmem + S::kBiasBytes + wib * S::kWarpBytes;
-    unsigned char *const srow0 = wbase + lane * S::kRowBytes; /* this lane's row (buffer 0) */
+    unsigned char *srow = wbase + lane * S::kRowBytes; /* this lane's row */
+    const unsigned char *xrow = srow + S::kXOff;
     uint2 *list = reinterpret_cast<uint2 *>(wbase + S::kListOff) + lane; /* entry j: list[32 j] */
     const uint32_t bar0 = (uint32_t)__cvta_generic_to_shared(wbase + S::kBarOff);
 
@@ -254,50 +250,28 @@ moe_gate_solo_kernel(const GateArgs a) {
         bias_bad |= !isfinite(b);
     }
     if (lane == 0)
-        for (int b = 0; b < S::NB; b++)
-            for (int sg = 0; sg < NS; sg++) mlaf_bar_init(bar0 + 16 * b + 8 * sg, 32);
+        for (int sg = 0; sg < NS; sg++) mlaf_bar_init(bar0 + 8 * sg, 32);
     const bool all_exact = __syncthreads_or(bias_bad) != 0;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    constexpr bool DB = S::NB == 2;
-#else
-    constexpr bool DB = false; /* cp.async staging: one buffer */
-#endif
 
     const unsigned char *logits = static_cast<const unsigned char *>(a.logits);
     const int64_t stride_b = a.logits_stride * (int64_t)sizeof(T);
     const int K = a.top_k;
     const int64_t ntiles = (a.T + 31) / 32;
     const int64_t tstep = (int64_t)gridDim.x * kSoloWarps;
-    /* sm_90: tile tl_'s rows into buffer b, NS segments so pass 1 starts before the whole row
-     * has landed; a lane past T arrives with no bytes */
-    auto stage = [&](int64_t tl_, int b) {
-        const int64_t t_ = tl_ * 32 + lane;
-        const bool live_ = t_ < a.T;
-        const unsigned char *src = logits + (live_ ? t_ : 0) * stride_b;
-        const uint32_t dst = (uint32_t)__cvta_generic_to_shared(srow0 + b * S::kBufBytes + S::kXOff);
-#pragma unroll
-        for (int sg = 0; sg < NS; sg++)
-            mlaf_bulk_load(dst + sg * SEGB, src + sg * SEGB, live_ ? SEGB : 0u, bar0 + 16 * b + 8 * sg);
-    };
-    const int64_t tl0 = (int64_t)blockIdx.x * kSoloWarps + wib;
-    if (DB && tl0 < ntiles) stage(tl0, 0);
-    uint32_t it = 0;
-    for (int64_t tl = tl0; tl < ntiles; tl += tstep, it++) {
+    uint32_t parity = 0;
+    for (int64_t tl = (int64_t)blockIdx.x * kSoloWarps + wib; tl < ntiles; tl += tstep, parity ^= 1u) {
         const int64_t t = tl * 32 + lane;
         const bool live = t < a.T;
-        const int buf = DB ? (int)(it & 1u) : 0;
-        const uint32_t parity = DB ? (it >> 1) & 1u : it & 1u; /* this buffer's phase */
-        unsigned char *srow = srow0 + buf * S::kBufBytes;
-        const unsigned char *xrow = srow + S::kXOff;
-        const uint32_t barb = bar0 + 16 * buf;
-        /* 0. staging */
-        __syncwarp(); /* every lane is done with the previous tile's list and rows */
+        /* 0. staging, NS segments so pass 1 starts before the whole row has landed */
+        __syncwarp(); /* every lane is done with the previous tile's list */
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
         mlaf_fence_async();
-        if (DB) {
-            if (tl + tstep < ntiles) stage(tl + tstep, buf ^ 1); /* the next tile, while this one runs */
-        } else {
-            stage(tl, 0);
+        {
+            const unsigned char *src = logits + (live ? t : 0) * stride_b;
+            const uint32_t dst = (uint32_t)__cvta_generic_to_shared(xrow);
+#pragma unroll
+            for (int sg = 0; sg < NS; sg++) /* a lane past T arrives with no bytes */
+                mlaf_bulk_load(dst + sg * SEGB, src + sg * SEGB, live ? SEGB : 0u, bar0 + 8 * sg);
         }
 #else
         {
@@ -322,7 +296,7 @@ moe_gate_solo_kernel(const GateArgs a) {
         /* segment sg of every row of the tile has landed */
         auto seg_ready = [&](int sg) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-            mlaf_bar_wait(barb + 8 * sg, parity);
+            mlaf_bar_wait(bar0 + 8 * sg, parity);
 #else
             if (NS - 1 - sg >= 1) cp_async_wait<1>();
             else cp_async_wait<0>();
