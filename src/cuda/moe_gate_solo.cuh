@@ -560,11 +560,10 @@ bool try_solo(const GateArgs &a, int sm_count, cudaStream_t stream) {
         launch_solo<T, E_, G_, VB_, KM_, F_>(a, sm_count, stream);                               \
         return true;                                                                              \
     }
-    /* DeepSeek-V3 / R1: f32 rows with one copy each (T = 131072, dev/moe_gate: 69.1 / 69.2 vs
-     * 73.0 / 72.7 us in one call, 69.3 vs 73.3 and 74.5 vs 73.3 in two others); 2-byte rows keep
-     * two segments (63.4 / 63.2 vs 63.0 / 63.2) */
-    constexpr int kSeg = sizeof(T) == 4 ? kSoloOneSeg : 0;
-    MLAF_SOLO(256, 8, 16, 8, kSoloUnroll2 | kHalf | kSeg)
+    /* DeepSeek-V3 / R1: rows with one copy each (T = 131072, dev/moe_gate: f32 69.1 / 69.2 vs
+     * 73.0 / 72.7 us in one call, 69.3 vs 73.3 and 74.5 vs 73.3 in two others; bf16, with the
+     * warp-wide exact path, 62.4 / 63.0 / 62.2 vs 64.9 / 64.5 / 64.4 in three calls) */
+    MLAF_SOLO(256, 8, 16, 8, kSoloUnroll2 | kHalf | kSoloOneSeg)
     /* GLM-4.7-Flash: one copy per row, not two (T = 131072, dev/moe_gate same call: f32 23.0 vs
      * 24.4 us, bf16 21.9 vs 23.2; mlafuse bench 21.6 / 19.7 after, 22.1 / 21.1 before) */
     MLAF_SOLO(64, 1, 8, 4, kSoloUnroll2 | kSoloOneSeg)
