@@ -559,9 +559,43 @@ static void test_isas(mlaf_context *ctx) {
     mlaf_context_set_cpu_isa(ctx, MLAF_CPU_ISA_AUTO);
 }
 
+/* ---- the per-token check mlafuse bench uses (mlaf_ref_moe_gate_check_token) ------------ *
+ * One token, 4 groups of 2 experts, one group kept, top_k = 2: groups 1 and 2 have scores
+ * within a near-tie (SPEC 7), so either group's pair is right, in c order; anything else is not.
+ * With the tie broken, only the oracle's group is. Host only (the oracle). */
+static void test_oracle_check(void) {
+    const double s23 = 1.0 / (1.0 + exp(-1.0)) + 1.0 / (1.0 + exp(-0.5));
+    const double s4 = 1.0 / (1.0 + exp(-0.9));
+    float x[8] = {-3.0f, -4.0f, 1.0f, 0.5f, 0.9f, 0.0f, -5.0f, -5.0f};
+    x[5] = (float)-log(1.0 / (s23 - s4) - 1.0); /* sigma(x5) = the rest of group 1's score */
+    mlaf_moe_gate_job j;
+    memset(&j, 0, sizeof j);
+    j.T = 1, j.E = 8, j.top_k = 2, j.n_group = 4, j.topk_group = 1, j.n_shared = 0, j.K = 2;
+    j.score_func = MLAF_SCORE_SIGMOID, j.group_score = MLAF_GROUP_TOP2_SUM;
+    j.logits = x, j.logits_dt = MLAF_F32, j.logits_stride = 8;
+    static const struct {
+        int32_t ids[2];
+        int ok;
+    } tied[] = {{{2, 3}, 1}, {{4, 5}, 1}, {{3, 2}, 0}, {{2, 4}, 0}, {{6, 7}, 0}, {{2, 2}, 0}};
+    char why[200], name[128];
+    for (size_t i = 0; i < sizeof tied / sizeof tied[0]; i++) {
+        const char *bad = mlaf_ref_moe_gate_check_token(&j, 0, tied[i].ids, why, sizeof why);
+        snprintf(name, sizeof name, "MOE_GATE(oracle check,group near-tie,ids=%d %d)", (int)tied[i].ids[0],
+                 (int)tied[i].ids[1]);
+        tl_case((bad == NULL) == tied[i].ok, name, "%s", bad ? bad : "accepted");
+    }
+    x[5] -= 0.01f; /* group 2 now clearly below group 1 */
+    const int32_t g1[2] = {2, 3}, g2[2] = {4, 5};
+    tl_case(mlaf_ref_moe_gate_check_token(&j, 0, g1, why, sizeof why) == NULL,
+            "MOE_GATE(oracle check,tie broken,the oracle's group)", "%s", why);
+    tl_case(mlaf_ref_moe_gate_check_token(&j, 0, g2, why, sizeof why) != NULL,
+            "MOE_GATE(oracle check,tie broken,the other group)", "accepted");
+}
+
 int main(int argc, char **argv) {
     /* optional filter: presets, shapes, ties, misuse, threads or isas */
     const char *only = argc > 1 ? argv[1] : NULL;
+    if (!only || strstr("ties", only)) test_oracle_check();
     mlaf_backend bs[MLAF_BACKEND_COUNT_];
     int nb = tl_backends(bs);
     for (int i = 0; i < nb; i++) {
