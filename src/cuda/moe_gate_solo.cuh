@@ -10,7 +10,7 @@
  *      so the 32 lanes reading the same offset hit distinct banks): on sm_90 one bulk copy per
  *      row segment, counted in bytes on an mbarrier; elsewhere 16-byte cp.async by runs of lanes.
  *      Two segments, so pass 1 starts while the second half of every row is in flight, or
- *      one copy per row (kSoloOneSeg: faster for f32 DeepSeek-V3 and GLM-4.7-Flash rows).
+ *      one copy per row (kSoloOneSeg: faster for every shipped shape).
  *   1. Pass 1, per unit of VB experts (a unit's loads issued before the previous unit's stores,
  *      which the compiler cannot move loads across): s = sigmoid(x) (the team kernel's formula,
  *      so keys agree bit for bit), written back over the row as f32 (bf16 / f16 logits are
