@@ -98,10 +98,12 @@ template <typename T> static std::vector<Variant> variants(const Router &r, cons
                          launch_solo<T, E_, G_, VB_, KM_, F_>(a, g_sm, s);                       \
                      }});
     /* F: 1 recompute s in pass 2, 2 one staging copy per row, 4 pass 1 unrolled by two units,
-     * 8 the next tile's rows prefetched into L2 after pass 1 */
-    V4(256, 8, 16, 8, 0) V4(256, 8, 16, 8, 4) V4(256, 8, 16, 8, 6) V4(256, 8, 16, 8, 14)
+     * 8 the next tile's rows prefetched into L2 after pass 1, 16 half-row slots (with 1, two
+     * segments) */
+    V4(256, 8, 16, 8, 0) V4(256, 8, 16, 8, 4) V4(256, 8, 16, 8, 6) V4(256, 8, 16, 8, 14) V4(256, 8, 16, 8, 21)
     if (sizeof(T) == 2) { V4(256, 8, 16, 8, 1) V4(256, 8, 16, 8, 5) V4(256, 8, 16, 8, 7) V4(256, 8, 16, 8, 13) }
     V4(64, 1, 8, 4, 0) V4(64, 1, 8, 4, 4) V4(64, 1, 8, 4, 6) V4(64, 1, 8, 4, 14) V4(64, 1, 16, 4, 0)
+    V4(64, 1, 8, 4, 21)
     if (sizeof(T) == 2) { V4(64, 1, 8, 4, 1) }
 #define V6(E_, G_, VB_, KM_, F_)                                                                  \
     if (solo_fits<T>(a0, E_, G_, VB_, KM_))                                                      \
@@ -290,7 +292,17 @@ static int run_router(const Router &r, bool quick, float copy_gbs, const char *d
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
     printf("  %-30s", "T");
-    const int64_t bigTs[] = {32768, 131072};
+    std::vector<int64_t> bigTs = {32768, 131072};
+    if (const char *bt = getenv("MOE_BIGT")) { /* e.g. MOE_BIGT=16384,65536 (at most 131072) */
+        bigTs.clear();
+        for (const char *q = bt; *q;) {
+            char *end;
+            const long long v = strtoll(q, &end, 10);
+            if (end == q) break;
+            if (v > 0) bigTs.push_back(v);
+            q = *end == ',' ? end + 1 : end;
+        }
+    }
     const int64_t smallTs[] = {1, 8, 64};
     for (int64_t t : smallTs) printf(" %9lld", (long long)t);
     for (int64_t t : bigTs)

@@ -46,8 +46,12 @@ constexpr int kSoloWarps = 2;
  * pass 2 (half the shared memory for bf16 / f16 rows, 1.5x the sigmoids); kSoloOneSeg stages a
  * row in one copy instead of two segments; kSoloUnroll2 unrolls pass 1 by two units;
  * kSoloPrefetch asks L2 for the lane's row of the warp's next tile once pass 1 is done (sm_90),
- * so that tile's staging copy finds it there. */
-constexpr int kSoloRecompute = 1, kSoloOneSeg = 2, kSoloUnroll2 = 4, kSoloPrefetch = 8;
+ * so that tile's staging copy finds it there; kSoloHalf (with kSoloRecompute, two segments)
+ * stages half a row at a time into a half-row slot: the second half lands over the first once
+ * pass 1 holds the first in registers, and pass 2 / the winners' weights read first-half logits
+ * from global memory (twice the resident tokens per SM for the same shared memory). */
+constexpr int kSoloRecompute = 1, kSoloOneSeg = 2, kSoloUnroll2 = 4, kSoloPrefetch = 8,
+              kSoloHalf = 16;
 
 /* Shared memory of one warp: 32 rows, one per lane, each padded by 16 bytes so that the 32
  * lanes reading the same offset of their rows hit distinct banks; row r holds s (f32) with the
@@ -61,8 +65,9 @@ template <typename T, int E, int G, int VB, int F = 0> struct SoloShape {
     static constexpr int EPC = 16 / (int)sizeof(T);       /* logits per 16-byte chunk */
     static constexpr int XC = E / EPC;                    /* logits chunks per row */
     static constexpr int kXBytes = E * (int)sizeof(T);    /* logits per row */
-    static constexpr int kRowBytes = (RC ? kXBytes : E * 4) + 16;
-    static constexpr int kXOff = kRowBytes - 16 - kXBytes; /* logits within a row */
+    static constexpr bool HF = (F & kSoloHalf) != 0;      /* half-row slots */
+    static constexpr int kRowBytes = (HF ? kXBytes / 2 : RC ? kXBytes : E * 4) + 16;
+    static constexpr int kXOff = kRowBytes - 16 - (HF ? kXBytes / 2 : kXBytes); /* logits within a row */
     /* staging segments */
     static constexpr int NS = (F & kSoloOneSeg) == 0 && U % 2 == 0 && XC % 2 == 0 ? 2 : 1;
     static constexpr int kCap = U < 8 ? 8 : U;            /* list entries per token (>= tops) */
@@ -76,6 +81,7 @@ template <typename T, int E, int G, int VB, int F = 0> struct SoloShape {
     static_assert(RC || sizeof(T) == 4 || (E * 2) % 16 == 0, "solo: row layout");
     static_assert(((kRowBytes / 16) & 1) == 1, "solo: odd row stride in 16-byte units");
     static_assert(XC % NS == 0 && U % NS == 0 && NS <= 2, "solo: staging segments");
+    static_assert(!HF || (RC && NS == 2), "solo: half rows need s recomputed and two segments");
 };
 
 /* ---- staging: sm_90 bulk copies (one per row segment) on an mbarrier (cuda_common.cuh);
@@ -270,7 +276,7 @@ moe_gate_solo_kernel(const GateArgs a) {
             const unsigned char *src = logits + (live ? t : 0) * stride_b;
             const uint32_t dst = (uint32_t)__cvta_generic_to_shared(xrow);
 #pragma unroll
-            for (int sg = 0; sg < NS; sg++) /* a lane past T arrives with no bytes */
+            for (int sg = 0; sg < (S::HF ? 1 : NS); sg++) /* a lane past T arrives with no bytes */
                 mlaf_bulk_load(dst + sg * SEGB, src + sg * SEGB, live ? SEGB : 0u, bar0 + 8 * sg);
         }
 #else
@@ -281,7 +287,7 @@ moe_gate_solo_kernel(const GateArgs a) {
             constexpr int SCH = S::XC / NS;
             const int64_t t0 = tl * 32;
 #pragma unroll
-            for (int sg = 0; sg < NS; sg++) {
+            for (int sg = 0; sg < (S::HF ? 1 : NS); sg++) {
 #pragma unroll 4
                 for (int i = 0; i < SCH; i++) {
                     const int k = lane + 32 * i, r = k / SCH, c = sg * SCH + k % SCH;
@@ -295,10 +301,32 @@ moe_gate_solo_kernel(const GateArgs a) {
 #endif
         /* segment sg of every row of the tile has landed */
         auto seg_ready = [&](int sg) {
+            if (S::HF && sg == 1) {
+                /* the first half is in registers: the second half goes over it (every lane's
+                 * reads of it before the copy, as at a tile's start) */
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+                __syncwarp();
+                mlaf_fence_async();
+                mlaf_bulk_load((uint32_t)__cvta_generic_to_shared(xrow), logits + (live ? t : 0) * stride_b + SEGB,
+                               live ? SEGB : 0u, bar0 + 8);
+#else
+                constexpr int SCH = S::XC / NS;
+                const int64_t t0 = tl * 32;
+                __syncwarp(); /* runs of lanes copy into other lanes' rows */
+#pragma unroll 4
+                for (int i = 0; i < SCH; i++) {
+                    const int k = lane + 32 * i, r = k / SCH, c = k % SCH;
+                    if (t0 + r < a.T)
+                        cp_async(wbase + r * S::kRowBytes + S::kXOff + c * 16,
+                                 logits + (t0 + r) * stride_b + SEGB + c * 16, 16);
+                }
+                cp_async_commit();
+#endif
+            }
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
             mlaf_bar_wait(bar0 + 8 * sg, parity);
 #else
-            if (NS - 1 - sg >= 1) cp_async_wait<1>();
+            if (!S::HF && NS - 1 - sg >= 1) cp_async_wait<1>(); /* half rows: one group in flight */
             else cp_async_wait<0>();
             __syncwarp();
 #endif
@@ -325,7 +353,8 @@ moe_gate_solo_kernel(const GateArgs a) {
                 if (NS > 1 && u + 1 == U / NS) seg_ready(1);
 #pragma unroll
                 for (int j = 0; j < NCH; j++)
-                    xn[j] = *reinterpret_cast<const uint4 *>(xrow + ((u + 1) * NCH + j) * 16);
+                    xn[j] = *reinterpret_cast<const uint4 *>(
+                        xrow + (((S::HF ? (u + 1) % (U / 2) : u + 1)) * NCH + j) * 16);
             }
             float a1 = kNegInf, a2 = kNegInf, b1 = kNegInf, b2 = kNegInf;
 #pragma unroll
@@ -371,6 +400,8 @@ moe_gate_solo_kernel(const GateArgs a) {
 
         int tid[KMAX];
         float tw[KMAX];
+        const unsigned char *grow = logits + (live ? t : 0) * stride_b; /* this token's row */
+        (void)grow;
         if (live && !exact) {
             /* 2. groups; 3. threshold */
             float tv[2 * U];
@@ -440,9 +471,13 @@ moe_gate_solo_kernel(const GateArgs a) {
                         /* the quads' logits: NB quads = NB * 4 / EPC chunks */
                         static_assert((NB * 4) % EPC == 0, "solo: quads per chunk");
                         uint4 xr[NB * 4 / EPC];
+                        const int eb = g * P + 4 * j0; /* first expert of these quads */
+                        const unsigned char *xq = xrow + eb * (int)sizeof(T);
+                        if constexpr (S::HF) /* first-half logits from global memory */
+                            xq = eb >= E / 2 ? xrow + (eb - E / 2) * (int)sizeof(T) : grow + eb * (int)sizeof(T);
 #pragma unroll
                         for (int j = 0; j < NB * 4 / EPC; j++)
-                            xr[j] = *reinterpret_cast<const uint4 *>(xrow + (g * P + 4 * j0) * (int)sizeof(T) + j * 16);
+                            xr[j] = *reinterpret_cast<const uint4 *>(xq + j * 16);
                         const T *el = reinterpret_cast<const T *>(xr);
 #pragma unroll
                         for (int j = 0; j < NB; j++) {
@@ -491,7 +526,10 @@ moe_gate_solo_kernel(const GateArgs a) {
 #pragma unroll
                 for (int i = 0; i < KMAX; i++) {
                     const int e = tid[i];
-                    if constexpr (RC)
+                    if constexpr (S::HF)
+                        tw[i] = sigmoid_fast(mlaf_elem<T>::load(*reinterpret_cast<const T *>(
+                            e >= E / 2 ? xrow + (e - E / 2) * (int)sizeof(T) : grow + e * (int)sizeof(T))));
+                    else if constexpr (RC)
                         tw[i] = sigmoid_fast(mlaf_elem<T>::load(*reinterpret_cast<const T *>(xrow + e * (int)sizeof(T))));
                     else
                         tw[i] = *reinterpret_cast<const float *>(srow + e * 4);
@@ -559,6 +597,14 @@ bool try_solo(const GateArgs &a, int sm_count, cudaStream_t stream) {
     if (solo_fits<T>(a, E_, G_, VB_, KM_)) {                                                     \
         launch_solo<T, E_, G_, VB_, KM_, F_>(a, sm_count, stream);                               \
         return true;                                                                              \
+    }
+    /* DeepSeek-V3 / R1 with 2-byte logits from 49152 tokens: half-row slots (16 resident warps
+     * per SM instead of 10; dev/moe_gate, two calls, us: T = 49152 30.6 / 30.1 vs 32.3 / 32.2,
+     * 65536 35.8 / 34.9 vs 37.9 / 37.2, 98304 52.4 / 51.0 vs 51.7 / 51.0, 131072 60.0 / 59.2 vs
+     * 63.9 / 63.5; at 16384 / 32768 they lose, 20.7 vs 18.4-19.2 and 25.4-26.1 vs 23.8-24.2;
+     * with f32 rows they lose but at T = 32768) */
+    if constexpr (sizeof(T) == 2) {
+        if (a.T >= 49152) MLAF_SOLO(256, 8, 16, 8, kSoloUnroll2 | kSoloRecompute | kSoloHalf)
     }
     /* DeepSeek-V3 / R1: rows with one copy each (T = 131072, dev/moe_gate: f32 69.1 / 69.2 vs
      * 73.0 / 72.7 us in one call, 69.3 vs 73.3 and 74.5 vs 73.3 in two others; bf16, with the
