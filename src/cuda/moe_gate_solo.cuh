@@ -33,7 +33,8 @@
  * Limits (else the caller keeps the team kernels): sigmoid, no scores output, 16-byte aligned
  * rows, the compiled shapes (E, G) with k <= KMAX and k <= 2 x kept units.
  * Performance (H200, T = 131072, dev/moe_gate): DeepSeek-V3 f32 69 us (2.1x its 34 us floor;
- * the team kernel took 126), bf16 56 us (half-row slots, 61 without); GLM-4.7-Flash f32 23 us. ncu (two segments per row):
+ * the team kernel took 126), bf16 56 us (half-row slots, 61 without); GLM-4.7-Flash f32 23 us.
+ * ncu (two segments per row):
  * ~5.4 warps per SM (shared memory: 1 KB per f32 token), ~3.4 cycles per issued instruction
  * per warp (1.2 of them waiting on fixed-latency dependences), 20% of the samples waiting for
  * the tile's bytes. Two lanes per token (dev/moe_gate v6) issued faster but ran 1.3x the
