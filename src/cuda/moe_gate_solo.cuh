@@ -55,9 +55,11 @@ constexpr int kSoloWarps = 2;
  * candidate, and the insertion walks the masks' set bits, reading each candidate's c again;
  * kSoloPairCheck tests the logits for non-finite values one product per pair (x_i x_(i+1)
  * summed: an infinity or NaN anywhere leaves the sum non-finite; finite logits above ~1e19
- * also do and take the exact path, which is correct for them too) instead of one x * 0 each. */
+ * also do and take the exact path, which is correct for them too) instead of one x * 0 each;
+ * kSoloPairRcp (dev: a probe of the MUFU pipe, not the library's sigmoid bits) computes pass
+ * 1's sigmoids two at a time with one reciprocal, s1 = d2 / (d1 d2), s2 = d1 / (d1 d2). */
 constexpr int kSoloRecompute = 1, kSoloOneSeg = 2, kSoloUnroll2 = 4, kSoloPrefetch = 8,
-              kSoloHalf = 16, kSoloMask = 32, kSoloPairCheck = 64;
+              kSoloHalf = 16, kSoloMask = 32, kSoloPairCheck = 64, kSoloPairRcp = 128;
 
 /* Shared memory of one warp: 32 rows, one per lane, each padded by 16 bytes so that the 32
  * lanes reading the same offset of their rows hit distinct banks; row r holds s (f32) with the
@@ -368,6 +370,19 @@ moe_gate_solo_kernel(const GateArgs a) {
                 const int c = u * NCH + j;
                 const T *el = reinterpret_cast<const T *>(&xr[j]);
                 float sv[EPC];
+                if constexpr ((F & kSoloPairRcp) != 0) {
+#pragma unroll
+                    for (int i = 0; i < EPC; i += 2) {
+                        const float x0 = mlaf_elem<T>::load(el[i]), x1 = mlaf_elem<T>::load(el[i + 1]);
+                        float e0, e1, r;
+                        asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e0) : "f"(x0 * -1.4426950408889634f));
+                        asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e1) : "f"(x1 * -1.4426950408889634f));
+                        const float d0 = 1.0f + e0, d1 = 1.0f + e1;
+                        asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(d0 * d1));
+                        sv[i] = d1 * r;
+                        sv[i + 1] = d0 * r;
+                    }
+                }
 #pragma unroll
                 for (int i = 0; i < EPC; i++) {
                     const float x = mlaf_elem<T>::load(el[i]);
@@ -376,7 +391,7 @@ moe_gate_solo_kernel(const GateArgs a) {
                     } else {
                         acc[i & 3] = fmaf(x, 0.0f, acc[i & 3]);
                     }
-                    sv[i] = sigmoid_fast(x);
+                    if constexpr ((F & kSoloPairRcp) == 0) sv[i] = sigmoid_fast(x);
                 }
 #pragma unroll
                 for (int q = 0; q < EPC / 4; q++) {
