@@ -50,16 +50,9 @@ constexpr int kSoloWarps = 2;
  * so that tile's staging copy finds it there; kSoloHalf (with kSoloRecompute, two segments)
  * stages half a row at a time into a half-row slot: the second half lands over the first once
  * pass 1 holds the first in registers, and pass 2 / the winners' weights read first-half logits
- * from global memory (twice the resident tokens per SM for the same shared memory);
- * kSoloMask makes pass 2 a bit mask per 32 experts (c >= tau) instead of a list store per
- * candidate, and the insertion walks the masks' set bits, reading each candidate's c again;
- * kSoloPairCheck tests the logits for non-finite values one product per pair (x_i x_(i+1)
- * summed: an infinity or NaN anywhere leaves the sum non-finite; finite logits above ~1e19
- * also do and take the exact path, which is correct for them too) instead of one x * 0 each;
- * kSoloPairRcp (dev: a probe of the MUFU pipe, not the library's sigmoid bits) computes pass
- * 1's sigmoids two at a time with one reciprocal, s1 = d2 / (d1 d2), s2 = d1 / (d1 d2). */
+ * from global memory (twice the resident tokens per SM for the same shared memory). */
 constexpr int kSoloRecompute = 1, kSoloOneSeg = 2, kSoloUnroll2 = 4, kSoloPrefetch = 8,
-              kSoloHalf = 16, kSoloMask = 32, kSoloPairCheck = 64, kSoloPairRcp = 128;
+              kSoloHalf = 16;
 
 /* Shared memory of one warp: 32 rows, one per lane, each padded by 16 bytes so that the 32
  * lanes reading the same offset of their rows hit distinct banks; row r holds s (f32) with the
@@ -370,28 +363,11 @@ moe_gate_solo_kernel(const GateArgs a) {
                 const int c = u * NCH + j;
                 const T *el = reinterpret_cast<const T *>(&xr[j]);
                 float sv[EPC];
-                if constexpr ((F & kSoloPairRcp) != 0) {
-#pragma unroll
-                    for (int i = 0; i < EPC; i += 2) {
-                        const float x0 = mlaf_elem<T>::load(el[i]), x1 = mlaf_elem<T>::load(el[i + 1]);
-                        float e0, e1, r;
-                        asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e0) : "f"(x0 * -1.4426950408889634f));
-                        asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e1) : "f"(x1 * -1.4426950408889634f));
-                        const float d0 = 1.0f + e0, d1 = 1.0f + e1;
-                        asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(d0 * d1));
-                        sv[i] = d1 * r;
-                        sv[i + 1] = d0 * r;
-                    }
-                }
 #pragma unroll
                 for (int i = 0; i < EPC; i++) {
                     const float x = mlaf_elem<T>::load(el[i]);
-                    if constexpr ((F & kSoloPairCheck) != 0) {
-                        if (i & 1) acc[(i >> 1) & 3] = fmaf(mlaf_elem<T>::load(el[i - 1]), x, acc[(i >> 1) & 3]);
-                    } else {
-                        acc[i & 3] = fmaf(x, 0.0f, acc[i & 3]);
-                    }
-                    if constexpr ((F & kSoloPairRcp) == 0) sv[i] = sigmoid_fast(x);
+                    acc[i & 3] = fmaf(x, 0.0f, acc[i & 3]);
+                    sv[i] = sigmoid_fast(x);
                 }
 #pragma unroll
                 for (int q = 0; q < EPC / 4; q++) {
@@ -421,7 +397,7 @@ moe_gate_solo_kernel(const GateArgs a) {
             if (tn < a.T) mlaf_prefetch_l2(logits + tn * stride_b, (uint32_t)S::kXBytes);
         }
         const float accs = (acc[0] + acc[1]) + (acc[2] + acc[3]);
-        bool exact = all_exact || ((F & kSoloPairCheck) != 0 ? !isfinite(accs) : accs != accs);
+        bool exact = all_exact || accs != accs;
 
         int tid[KMAX];
         float tw[KMAX];
@@ -464,38 +440,19 @@ moe_gate_solo_kernel(const GateArgs a) {
             }
             const float tau = solo_kth<2 * U, KMAX>(tv, K);
 
-            /* s of expert e, from where this variant keeps it */
-            auto s_of = [&](int e) -> float {
-                if constexpr (S::HF)
-                    return sigmoid_fast(mlaf_elem<T>::load(*reinterpret_cast<const T *>(
-                        e >= E / 2 ? xrow + (e - E / 2) * (int)sizeof(T) : grow + e * (int)sizeof(T))));
-                else if constexpr (RC)
-                    return sigmoid_fast(mlaf_elem<T>::load(*reinterpret_cast<const T *>(xrow + e * (int)sizeof(T))));
-                else
-                    return *reinterpret_cast<const float *>(srow + e * 4);
-            };
             /* 4. pass 2: candidates of kept groups, ascending expert index. Entries past the
-             * list (heavy ties) are counted, not stored: the token then takes the exact path.
-             * kSoloMask: a word (bit mask of c >= tau, first expert) per 32 experts instead. */
-            constexpr bool MK = (F & kSoloMask) != 0;
-            static_assert(!MK || (P % 32 == 0 && (E / 32) <= S::kCap), "solo: mask words");
-            int n = 0, nw = 0;
-            uint32_t wm = 0u;
-            auto quad = [&](const float (&sq)[4], const float4 b4, int e0, int jb) {
+             * list (heavy ties) are counted, not stored: the token then takes the exact path. */
+            int n = 0;
+            auto quad = [&](const float (&sq)[4], const float4 b4, int e0) {
                 const float cc[4] = {sq[0] + b4.x, sq[1] + b4.y, sq[2] + b4.z, sq[3] + b4.w};
-                if constexpr (MK) {
+                int o = n;
 #pragma unroll
-                    for (int i = 0; i < 4; i++) wm |= (uint32_t)(cc[i] >= tau) << (4 * jb + i);
-                } else {
-                    int o = n;
-#pragma unroll
-                    for (int i = 0; i < 4; i++) {
-                        const bool p = cc[i] >= tau;
-                        if (p && o < S::kCap) list[32 * o] = make_uint2(__float_as_uint(cc[i]), (uint32_t)(e0 + i));
-                        o += p;
-                    }
-                    n = o;
+                for (int i = 0; i < 4; i++) {
+                    const bool p = cc[i] >= tau;
+                    if (p && o < S::kCap) list[32 * o] = make_uint2(__float_as_uint(cc[i]), (uint32_t)(e0 + i));
+                    o += p;
                 }
+                n = o;
             };
             uint32_t km = kept;
             const int passes = G > 1 ? a.topk_group : 1;
@@ -528,7 +485,7 @@ moe_gate_solo_kernel(const GateArgs a) {
                             float sq[4];
 #pragma unroll
                             for (int i = 0; i < 4; i++) sq[i] = sigmoid_fast(mlaf_elem<T>::load(el[4 * j + i]));
-                            quad(sq, br[j], g * P + 4 * (j0 + j), j);
+                            quad(sq, br[j], g * P + 4 * (j0 + j));
                         }
                     } else {
                         float4 sr[NB];
@@ -538,13 +495,8 @@ moe_gate_solo_kernel(const GateArgs a) {
 #pragma unroll
                         for (int j = 0; j < NB; j++) {
                             const float sq[4] = {sr[j].x, sr[j].y, sr[j].z, sr[j].w};
-                            quad(sq, br[j], g * P + 4 * (j0 + j), j);
+                            quad(sq, br[j], g * P + 4 * (j0 + j));
                         }
-                    }
-                    if constexpr (MK) {
-                        list[32 * nw++] = make_uint2(wm, (uint32_t)(g * P + 4 * j0));
-                        n += __popc(wm);
-                        wm = 0u;
                     }
                 }
             }
@@ -557,22 +509,10 @@ moe_gate_solo_kernel(const GateArgs a) {
                     sv[i] = kNegInf;
                     tid[i] = 0;
                 }
-                int w = 0;
-                uint2 cw = list[0];
                 for (int j = 0; j < n; j++) {
-                    float x;
-                    int e;
-                    if constexpr (MK) {
-                        /* the next set bit: the words hold n bits in all */
-                        while (cw.x == 0u) cw = list[32 * ++w];
-                        e = (int)cw.y + __ffs(cw.x) - 1;
-                        cw.x &= cw.x - 1u;
-                        x = s_of(e) + bsm[(e / P) * S::kBiasStride + e % P];
-                    } else {
-                        const uint2 p = list[32 * j];
-                        x = __uint_as_float(p.x);
-                        e = (int)p.y;
-                    }
+                    const uint2 p = list[32 * j];
+                    const float x = __uint_as_float(p.x);
+                    const int e = (int)p.y;
 #pragma unroll
                     for (int i = KMAX - 1; i > 0; i--) {
                         const bool gt = x > sv[i], gtp = x > sv[i - 1];
@@ -584,10 +524,17 @@ moe_gate_solo_kernel(const GateArgs a) {
                         sv[0] = x;
                     }
                 }
-                (void)w;
-                (void)nw;
 #pragma unroll
-                for (int i = 0; i < KMAX; i++) tw[i] = s_of(tid[i]);
+                for (int i = 0; i < KMAX; i++) {
+                    const int e = tid[i];
+                    if constexpr (S::HF)
+                        tw[i] = sigmoid_fast(mlaf_elem<T>::load(*reinterpret_cast<const T *>(
+                            e >= E / 2 ? xrow + (e - E / 2) * (int)sizeof(T) : grow + e * (int)sizeof(T))));
+                    else if constexpr (RC)
+                        tw[i] = sigmoid_fast(mlaf_elem<T>::load(*reinterpret_cast<const T *>(xrow + e * (int)sizeof(T))));
+                    else
+                        tw[i] = *reinterpret_cast<const float *>(srow + e * 4);
+                }
             }
         }
         if (live && !exact) solo_store<T, KMAX>(a, t, E, tid, tw);
