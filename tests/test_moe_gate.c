@@ -592,10 +592,42 @@ static void test_oracle_check(void) {
             "MOE_GATE(oracle check,tie broken,the other group)", "accepted");
 }
 
+/* mlaf_fill_normal_rows (the verify's logits, filled by all threads) gives the bytes one
+ * mlaf_fill_normal per row would, leaves the padding between rows alone and ends the
+ * generator where those calls end it. Host only. */
+static void test_fill_rows(void) {
+    const mlaf_dtype dts[2] = {MLAF_F32, MLAF_BF16};
+    for (int d = 0; d < 2; d++) {
+        const int64_t rows = 301, n = 37, stride = 41;
+        const size_t es = mlaf_dtype_size(dts[d]), bytes = (size_t)(rows * stride) * es;
+        unsigned char *a = (unsigned char *)malloc(bytes), *b = (unsigned char *)malloc(bytes);
+        if (!a || !b) {
+            free(a), free(b);
+            tl_case(0, "MOE_GATE(verify rows,alloc)", "out of memory");
+            return;
+        }
+        memset(a, 0x5A, bytes);
+        memset(b, 0x5A, bytes);
+        mlaf_rng ra, rb;
+        mlaf_rng_seed(&ra, 11);
+        mlaf_rng_seed(&rb, 11);
+        for (int64_t t = 0; t < rows; t++)
+            mlaf_fill_normal(&ra, a + (size_t)(t * stride) * es, dts[d], (size_t)n, 0.0, 2.0);
+        mlaf_fill_normal_rows(&rb, b, dts[d], rows, (size_t)n, stride, 0.0, 2.0);
+        char name[96];
+        snprintf(name, sizeof name, "MOE_GATE(verify rows,%s,threaded fill = per-row fill)",
+                 mlaf_dtype_name(dts[d]));
+        tl_case(memcmp(a, b, bytes) == 0 && mlaf_rng_u64(&ra) == mlaf_rng_u64(&rb), name,
+                "bytes or generator state differ");
+        free(a), free(b);
+    }
+}
+
 int main(int argc, char **argv) {
     /* optional filter: presets, shapes, ties, misuse, threads or isas */
     const char *only = argc > 1 ? argv[1] : NULL;
     if (!only || strstr("ties", only)) test_oracle_check();
+    if (!only || strstr("ties", only)) test_fill_rows();
     mlaf_backend bs[MLAF_BACKEND_COUNT_];
     int nb = tl_backends(bs);
     for (int i = 0; i < nb; i++) {

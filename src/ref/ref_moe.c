@@ -316,6 +316,79 @@ static int still_poison(const void *p, size_t n) {
     return 1;
 }
 
+/* What the per-token check of mlaf_verify_moe_gate reads: the job (host inputs) and the
+ * backend's outputs as downloaded. */
+typedef struct moe_check {
+    const mlaf_moe_gate_job *job;
+    mlaf_dtype wdt;
+    size_t wsz;
+    int32_t K, E;
+    int64_t T, ws, is, ss;
+    int strided, have_s;
+    const unsigned char *w, *i, *s; /* weights, ids, scores (NULL: none) */
+} moe_check;
+
+/* Token t against the oracle (rt: scratch): 1 if its ids, weights, scores and the padding after
+ * its rows pass, else 0 and why. *worst rises to the token's worst error in units. */
+static int moe_check_token(const moe_check *m, ref_token *rt, int64_t t, double *worst, char *why,
+                           size_t cap) {
+    const mlaf_moe_gate_job *job = m->job;
+    const int32_t K = m->K, E = m->E;
+    ref_token_run(job, t, rt);
+    const unsigned char *wrow = m->w + (size_t)(t * m->ws) * m->wsz;
+    const int32_t *irow = (const int32_t *)(m->i + (size_t)(t * m->is) * 4);
+    int32_t got[128];
+    memcpy(got, irow, sizeof(int32_t) * (size_t)K);
+    char idwhy[200];
+    const char *bad = check_ids(job, rt, got, idwhy, sizeof idwhy);
+    if (bad) {
+        snprintf(why, cap, "token %lld: %s", (long long)t, bad);
+        return 0;
+    }
+    double ew[128], rowmag = 0.0;
+    ref_weights(job, rt, got, ew);
+    for (int32_t j = 0; j < K; j++) rowmag += fabs(ew[j]);
+    for (int32_t j = 0; j < K; j++) {
+        double g = mlaf_load_f32(wrow, m->wdt, j);
+        double u = mlaf_err_units(g, ew[j], m->wdt, ew[j]);
+        /* A floor: weights far below the row's total are judged against it. */
+        double ua = fabs(g - ew[j]) / (1e-5 * fmax(rowmag, 1e-30));
+        if (ua < u) u = ua;
+        if (isnan(g)) u = INFINITY;
+        if (u > *worst) *worst = u;
+        if (u > 1.0) {
+            snprintf(why, cap, "token %lld: weights[%d] = %.9g, expected %.9g (id %d)", (long long)t, j,
+                     g, ew[j], got[j]);
+            return 0;
+        }
+    }
+    if (m->have_s) {
+        const float *srow = (const float *)(m->s + (size_t)(t * m->ss) * 4);
+        for (int32_t e = 0; e < E; e++) {
+            double u = mlaf_err_units(srow[e], rt->s[e], MLAF_F32, rt->s[e]);
+            /* softmax rows: judge tiny probabilities against the row's total (1) */
+            double ua = fabs(srow[e] - rt->s[e]) / 1e-5;
+            if (!isnan(ua) && ua < u) u = ua;
+            if (u > *worst && isfinite(u)) *worst = u;
+            if (u > 1.0) {
+                snprintf(why, cap, "token %lld: scores[%d] = %.9g, expected %.9g", (long long)t, e,
+                         srow[e], rt->s[e]);
+                return 0;
+            }
+        }
+    }
+    /* Padding between strided output rows must stay untouched. */
+    if (m->strided && t + 1 < m->T) {
+        if (!still_poison(wrow + (size_t)K * m->wsz, (size_t)(m->ws - K) * m->wsz) ||
+            !still_poison(irow + K, (size_t)(m->is - K) * 4) ||
+            (m->have_s && !still_poison(m->s + (size_t)(t * m->ss + E) * 4, (size_t)(m->ss - E) * 4))) {
+            snprintf(why, cap, "token %lld: the padding after an output row was written", (long long)t);
+            return 0;
+        }
+    }
+    return 1;
+}
+
 mlaf_status mlaf_verify_moe_gate(mlaf_context *ctx, const mlaf_verify_case *c,
                                  mlaf_verify_result *res) {
     memset(res, 0, sizeof *res);
@@ -348,16 +421,14 @@ mlaf_status mlaf_verify_moe_gate(mlaf_context *ctx, const mlaf_verify_case *c,
     float *bhost = (float *)malloc(sizeof(float) * (size_t)E);
     double *rw = (double *)malloc(sizeof(double) * (size_t)(T * K + 1));
     int32_t *rid = (int32_t *)malloc(sizeof(int32_t) * (size_t)(T * K + 1));
-    ref_token *rt = (ref_token *)malloc(sizeof *rt);
-    if (!lhost || !bhost || !rw || !rid || !rt) {
-        free(lhost), free(bhost), free(rw), free(rid), free(rt);
+    if (!lhost || !bhost || !rw || !rid) {
+        free(lhost), free(bhost), free(rw), free(rid);
         return MLAF_ERR_OUT_OF_MEMORY;
     }
     memset(lhost, 0xFF, lbytes ? lbytes : 1);
     /* Sigmoid routers see logits of a few units; softmax ones the same. The padding of
      * strided rows is NaN (0xFF bytes) so a kernel that reads past E gets caught. */
-    for (int64_t t = 0; t < T; t++)
-        mlaf_fill_normal(&rng, lhost + (size_t)(t * ls) * lsz, dt, (size_t)E, 0.0, 2.0);
+    mlaf_fill_normal_rows(&rng, lhost, dt, T, (size_t)E, ls, 0.0, 2.0);
     for (int32_t e = 0; e < E; e++) bhost[e] = (float)(0.3 * mlaf_rng_normal(&rng));
     if (c->nonfinite) {
         const float bad[3] = {NAN, INFINITY, -INFINITY};
@@ -419,6 +490,11 @@ mlaf_status mlaf_verify_moe_gate(mlaf_context *ctx, const mlaf_verify_case *c,
             goto done;
         }
 
+        /* the harness's own test (corrupt_from): weights[t][0] raised by 1 */
+        for (int64_t t = c->corrupt_from - 1; c->corrupt_from > 0 && t < T; t += 500) {
+            unsigned char *wr = (unsigned char *)gw.body + (size_t)(t * ws) * wsz;
+            mlaf_store_f32(wr, wdt, 0, (float)(mlaf_load_f32(wr, wdt, 0) + 1.0));
+        }
         /* The oracle reads the host copy of the inputs through a host job. */
         mlaf_moe_gate_job job;
         mlaf_tensor hl = mlaf_tensor_2d(lhost, dt, T, E, ls);
@@ -440,66 +516,60 @@ mlaf_status mlaf_verify_moe_gate(mlaf_context *ctx, const mlaf_verify_case *c,
             ok = 0;
             snprintf(why, sizeof why, "an input changed");
         }
-        for (int64_t t = 0; ok && t < T; t++) {
-            ref_token_run(&job, t, rt);
-            const unsigned char *wrow = (const unsigned char *)gw.body + (size_t)(t * ws) * wsz;
-            const int32_t *irow = (const int32_t *)((const unsigned char *)gi.body + (size_t)(t * is) * 4);
-            int32_t got[128];
-            memcpy(got, irow, sizeof(int32_t) * (size_t)K);
-            char idwhy[200];
-            const char *bad = check_ids(&job, rt, got, idwhy, sizeof idwhy);
-            if (bad) {
-                ok = 0;
-                snprintf(why, sizeof why, "token %lld: %s", (long long)t, bad);
-                break;
+        /* tokens on all threads; the first failing token (lowest t) is the one reported */
+        moe_check mc = {&job, wdt, wsz, K, E, T, ws, is, ss, c->strided, have_s,
+                        (const unsigned char *)gw.body, (const unsigned char *)gi.body,
+                        have_s ? (const unsigned char *)gs.body : NULL};
+        int64_t first_bad = ok ? T : -1;
+        int oom = 0;
+#ifdef _OPENMP
+#pragma omp parallel
+#endif
+        {
+            ref_token *tr = (ref_token *)malloc(sizeof *tr);
+            double tworst = 0.0;
+            char twhy[256];
+            if (!tr) {
+#ifdef _OPENMP
+#pragma omp atomic write
+#endif
+                oom = 1;
             }
-            double ew[128], rowmag = 0.0;
-            ref_weights(&job, rt, got, ew);
-            for (int32_t j = 0; j < K; j++) rowmag += fabs(ew[j]);
-            for (int32_t j = 0; j < K; j++) {
-                double g = mlaf_load_f32(wrow, wdt, j);
-                double u = mlaf_err_units(g, ew[j], wdt, ew[j]);
-                /* A floor: weights far below the row's total are judged against it. */
-                double ua = fabs(g - ew[j]) / (1e-5 * fmax(rowmag, 1e-30));
-                if (ua < u) u = ua;
-                if (isnan(g)) u = INFINITY;
-                if (u > worst) worst = u;
-                if (u > 1.0) {
-                    ok = 0;
-                    snprintf(why, sizeof why, "token %lld: weights[%d] = %.9g, expected %.9g (id %d)",
-                             (long long)t, j, g, ew[j], got[j]);
-                    break;
-                }
-            }
-            if (ok && have_s) {
-                const float *srow = (const float *)((const unsigned char *)gs.body + (size_t)(t * ss) * 4);
-                for (int32_t e = 0; e < E; e++) {
-                    double u = mlaf_err_units(srow[e], rt->s[e], MLAF_F32, rt->s[e]);
-                    /* softmax rows: judge tiny probabilities against the row's total (1) */
-                    double ua = fabs(srow[e] - rt->s[e]) / 1e-5;
-                    if (!isnan(ua) && ua < u) u = ua;
-                    if (u > worst && isfinite(u)) worst = u;
-                    if (u > 1.0) {
-                        ok = 0;
-                        snprintf(why, sizeof why, "token %lld: scores[%d] = %.9g, expected %.9g",
-                                 (long long)t, e, srow[e], rt->s[e]);
-                        break;
+#ifdef _OPENMP
+#pragma omp for schedule(dynamic, 64)
+#endif
+            for (int64_t t = 0; t < T; t++) {
+                int64_t fb;
+#ifdef _OPENMP
+#pragma omp atomic read
+#endif
+                fb = first_bad;
+                if (!tr || t > fb) continue;
+                if (!moe_check_token(&mc, tr, t, &tworst, twhy, sizeof twhy)) {
+#ifdef _OPENMP
+#pragma omp critical(mlaf_moe_first_bad)
+#endif
+                    {
+                        if (t < first_bad) {
+                            first_bad = t;
+                            snprintf(why, sizeof why, "%s", twhy);
+                        }
                     }
                 }
             }
-            /* Padding between strided output rows must stay untouched. */
-            if (ok && c->strided && t + 1 < T) {
-                if (!still_poison(wrow + (size_t)K * wsz, (size_t)(ws - K) * wsz) ||
-                    !still_poison(irow + K, (size_t)(is - K) * 4) ||
-                    (have_s && !still_poison((const unsigned char *)gs.body +
-                                                 (size_t)(t * ss + E) * 4,
-                                             (size_t)(ss - E) * 4))) {
-                    ok = 0;
-                    snprintf(why, sizeof why, "token %lld: the padding after an output row was written",
-                             (long long)t);
-                }
+#ifdef _OPENMP
+#pragma omp critical(mlaf_moe_worst)
+#endif
+            {
+                if (tworst > worst) worst = tworst;
             }
+            free(tr);
         }
+        if (oom) {
+            st = MLAF_ERR_OUT_OF_MEMORY;
+            goto done;
+        }
+        if (first_bad < T) ok = 0;
         res->passed = ok;
         res->worst_units = worst;
         if (ok)
@@ -515,6 +585,6 @@ done:
     if (nbuf >= 3) mlaf_gbuf_free(&gi);
     if (have_b) mlaf_gbuf_free(&gb);
     if (have_s) mlaf_gbuf_free(&gs);
-    free(lhost), free(bhost), free(rw), free(rid), free(rt);
+    free(lhost), free(bhost), free(rw), free(rid);
     return st;
 }

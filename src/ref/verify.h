@@ -32,6 +32,11 @@ double mlaf_rng_uniform(mlaf_rng *r);                 /* [0, 1) */
 double mlaf_rng_normal(mlaf_rng *r);                  /* N(0, 1) */
 /* Fills n elements of dtype dt (float types) with N(mean, stddev) values, rounded to dt. */
 void mlaf_fill_normal(mlaf_rng *r, void *p, mlaf_dtype dt, size_t n, double mean, double stddev);
+/* The same values as mlaf_fill_normal called once per row, rows after one another (each
+ * normal takes two draws of the counter-based generator, so row t starts 2 t n draws in),
+ * filled by all threads; rows are `stride` elements apart. r ends where the calls would. */
+void mlaf_fill_normal_rows(mlaf_rng *r, void *p, mlaf_dtype dt, int64_t rows, size_t n,
+                           int64_t stride, double mean, double stddev);
 
 /* ---- guarded buffers on any backend --------------------------------------------------- *
  * `bytes` of usable memory with MLAF_GUARD_BYTES of a known pattern on each side, on the
@@ -87,6 +92,11 @@ typedef struct mlaf_verify_case {
     int moe_bias;              /* -1: from cfg (has_score_bias), 0: absent, 1: present */
     int nonfinite;             /* moe_gate: put NaN / +-inf into some logits */
     int want_scores;           /* moe_gate: request the score matrix */
+    /* The harness's own test: 1 + t of a token whose first output value (q, or k_nope without
+     * q; rope_q's first rotated value; moe_gate's first weight) is altered after the run, and
+     * every 500th token after it; 0 (the default) for none. The check must then fail and name
+     * that first token. */
+    int64_t corrupt_from;
 } mlaf_verify_case;
 
 typedef struct mlaf_verify_result {

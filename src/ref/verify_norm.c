@@ -168,6 +168,16 @@ static void judge_finish(judge *j, const char *op, const mlaf_verify_case *c, in
                  op, (long long)c->T, (long long)j->values, j->worst, (long long)extra);
 }
 
+/* The case's corrupt_from (the harness's own test): element (t, 0) of v raised by 1 for
+ * t = corrupt_from - 1, then every 500th token. */
+static void corrupt_outputs(const mlaf_verify_case *c, const vview *v) {
+    if (c->corrupt_from <= 0 || !v->b || !v->b->live) return;
+    for (int64_t t = c->corrupt_from - 1; t < c->T; t += 500) {
+        const int64_t at = v->off + t * v->stride;
+        mlaf_store_f32(v->b->g.body, v->dt, at, (float)(mlaf_load_f32(v->b->g.body, v->dt, at) + 1.0));
+    }
+}
+
 /* Absolute fp32 rounding allowance for each rotated value (see the header comment). */
 static void rope_allowance(const double *x, int32_t R, mlaf_rope_style style, const float *cs,
                            double *allow) {
@@ -314,6 +324,85 @@ static mlaf_status fetch_all(vbuf **bufs, int n) {
     return MLAF_OK;
 }
 
+/* ---- the chunk loops, on all threads ---------------------------------------------------- *
+ * A check walks [0, T) in chunks: the oracle for the chunk, then every output value judged.
+ * Chunks run on all threads, each with its own scratch and judge; the merge gives what the
+ * loop in token order gives: the chunks up to the first failing one count (worst, values,
+ * errors), that chunk's first failure is the message, later chunks are not needed. Claims
+ * are per token (distinct bytes), so threads never claim the same byte. */
+typedef void (*chunk_body)(const void *arg, void *scratch, int64_t t0, int64_t n, judge *j,
+                           int64_t *errors);
+
+static mlaf_status run_chunks(int64_t T, int64_t chunk, size_t scratch_bytes, chunk_body body,
+                              const void *arg, judge *j, int64_t *errors) {
+    const int64_t nc = (T + chunk - 1) / chunk;
+    if (nc <= 0) return MLAF_OK;
+    double *cworst = (double *)calloc((size_t)nc, sizeof(double));
+    int64_t *cvalues = (int64_t *)calloc((size_t)nc, sizeof(int64_t));
+    int64_t *cerrors = (int64_t *)calloc((size_t)nc, sizeof(int64_t));
+    int *cfailed = (int *)calloc((size_t)nc, sizeof(int));
+    int oom = !cworst || !cvalues || !cerrors || !cfailed;
+    int64_t first_bad = nc;
+    if (!oom) {
+#ifdef _OPENMP
+#pragma omp parallel
+#endif
+        {
+            void *scratch = malloc(scratch_bytes ? scratch_bytes : 1);
+            mlaf_verify_result tr;
+            if (!scratch) {
+#ifdef _OPENMP
+#pragma omp atomic write
+#endif
+                oom = 1;
+            }
+#ifdef _OPENMP
+#pragma omp for schedule(dynamic, 1)
+#endif
+            for (int64_t k = 0; k < nc; k++) {
+                int64_t fb;
+#ifdef _OPENMP
+#pragma omp atomic read
+#endif
+                fb = first_bad;
+                if (!scratch || k > fb) continue;
+                judge jc = {&tr, 0, 0.0, 0};
+                const int64_t t0 = k * chunk, n = T - t0 < chunk ? T - t0 : chunk;
+                body(arg, scratch, t0, n, &jc, &cerrors[k]);
+                cworst[k] = jc.worst;
+                cvalues[k] = jc.values;
+                cfailed[k] = jc.failed;
+                if (jc.failed) {
+#ifdef _OPENMP
+#pragma omp critical(mlaf_verify_first_bad)
+#endif
+                    {
+                        if (k < first_bad) {
+                            first_bad = k;
+                            memcpy(j->r->detail, tr.detail, sizeof tr.detail);
+                        }
+                    }
+                }
+            }
+            free(scratch);
+        }
+    }
+    if (!oom) {
+        const int64_t last = first_bad < nc ? first_bad : nc - 1;
+        for (int64_t k = 0; k <= last; k++) {
+            if (cworst[k] > j->worst || cworst[k] != cworst[k]) j->worst = cworst[k] != cworst[k] ? INFINITY : cworst[k];
+            j->values += cvalues[k];
+            j->failed += cfailed[k];
+            *errors += cerrors[k];
+        }
+    }
+    free(cworst);
+    free(cvalues);
+    free(cerrors);
+    free(cfailed);
+    return oom ? MLAF_ERR_OUT_OF_MEMORY : MLAF_OK;
+}
+
 static mlaf_status check_case_common(const mlaf_verify_case *c, mlaf_verify_result *r) {
     memset(r, 0, sizeof *r);
     if (c->cfg.kv_lora_rank <= 0 || c->cfg.q_lora_rank < 0 || c->cfg.qk_rope_head_dim < 0 ||
@@ -324,6 +413,40 @@ static mlaf_status check_case_common(const mlaf_verify_case *c, mlaf_verify_resu
 
 /* ---- split_qk_norm --------------------------------------------------------------------- */
 
+typedef struct split_arg {
+    const norm_bufs *b;
+    const mlaf_verify_case *c;
+    int32_t Q, C, R;
+    int give_pe;
+} split_arg;
+
+/* Tokens [t0, t0 + n): the oracle's q and k_nope, the k_pe copy bit for bit. */
+static void split_chunk(const void *arg, void *scratch, int64_t t0, int64_t n, judge *j,
+                        int64_t *errors) {
+    const split_arg *a = (const split_arg *)arg;
+    const norm_bufs *b = a->b;
+    const int32_t Q = a->Q, C = a->C, R = a->R;
+    const size_t es = mlaf_dtype_size(a->c->dtype);
+    double *rq = (double *)scratch, *rk = rq + CHUNK_TOKENS * (Q > 0 ? Q : 1);
+    (void)errors;
+    mlaf_norm_job hj = host_norm_job(b, a->c, t0, n);
+    mlaf_ref_split_qk_norm(&hj, Q > 0 ? rq : NULL, rk, NULL);
+    for (int64_t u = 0; u < n; u++) {
+        int64_t t = t0 + u;
+        for (int32_t i = 0; i < Q; i++) judge_value(j, &b->vq, "q", t, i, rq[u * Q + i], 0);
+        for (int32_t i = 0; i < C; i++) judge_value(j, &b->vk, "k_nope", t, i, rk[u * C + i], 0);
+        if (a->give_pe && R > 0) {
+            /* bit-exact copy of the latent's rope columns */
+            const unsigned char *src = b->latent.init + (size_t)((t * b->LS + Q + C) * (int64_t)es);
+            size_t at = vv_byte(&b->vp, t, 0);
+            if (memcmp((const unsigned char *)b->vp.b->g.body + at, src, (size_t)R * es) != 0)
+                judge_fail(j, "k_pe[t=%lld]: not a bit-exact copy of the latent's rope part",
+                           (long long)t);
+            if (!a->c->in_place) memset(b->vp.b->claimed + at, 1, (size_t)R * es);
+        }
+    }
+}
+
 mlaf_status mlaf_verify_split_qk_norm(mlaf_context *ctx, const mlaf_verify_case *c,
                                       mlaf_verify_result *r) {
     mlaf_status s = check_case_common(c, r);
@@ -333,7 +456,6 @@ mlaf_status mlaf_verify_split_qk_norm(mlaf_context *ctx, const mlaf_verify_case 
     mlaf_rng rng;
     mlaf_rng_seed(&rng, c->seed);
     norm_bufs b;
-    double *rq = NULL, *rk = NULL;
     s = norm_bufs_make(&b, mlaf_context_backend(ctx), c, &rng, 1, !c->no_k_pe);
     if (s != MLAF_OK) goto done;
 
@@ -353,40 +475,17 @@ mlaf_status mlaf_verify_split_qk_norm(mlaf_context *ctx, const mlaf_verify_case 
     if ((s = mlaf_context_sync(ctx)) != MLAF_OK) goto done;
     vbuf *all[6] = {&b.latent, &b.w_q, &b.w_kv, &b.q, &b.k_nope, &b.k_pe};
     if ((s = fetch_all(all, 6)) != MLAF_OK) goto done;
+    corrupt_outputs(c, Q > 0 ? &b.vq : &b.vk);
 
     judge j = {r, 0, 0.0, 0};
-    rq = (double *)malloc(sizeof(double) * CHUNK_TOKENS * (size_t)(Q > 0 ? Q : 1));
-    rk = (double *)malloc(sizeof(double) * CHUNK_TOKENS * (size_t)C);
-    if (!rq || !rk) {
-        s = MLAF_ERR_OUT_OF_MEMORY;
-        goto done;
-    }
-    const size_t es = mlaf_dtype_size(c->dtype);
-    for (int64_t t0 = 0; t0 < T && !j.failed; t0 += CHUNK_TOKENS) {
-        int64_t n = T - t0 < CHUNK_TOKENS ? T - t0 : CHUNK_TOKENS;
-        mlaf_norm_job hj = host_norm_job(&b, c, t0, n);
-        mlaf_ref_split_qk_norm(&hj, Q > 0 ? rq : NULL, rk, NULL);
-        for (int64_t u = 0; u < n; u++) {
-            int64_t t = t0 + u;
-            for (int32_t i = 0; i < Q; i++) judge_value(&j, &b.vq, "q", t, i, rq[u * Q + i], 0);
-            for (int32_t i = 0; i < C; i++) judge_value(&j, &b.vk, "k_nope", t, i, rk[u * C + i], 0);
-            if (give_pe && R > 0) {
-                /* bit-exact copy of the latent's rope columns */
-                const unsigned char *src = b.latent.init + (size_t)((t * b.LS + Q + C) * (int64_t)es);
-                size_t at = vv_byte(&b.vp, t, 0);
-                if (memcmp((const unsigned char *)b.vp.b->g.body + at, src, (size_t)R * es) != 0)
-                    judge_fail(&j, "k_pe[t=%lld]: not a bit-exact copy of the latent's rope part",
-                               (long long)t);
-                if (!c->in_place) memset(b.vp.b->claimed + at, 1, (size_t)R * es);
-            }
-        }
-    }
+    const split_arg sa = {&b, c, Q, C, R, !c->no_k_pe};
+    int64_t errors = 0;
+    const size_t scratch = sizeof(double) * CHUNK_TOKENS * ((size_t)(Q > 0 ? Q : 1) + (size_t)C);
+    if ((s = run_chunks(T, CHUNK_TOKENS, scratch, split_chunk, &sa, &j, &errors)) != MLAF_OK) goto done;
     int64_t untouched = 0;
     for (int i = 0; i < 6; i++) untouched += judge_untouched(&j, all[i]);
     judge_finish(&j, "split_qk_norm", c, untouched);
 done:
-    free(rq);
-    free(rk);
     norm_bufs_free(&b);
     return s;
 }
@@ -456,6 +555,78 @@ static void judge_error_count(judge *j, vbuf *b, int64_t expected_errors) {
 
 /* ---- mla_kv_cache ---------------------------------------------------------------------- */
 
+typedef struct mla_arg {
+    const norm_bufs *b;
+    const mlaf_verify_case *c;
+    int32_t Q, C, R;
+    int want_k_nope, want_k_pe;
+    const vbuf *pos_b, *slot_b, *cache_b;
+    const float *cs_host;
+    int64_t cs_stride;
+    const int64_t *pos, *slots;
+    int64_t num_blocks, bs, s0, s1;
+} mla_arg;
+
+/* Tokens [t0, t0 + n): q, k_nope, the roped k_pe and the cache row each valid token names;
+ * *errors counts the tokens the oracle rejects. */
+static void mla_chunk(const void *arg, void *scratch, int64_t t0, int64_t n, judge *j,
+                      int64_t *errors) {
+    const mla_arg *a = (const mla_arg *)arg;
+    const norm_bufs *b = a->b;
+    const mlaf_verify_case *c = a->c;
+    const int32_t Q = a->Q, C = a->C, R = a->R;
+    const int64_t CR = (int64_t)C + R, bs = a->bs;
+    const size_t es = mlaf_dtype_size(c->dtype);
+    double *rq = (double *)scratch, *rk = rq + CHUNK_TOKENS * (Q > 0 ? Q : 1);
+    double *rp = rk + CHUNK_TOKENS * C, *rows = rp + CHUNK_TOKENS * (R > 0 ? R : 1);
+    double *allow = rows + CHUNK_TOKENS * CR;
+    int8_t *status = (int8_t *)(allow + (R > 0 ? R : 1) * 2);
+    vview vcache = {(vbuf *)a->cache_b, c->cache_dtype, 0, 0};
+    mlaf_kv_cache_job hj;
+    memset(&hj, 0, sizeof hj);
+    hj.norm = host_norm_job(b, c, t0, n);
+    hj.rope.R = R;
+    hj.rope.style = c->rope_style;
+    hj.rope.positions = a->pos_b->init ? a->pos_b->init + (size_t)t0 * mlaf_dtype_size(c->index_dtype) : NULL;
+    hj.rope.pos_dt = c->index_dtype;
+    hj.rope.cos_sin = a->cs_host;
+    hj.rope.cos_sin_stride = a->cs_stride;
+    hj.rope.max_pos = VERIFY_MAX_POS;
+    hj.slots = a->slot_b->init + (size_t)t0 * mlaf_dtype_size(c->index_dtype);
+    hj.slot_dt = c->index_dtype;
+    hj.cache_dt = c->cache_dtype;
+    hj.num_blocks = a->num_blocks;
+    hj.block_size = bs;
+    hj.cache_s0 = a->s0;
+    hj.cache_s1 = a->s1;
+    mlaf_ref_mla_kv_cache(&hj, Q > 0 ? rq : NULL, rk, rp, rows, status);
+    for (int64_t u = 0; u < n; u++) {
+        int64_t t = t0 + u;
+        *errors += status[u] < 0;
+        for (int32_t i = 0; i < Q; i++) judge_value(j, &b->vq, "q", t, i, rq[u * Q + i], 0);
+        if (a->want_k_nope)
+            for (int32_t i = 0; i < C; i++) judge_value(j, &b->vk, "k_nope", t, i, rk[u * C + i], 0);
+        if (status[u] < 0) continue; /* nothing of the rope part or cache row may be written */
+        if (R > 0) {
+            /* rounding allowance from the un-rotated values */
+            double *x = allow + R;
+            const char *lrow = (const char *)b->latent.init + (size_t)(t * b->LS) * es;
+            for (int32_t i = 0; i < R; i++) x[i] = mlaf_load_f32(lrow, c->dtype, (int64_t)Q + C + i);
+            rope_allowance(x, R, c->rope_style, a->cs_host + a->pos[t] * a->cs_stride, allow);
+            if (a->want_k_pe)
+                for (int32_t i = 0; i < R; i++) judge_value(j, &b->vp, "k_pe", t, i, rp[u * R + i], allow[i]);
+        }
+        if (status[u] == 1) {
+            int64_t slot = a->slots[t];
+            vcache.off = (slot / bs) * a->s0 + (slot % bs) * a->s1;
+            for (int64_t i = 0; i < C; i++)
+                judge_value(j, &vcache, "kv_cache(k_nope part)", t, i, rows[u * CR + i], 0);
+            for (int64_t i = 0; i < R; i++)
+                judge_value(j, &vcache, "kv_cache(rope part)", t, C + i, rows[u * CR + C + i], allow[i]);
+        }
+    }
+}
+
 mlaf_status mlaf_verify_mla_kv_cache(mlaf_context *ctx, const mlaf_verify_case *c,
                                      mlaf_verify_result *r) {
     mlaf_status s = check_case_common(c, r);
@@ -475,8 +646,6 @@ mlaf_status mlaf_verify_mla_kv_cache(mlaf_context *ctx, const mlaf_verify_case *
     memset(&cache_b, 0, sizeof cache_b);
     memset(&ec_b, 0, sizeof ec_b);
     int64_t *pos = NULL, *slots = NULL, *perm = NULL;
-    double *rq = NULL, *rk = NULL, *rp = NULL, *rows = NULL, *allow = NULL;
-    int8_t *status = NULL;
     unsigned char *canary = NULL;
     const int want_k_nope = c->no_k_pe != 2, want_k_pe = !c->no_k_pe;
     s = norm_bufs_make(&b, be, c, &rng, want_k_nope, want_k_pe);
@@ -544,72 +713,17 @@ mlaf_status mlaf_verify_mla_kv_cache(mlaf_context *ctx, const mlaf_verify_case *
     vbuf *all[11] = {&b.latent, &b.w_q, &b.w_kv, &b.q, &b.k_nope, &b.k_pe,
                      &pos_b, &slot_b, &cs_b, &cache_b, &ec_b};
     if ((s = fetch_all(all, 11)) != MLAF_OK) goto done;
+    if (Q > 0 || want_k_nope) corrupt_outputs(c, Q > 0 ? &b.vq : &b.vk);
 
     judge j = {r, 0, 0.0, 0};
-    size_t nch = CHUNK_TOKENS;
-    rq = (double *)malloc(sizeof(double) * nch * (size_t)(Q > 0 ? Q : 1));
-    rk = (double *)malloc(sizeof(double) * nch * (size_t)C);
-    rp = (double *)malloc(sizeof(double) * nch * (size_t)(R > 0 ? R : 1));
-    rows = (double *)malloc(sizeof(double) * nch * (size_t)CR);
-    allow = (double *)malloc(sizeof(double) * (size_t)(R > 0 ? R : 1) * 2);
-    status = (int8_t *)malloc(nch);
-    if (!rq || !rk || !rp || !rows || !allow || !status) {
-        s = MLAF_ERR_OUT_OF_MEMORY;
-        goto done;
-    }
-    const size_t es = mlaf_dtype_size(c->dtype);
-    const float *cs_host = (const float *)cs_b.init;
-    vview vcache = {&cache_b, c->cache_dtype, 0, 0};
+    const mla_arg ma = {&b, c, Q, C, R, want_k_nope, want_k_pe, &pos_b, &slot_b, &cache_b,
+                        (const float *)cs_b.init, cs_stride, pos, slots, num_blocks, bs, s0, s1};
     int64_t errors = 0;
-    for (int64_t t0 = 0; t0 < T && !j.failed; t0 += CHUNK_TOKENS) {
-        int64_t n = T - t0 < CHUNK_TOKENS ? T - t0 : CHUNK_TOKENS;
-        mlaf_kv_cache_job hj;
-        memset(&hj, 0, sizeof hj);
-        hj.norm = host_norm_job(&b, c, t0, n);
-        hj.rope.R = R;
-        hj.rope.style = c->rope_style;
-        hj.rope.positions = pos_b.init ? pos_b.init + (size_t)t0 * mlaf_dtype_size(c->index_dtype) : NULL;
-        hj.rope.pos_dt = c->index_dtype;
-        hj.rope.cos_sin = cs_host;
-        hj.rope.cos_sin_stride = cs_stride;
-        hj.rope.max_pos = VERIFY_MAX_POS;
-        hj.slots = slot_b.init + (size_t)t0 * mlaf_dtype_size(c->index_dtype);
-        hj.slot_dt = c->index_dtype;
-        hj.cache_dt = c->cache_dtype;
-        hj.num_blocks = num_blocks;
-        hj.block_size = bs;
-        hj.cache_s0 = s0;
-        hj.cache_s1 = s1;
-        mlaf_ref_mla_kv_cache(&hj, Q > 0 ? rq : NULL, rk, rp, rows, status);
-        for (int64_t u = 0; u < n; u++) {
-            int64_t t = t0 + u;
-            errors += status[u] < 0;
-            for (int32_t i = 0; i < Q; i++) judge_value(&j, &b.vq, "q", t, i, rq[u * Q + i], 0);
-            if (want_k_nope)
-                for (int32_t i = 0; i < C; i++)
-                    judge_value(&j, &b.vk, "k_nope", t, i, rk[u * C + i], 0);
-            if (status[u] < 0) continue; /* nothing of the rope part or cache row may be written */
-            if (R > 0) {
-                /* rounding allowance from the un-rotated values */
-                double *x = allow + R;
-                const char *lrow = (const char *)b.latent.init + (size_t)(t * b.LS) * es;
-                for (int32_t i = 0; i < R; i++) x[i] = mlaf_load_f32(lrow, c->dtype, (int64_t)Q + C + i);
-                rope_allowance(x, R, c->rope_style, cs_host + pos[t] * cs_stride, allow);
-                if (want_k_pe)
-                    for (int32_t i = 0; i < R; i++)
-                        judge_value(&j, &b.vp, "k_pe", t, i, rp[u * R + i], allow[i]);
-            }
-            if (status[u] == 1) {
-                int64_t slot = slots[t];
-                vcache.off = (slot / bs) * s0 + (slot % bs) * s1;
-                for (int64_t i = 0; i < C; i++)
-                    judge_value(&j, &vcache, "kv_cache(k_nope part)", t, i, rows[u * CR + i], 0);
-                for (int64_t i = 0; i < R; i++)
-                    judge_value(&j, &vcache, "kv_cache(rope part)", t, C + i, rows[u * CR + C + i],
-                                allow[i]);
-            }
-        }
-    }
+    const size_t scratch = sizeof(double) * (CHUNK_TOKENS * ((size_t)(Q > 0 ? Q : 1) + (size_t)C +
+                                                             (size_t)(R > 0 ? R : 1) + (size_t)CR) +
+                                             (size_t)(R > 0 ? R : 1) * 2) +
+                           CHUNK_TOKENS;
+    if ((s = run_chunks(T, CHUNK_TOKENS, scratch, mla_chunk, &ma, &j, &errors)) != MLAF_OK) goto done;
     if (!j.failed) judge_error_count(&j, &ec_b, errors);
     int64_t untouched = 0;
     for (int i = 0; i < 11; i++) untouched += judge_untouched(&j, all[i]);
@@ -618,12 +732,6 @@ done:
     free(pos);
     free(slots);
     free(perm);
-    free(rq);
-    free(rk);
-    free(rp);
-    free(rows);
-    free(allow);
-    free(status);
     free(canary);
     norm_bufs_free(&b);
     vbuf_free(&pos_b);
@@ -635,6 +743,64 @@ done:
 }
 
 /* ---- rope_q ---------------------------------------------------------------------------- */
+
+#define ROPE_CHUNK 16
+
+typedef struct rope_arg {
+    const mlaf_verify_case *c;
+    const vbuf *q_b, *pos_b;
+    const float *cs_host;
+    int64_t cs_stride;
+    const int64_t *pos;
+    int32_t R;
+    int64_t H, D, s0, s1;
+} rope_arg;
+
+/* Tokens [t0, t0 + n): every head's rotated rope part; *errors counts rejected positions. */
+static void rope_chunk(const void *arg, void *scratch, int64_t t0, int64_t n, judge *j,
+                       int64_t *errors) {
+    const rope_arg *a = (const rope_arg *)arg;
+    const mlaf_verify_case *c = a->c;
+    const mlaf_dtype dt = c->dtype;
+    const size_t es = mlaf_dtype_size(dt);
+    const int32_t R = a->R;
+    const int64_t H = a->H, D = a->D, s0 = a->s0, s1 = a->s1;
+    double *qref = (double *)scratch, *allow = qref + ROPE_CHUNK * H * D;
+    int8_t *status = (int8_t *)(allow + (size_t)R * 2);
+    mlaf_rope_q_job hj;
+    memset(&hj, 0, sizeof hj);
+    hj.rope.R = R;
+    hj.rope.style = c->rope_style;
+    hj.rope.positions = a->pos_b->init + (size_t)t0 * mlaf_dtype_size(c->index_dtype);
+    hj.rope.pos_dt = c->index_dtype;
+    hj.rope.cos_sin = a->cs_host;
+    hj.rope.cos_sin_stride = a->cs_stride;
+    hj.rope.max_pos = VERIFY_MAX_POS;
+    hj.T = n;
+    hj.H = H;
+    hj.D = (int32_t)D;
+    hj.q = a->q_b->init + (size_t)(t0 * s0) * es;
+    hj.dt = dt;
+    hj.s0 = s0;
+    hj.s1 = s1;
+    mlaf_ref_rope_q(&hj, qref, status);
+    for (int64_t u = 0; u < n; u++) {
+        int64_t t = t0 + u;
+        if (status[u] < 0) {
+            ++*errors;
+            continue; /* unrotated: every byte must be unchanged */
+        }
+        for (int64_t h = 0; h < H; h++) {
+            const char *head = (const char *)a->q_b->init + (size_t)(t * s0 + h * s1) * es;
+            const double *rotated = qref + (u * H + h) * D + (D - R);
+            double *xin = allow + R;
+            for (int32_t i = 0; i < R; i++) xin[i] = mlaf_load_f32(head, dt, D - R + i);
+            rope_allowance(xin, R, c->rope_style, a->cs_host + a->pos[t] * a->cs_stride, allow);
+            vview v = {(vbuf *)a->q_b, dt, h * s1 + (D - R), s0};
+            for (int32_t i = 0; i < R; i++) judge_value(j, &v, "q(rope part)", t, i, rotated[i], allow[i]);
+        }
+    }
+}
 
 mlaf_status mlaf_verify_rope_q(mlaf_context *ctx, const mlaf_verify_case *c, mlaf_verify_result *r) {
     memset(r, 0, sizeof *r);
@@ -653,8 +819,6 @@ mlaf_status mlaf_verify_rope_q(mlaf_context *ctx, const mlaf_verify_case *c, mla
     memset(&cs_b, 0, sizeof cs_b);
     memset(&ec_b, 0, sizeof ec_b);
     int64_t *pos = NULL;
-    double *qref = NULL, *allow = NULL;
-    int8_t *status = NULL;
     void *img = NULL;
     mlaf_status s;
     const int64_t s1 = D + (st ? 3 : 0), s0 = H * s1 + (st ? 5 : 0);
@@ -687,55 +851,17 @@ mlaf_status mlaf_verify_rope_q(mlaf_context *ctx, const mlaf_verify_case *c, mla
     if ((s = mlaf_context_sync(ctx)) != MLAF_OK) goto done;
     vbuf *all[4] = {&q_b, &pos_b, &cs_b, &ec_b};
     if ((s = fetch_all(all, 4)) != MLAF_OK) goto done;
+    {
+        const vview v = {&q_b, dt, D - R, s0};
+        corrupt_outputs(c, &v);
+    }
 
     judge j = {r, 0, 0.0, 0};
-    const int64_t nch = 16;
-    qref = (double *)malloc(sizeof(double) * (size_t)(nch * H * D));
-    allow = (double *)malloc(sizeof(double) * (size_t)R * 2);
-    status = (int8_t *)malloc((size_t)nch);
-    if (!qref || !allow || !status) {
-        s = MLAF_ERR_OUT_OF_MEMORY;
-        goto done;
-    }
-    const float *cs_host = (const float *)cs_b.init;
+    const rope_arg ra = {c, &q_b, &pos_b, (const float *)cs_b.init, cs_stride, pos, R, H, D, s0, s1};
     int64_t errors = 0;
-    for (int64_t t0 = 0; t0 < T && !j.failed; t0 += nch) {
-        int64_t n = T - t0 < nch ? T - t0 : nch;
-        mlaf_rope_q_job hj;
-        memset(&hj, 0, sizeof hj);
-        hj.rope.R = R;
-        hj.rope.style = c->rope_style;
-        hj.rope.positions = pos_b.init + (size_t)t0 * mlaf_dtype_size(c->index_dtype);
-        hj.rope.pos_dt = c->index_dtype;
-        hj.rope.cos_sin = cs_host;
-        hj.rope.cos_sin_stride = cs_stride;
-        hj.rope.max_pos = VERIFY_MAX_POS;
-        hj.T = n;
-        hj.H = H;
-        hj.D = (int32_t)D;
-        hj.q = q_b.init + (size_t)(t0 * s0) * es;
-        hj.dt = dt;
-        hj.s0 = s0;
-        hj.s1 = s1;
-        mlaf_ref_rope_q(&hj, qref, status);
-        for (int64_t u = 0; u < n; u++) {
-            int64_t t = t0 + u;
-            if (status[u] < 0) {
-                errors++;
-                continue; /* unrotated: every byte must be unchanged */
-            }
-            for (int64_t h = 0; h < H; h++) {
-                const char *head = (const char *)q_b.init + (size_t)(t * s0 + h * s1) * es;
-                const double *rotated = qref + (u * H + h) * D + (D - R);
-                double *xin = allow + R;
-                for (int32_t i = 0; i < R; i++) xin[i] = mlaf_load_f32(head, dt, D - R + i);
-                rope_allowance(xin, R, c->rope_style, cs_host + pos[t] * cs_stride, allow);
-                vview v = {&q_b, dt, h * s1 + (D - R), s0};
-                for (int32_t i = 0; i < R; i++)
-                    judge_value(&j, &v, "q(rope part)", t, i, rotated[i], allow[i]);
-            }
-        }
-    }
+    const size_t scratch =
+        sizeof(double) * ((size_t)(ROPE_CHUNK * H * D) + (size_t)R * 2) + ROPE_CHUNK;
+    if ((s = run_chunks(T, ROPE_CHUNK, scratch, rope_chunk, &ra, &j, &errors)) != MLAF_OK) goto done;
     if (!j.failed) judge_error_count(&j, &ec_b, errors);
     int64_t untouched = 0;
     for (int i = 0; i < 4; i++) untouched += judge_untouched(&j, all[i]);
@@ -743,9 +869,6 @@ mlaf_status mlaf_verify_rope_q(mlaf_context *ctx, const mlaf_verify_case *c, mla
 done:
     free(img);
     free(pos);
-    free(qref);
-    free(allow);
-    free(status);
     vbuf_free(&q_b);
     vbuf_free(&pos_b);
     vbuf_free(&cs_b);

@@ -33,6 +33,20 @@ void mlaf_fill_normal(mlaf_rng *r, void *p, mlaf_dtype dt, size_t n, double mean
         mlaf_store_f32(p, dt, (int64_t)i, (float)(mean + stddev * mlaf_rng_normal(r)));
 }
 
+void mlaf_fill_normal_rows(mlaf_rng *r, void *p, mlaf_dtype dt, int64_t rows, size_t n,
+                           int64_t stride, double mean, double stddev) {
+    const uint64_t step = 0x9E3779B97F4A7C15ull, s0 = r->s;
+    const size_t es = mlaf_dtype_size(dt);
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static)
+#endif
+    for (int64_t t = 0; t < rows; t++) {
+        mlaf_rng rt = {s0 + (uint64_t)t * (uint64_t)(2 * n) * step};
+        mlaf_fill_normal(&rt, (unsigned char *)p + (size_t)(t * stride) * es, dt, n, mean, stddev);
+    }
+    r->s = s0 + (uint64_t)(rows > 0 ? rows : 0) * (uint64_t)(2 * n) * step;
+}
+
 /* ---- guarded buffers ------------------------------------------------------------------- */
 mlaf_status mlaf_gbuf_alloc(mlaf_gbuf *g, mlaf_backend b, size_t bytes, const void *init,
                             size_t misalign) {

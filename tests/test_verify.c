@@ -1,0 +1,64 @@
+/*
+ * test_verify.c — the verify harness checked against outputs known to be wrong.
+ *
+ * Every op's check runs its tokens on all threads and reports the first failing token. Here
+ * each check gets a correct run with values altered afterwards (mlaf_verify_case.corrupt_from:
+ * one token, then every 500th after it, so several chunks fail on different threads): the
+ * check must fail, name the first altered token, and pass the same case unaltered. CPU backend
+ * only; the harness code is the same for every backend.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "testlib.h"
+
+typedef mlaf_status (*verify_fn)(mlaf_context *, const mlaf_verify_case *, mlaf_verify_result *);
+
+static void expect(mlaf_context *ctx, const char *op, verify_fn fn, mlaf_verify_case c,
+                   int64_t bad_t, const char *needle_fmt) {
+    char name[160], needle[64];
+    mlaf_verify_result r;
+    snprintf(name, sizeof name, "VERIFY(%s,preset=%s,T=%lld,dtype=%s,unaltered passes)", op,
+             c.cfg.name, (long long)c.T, mlaf_dtype_name(c.dtype));
+    mlaf_status st = fn(ctx, &c, &r);
+    tl_case(st == MLAF_OK && r.passed, name, "%s [%s]", r.detail, mlaf_status_name(st));
+
+    c.corrupt_from = bad_t + 1;
+    snprintf(needle, sizeof needle, needle_fmt, (long long)bad_t);
+    snprintf(name, sizeof name, "VERIFY(%s,preset=%s,T=%lld,dtype=%s,altered from t=%lld fails there)",
+             op, c.cfg.name, (long long)c.T, mlaf_dtype_name(c.dtype), (long long)bad_t);
+    st = fn(ctx, &c, &r);
+    tl_case(st == MLAF_OK && !r.passed && strstr(r.detail, needle) != NULL, name,
+            "passed=%d, detail \"%s\" (wanted \"%s\") [%s]", r.passed, r.detail, needle,
+            mlaf_status_name(st));
+}
+
+int main(void) {
+    mlaf_context *ctx = tl_context(MLAF_BACKEND_CPU);
+    if (!ctx) return tl_finish();
+    const mlaf_model_config *glm = mlaf_preset_find("glm-4.7-flash");
+    const mlaf_model_config *dsv3 = mlaf_preset_find("deepseek-v3");
+    const mlaf_model_config *lite = mlaf_preset_find("deepseek-v2-lite");
+    if (!glm || !dsv3 || !lite) {
+        tl_case(0, "VERIFY(presets)", "a preset is missing");
+        mlaf_context_free(ctx);
+        return tl_finish();
+    }
+    /* T = 4099: 17 chunks of the norm checks; the altered tokens sit in chunks 4, 6, 8 ... */
+    expect(ctx, "split_qk_norm", mlaf_verify_split_qk_norm,
+           mlaf_verify_case_default(glm, MLAF_BF16, 4099, 3), 1234, "[t=%lld,");
+    /* no q part: k_nope is the value altered */
+    expect(ctx, "split_qk_norm", mlaf_verify_split_qk_norm,
+           mlaf_verify_case_default(lite, MLAF_F32, 4099, 4), 777, "[t=%lld,");
+    expect(ctx, "mla_kv_cache", mlaf_verify_mla_kv_cache,
+           mlaf_verify_case_default(dsv3, MLAF_BF16, 4099, 5), 1234, "[t=%lld,");
+    {
+        mlaf_verify_case c = mlaf_verify_case_default(glm, MLAF_F16, 1500, 6);
+        c.strided = 1;
+        expect(ctx, "rope_q", mlaf_verify_rope_q, c, 433, "[t=%lld,");
+    }
+    expect(ctx, "moe_gate", mlaf_verify_moe_gate,
+           mlaf_verify_case_default(dsv3, MLAF_F32, 4099, 7), 2049, "token %lld:");
+    mlaf_context_free(ctx);
+    return tl_finish();
+}
