@@ -29,6 +29,8 @@ typedef struct mlaf_rng {
 void mlaf_rng_seed(mlaf_rng *r, uint64_t seed);
 uint64_t mlaf_rng_u64(mlaf_rng *r);
 double mlaf_rng_uniform(mlaf_rng *r);                 /* [0, 1) */
+/* The generator is a counter: r moved on by n draws, as n calls of mlaf_rng_u64 would. */
+mlaf_rng mlaf_rng_skipped(const mlaf_rng *r, uint64_t n);
 double mlaf_rng_normal(mlaf_rng *r);                  /* N(0, 1) */
 /* Fills n elements of dtype dt (float types) with N(mean, stddev) values, rounded to dt. */
 void mlaf_fill_normal(mlaf_rng *r, void *p, mlaf_dtype dt, size_t n, double mean, double stddev);

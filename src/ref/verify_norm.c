@@ -144,17 +144,20 @@ static int64_t judge_untouched(judge *j, const vbuf *b) {
     if (!b->live) return 0;
     if (!mlaf_gbuf_guards_ok(&b->g)) judge_fail(j, "%s: guard zone around the buffer was written", b->name);
     const unsigned char *got = (const unsigned char *)b->g.body;
-    int64_t kept = 0;
-    for (size_t k = 0; k < b->bytes; k++) {
+    const int64_t nb = (int64_t)b->bytes;
+    int64_t kept = 0, first = nb; /* the lowest changed byte, on all threads */
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) reduction(+ : kept) reduction(min : first)
+#endif
+    for (int64_t k = 0; k < nb; k++) {
         if (b->claimed[k]) continue;
         kept++;
-        if (got[k] != b->init[k]) {
-            judge_fail(j, "%s: byte %zu changed (0x%02x -> 0x%02x) where nothing may be written "
-                       "(input, padding, unnamed cache row or rejected token)",
-                       b->name, k, b->init[k], got[k]);
-            return kept;
-        }
+        if (got[k] != b->init[k] && k < first) first = k;
     }
+    if (first < nb)
+        judge_fail(j, "%s: byte %lld changed (0x%02x -> 0x%02x) where nothing may be written "
+                   "(input, padding, unnamed cache row or rejected token)",
+                   b->name, (long long)first, b->init[first], got[first]);
     return kept;
 }
 
@@ -209,13 +212,34 @@ static void fill_fast_normal(mlaf_rng *rng, void *p, mlaf_dtype dt, int64_t n, d
 /* Latent rows: ~N(0,1), with some rows far larger or smaller (eps then matters) and some zero. */
 static void fill_latent(mlaf_rng *rng, void *p, mlaf_dtype dt, int64_t T, int64_t stride) {
     const size_t es = mlaf_dtype_size(dt);
+    /* row t takes draws [t stride, (t + 1) stride): rows on all threads, the same values */
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static)
+#endif
     for (int64_t t = 0; t < T; t++) {
         double s = 1.0;
         if (t % 13 == 5) s = dt == MLAF_F16 ? 64.0 : 4096.0;
         if (t % 13 == 9) s = 1.0 / 512.0;
         if (t % 97 == 50) s = 0.0;
-        fill_fast_normal(rng, (char *)p + (size_t)(t * stride) * es, dt, stride, 0.0, s);
+        mlaf_rng rt = mlaf_rng_skipped(rng, (uint64_t)(t * stride));
+        fill_fast_normal(&rt, (char *)p + (size_t)(t * stride) * es, dt, stride, 0.0, s);
     }
+    *rng = mlaf_rng_skipped(rng, (uint64_t)(T > 0 ? T * stride : 0));
+}
+
+/* fill_fast_normal over n elements in blocks on all threads (block k takes draws from k B). */
+static void fill_fast_normal_par(mlaf_rng *rng, void *p, mlaf_dtype dt, int64_t n, double mean,
+                                 double sd) {
+    const int64_t B = 1 << 16, nb = (n + B - 1) / B;
+    const size_t es = mlaf_dtype_size(dt);
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static)
+#endif
+    for (int64_t k = 0; k < nb; k++) {
+        mlaf_rng rt = mlaf_rng_skipped(rng, (uint64_t)(k * B));
+        fill_fast_normal(&rt, (char *)p + (size_t)(k * B) * es, dt, n - k * B < B ? n - k * B : B, mean, sd);
+    }
+    *rng = mlaf_rng_skipped(rng, (uint64_t)(n > 0 ? n : 0));
 }
 
 typedef struct norm_bufs {
@@ -687,7 +711,18 @@ mlaf_status mlaf_verify_mla_kv_cache(mlaf_context *ctx, const mlaf_verify_case *
         s = MLAF_ERR_OUT_OF_MEMORY;
         goto done;
     }
-    for (size_t k = 0; k < cache_bytes; k++) canary[k] = (unsigned char)(mlaf_rng_u64(&rng) >> 56);
+    {
+        /* byte k is draw k: on all threads, the same bytes */
+        const mlaf_rng r0 = rng;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static)
+#endif
+        for (int64_t k = 0; k < (int64_t)cache_bytes; k++) {
+            mlaf_rng rk = mlaf_rng_skipped(&r0, (uint64_t)k);
+            canary[k] = (unsigned char)(mlaf_rng_u64(&rk) >> 56);
+        }
+        rng = mlaf_rng_skipped(&r0, (uint64_t)cache_bytes);
+    }
     if ((s = vbuf_alloc(&cache_b, "kv_cache", be, cache_bytes, canary, st ? ces : 0)) != MLAF_OK) goto done;
     if ((s = error_count_buf(&ec_b, be)) != MLAF_OK) goto done;
 
@@ -830,7 +865,7 @@ mlaf_status mlaf_verify_rope_q(mlaf_context *ctx, const mlaf_verify_case *c, mla
         s = MLAF_ERR_OUT_OF_MEMORY;
         goto done;
     }
-    fill_fast_normal(&rng, img, dt, T * s0, 0.0, 1.0);
+    fill_fast_normal_par(&rng, img, dt, T * s0, 0.0, 1.0);
     if ((s = vbuf_alloc(&q_b, "q", be, qbytes, img, st ? 3 * es : 0)) != MLAF_OK) goto done;
     make_positions(&rng, pos, T, VERIFY_MAX_POS);
     if ((s = index_buf(&pos_b, "positions", be, pos, T, c->index_dtype, st)) != MLAF_OK) goto done;

@@ -20,6 +20,11 @@ uint64_t mlaf_rng_u64(mlaf_rng *r) {
     return z ^ (z >> 31);
 }
 
+mlaf_rng mlaf_rng_skipped(const mlaf_rng *r, uint64_t n) {
+    mlaf_rng o = {r->s + n * 0x9E3779B97F4A7C15ull};
+    return o;
+}
+
 double mlaf_rng_uniform(mlaf_rng *r) { return (double)(mlaf_rng_u64(r) >> 11) * 0x1.0p-53; }
 
 double mlaf_rng_normal(mlaf_rng *r) {
@@ -35,16 +40,15 @@ void mlaf_fill_normal(mlaf_rng *r, void *p, mlaf_dtype dt, size_t n, double mean
 
 void mlaf_fill_normal_rows(mlaf_rng *r, void *p, mlaf_dtype dt, int64_t rows, size_t n,
                            int64_t stride, double mean, double stddev) {
-    const uint64_t step = 0x9E3779B97F4A7C15ull, s0 = r->s;
     const size_t es = mlaf_dtype_size(dt);
 #ifdef _OPENMP
 #pragma omp parallel for schedule(static)
 #endif
     for (int64_t t = 0; t < rows; t++) {
-        mlaf_rng rt = {s0 + (uint64_t)t * (uint64_t)(2 * n) * step};
+        mlaf_rng rt = mlaf_rng_skipped(r, (uint64_t)t * (uint64_t)(2 * n));
         mlaf_fill_normal(&rt, (unsigned char *)p + (size_t)(t * stride) * es, dt, n, mean, stddev);
     }
-    r->s = s0 + (uint64_t)(rows > 0 ? rows : 0) * (uint64_t)(2 * n) * step;
+    *r = mlaf_rng_skipped(r, (uint64_t)(rows > 0 ? rows : 0) * (uint64_t)(2 * n));
 }
 
 /* ---- guarded buffers ------------------------------------------------------------------- */
