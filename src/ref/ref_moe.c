@@ -389,6 +389,16 @@ static int moe_check_token(const moe_check *m, ref_token *rt, int64_t t, double 
     return 1;
 }
 
+/* mlaf_run_items' item k: tokens [64 k, 64 k + 64) up to the first failing one (scratch: a
+ * ref_token). */
+#define MOE_ITEM_TOKENS 64
+static void moe_token_item(const void *arg, void *scratch, int64_t k, mlaf_item_out *out) {
+    const moe_check *m = (const moe_check *)arg;
+    const int64_t end = (k + 1) * MOE_ITEM_TOKENS < m->T ? (k + 1) * MOE_ITEM_TOKENS : m->T;
+    for (int64_t t = k * MOE_ITEM_TOKENS; t < end && !out->failed; t++)
+        out->failed = !moe_check_token(m, (ref_token *)scratch, t, &out->worst, out->why, sizeof out->why);
+}
+
 mlaf_status mlaf_verify_moe_gate(mlaf_context *ctx, const mlaf_verify_case *c,
                                  mlaf_verify_result *res) {
     memset(res, 0, sizeof *res);
@@ -506,7 +516,7 @@ mlaf_status mlaf_verify_moe_gate(mlaf_context *ctx, const mlaf_verify_case *c,
 
         int ok = 1;
         double worst = 0.0;
-        char why[256] = "";
+        char why[512] = "";
         if (!mlaf_gbuf_guards_ok(&gl) || !mlaf_gbuf_guards_ok(&gw) || !mlaf_gbuf_guards_ok(&gi) ||
             (have_b && !mlaf_gbuf_guards_ok(&gb)) || (have_s && !mlaf_gbuf_guards_ok(&gs))) {
             ok = 0;
@@ -517,59 +527,20 @@ mlaf_status mlaf_verify_moe_gate(mlaf_context *ctx, const mlaf_verify_case *c,
             snprintf(why, sizeof why, "an input changed");
         }
         /* tokens on all threads; the first failing token (lowest t) is the one reported */
-        moe_check mc = {&job, wdt, wsz, K, E, T, ws, is, ss, c->strided, have_s,
-                        (const unsigned char *)gw.body, (const unsigned char *)gi.body,
-                        have_s ? (const unsigned char *)gs.body : NULL};
-        int64_t first_bad = ok ? T : -1;
-        int oom = 0;
-#ifdef _OPENMP
-#pragma omp parallel
-#endif
-        {
-            ref_token *tr = (ref_token *)malloc(sizeof *tr);
-            double tworst = 0.0;
-            char twhy[256];
-            if (!tr) {
-#ifdef _OPENMP
-#pragma omp atomic write
-#endif
-                oom = 1;
+        if (ok) {
+            const moe_check mc = {&job, wdt, wsz, K, E, T, ws, is, ss, c->strided, have_s,
+                                  (const unsigned char *)gw.body, (const unsigned char *)gi.body,
+                                  have_s ? (const unsigned char *)gs.body : NULL};
+            mlaf_item_out tot;
+            st = mlaf_run_items((T + MOE_ITEM_TOKENS - 1) / MOE_ITEM_TOKENS, sizeof(ref_token),
+                                moe_token_item, &mc, &tot);
+            if (st != MLAF_OK) goto done;
+            worst = tot.worst;
+            if (tot.failed) {
+                ok = 0;
+                snprintf(why, sizeof why, "%s", tot.why);
             }
-#ifdef _OPENMP
-#pragma omp for schedule(dynamic, 64)
-#endif
-            for (int64_t t = 0; t < T; t++) {
-                int64_t fb;
-#ifdef _OPENMP
-#pragma omp atomic read
-#endif
-                fb = first_bad;
-                if (!tr || t > fb) continue;
-                if (!moe_check_token(&mc, tr, t, &tworst, twhy, sizeof twhy)) {
-#ifdef _OPENMP
-#pragma omp critical(mlaf_moe_first_bad)
-#endif
-                    {
-                        if (t < first_bad) {
-                            first_bad = t;
-                            snprintf(why, sizeof why, "%s", twhy);
-                        }
-                    }
-                }
-            }
-#ifdef _OPENMP
-#pragma omp critical(mlaf_moe_worst)
-#endif
-            {
-                if (tworst > worst) worst = tworst;
-            }
-            free(tr);
         }
-        if (oom) {
-            st = MLAF_ERR_OUT_OF_MEMORY;
-            goto done;
-        }
-        if (first_bad < T) ok = 0;
         res->passed = ok;
         res->worst_units = worst;
         if (ok)

@@ -66,6 +66,24 @@ int mlaf_gbuf_guards_ok(const mlaf_gbuf *g);          /* after download: 1 if in
 /* 1 if the usable part (after download) equals `expect` byte for byte. */
 int mlaf_gbuf_equals(const mlaf_gbuf *g, const void *expect);
 
+/* ---- checks on all threads ------------------------------------------------------------ */
+/* One item's verdict (a token or a chunk of tokens): its worst error in units, values judged,
+ * errors counted, failures, and the first failure's text. */
+typedef struct mlaf_item_out {
+    double worst;
+    int64_t values, errors;
+    int failed;
+    char why[512];
+} mlaf_item_out;
+/* Checks item k (out starts zeroed); scratch: this thread's scratch_bytes. */
+typedef void (*mlaf_item_fn)(const void *arg, void *scratch, int64_t k, mlaf_item_out *out);
+/* Items [0, n) on all threads. *total is what a loop in item order that stops after the first
+ * failing item gives: worst (max), values, errors and failed (sums) over the items up to it,
+ * and its why. Items past the first failure found so far are skipped. MLAF_ERR_OUT_OF_MEMORY
+ * when the bookkeeping or a thread's scratch could not be had. */
+mlaf_status mlaf_run_items(int64_t n, size_t scratch_bytes, mlaf_item_fn fn, const void *arg,
+                           mlaf_item_out *total);
+
 /* ---- error units ----------------------------------------------------------------------- */
 /* Units of |got - ref| for a value stored in dtype dt (see above); NaN / inf mismatches give
  * +inf. `scale` is the magnitude of the quantity's terms (for f32 absolute floor), usually

@@ -350,81 +350,42 @@ static mlaf_status fetch_all(vbuf **bufs, int n) {
 
 /* ---- the chunk loops, on all threads ---------------------------------------------------- *
  * A check walks [0, T) in chunks: the oracle for the chunk, then every output value judged.
- * Chunks run on all threads, each with its own scratch and judge; the merge gives what the
- * loop in token order gives: the chunks up to the first failing one count (worst, values,
- * errors), that chunk's first failure is the message, later chunks are not needed. Claims
- * are per token (distinct bytes), so threads never claim the same byte. */
+ * The chunks are mlaf_run_items' items, each with its own judge; the merge gives what the loop
+ * in token order gives. Claims are per token (distinct bytes), so threads never claim the same
+ * byte. */
 typedef void (*chunk_body)(const void *arg, void *scratch, int64_t t0, int64_t n, judge *j,
                            int64_t *errors);
 
+typedef struct chunk_job {
+    int64_t T, chunk;
+    chunk_body body;
+    const void *arg;
+} chunk_job;
+
+static void chunk_item(const void *arg, void *scratch, int64_t k, mlaf_item_out *out) {
+    const chunk_job *cj = (const chunk_job *)arg;
+    mlaf_verify_result tr;
+    judge jc = {&tr, 0, 0.0, 0};
+    const int64_t t0 = k * cj->chunk, n = cj->T - t0 < cj->chunk ? cj->T - t0 : cj->chunk;
+    cj->body(cj->arg, scratch, t0, n, &jc, &out->errors);
+    out->worst = jc.worst;
+    out->values = jc.values;
+    out->failed = jc.failed;
+    if (jc.failed) memcpy(out->why, tr.detail, sizeof out->why);
+}
+
 static mlaf_status run_chunks(int64_t T, int64_t chunk, size_t scratch_bytes, chunk_body body,
                               const void *arg, judge *j, int64_t *errors) {
-    const int64_t nc = (T + chunk - 1) / chunk;
-    if (nc <= 0) return MLAF_OK;
-    double *cworst = (double *)calloc((size_t)nc, sizeof(double));
-    int64_t *cvalues = (int64_t *)calloc((size_t)nc, sizeof(int64_t));
-    int64_t *cerrors = (int64_t *)calloc((size_t)nc, sizeof(int64_t));
-    int *cfailed = (int *)calloc((size_t)nc, sizeof(int));
-    int oom = !cworst || !cvalues || !cerrors || !cfailed;
-    int64_t first_bad = nc;
-    if (!oom) {
-#ifdef _OPENMP
-#pragma omp parallel
-#endif
-        {
-            void *scratch = malloc(scratch_bytes ? scratch_bytes : 1);
-            mlaf_verify_result tr;
-            if (!scratch) {
-#ifdef _OPENMP
-#pragma omp atomic write
-#endif
-                oom = 1;
-            }
-#ifdef _OPENMP
-#pragma omp for schedule(dynamic, 1)
-#endif
-            for (int64_t k = 0; k < nc; k++) {
-                int64_t fb;
-#ifdef _OPENMP
-#pragma omp atomic read
-#endif
-                fb = first_bad;
-                if (!scratch || k > fb) continue;
-                judge jc = {&tr, 0, 0.0, 0};
-                const int64_t t0 = k * chunk, n = T - t0 < chunk ? T - t0 : chunk;
-                body(arg, scratch, t0, n, &jc, &cerrors[k]);
-                cworst[k] = jc.worst;
-                cvalues[k] = jc.values;
-                cfailed[k] = jc.failed;
-                if (jc.failed) {
-#ifdef _OPENMP
-#pragma omp critical(mlaf_verify_first_bad)
-#endif
-                    {
-                        if (k < first_bad) {
-                            first_bad = k;
-                            memcpy(j->r->detail, tr.detail, sizeof tr.detail);
-                        }
-                    }
-                }
-            }
-            free(scratch);
-        }
-    }
-    if (!oom) {
-        const int64_t last = first_bad < nc ? first_bad : nc - 1;
-        for (int64_t k = 0; k <= last; k++) {
-            if (cworst[k] > j->worst || cworst[k] != cworst[k]) j->worst = cworst[k] != cworst[k] ? INFINITY : cworst[k];
-            j->values += cvalues[k];
-            j->failed += cfailed[k];
-            *errors += cerrors[k];
-        }
-    }
-    free(cworst);
-    free(cvalues);
-    free(cerrors);
-    free(cfailed);
-    return oom ? MLAF_ERR_OUT_OF_MEMORY : MLAF_OK;
+    const chunk_job cj = {T, chunk, body, arg};
+    mlaf_item_out tot;
+    mlaf_status s = mlaf_run_items((T + chunk - 1) / chunk, scratch_bytes, chunk_item, &cj, &tot);
+    if (s != MLAF_OK) return s;
+    if (tot.worst > j->worst) j->worst = tot.worst;
+    j->values += tot.values;
+    j->failed += tot.failed;
+    *errors += tot.errors;
+    if (tot.failed) memcpy(j->r->detail, tot.why, sizeof j->r->detail);
+    return MLAF_OK;
 }
 
 static mlaf_status check_case_common(const mlaf_verify_case *c, mlaf_verify_result *r) {

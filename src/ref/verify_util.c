@@ -51,6 +51,77 @@ void mlaf_fill_normal_rows(mlaf_rng *r, void *p, mlaf_dtype dt, int64_t rows, si
     *r = mlaf_rng_skipped(r, (uint64_t)(rows > 0 ? rows : 0) * (uint64_t)(2 * n));
 }
 
+/* ---- checks on all threads ------------------------------------------------------------ */
+mlaf_status mlaf_run_items(int64_t n, size_t scratch_bytes, mlaf_item_fn fn, const void *arg,
+                           mlaf_item_out *total) {
+    memset(total, 0, sizeof *total);
+    if (n <= 0) return MLAF_OK;
+    double *worst = (double *)calloc((size_t)n, sizeof(double));
+    int64_t *values = (int64_t *)calloc((size_t)n, sizeof(int64_t));
+    int64_t *errors = (int64_t *)calloc((size_t)n, sizeof(int64_t));
+    int *failed = (int *)calloc((size_t)n, sizeof(int));
+    int oom = !worst || !values || !errors || !failed;
+    int64_t first_bad = n;
+    if (!oom) {
+#ifdef _OPENMP
+#pragma omp parallel
+#endif
+        {
+            void *scratch = malloc(scratch_bytes ? scratch_bytes : 1);
+            mlaf_item_out out;
+            if (!scratch) {
+#ifdef _OPENMP
+#pragma omp atomic write
+#endif
+                oom = 1;
+            }
+#ifdef _OPENMP
+#pragma omp for schedule(dynamic, 1)
+#endif
+            for (int64_t k = 0; k < n; k++) {
+                int64_t fb;
+#ifdef _OPENMP
+#pragma omp atomic read
+#endif
+                fb = first_bad;
+                if (!scratch || k > fb) continue;
+                memset(&out, 0, sizeof out);
+                fn(arg, scratch, k, &out);
+                worst[k] = out.worst;
+                values[k] = out.values;
+                errors[k] = out.errors;
+                failed[k] = out.failed;
+                if (out.failed) {
+#ifdef _OPENMP
+#pragma omp critical(mlaf_run_items_first_bad)
+#endif
+                    {
+                        if (k < first_bad) {
+                            first_bad = k;
+                            memcpy(total->why, out.why, sizeof out.why);
+                        }
+                    }
+                }
+            }
+            free(scratch);
+        }
+    }
+    if (!oom) {
+        const int64_t last = first_bad < n ? first_bad : n - 1;
+        for (int64_t k = 0; k <= last; k++) {
+            if (worst[k] > total->worst) total->worst = worst[k];
+            total->values += values[k];
+            total->errors += errors[k];
+            total->failed += failed[k];
+        }
+    }
+    free(worst);
+    free(values);
+    free(errors);
+    free(failed);
+    return oom ? MLAF_ERR_OUT_OF_MEMORY : MLAF_OK;
+}
+
 /* ---- guarded buffers ------------------------------------------------------------------- */
 mlaf_status mlaf_gbuf_alloc(mlaf_gbuf *g, mlaf_backend b, size_t bytes, const void *init,
                             size_t misalign) {
