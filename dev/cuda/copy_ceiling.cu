@@ -19,6 +19,9 @@
  * and prints each as a % of the reference rate of the same run (a 1 GiB cudaMemcpyAsync, back to
  * back, as mlafuse bench measures it), and the best of the SM kernels: the ceiling a kernel
  * moving that many bytes reached here. Each kernel's copy is checked once against the source.
+ * `--shapes`: bulk copies in the row kernels' launch shapes (a warp per chunk of one GLM /
+ * DeepSeek-V3 row's bytes, bulk load into the warp's slot, then one bulk store or the lanes'
+ * stores), a block per 10.7 / 16 KB chunk, and the 16 KB / row-sized rings, for four op sizes.
  * `--memcpy-only`: one 256 MB cudaMemcpyAsync and nothing else; under ncu it shows whether the
  * device-to-device copy runs as a kernel (on the H200 it does not: "No kernels were profiled",
  * it is the copy engines' DMA).
@@ -107,6 +110,111 @@ template <int S, int CH> __global__ void cc_bulk(const unsigned char *src, unsig
 #endif
 }
 
+/* `--shapes`: one-shot bulk copies in the row kernels' launch shape. A block of NW warps, each
+ * warp one chunk of CH bytes: lane 0 brings it into the warp's shared-memory slot with one bulk
+ * load on an mbarrier, then either (STORE_BULK) sends it out with one bulk store and waits until
+ * the store has read the slot, or the lanes store it from the slot with 16-byte st.global.cs
+ * (the way STAGE stores a row). */
+template <int NW, int CH, bool STORE_BULK>
+__global__ void __launch_bounds__(NW * 32) cc_bulk1(const unsigned char *src, unsigned char *dst, size_t nbytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    extern __shared__ __align__(128) unsigned char slots[];
+    __shared__ __align__(8) uint64_t bar[NW];
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    const size_t c = (size_t)blockIdx.x * NW + w, nch = (nbytes + CH - 1) / CH;
+    if (c >= nch) return;
+    const uint32_t bytes = (uint32_t)(c + 1 < nch ? CH : nbytes - c * CH);
+    const uint32_t sl = (uint32_t)__cvta_generic_to_shared(slots + (size_t)w * CH);
+    const uint32_t b = (uint32_t)__cvta_generic_to_shared(bar + w);
+    if (lane == 0) {
+        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(b) : "memory");
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(b), "r"(bytes) : "memory");
+        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                     ::"r"(sl), "l"(src + c * CH), "r"(bytes), "r"(b) : "memory");
+    }
+    __syncwarp();
+    uint32_t ok = 0;
+    do {
+        asm volatile("{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
+                     "selp.u32 %0, 1, 0, p;\n\t}" : "=r"(ok) : "r"(b), "r"(0u) : "memory");
+    } while (!ok);
+    if constexpr (STORE_BULK) {
+        if (lane == 0) {
+            asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(dst + c * CH), "r"(sl),
+                         "r"(bytes) : "memory");
+            asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+            asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+        }
+    } else {
+        const uint4 *s4 = reinterpret_cast<const uint4 *>(slots + (size_t)w * CH);
+        uint4 *d4 = reinterpret_cast<uint4 *>(dst + c * CH);
+        for (uint32_t i = lane; i < bytes / 16; i += 32) __stcs(d4 + i, s4[i]);
+    }
+#endif
+}
+
+/* `--shapes`: the bulk copies of a few op-sized byte counts in the row kernels' shapes. */
+static void shapes(double ref_gbs, uint4 *src, uint4 *dst, const flusher &fl, int sms) {
+    struct row { const char *what; double mb; };
+    const row rows[] = {
+        {"split_qk_norm glm-4.7-flash T=32768", 32768 * 5376.0 / 1e6},
+        {"mla_kv_cache glm-4.7-flash T=32768", 32768 * 5648.0 / 1e6},
+        {"split_qk_norm deepseek-v3 T=32768", 32768 * 8448.0 / 1e6},
+        {"split_qk_norm glm-4.7-flash T=131072", 131072 * 5376.0 / 1e6},
+    };
+    const char *names[] = {"memcpy", "ring 16K", "ring 2688", "w4 2688 bulk", "w4 2688 lanes", "w4 4224 bulk",
+                           "w4 4224 lanes", "w1 10752 bulk", "w1 16K bulk", "w4 16K bulk"};
+    const int nk = 10;
+    auto setsm = [](const void *f, int b) { CK(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, b)); };
+    setsm((const void *)cc_bulk<6, 16384>, 6 * 16384);
+    setsm((const void *)cc_bulk<24, 2688>, 24 * 2688);
+    setsm((const void *)cc_bulk1<4, 16384, true>, 4 * 16384);
+    printf("%-38s %7s", "bytes of", "MB");
+    for (int k = 0; k < nk; k++) printf(" %19s", names[k]);
+    printf("\n");
+    bool checked = false;
+    for (const row &r : rows) {
+        const size_t half = (size_t)(r.mb * 1e6 / 2) / 16 * 16;
+        auto kern = [&](int k) {
+            const unsigned char *s = (const unsigned char *)src;
+            unsigned char *d = (unsigned char *)dst;
+            auto g = [&](int nw, size_t ch) { return (unsigned)((half + ch * nw - 1) / (ch * nw)); };
+            if (k == 0) CK(cudaMemcpyAsync(dst, src, half, cudaMemcpyDeviceToDevice));
+            if (k == 1) cc_bulk<6, 16384><<<2 * sms, 32, 6 * 16384>>>(s, d, half);
+            if (k == 2) cc_bulk<24, 2688><<<2 * sms, 32, 24 * 2688>>>(s, d, half);
+            if (k == 3) cc_bulk1<4, 2688, true><<<g(4, 2688), 128, 4 * 2688>>>(s, d, half);
+            if (k == 4) cc_bulk1<4, 2688, false><<<g(4, 2688), 128, 4 * 2688>>>(s, d, half);
+            if (k == 5) cc_bulk1<4, 4224, true><<<g(4, 4224), 128, 4 * 4224>>>(s, d, half);
+            if (k == 6) cc_bulk1<4, 4224, false><<<g(4, 4224), 128, 4 * 4224>>>(s, d, half);
+            if (k == 7) cc_bulk1<1, 10752, true><<<g(1, 10752), 32, 10752>>>(s, d, half);
+            if (k == 8) cc_bulk1<1, 16384, true><<<g(1, 16384), 32, 16384>>>(s, d, half);
+            if (k == 9) cc_bulk1<4, 16384, true><<<g(4, 16384), 128, 4 * 16384>>>(s, d, half);
+        };
+        printf("%-38s %7.1f", r.what, 2.0 * half / 1e6);
+        for (int k = 0; k < nk; k++) {
+            const double t = flushed_us(fl, [&] { kern(k); });
+            printf(" %8.2f (%6.1f%%)", t, 100.0 * 2.0 * half / (t * 1e-6) / 1e9 / ref_gbs);
+        }
+        printf("\n");
+        if (!checked) {
+            checked = true;
+            const size_t n = half / 16;
+            std::vector<uint4> a(n), b(n);
+            CK(cudaMemcpy(a.data(), src, half, cudaMemcpyDeviceToHost));
+            for (int k = 1; k < nk; k++) {
+                CK(cudaMemset(dst, 0, half));
+                kern(k);
+                CK(cudaMemcpy(b.data(), dst, half, cudaMemcpyDeviceToHost));
+                if (memcmp(a.data(), b.data(), half)) {
+                    printf("  %s: copy mismatch FAIL\n", names[k]);
+                    dev_failures++;
+                }
+            }
+        }
+    }
+}
+
 int main(int argc, char **argv) {
     if (argc > 1 && !strcmp(argv[1], "--memcpy-only")) {
         /* one 256 MB cudaMemcpyAsync and nothing else: under ncu, whether it runs as a kernel */
@@ -149,6 +257,12 @@ int main(int argc, char **argv) {
     const double ref_us = time_us([&](int) { CK(cudaMemcpyAsync(dst, src, gib, cudaMemcpyDeviceToDevice)); }, 15, 2);
     const double ref_gbs = 2.0 * gib / (ref_us * 1e-6) / 1e9;
     printf("1 GiB memcpy (the targets' copy reference): %.2f us = %.0f GB/s (read + written)\n\n", ref_us, ref_gbs);
+    if (argc > 1 && !strcmp(argv[1], "--shapes")) {
+        shapes(ref_gbs, src, dst, fl, sms);
+        CK(cudaFree(src));
+        CK(cudaFree(dst));
+        return dev_failures ? 1 : 0;
+    }
     constexpr int BS = 6, BCH = 16384; /* bulk: 6 stages of 16 KB, 2 CTAs per SM */
     CK(cudaFuncSetAttribute(cc_bulk<BS, BCH>, cudaFuncAttributeMaxDynamicSharedMemorySize, BS * BCH));
     printf("%-38s %9s %18s %18s %18s %18s %18s %18s %8s\n", "bytes of", "MB", "memcpy us (%)", "grid us (%)",
