@@ -83,6 +83,9 @@ int bcu_copy_gbps(size_t bytes, int reps, double *gbps, char *err, size_t cap);
 /* A device-to-device copy of bytes / 2 (so bytes read + written), timed like an op by bcu_time
  * (stream: same flush and events; graph_calls > 0: the same graph replay). */
 int bcu_copy_time(double bytes, int reps, int graph_calls, bench_stats *out, char *err, size_t cap);
+/* The same bytes moved by SM copy kernels (no copy engines), timed like an op in stream mode:
+ * the faster of the kinds this GPU has (see bench_cuda.cu), each checked once. */
+int bcu_kcopy_time(double bytes, int reps, bench_stats *out, char *err, size_t cap);
 
 int blg_split_qk_norm(const mlaf_norm_job *job, void *q_dense, void *kv_dense, void *stream);
 int blg_rope_rows(void *x, mlaf_dtype dt, int64_t T, int64_t stride, const mlaf_rope_job *rope,

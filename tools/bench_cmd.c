@@ -49,7 +49,9 @@ static void help(void) {
         "\n"
         "Bytes are the op's minimum: inputs read once + outputs written once (see docs/cli.md).\n"
         "CUDA rows also time a device-to-device copy of those same bytes the same way (copy_us;\n"
-        "%%cpy= is copy_us / fused_us): the copy path's own time at that size.\n");
+        "%%cpy= is copy_us / fused_us): the copy path's own time at that size. CUDA stream rows\n"
+        "also time SM copy kernels moving those bytes (kcopy_us, the faster of two; %%kcpy= is\n"
+        "kcopy_us / fused_us): what a kernel with no arithmetic reaches at that size.\n");
 }
 
 /* ---- buffers ----------------------------------------------------------------------------- */
@@ -679,9 +681,10 @@ typedef struct row {
     char model[64];
     int64_t T;
     const char *mode; /* "stream", "graph", "wall" */
-    int have_fused, have_unfused, have_scopy;
+    int have_fused, have_unfused, have_scopy, have_kcopy;
     bench_stats fused, unfused, scopy; /* scopy: CUDA, a copy of the op's bytes timed alike */
-    double bytes, gbps, pct, speedup, pct_scopy;
+    bench_stats kcopy;                 /* kcopy: CUDA stream rows, SM copy kernels of those bytes */
+    double bytes, gbps, pct, speedup, pct_scopy, pct_kcopy;
     char check[128];
     char error[512];
 } row;
@@ -741,6 +744,8 @@ static void print_json(const char *backend, const char *device, int threads, con
         json_num("pct_of_copy", r->pct, 1);
         json_num("same_bytes_copy_us", r->have_scopy ? r->scopy.median_us : nan, 1);
         json_num("pct_of_same_bytes_copy", r->pct_scopy, 1);
+        json_num("kernel_copy_us", r->have_kcopy ? r->kcopy.median_us : nan, 1);
+        json_num("pct_of_kernel_copy", r->pct_kcopy, 1);
         json_num("unfused_us", r->have_unfused ? r->unfused.median_us : nan, 1);
         json_num("unfused_p10_us", r->have_unfused ? r->unfused.p10_us : nan, 1);
         json_num("unfused_p90_us", r->have_unfused ? r->unfused.p90_us : nan, 1);
@@ -758,16 +763,18 @@ static void print_json(const char *backend, const char *device, int threads, con
 }
 
 static void print_header(void) {
-    printf("%-14s %-18s %8s %-6s %10s %21s %9s %8s %6s %9s %6s %11s %8s  %s\n", "op", "preset",
-           "T", "mode", "fused_us", "(p10 .. p90)", "MB", "GB/s", "%copy", "copy_us", "%cpy=",
-           "unfused_us", "speedup", "check");
+    printf("%-14s %-18s %8s %-6s %10s %21s %9s %8s %6s %9s %6s %9s %6s %11s %8s  %s\n", "op",
+           "preset", "T", "mode", "fused_us", "(p10 .. p90)", "MB", "GB/s", "%copy", "copy_us",
+           "%cpy=", "kcopy_us", "%kcpy=", "unfused_us", "speedup", "check");
 }
 
 static void print_row(const row *r) {
     char f[16] = "-", band[32] = "", mb[16], gb[16] = "-", pc[16] = "-", uf[16] = "-", sp[16] = "-";
-    char cu[16] = "-", cp[16] = "-";
+    char cu[16] = "-", cp[16] = "-", ku[16] = "-", kp[16] = "-";
     if (r->have_scopy) snprintf(cu, sizeof cu, "%.2f", r->scopy.median_us);
     if (isfinite(r->pct_scopy)) snprintf(cp, sizeof cp, "%.0f%%", r->pct_scopy);
+    if (r->have_kcopy) snprintf(ku, sizeof ku, "%.2f", r->kcopy.median_us);
+    if (isfinite(r->pct_kcopy)) snprintf(kp, sizeof kp, "%.0f%%", r->pct_kcopy);
     if (r->have_fused) {
         snprintf(f, sizeof f, "%.2f", r->fused.median_us);
         snprintf(band, sizeof band, "(%.2f .. %.2f)", r->fused.p10_us, r->fused.p90_us);
@@ -777,9 +784,9 @@ static void print_row(const row *r) {
     if (isfinite(r->pct)) snprintf(pc, sizeof pc, "%.0f%%", r->pct);
     if (r->have_unfused) snprintf(uf, sizeof uf, "%.2f", r->unfused.median_us);
     if (isfinite(r->speedup)) snprintf(sp, sizeof sp, "%.2fx", r->speedup);
-    printf("%-14s %-18s %8lld %-6s %10s %21s %9s %8s %6s %9s %6s %11s %8s  %s%s%s\n",
-           mlaf_op_name(r->op), r->model, (long long)r->T, r->mode, f, band, mb, gb, pc, cu, cp, uf,
-           sp, r->check,
+    printf("%-14s %-18s %8lld %-6s %10s %21s %9s %8s %6s %9s %6s %9s %6s %11s %8s  %s%s%s\n",
+           mlaf_op_name(r->op), r->model, (long long)r->T, r->mode, f, band, mb, gb, pc, cu, cp, ku,
+           kp, uf, sp, r->check,
            r->error[0] ? "  error: " : "", r->error);
     fflush(stdout);
 }
@@ -960,7 +967,7 @@ int cmd_bench(int argc, char **argv) {
                 r->op = (mlaf_op)oi;
                 snprintf(r->model, sizeof r->model, "%.63s", models[m].name);
                 r->T = tokens[ti];
-                r->gbps = r->pct = r->speedup = r->pct_scopy = NAN;
+                r->gbps = r->pct = r->speedup = r->pct_scopy = r->pct_kcopy = NAN;
                 snprintf(r->check, sizeof r->check, "-");
                 int graph_calls = 0;
                 r->mode = "wall";
@@ -1045,6 +1052,14 @@ int cmd_bench(int argc, char **argv) {
                     else
                         fprintf(stderr, "mlafuse bench: warning: same-bytes copy failed: %s\n", err);
                 }
+                /* and through SM copy kernels (stream rows): the ceiling of a kernel at this size */
+                if (be == MLAF_BACKEND_CUDA && r->bytes > 0 && graph_calls == 0) {
+                    err[0] = '\0';
+                    if (bcu_kcopy_time(r->bytes, (int)reps, &r->kcopy, err, sizeof err) == 0)
+                        r->have_kcopy = 1;
+                    else
+                        fprintf(stderr, "mlafuse bench: warning: kernel copy failed: %s\n", err);
+                }
 #endif
                 if (!r->have_fused && cerr[0] && !r->error[0]) snprintf(r->error, sizeof r->error, "%s", cerr);
                 if (r->have_fused && r->fused.median_us > 0) {
@@ -1052,6 +1067,7 @@ int cmd_bench(int argc, char **argv) {
                     if (copy_gbps > 0) r->pct = 100.0 * r->gbps / copy_gbps;
                     if (r->have_unfused) r->speedup = r->unfused.median_us / r->fused.median_us;
                     if (r->have_scopy) r->pct_scopy = 100.0 * r->scopy.median_us / r->fused.median_us;
+                    if (r->have_kcopy) r->pct_kcopy = 100.0 * r->kcopy.median_us / r->fused.median_us;
                 }
                 op_free(&o);
                 if (!json) print_row(r);

@@ -17,6 +17,12 @@
  * Same-bytes copy: a cudaMemcpyAsync moving the op's own byte count (half read, half written),
  *   timed exactly like the op (same flush, same events, or the same graph), so a row shows
  *   what the copy engine path itself reaches at that size, ramp-up and tail included.
+ * Kernel copy (stream mode): the same bytes moved by SM copy kernels instead of the copy
+ *   engines, timed the same way; the faster of two (sm_90: a persistent ring of bulk copies,
+ *   and a warp per 4224-byte chunk brought into shared memory by one bulk copy and stored by
+ *   the lanes; the two fastest of the shapes dev/cuda/copy_ceiling --shapes measured; older
+ *   GPUs: a grid of 16-byte loads then stores). A row's kernel copy is what a kernel that
+ *   only moved the op's bytes, with no arithmetic, reaches at that size.
  * Errors come back as messages; nothing here exits.
  */
 #include <cuda_runtime.h>
@@ -289,6 +295,203 @@ static int bcu_copy_call(void *arg, int set, char *err, size_t cap) {
     const bcu_copy_arg *c = (const bcu_copy_arg *)arg;
     CK(cudaMemcpyAsync(c->dst, c->src, c->n, cudaMemcpyDeviceToDevice, g_stream));
     return 0;
+}
+
+/* ---- kernel copy ------------------------------------------------------------------------- */
+#define BCU_RING_STAGES 24
+#define BCU_RING_CHUNK 2688 /* bytes; a multiple of 16 */
+#define BCU_WARP_CHUNK 4224
+
+__device__ __forceinline__ void bcu_bar_wait(uint32_t bar, uint32_t parity) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    uint32_t ok = 0;
+    do {
+        asm volatile("{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
+                     "selp.u32 %0, 1, 0, p;\n\t}"
+                     : "=r"(ok)
+                     : "r"(bar), "r"(parity)
+                     : "memory");
+    } while (!ok);
+#endif
+}
+/* bytes (a multiple of 16) global -> shared on the mbarrier bar, which expects them */
+__device__ __forceinline__ void bcu_bulk_in(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
+                 "l"(src), "r"(bytes), "r"(bar)
+                 : "memory");
+#endif
+}
+
+/* One thread per CTA streams chunks (grid-stride) through a ring of shared-memory stages: bulk
+ * load on the stage's mbarrier, bulk store from the stage; a stage is loaded again once the
+ * store issued before the latest one has read it. */
+__global__ void bcu_kcopy_ring(const unsigned char *src, unsigned char *dst, size_t nbytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    extern __shared__ __align__(128) unsigned char bcu_ring[];
+    __shared__ __align__(8) uint64_t bar[BCU_RING_STAGES];
+    if (threadIdx.x != 0) return;
+    const uint32_t r0 = (uint32_t)__cvta_generic_to_shared(bcu_ring), b0 = (uint32_t)__cvta_generic_to_shared(bar);
+    for (int i = 0; i < BCU_RING_STAGES; i++)
+        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(b0 + 8 * i) : "memory");
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    const size_t nch = (nbytes + BCU_RING_CHUNK - 1) / BCU_RING_CHUNK;
+    auto bytes_of = [&](size_t c) { return (uint32_t)(c + 1 < nch ? BCU_RING_CHUNK : nbytes - c * BCU_RING_CHUNK); };
+    auto load = [&](size_t k) { /* this CTA's chunk k into stage k % stages */
+        const size_t c = blockIdx.x + k * gridDim.x;
+        if (c >= nch) return;
+        const uint32_t st = (uint32_t)(k % BCU_RING_STAGES);
+        bcu_bulk_in(r0 + st * BCU_RING_CHUNK, src + c * BCU_RING_CHUNK, bytes_of(c), b0 + 8 * st);
+    };
+    for (size_t k = 0; k < BCU_RING_STAGES; k++) load(k);
+    for (size_t k = 0;; k++) {
+        const size_t c = blockIdx.x + k * gridDim.x;
+        if (c >= nch) break;
+        const uint32_t st = (uint32_t)(k % BCU_RING_STAGES);
+        bcu_bar_wait(b0 + 8 * st, (uint32_t)((k / BCU_RING_STAGES) & 1));
+        asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(dst + c * BCU_RING_CHUNK),
+                     "r"(r0 + st * BCU_RING_CHUNK), "r"(bytes_of(c))
+                     : "memory");
+        asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+        if (k >= 1) {
+            asm volatile("cp.async.bulk.wait_group.read 1;" ::: "memory");
+            load(k - 1 + BCU_RING_STAGES);
+        }
+    }
+    asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+#endif
+}
+
+/* A warp per chunk: lane 0 brings it into the warp's shared-memory slot with one bulk copy,
+ * then the lanes store it with 16-byte streaming stores (4 warps per block). */
+__global__ void __launch_bounds__(128) bcu_kcopy_warp(const unsigned char *src, unsigned char *dst, size_t nbytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    extern __shared__ __align__(128) unsigned char bcu_slots[];
+    __shared__ __align__(8) uint64_t bar[4];
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    const size_t c = (size_t)blockIdx.x * 4 + w, nch = (nbytes + BCU_WARP_CHUNK - 1) / BCU_WARP_CHUNK;
+    if (c >= nch) return;
+    const uint32_t bytes = (uint32_t)(c + 1 < nch ? BCU_WARP_CHUNK : nbytes - c * BCU_WARP_CHUNK);
+    const uint32_t sl = (uint32_t)__cvta_generic_to_shared(bcu_slots + (size_t)w * BCU_WARP_CHUNK);
+    const uint32_t b = (uint32_t)__cvta_generic_to_shared(bar + w);
+    if (lane == 0) {
+        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(b) : "memory");
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        bcu_bulk_in(sl, src + c * BCU_WARP_CHUNK, bytes, b);
+    }
+    __syncwarp();
+    bcu_bar_wait(b, 0);
+    const uint4 *s4 = reinterpret_cast<const uint4 *>(bcu_slots + (size_t)w * BCU_WARP_CHUNK);
+    uint4 *d4 = reinterpret_cast<uint4 *>(dst + c * BCU_WARP_CHUNK);
+    for (uint32_t i = lane; i < bytes / 16; i += 32) __stcs(d4 + i, s4[i]);
+#endif
+}
+
+/* Before sm_90: 2 vectors of 16 bytes per thread, both loads before the stores. */
+__global__ void bcu_kcopy_flat(const uint4 *__restrict__ s, uint4 *__restrict__ d, size_t n) {
+    const size_t base = (size_t)blockIdx.x * blockDim.x * 2 + threadIdx.x;
+    uint4 v[2];
+    for (int k = 0; k < 2; k++)
+        if (base + k * blockDim.x < n) v[k] = __ldcs(s + base + k * blockDim.x);
+    for (int k = 0; k < 2; k++)
+        if (base + k * blockDim.x < n) __stcs(d + base + k * blockDim.x, v[k]);
+}
+
+typedef struct bcu_kcopy_arg {
+    void *dst;
+    const void *src;
+    size_t n;
+    int kind; /* 0 ring, 1 warp, 2 flat */
+    int sms;
+} bcu_kcopy_arg;
+
+static int bcu_kcopy_call(void *arg, int set, char *err, size_t cap) {
+    (void)set;
+    const bcu_kcopy_arg *c = (const bcu_kcopy_arg *)arg;
+    const unsigned char *s = (const unsigned char *)c->src;
+    unsigned char *d = (unsigned char *)c->dst;
+    if (c->kind == 0) {
+        bcu_kcopy_ring<<<2 * c->sms, 32, BCU_RING_STAGES * BCU_RING_CHUNK, g_stream>>>(s, d, c->n);
+    } else if (c->kind == 1) {
+        const size_t nch = (c->n + BCU_WARP_CHUNK - 1) / BCU_WARP_CHUNK;
+        bcu_kcopy_warp<<<(unsigned)((nch + 3) / 4), 128, 4 * BCU_WARP_CHUNK, g_stream>>>(s, d, c->n);
+    } else {
+        const size_t n16 = c->n / 16;
+        bcu_kcopy_flat<<<(unsigned)((n16 + 511) / 512), 256, 0, g_stream>>>((const uint4 *)s, (uint4 *)d, n16);
+    }
+    CK(cudaGetLastError());
+    return 0;
+}
+
+extern "C" int bcu_kcopy_time(double bytes, int reps, bench_stats *out, char *err, size_t cap) {
+    if (!g_stream) {
+        snprintf(err, cap, "bcu_kcopy_time before bcu_setup");
+        return -1;
+    }
+    int dev = 0, major = 0, sms = 0;
+    CK(cudaGetDevice(&dev));
+    CK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    size_t n = (size_t)(bytes / 2.0);
+    n = (n + 15) / 16 * 16;
+    if (n < 16) n = 16;
+    void *a = NULL, *b = NULL;
+    cudaError_t e = cudaMalloc(&a, n);
+    if (e == cudaSuccess) e = cudaMalloc(&b, n);
+    if (e == cudaSuccess) e = cudaMemsetAsync(a, 5, n, g_stream);
+    if (e == cudaSuccess && major >= 9)
+        e = cudaFuncSetAttribute(bcu_kcopy_ring, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 BCU_RING_STAGES * BCU_RING_CHUNK);
+    int rc = 0;
+    if (e != cudaSuccess) {
+        rc = fail(err, cap, "kernel copy buffers", e);
+    } else {
+        /* the faster of the kinds this GPU has; each checked once against its source */
+        const int kinds[2] = {major >= 9 ? 0 : 2, major >= 9 ? 1 : 2};
+        const int nk = major >= 9 ? 2 : 1;
+        for (int i = 0; i < nk && rc == 0; i++) {
+            bcu_kcopy_arg c = {b, a, n, kinds[i], sms};
+            e = cudaMemsetAsync(b, 0, n, g_stream);
+            if (e != cudaSuccess) {
+                rc = fail(err, cap, "kernel copy check", e);
+                break;
+            }
+            if (bcu_kcopy_call(&c, 0, err, cap)) {
+                rc = -1;
+                break;
+            }
+            /* check: the first and last 4 KB and one spot in the middle */
+            const size_t probe = n < 4096 ? n : 4096;
+            const size_t at[3] = {0, (n / 2) / 16 * 16 < n - probe ? (n / 2) / 16 * 16 : n - probe, n - probe};
+            for (int k = 0; k < 3 && rc == 0; k++) {
+                unsigned char *hb = (unsigned char *)malloc(probe);
+                if (!hb) {
+                    snprintf(err, cap, "out of host memory");
+                    rc = -1;
+                    break;
+                }
+                e = cudaMemcpy(hb, (unsigned char *)b + at[k], probe, cudaMemcpyDeviceToHost);
+                int bad = e != cudaSuccess;
+                for (size_t j = 0; j < probe && !bad; j++) bad = hb[j] != 5;
+                free(hb);
+                if (bad) {
+                    snprintf(err, cap, "kernel copy %d did not copy its bytes", kinds[i]);
+                    rc = -1;
+                }
+            }
+            bench_stats st;
+            if (rc == 0 && bcu_time(bcu_kcopy_call, &c, reps, 0, &st, err, cap) == 0) {
+                if (i == 0 || st.median_us < out->median_us) *out = st;
+            } else if (rc == 0) {
+                rc = -1;
+            }
+        }
+    }
+    (void)cudaStreamSynchronize(g_stream);
+    if (a) (void)cudaFree(a);
+    if (b) (void)cudaFree(b);
+    return rc;
 }
 
 extern "C" int bcu_copy_time(double bytes, int reps, int graph_calls, bench_stats *out, char *err,
