@@ -129,9 +129,7 @@ struct mlaf_row_args {
     int32_t tile_lanes; /* TILE mode: the lanes store the outputs (else bulk stores) */
 };
 
-#ifndef MLAF_ROW_WARPS /* dev/ builds may try other block sizes */
 #define MLAF_ROW_WARPS 4
-#endif
 #define MLAF_ROW_NV_MAX 24
 #define MLAF_ROW_PE_STAGE_MAX 1024
 
@@ -388,30 +386,21 @@ __device__ __forceinline__ void mlaf_rope_pairs(const float *stage, const float 
  *         per weight vector; no register cap. */
 enum mlaf_row_mode {
     MLAF_ROW_WAVE = 0, MLAF_ROW_PIPE = 1, MLAF_ROW_LAT = 2, MLAF_ROW_BLK = 3, MLAF_ROW_BLKR = 4,
-    MLAF_ROW_RUN = 5, MLAF_ROW_STAGE = 6, MLAF_ROW_TILE = 7, MLAF_ROW_WAVEW = 8, MLAF_ROW_PREF = 9
+    MLAF_ROW_RUN = 5, MLAF_ROW_STAGE = 6, MLAF_ROW_TILE = 7, MLAF_ROW_WAVEW = 8
 };
 
 /* STAGE: 12 resident blocks (40 registers for the rows of 6 / 9 vectors per lane, both ops). */
-#ifndef MLAF_ROW_STAGE_MINB /* dev/ builds may try others */
 #define MLAF_ROW_STAGE_MINB 12
-#endif
 
 /* Blocks per SM the register allocation must allow (the row's own registers are 4 * NV per
  * lane, twice that in PIPE). */
-template <int NV, int MODE> struct mlaf_row_minb_w4 {
+template <int NV, int MODE> struct mlaf_row_minb {
     static constexpr int value = MODE == MLAF_ROW_LAT    ? 1
                                  : MODE == MLAF_ROW_STAGE ? MLAF_ROW_STAGE_MINB
                                  : MODE == MLAF_ROW_TILE ? 1
                                  : MODE == MLAF_ROW_WAVEW ? (NV <= 6 ? 8 : NV <= 9 ? 6 : 2)
                                  : MODE == MLAF_ROW_PIPE ? (NV <= 4 ? 6 : NV <= 6 ? 5 : NV <= 9 ? 4 : 2)
-                                 : MODE == MLAF_ROW_PREF ? (NV <= 6 ? 8 : NV <= 9 ? 6 : 2)
                                  : (NV <= 6 ? 8 : NV <= 9 ? 6 : NV <= 16 ? 3 : 2);
-};
-/* the same warps per SM for other block sizes (dev/ builds) */
-template <int NV, int MODE> struct mlaf_row_minb {
-    static constexpr int value = mlaf_row_minb_w4<NV, MODE>::value * 4 / MLAF_ROW_WARPS > 0
-                                     ? mlaf_row_minb_w4<NV, MODE>::value * 4 / MLAF_ROW_WARPS
-                                     : 1;
 };
 
 template <typename T, int NV>
@@ -453,28 +442,6 @@ __device__ __forceinline__ void mlaf_stage_row(uint64_t *bar, const uint4 *slot,
 #endif
 }
 
-/* PREF: the bulk copy of the warp's next row into its slot, not waited for (sm_90 only; PREF
- * is never launched elsewhere). The lanes' reads of the slot's previous row come first. */
-__device__ __forceinline__ void mlaf_stage_issue(uint64_t *bar, const uint4 *slot, const void *src, int bytes,
-                                                 int lane) {
-    __syncwarp();
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if (lane == 0) {
-        const uint32_t b = (uint32_t)__cvta_generic_to_shared(bar);
-        mlaf_fence_async();
-        mlaf_bar_expect(b, (uint32_t)bytes);
-        mlaf_bulk_copy((uint32_t)__cvta_generic_to_shared(slot), src, (uint32_t)bytes, b);
-    }
-#else
-    (void)bar, (void)slot, (void)src, (void)bytes, (void)lane;
-#endif
-}
-
-/* QS >= 0 (mla_kv_cache, where mlaf_row_kvfast_ok: "KF"): the row's layout is known at compile
- * time (slots 0 .. QS - 1 of every lane are q, QS .. NV - 2 kv, NV - 1 the pe part on lanes
- * 0 .. rv - 1), so the per-slot part tests compile away; the pe part is rotated in registers and
- * the cache row stored as the latent dtype's vectors. Its own instantiation: carrying both pe
- * paths made ptxas spill the bf16 / f16 kernels (up to 64 bytes). */
 #ifdef MLAF_ROW_TIMELINE
 /* dev/ only (dev/cuda/timeline.cu): per row, lane 0 records the global timer when its warp
  * starts the row, once the row's sums are done (its loads have landed), after its last store
@@ -494,15 +461,17 @@ __device__ unsigned long long *mlaf_row_tl;
     } while (0)
 #endif
 
+/* QS >= 0 (mla_kv_cache, where mlaf_row_kvfast_ok: "KF"): the row's layout is known at compile
+ * time (slots 0 .. QS - 1 of every lane are q, QS .. NV - 2 kv, NV - 1 the pe part on lanes
+ * 0 .. rv - 1), so the per-slot part tests compile away; the pe part is rotated in registers and
+ * the cache row stored as the latent dtype's vectors. Its own instantiation: carrying both pe
+ * paths made ptxas spill the bf16 / f16 kernels (up to 64 bytes). */
 template <typename T, int NV, bool KV, int MODE, int QS = -1>
 __global__ void __launch_bounds__(MLAF_ROW_WARPS * 32, mlaf_row_minb<NV, MODE>::value)
 mlaf_row_fast_kernel(const mlaf_row_args a) {
     constexpr int W = mlaf_vec<T>::W;
     constexpr bool PIPE = MODE == MLAF_ROW_PIPE, LAT = MODE == MLAF_ROW_LAT, RUN = MODE == MLAF_ROW_RUN;
     constexpr bool STG = MODE == MLAF_ROW_STAGE;
-    /* PREF: a persistent grid; each warp's next row lands in its shared-memory slot by one bulk
-     * copy while the warp works on the current row, which it took from the slot into registers */
-    constexpr bool PRF = MODE == MLAF_ROW_PREF;
     /* WAVEW: WAVE, but the block stages the weights (as stored) in shared memory while the warps
      * first rows are in flight, so no warp meets the weights' L2 latency after its reductions */
     constexpr bool WSM = MODE == MLAF_ROW_WAVEW;
@@ -510,7 +479,7 @@ mlaf_row_fast_kernel(const mlaf_row_args a) {
     /* dynamic shared memory: STAGE's row slots [MLAF_ROW_WARPS][a.slot bytes], then the pe
      * stage [MLAF_ROW_WARPS][R] floats (mla_kv_cache only) */
     extern __shared__ __align__(128) float mlaf_row_smem[];
-    float *const mlaf_pe_stage = mlaf_row_smem + (STG || PRF ? MLAF_ROW_WARPS * a.slot / 4 : 0);
+    float *const mlaf_pe_stage = mlaf_row_smem + (STG ? MLAF_ROW_WARPS * a.slot / 4 : 0);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int qv = a.Q / W, cv = a.C / W, rv = a.R / W, nv = qv + cv + rv;
     const int64_t nwarps = (int64_t)gridDim.x * MLAF_ROW_WARPS;
@@ -536,14 +505,10 @@ mlaf_row_fast_kernel(const mlaf_row_args a) {
     uint4 v[STG ? 1 : NV];
     /* STAGE: this warp's row slot and its mbarrier (one bulk copy per row) */
     const uint4 *const srow = reinterpret_cast<const uint4 *>(reinterpret_cast<const unsigned char *>(mlaf_row_smem) +
-                                                              (STG || PRF ? (size_t)warp * a.slot : 0));
-    __shared__ __align__(8) uint64_t mlaf_row_bar[STG || PRF ? MLAF_ROW_WARPS : 1];
-    if constexpr (STG || PRF) mlaf_stage_init(&mlaf_row_bar[warp], lane);
+                                                              (STG ? (size_t)warp * a.slot : 0));
+    __shared__ __align__(8) uint64_t mlaf_row_bar[STG ? MLAF_ROW_WARPS : 1];
+    if constexpr (STG) mlaf_stage_init(&mlaf_row_bar[warp], lane);
     uint32_t parity = 0;
-    if constexpr (PRF) {
-        if (t0 < a.T) mlaf_stage_issue(&mlaf_row_bar[warp], srow, static_cast<const T *>(a.latent) + t0 * a.ls,
-                                       nv * 16, lane);
-    }
     if constexpr (PIPE) {
         if (t0 < a.T) {
             if (KV) ix = mlaf_token_load(a, t0);
@@ -587,18 +552,6 @@ mlaf_row_fast_kernel(const mlaf_row_args a) {
             mlaf_stage_row(&mlaf_row_bar[warp], srow, static_cast<const T *>(a.latent) + t * a.ls, nv * 16, lane,
                            parity);
             parity ^= 1u;
-        } else if constexpr (PRF) {
-            if (KV) ix = mlaf_token_load(a, t);
-            mlaf_bar_wait((uint32_t)__cvta_generic_to_shared(&mlaf_row_bar[warp]), parity);
-            parity ^= 1u;
-#pragma unroll
-            for (int s = 0; s < NV; s++) {
-                const int c = lane + 32 * s;
-                if (c < nv) v[s] = srow[c];
-            }
-            if (t + step < t_end)
-                mlaf_stage_issue(&mlaf_row_bar[warp], srow, static_cast<const T *>(a.latent) + (t + step) * a.ls,
-                                 nv * 16, lane);
         } else if (!WSM || t != t0) {
             if (KV) ix = mlaf_token_load(a, t);
             mlaf_row_load<T, NV>(a, t, lane, nv, v);
@@ -1312,7 +1265,7 @@ static cudaError_t mlaf_row_go(const mlaf_row_args &a, int sms, const mlaf_row_p
     const int64_t per_block = (int64_t)MLAF_ROW_WARPS * ar.run;
     const int64_t need = (a.T + per_block - 1) / per_block;
     int64_t blocks = need;
-    if (MODE == MLAF_ROW_PIPE || MODE == MLAF_ROW_PREF || pol.persist) {
+    if (MODE == MLAF_ROW_PIPE || pol.persist) {
         const int resident = mlaf_row_minb<NV, MODE>::value;
         const int64_t g = (int64_t)(pol.grid_mult > 0 ? pol.grid_mult : 1) * resident * (sms > 0 ? sms : 132);
         if (g < blocks) blocks = g;
@@ -1333,8 +1286,7 @@ static cudaError_t mlaf_row_go_kf(const mlaf_row_args &a, int sms, const mlaf_ro
             return mlaf_row_go<T, NV, KV, MODE, mlaf_row_kf_qs<NV>::value>(a, sms, pol, smem, stream);
     }
     /* split_qk_norm's WAVE: the layout alone (there is no pe rotation) */
-    if constexpr (!KV && (MODE == MLAF_ROW_WAVE || MODE == MLAF_ROW_PREF) && mlaf_row_kf_qs<NV>::value >= 0 &&
-                  !std::is_same<T, float>::value) {
+    if constexpr (!KV && MODE == MLAF_ROW_WAVE && mlaf_row_kf_qs<NV>::value >= 0 && !std::is_same<T, float>::value) {
         if (pol.kv_fast && mlaf_row_layout_ok<T, NV>(a))
             return mlaf_row_go<T, NV, KV, MODE, mlaf_row_kf_qs<NV>::value>(a, sms, pol, smem, stream);
     }
@@ -1363,20 +1315,6 @@ static cudaError_t mlaf_row_go_stage(const mlaf_row_args &a, int sms, const mlaf
                                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm);
     return mlaf_row_go_kf<T, NV, KV, MLAF_ROW_STAGE>(ar, sms, pol, sm, stream);
 }
-
-#ifdef MLAF_ROW_DEV_MODES
-template <typename T, int NV, bool KV>
-static cudaError_t mlaf_row_go_pref(const mlaf_row_args &a, int sms, const mlaf_row_policy &pol, size_t smem,
-                                    int nvec, cudaStream_t stream) {
-    mlaf_row_args ar = a;
-    ar.slot = (nvec * 16 + 127) / 128 * 128;
-    const size_t sm = smem + (size_t)MLAF_ROW_WARPS * ar.slot;
-    if (sm > 48 * 1024)
-        (void)cudaFuncSetAttribute(mlaf_row_fast_kernel<T, NV, KV, MLAF_ROW_PREF>,
-                                   cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm);
-    return mlaf_row_go_kf<T, NV, KV, MLAF_ROW_PREF>(ar, sms, pol, sm, stream);
-}
-#endif
 
 #ifdef MLAF_ROW_DEV_MODES
 /* TILE takes rows of at most this many bytes (slots of 4 warps x ring must fit an SM). */
@@ -1527,9 +1465,6 @@ static cudaError_t mlaf_row_go_nv(const mlaf_row_args &a, int sms, const mlaf_ro
         if (mode < 0 && pol.stage && a.T >= (KV ? MLAF_ROW_STAGE_FROM_T_KV : MLAF_ROW_STAGE_FROM_T))
             mode = MLAF_ROW_STAGE;
         if (mode == MLAF_ROW_STAGE) return mlaf_row_go_stage<T, NV, KV>(a, sms, pol, smem, nvec, stream);
-#ifdef MLAF_ROW_DEV_MODES
-        if (mode == MLAF_ROW_PREF) return mlaf_row_go_pref<T, NV, KV>(a, sms, pol, smem, nvec, stream);
-#endif
     }
     if constexpr (KV && (NV == 6 || NV == 9 || MLAF_ROW_DEV)) {
         /* rows without the KF kernels, up to 3 WAVE blocks per SM (4 for rows of 9 vectors
