@@ -154,6 +154,54 @@ __global__ void __launch_bounds__(NW * 32) cc_bulk1(const unsigned char *src, un
 #endif
 }
 
+/* `--shapes`: STAGE's copy shape with its residency and the row's arithmetic mimicked. A warp
+ * per R chunks of 2688 bytes, each in its own slot, all R bulk loads issued first; per chunk, once
+ * it has landed, the lanes wait DELAY ns (the row's arithmetic, without its issue slots), then
+ * store it with 16-byte streaming stores. Blocks of 4 warps; the host caps blocks per SM with
+ * padding shared memory. */
+template <int R, int DELAY>
+__global__ void __launch_bounds__(128) cc_stage_like(const unsigned char *src, unsigned char *dst, size_t nbytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    constexpr int CH = 2688;
+    extern __shared__ __align__(128) unsigned char slots[];
+    __shared__ __align__(8) uint64_t bar[4 * R];
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    const size_t nch = (nbytes + CH - 1) / CH;
+    const size_t c0 = ((size_t)blockIdx.x * 4 + w) * R;
+    if (c0 >= nch) return;
+    if (lane == 0) {
+        for (int r = 0; r < R; r++) {
+            const size_t c = c0 + r;
+            if (c >= nch) break;
+            const uint32_t bytes = (uint32_t)(c + 1 < nch ? CH : nbytes - c * CH);
+            const uint32_t sl = (uint32_t)__cvta_generic_to_shared(slots + ((size_t)w * R + r) * CH);
+            const uint32_t b = (uint32_t)__cvta_generic_to_shared(bar + w * R + r);
+            asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(b) : "memory");
+            asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+            asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(b), "r"(bytes) : "memory");
+            asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                         ::"r"(sl), "l"(src + c * CH), "r"(bytes), "r"(b) : "memory");
+        }
+    }
+    __syncwarp();
+    for (int r = 0; r < R; r++) {
+        const size_t c = c0 + r;
+        if (c >= nch) break;
+        const uint32_t bytes = (uint32_t)(c + 1 < nch ? CH : nbytes - c * CH);
+        const uint32_t b = (uint32_t)__cvta_generic_to_shared(bar + w * R + r);
+        uint32_t ok = 0;
+        do {
+            asm volatile("{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
+                         "selp.u32 %0, 1, 0, p;\n\t}" : "=r"(ok) : "r"(b), "r"(0u) : "memory");
+        } while (!ok);
+        if (DELAY > 0) __nanosleep(DELAY);
+        const uint4 *s4 = reinterpret_cast<const uint4 *>(slots + ((size_t)w * R + r) * CH);
+        uint4 *d4 = reinterpret_cast<uint4 *>(dst + c * CH);
+        for (uint32_t i = lane; i < bytes / 16; i += 32) __stcs(d4 + i, s4[i]);
+    }
+#endif
+}
+
 /* `--shapes`: the bulk copies of a few op-sized byte counts in the row kernels' shapes. */
 static void shapes(double ref_gbs, uint4 *src, uint4 *dst, const flusher &fl, int sms) {
     struct row { const char *what; double mb; };
@@ -164,12 +212,21 @@ static void shapes(double ref_gbs, uint4 *src, uint4 *dst, const flusher &fl, in
         {"split_qk_norm glm-4.7-flash T=131072", 131072 * 5376.0 / 1e6},
     };
     const char *names[] = {"memcpy", "ring 16K", "ring 2688", "w4 2688 bulk", "w4 2688 lanes", "w4 4224 bulk",
-                           "w4 4224 lanes", "w1 10752 bulk", "w1 16K bulk", "w4 16K bulk"};
-    const int nk = 10;
+                           "w4 4224 lanes", "w1 10752 bulk", "w1 16K bulk", "w4 16K bulk", "lanes 12/SM",
+                           "lanes 8/SM", "lanes 12/SM 1us", "lanes 12/SM 2us", "2 rows 8/SM",
+                           "2 rows 8/SM 1us", "lanes 16/SM 1us"};
+    const int nk = 17;
+    /* dynamic shared memory that leaves room for n blocks per SM (228 KB, 1 KB reserved each) */
+    auto cap = [](int n) { return (size_t)((228 * 1024) / n - 1024) / 128 * 128; };
     auto setsm = [](const void *f, int b) { CK(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, b)); };
     setsm((const void *)cc_bulk<6, 16384>, 6 * 16384);
     setsm((const void *)cc_bulk<24, 2688>, 24 * 2688);
     setsm((const void *)cc_bulk1<4, 16384, true>, 4 * 16384);
+    setsm((const void *)cc_stage_like<1, 0>, 64 * 1024);
+    setsm((const void *)cc_stage_like<1, 1000>, 64 * 1024);
+    setsm((const void *)cc_stage_like<1, 2000>, 64 * 1024);
+    setsm((const void *)cc_stage_like<2, 0>, 64 * 1024);
+    setsm((const void *)cc_stage_like<2, 1000>, 64 * 1024);
     printf("%-38s %7s", "bytes of", "MB");
     for (int k = 0; k < nk; k++) printf(" %19s", names[k]);
     printf("\n");
@@ -190,6 +247,13 @@ static void shapes(double ref_gbs, uint4 *src, uint4 *dst, const flusher &fl, in
             if (k == 7) cc_bulk1<1, 10752, true><<<g(1, 10752), 32, 10752>>>(s, d, half);
             if (k == 8) cc_bulk1<1, 16384, true><<<g(1, 16384), 32, 16384>>>(s, d, half);
             if (k == 9) cc_bulk1<4, 16384, true><<<g(4, 16384), 128, 4 * 16384>>>(s, d, half);
+            if (k == 10) cc_stage_like<1, 0><<<g(4, 2688), 128, cap(12)>>>(s, d, half);
+            if (k == 11) cc_stage_like<1, 0><<<g(4, 2688), 128, cap(8)>>>(s, d, half);
+            if (k == 12) cc_stage_like<1, 1000><<<g(4, 2688), 128, cap(12)>>>(s, d, half);
+            if (k == 13) cc_stage_like<1, 2000><<<g(4, 2688), 128, cap(12)>>>(s, d, half);
+            if (k == 14) cc_stage_like<2, 0><<<g(8, 2688), 128, cap(8)>>>(s, d, half);
+            if (k == 15) cc_stage_like<2, 1000><<<g(8, 2688), 128, cap(8)>>>(s, d, half);
+            if (k == 16) cc_stage_like<1, 1000><<<g(4, 2688), 128, 4 * 2688>>>(s, d, half);
         };
         printf("%-38s %7.1f", r.what, 2.0 * half / 1e6);
         for (int k = 0; k < nk; k++) {
