@@ -94,7 +94,7 @@ static bool g_tile_lanes = false, g_kv_fast = true;
 
 static const char *mode_name(int mode) {
     return mode == MLAF_ROW_WAVE ? "WAVE" : mode == MLAF_ROW_PIPE ? "PIPE" : mode == MLAF_ROW_LAT ? "LAT"
-           : mode == MLAF_ROW_BLK ? "BLK" : mode == MLAF_ROW_BLKR ? "BLKR" : mode == MLAF_ROW_RUN ? "RUN" : mode == MLAF_ROW_STAGE ? "STAGE" : mode == MLAF_ROW_TILE ? (g_tile_lanes ? "TILE-L" : "TILE") : mode == MLAF_ROW_WAVEW ? "WAVEW" : mode == MLAF_ROW_HALF ? "HALF" : "auto";
+           : mode == MLAF_ROW_BLK ? "BLK" : mode == MLAF_ROW_BLKR ? "BLKR" : mode == MLAF_ROW_RUN ? "RUN" : mode == MLAF_ROW_STAGE ? "STAGE" : mode == MLAF_ROW_TILE ? (g_tile_lanes ? "TILE-L" : "TILE") : mode == MLAF_ROW_WAVEW ? "WAVEW" : "auto";
 }
 static mlaf_row_policy policy(int mode, int64_t max_blocks = 0, int blkr_g = 0, int run = 0, bool persist = false) {
     mlaf_row_policy p;
@@ -416,28 +416,6 @@ static void flushed(const dev_shape &s, float *dcs, const __nv_bfloat16 *dwq, co
     });
 }
 
-/* HALF (two warps per row: the q part, and the kv and pe parts, each brought in by its own bulk
- * copy) against WAVE and STAGE, both ops, timed as mlafuse bench times them, after a
- * bit-identity check against WAVE at each T. Two rounds; the second's figures are printed. */
-static void half_flushed(const dev_shape &s, float *dcs, const __nv_bfloat16 *dwq, const __nv_bfloat16 *dwkv,
-                         double copy) {
-    const char *const names[8] = {"memcpy", "WAVE", "STAGE", "HALF", "auto", "split WAVE", "split STAGE",
-                                  "split HALF"};
-    flushed_table(s, dcs, dwq, dwkv, copy, names, [&](const kv_case &k, const flusher &fl, double *t) {
-        k.fused_same(MLAF_ROW_HALF);
-        k.split_same(MLAF_ROW_HALF);
-        for (int round = 0; round < 2; round++) {
-            t[1] = flushed_us(fl, [&] { k.fused(0, 0, MLAF_ROW_WAVE); });
-            t[2] = flushed_us(fl, [&] { k.fused(0, 0, MLAF_ROW_STAGE); });
-            t[3] = flushed_us(fl, [&] { k.fused(0, 0, MLAF_ROW_HALF); });
-            t[4] = flushed_us(fl, [&] { k.fused(0, 0, -1); });
-            t[5] = flushed_us(fl, [&] { k.split(0, 0, MLAF_ROW_WAVE); });
-            t[6] = flushed_us(fl, [&] { k.split(0, 0, MLAF_ROW_STAGE); });
-            t[7] = flushed_us(fl, [&] { k.split(0, 0, MLAF_ROW_HALF); });
-        }
-    });
-}
-
 /* TILE (rows streamed through a ring of shared-memory slots, bulk loads and bulk stores) at
  * large T, timed as mlafuse bench times it, against auto (STAGE / WAVE); validated and checked
  * bit-identical to WAVE first. */
@@ -543,7 +521,6 @@ static void sweep(const dev_shape &s, float *dcs, const __nv_bfloat16 *dwq, cons
 
 int main(int argc, char **argv) {
     bool quick = false, do_sweep = false, do_large = false, do_flushed = false, do_tile = false, do_mid = false;
-    bool do_half = false;
     int64_t prof_T = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) quick = true;
@@ -552,10 +529,9 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--flushed")) do_flushed = true;
         else if (!strcmp(argv[i], "--tile")) do_tile = true;
         else if (!strcmp(argv[i], "--mid")) do_mid = true;
-        else if (!strcmp(argv[i], "--half")) do_half = true;
         else if (!strcmp(argv[i], "--profile") && i + 1 < argc) prof_T = atoll(argv[++i]);
         else {
-            fprintf(stderr, "usage: %s [--quick] [--sweep] [--large] [--flushed] [--tile] [--mid] [--half] [--profile T]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--quick] [--sweep] [--large] [--flushed] [--tile] [--mid] [--profile T]\n", argv[0]);
             return 2;
         }
     }
@@ -583,13 +559,6 @@ int main(int argc, char **argv) {
                     validate(s, neox, wq, wkv, dwq, dwkv, mode);
                     validate(s, neox, wq, wkv, dwq, dwkv, mode, 0, 0);
                 }
-        }
-        if (do_half) {
-            do_flushed = true; /* the same skips below */
-            for (int neox : {0, 1}) {
-                validate(s, neox, wq, wkv, dwq, dwkv, MLAF_ROW_HALF);       /* 7 blocks: many rows per pair */
-                validate(s, neox, wq, wkv, dwq, dwkv, MLAF_ROW_HALF, 0, 0); /* the full grid */
-            }
         }
         if (do_tile) {
             g_tile_lanes = true;
@@ -633,7 +602,6 @@ int main(int argc, char **argv) {
         if (do_tile || do_mid || do_flushed || do_large || do_sweep) { /* one study per run */
             if (do_tile) tile_flushed(s, dcs, dwq, dwkv, copy);
             else if (do_mid) mid(s, dcs, dwq, dwkv);
-            else if (do_half) half_flushed(s, dcs, dwq, dwkv, copy);
             else if (do_flushed) flushed(s, dcs, dwq, dwkv, copy);
             else if (do_large) large(s, dcs, dwq, dwkv, copy);
             else sweep(s, dcs, dwq, dwkv);

@@ -386,7 +386,7 @@ __device__ __forceinline__ void mlaf_rope_pairs(const float *stage, const float 
  *         per weight vector; no register cap. */
 enum mlaf_row_mode {
     MLAF_ROW_WAVE = 0, MLAF_ROW_PIPE = 1, MLAF_ROW_LAT = 2, MLAF_ROW_BLK = 3, MLAF_ROW_BLKR = 4,
-    MLAF_ROW_RUN = 5, MLAF_ROW_STAGE = 6, MLAF_ROW_TILE = 7, MLAF_ROW_WAVEW = 8, MLAF_ROW_HALF = 9
+    MLAF_ROW_RUN = 5, MLAF_ROW_STAGE = 6, MLAF_ROW_TILE = 7, MLAF_ROW_WAVEW = 8
 };
 
 /* STAGE: 12 resident blocks (40 registers for the rows of 6 / 9 vectors per lane, both ops). */
@@ -843,100 +843,6 @@ __global__ void __launch_bounds__(MLAF_ROW_WARPS * 32) mlaf_row_tile_kernel(cons
     if (lane == 0) mlaf_bulk_wait_all();
 }
 #endif /* MLAF_ROW_DEV_MODES: TILE */
-
-#ifdef MLAF_ROW_DEV_MODES
-/* HALF (large T, sm_90): two warps per row, each on its own part of it. The even warp of a pair
- * takes the q columns (q's RMSNorm and q), the odd one the kv and pe columns (kv's RMSNorm,
- * k_nope or the cache row, k_pe or its rotation, the token's indices). Each part comes into the
- * pair's row slot by its own bulk copy and each warp goes on as soon as its part has landed.
- * A warp keeps WAVE's lane and slot of every column it owns, so its sums, and every output,
- * are the same bits as WAVE's. What it halves is the arithmetic between a row's arrival and its
- * last store, which at the end of a call no other load overlaps. Pairs stride over rows by the
- * grid (one row per pair on a full grid). */
-#ifndef MLAF_ROW_HALF_MINB
-#define MLAF_ROW_HALF_MINB 12
-#endif
-
-template <typename T, int NV, bool KV>
-__global__ void __launch_bounds__(MLAF_ROW_WARPS * 32, MLAF_ROW_HALF_MINB) mlaf_row_half_kernel(const mlaf_row_args a) {
-    constexpr int W = mlaf_vec<T>::W, PAIRS = MLAF_ROW_WARPS / 2;
-    extern __shared__ __align__(128) float mlaf_row_smem[]; /* [PAIRS][a.slot bytes], pe stage [warps][R] */
-    __shared__ __align__(8) uint64_t mlaf_half_bar[MLAF_ROW_WARPS];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, part = warp & 1;
-    const int qv = a.Q / W, cv = a.C / W, rv = a.R / W, nv = qv + cv + rv;
-    /* this warp's columns [cb, ce), at WAVE's lane and slot: column lane + 32 (s + sb) */
-    const int cb = part ? qv : 0, ce = part ? nv : qv, sb = part ? qv / 32 : 0;
-    if (cb >= ce) return; /* no q part (Q = 0) */
-    const uint4 *const srow = reinterpret_cast<const uint4 *>(reinterpret_cast<const unsigned char *>(mlaf_row_smem) +
-                                                              (size_t)(warp >> 1) * a.slot);
-    float *const pe_stage = mlaf_row_smem + PAIRS * a.slot / 4 + warp * a.R;
-    mlaf_stage_init(&mlaf_half_bar[warp], lane);
-    uint32_t parity = 0;
-    for (int64_t t = (int64_t)blockIdx.x * PAIRS + (warp >> 1); t < a.T; t += (int64_t)gridDim.x * PAIRS) {
-        mlaf_token_idx ix = {-1, 0};
-        if (KV && part) ix = mlaf_token_load(a, t);
-        mlaf_stage_row(&mlaf_half_bar[warp], srow + cb, static_cast<const T *>(a.latent) + t * a.ls + (int64_t)cb * W,
-                       (ce - cb) * 16, lane, parity);
-        parity ^= 1u;
-        mlaf_token_info ti = {nullptr, -1, true};
-        float co0 = 0.0f, si0 = 0.0f;
-        if (KV && part) {
-            ti = mlaf_token_decide(a, ix, lane);
-            if (ti.ok && lane < a.R / 2) co0 = __ldg(ti.cs + lane), si0 = __ldg(ti.cs + a.R / 2 + lane);
-        }
-        float sum = 0.0f;
-#pragma unroll
-        for (int s = 0; s < NV; s++) {
-            const int c = lane + 32 * (s + sb);
-            if (c >= cb && c < ce && c < qv + cv) {
-                float f[W];
-                mlaf_vec<T>::unpack(srow[c], f);
-                sum += mlaf_sumsq<W>(f);
-            }
-        }
-        sum = mlaf_warp_sum(sum);
-        const float r = part ? mlaf_rstd(sum, a.C, a.eps_kv) : mlaf_rstd(sum, a.Q, a.eps_q);
-        const bool write_cache = KV && part && ti.ok && ti.slot >= 0;
-        const int64_t crow = write_cache ? mlaf_cache_row(a, ti.slot) : 0;
-#pragma unroll 1 /* unrolled, the slots' loads were hoisted and spilled (48-80 bytes at 40 registers) */
-        for (int s = 0; s < NV; s++) {
-            const int c = lane + 32 * (s + sb);
-            if (c < cb || c >= ce) continue;
-            float f[W], w[W];
-            const uint4 vs = srow[c];
-            mlaf_vec<T>::unpack(vs, f);
-            if (c < qv) {
-                mlaf_ld_weights_vec<T>(a.w_q, a.wq_f32, (int64_t)c * W, w);
-#pragma unroll
-                for (int k = 0; k < W; k++) f[k] = __fmul_rn(__fmul_rn(f[k], r), w[k]);
-                __stcs(reinterpret_cast<uint4 *>(static_cast<T *>(a.q) + t * a.qs) + c, mlaf_vec<T>::pack(f));
-            } else if (c < qv + cv) {
-                const int j = c - qv;
-                mlaf_ld_weights_vec<T>(a.w_kv, a.wkv_f32, (int64_t)j * W, w);
-#pragma unroll
-                for (int k = 0; k < W; k++) f[k] = __fmul_rn(__fmul_rn(f[k], r), w[k]);
-                if (a.k_nope)
-                    __stcs(reinterpret_cast<uint4 *>(static_cast<T *>(a.k_nope) + t * a.ks) + j, mlaf_vec<T>::pack(f));
-                if (write_cache) mlaf_st_dt_vec<W>(a.cache, a.cache_dt, crow + (int64_t)j * W, f);
-            } else if (!KV) {
-                if (a.k_pe)
-                    __stcs(reinterpret_cast<uint4 *>(static_cast<T *>(a.k_pe) + t * a.ps) + (c - qv - cv), vs);
-            } else if (ti.ok) {
-                float *st = pe_stage + (c - qv - cv) * W;
-#pragma unroll
-                for (int k = 0; k < W; k++) st[k] = f[k];
-            }
-        }
-        if (KV && part && ti.ok && a.R > 0) {
-            __syncwarp();
-            T *po = a.k_pe ? static_cast<T *>(a.k_pe) + t * a.ps : nullptr;
-            mlaf_rope_pairs<T>(pe_stage, ti.cs, co0, si0, a.R, a.neox, lane, po, write_cache ? a.cache : nullptr,
-                               a.cache_dt, crow + a.C);
-            __syncwarp(); /* the stage is reused by the warp's next row */
-        }
-    }
-}
-#endif /* MLAF_ROW_DEV_MODES: HALF */
 
 /* ---- block-per-row kernel (BLK mode, small T) ------------------------------------------- */
 /* For a handful of rows the time is the dependency chain of one row, and in a warp-per-row
@@ -1411,25 +1317,6 @@ static cudaError_t mlaf_row_go_stage(const mlaf_row_args &a, int sms, const mlaf
 }
 
 #ifdef MLAF_ROW_DEV_MODES
-template <typename T, int NV, bool KV>
-static cudaError_t mlaf_row_go_half(const mlaf_row_args &a, const mlaf_row_policy &pol, int nvec,
-                                    cudaStream_t stream) {
-    constexpr int PAIRS = MLAF_ROW_WARPS / 2;
-    mlaf_row_args ar = a;
-    ar.slot = (nvec * 16 + 127) / 128 * 128;
-    const size_t sm = (size_t)PAIRS * ar.slot + (KV ? (size_t)MLAF_ROW_WARPS * a.R * sizeof(float) : 0);
-    if (sm > 48 * 1024)
-        (void)cudaFuncSetAttribute(mlaf_row_half_kernel<T, NV, KV>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                   (int)sm);
-    int64_t blocks = (a.T + PAIRS - 1) / PAIRS;
-    if (pol.max_blocks > 0 && blocks > pol.max_blocks) blocks = pol.max_blocks;
-    if (blocks > 0x7fffffff) blocks = 0x7fffffff;
-    mlaf_row_half_kernel<T, NV, KV><<<(unsigned)blocks, MLAF_ROW_WARPS * 32, sm, stream>>>(ar);
-    return cudaGetLastError();
-}
-#endif
-
-#ifdef MLAF_ROW_DEV_MODES
 /* TILE takes rows of at most this many bytes (slots of 4 warps x ring must fit an SM). */
 #define MLAF_ROW_TILE_MAX_ROW 8192
 /* Shared memory per SM the TILE grid counts on (sm_90: 228 KB; a smaller one only means that
@@ -1578,9 +1465,6 @@ static cudaError_t mlaf_row_go_nv(const mlaf_row_args &a, int sms, const mlaf_ro
         if (mode < 0 && pol.stage && a.T >= (KV ? MLAF_ROW_STAGE_FROM_T_KV : MLAF_ROW_STAGE_FROM_T))
             mode = MLAF_ROW_STAGE;
         if (mode == MLAF_ROW_STAGE) return mlaf_row_go_stage<T, NV, KV>(a, sms, pol, smem, nvec, stream);
-#ifdef MLAF_ROW_DEV_MODES
-        if (mode == MLAF_ROW_HALF) return mlaf_row_go_half<T, NV, KV>(a, pol, nvec, stream);
-#endif
     }
     if constexpr (KV && (NV == 6 || NV == 9 || MLAF_ROW_DEV)) {
         /* rows without the KF kernels, up to 3 WAVE blocks per SM (4 for rows of 9 vectors
