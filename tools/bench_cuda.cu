@@ -31,6 +31,7 @@
 #include <string.h>
 
 #include "bench.h"
+#include "cuda/cuda_common.cuh" /* the library's bulk-copy and mbarrier helpers */
 
 static cudaStream_t g_stream = NULL;
 static void *g_flush = NULL;
@@ -302,28 +303,6 @@ static int bcu_copy_call(void *arg, int set, char *err, size_t cap) {
 #define BCU_RING_CHUNK 2688 /* bytes; a multiple of 16 */
 #define BCU_WARP_CHUNK 4224
 
-__device__ __forceinline__ void bcu_bar_wait(uint32_t bar, uint32_t parity) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    uint32_t ok = 0;
-    do {
-        asm volatile("{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
-                     "selp.u32 %0, 1, 0, p;\n\t}"
-                     : "=r"(ok)
-                     : "r"(bar), "r"(parity)
-                     : "memory");
-    } while (!ok);
-#endif
-}
-/* bytes (a multiple of 16) global -> shared on the mbarrier bar, which expects them */
-__device__ __forceinline__ void bcu_bulk_in(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
-                 "l"(src), "r"(bytes), "r"(bar)
-                 : "memory");
-#endif
-}
-
 /* One thread per CTA streams chunks (grid-stride) through a ring of shared-memory stages: bulk
  * load on the stage's mbarrier, bulk store from the stage; a stage is loaded again once the
  * store issued before the latest one has read it. */
@@ -333,33 +312,29 @@ __global__ void bcu_kcopy_ring(const unsigned char *src, unsigned char *dst, siz
     __shared__ __align__(8) uint64_t bar[BCU_RING_STAGES];
     if (threadIdx.x != 0) return;
     const uint32_t r0 = (uint32_t)__cvta_generic_to_shared(bcu_ring), b0 = (uint32_t)__cvta_generic_to_shared(bar);
-    for (int i = 0; i < BCU_RING_STAGES; i++)
-        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(b0 + 8 * i) : "memory");
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    for (int i = 0; i < BCU_RING_STAGES; i++) mlaf_bar_init(b0 + 8 * i, 1);
     const size_t nch = (nbytes + BCU_RING_CHUNK - 1) / BCU_RING_CHUNK;
     auto bytes_of = [&](size_t c) { return (uint32_t)(c + 1 < nch ? BCU_RING_CHUNK : nbytes - c * BCU_RING_CHUNK); };
     auto load = [&](size_t k) { /* this CTA's chunk k into stage k % stages */
         const size_t c = blockIdx.x + k * gridDim.x;
         if (c >= nch) return;
         const uint32_t st = (uint32_t)(k % BCU_RING_STAGES);
-        bcu_bulk_in(r0 + st * BCU_RING_CHUNK, src + c * BCU_RING_CHUNK, bytes_of(c), b0 + 8 * st);
+        mlaf_bulk_load(r0 + st * BCU_RING_CHUNK, src + c * BCU_RING_CHUNK, bytes_of(c), b0 + 8 * st);
     };
     for (size_t k = 0; k < BCU_RING_STAGES; k++) load(k);
     for (size_t k = 0;; k++) {
         const size_t c = blockIdx.x + k * gridDim.x;
         if (c >= nch) break;
         const uint32_t st = (uint32_t)(k % BCU_RING_STAGES);
-        bcu_bar_wait(b0 + 8 * st, (uint32_t)((k / BCU_RING_STAGES) & 1));
-        asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(dst + c * BCU_RING_CHUNK),
-                     "r"(r0 + st * BCU_RING_CHUNK), "r"(bytes_of(c))
-                     : "memory");
-        asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+        mlaf_bar_wait(b0 + 8 * st, (uint32_t)((k / BCU_RING_STAGES) & 1));
+        mlaf_bulk_store(dst + c * BCU_RING_CHUNK, r0 + st * BCU_RING_CHUNK, bytes_of(c));
+        mlaf_bulk_commit();
         if (k >= 1) {
-            asm volatile("cp.async.bulk.wait_group.read 1;" ::: "memory");
+            mlaf_bulk_wait_read<1>();
             load(k - 1 + BCU_RING_STAGES);
         }
     }
-    asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+    mlaf_bulk_wait_all();
 #endif
 }
 
@@ -376,12 +351,11 @@ __global__ void __launch_bounds__(128) bcu_kcopy_warp(const unsigned char *src, 
     const uint32_t sl = (uint32_t)__cvta_generic_to_shared(bcu_slots + (size_t)w * BCU_WARP_CHUNK);
     const uint32_t b = (uint32_t)__cvta_generic_to_shared(bar + w);
     if (lane == 0) {
-        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(b) : "memory");
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-        bcu_bulk_in(sl, src + c * BCU_WARP_CHUNK, bytes, b);
+        mlaf_bar_init(b, 1);
+        mlaf_bulk_load(sl, src + c * BCU_WARP_CHUNK, bytes, b);
     }
     __syncwarp();
-    bcu_bar_wait(b, 0);
+    mlaf_bar_wait(b, 0);
     const uint4 *s4 = reinterpret_cast<const uint4 *>(bcu_slots + (size_t)w * BCU_WARP_CHUNK);
     uint4 *d4 = reinterpret_cast<uint4 *>(dst + c * BCU_WARP_CHUNK);
     for (uint32_t i = lane; i < bytes / 16; i += 32) __stcs(d4 + i, s4[i]);
@@ -424,6 +398,25 @@ static int bcu_kcopy_call(void *arg, int set, char *err, size_t cap) {
     return 0;
 }
 
+/* Source and destination of a copy of bytes / 2 (16-byte multiple, at least 16), the source
+ * filled with `fill`, for the same-bytes and kernel copies. */
+static int bcu_copy_buffers(double bytes, int fill, void **a, void **b, size_t *n, char *err, size_t cap) {
+    *a = *b = NULL;
+    *n = (size_t)(bytes / 2.0);
+    *n = (*n + 15) / 16 * 16;
+    if (*n < 16) *n = 16;
+    cudaError_t e = cudaMalloc(a, *n);
+    if (e == cudaSuccess) e = cudaMalloc(b, *n);
+    if (e == cudaSuccess) e = cudaMemsetAsync(*a, fill, *n, g_stream);
+    if (e != cudaSuccess) {
+        if (*a) (void)cudaFree(*a);
+        if (*b) (void)cudaFree(*b);
+        *a = *b = NULL;
+        return fail(err, cap, "copy buffers", e);
+    }
+    return 0;
+}
+
 extern "C" int bcu_kcopy_time(double bytes, int reps, bench_stats *out, char *err, size_t cap) {
     if (!g_stream) {
         snprintf(err, cap, "bcu_kcopy_time before bcu_setup");
@@ -433,19 +426,16 @@ extern "C" int bcu_kcopy_time(double bytes, int reps, bench_stats *out, char *er
     CK(cudaGetDevice(&dev));
     CK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
     CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    size_t n = (size_t)(bytes / 2.0);
-    n = (n + 15) / 16 * 16;
-    if (n < 16) n = 16;
-    void *a = NULL, *b = NULL;
-    cudaError_t e = cudaMalloc(&a, n);
-    if (e == cudaSuccess) e = cudaMalloc(&b, n);
-    if (e == cudaSuccess) e = cudaMemsetAsync(a, 5, n, g_stream);
-    if (e == cudaSuccess && major >= 9)
+    void *a, *b;
+    size_t n;
+    if (bcu_copy_buffers(bytes, 5, &a, &b, &n, err, cap)) return -1;
+    cudaError_t e = cudaSuccess;
+    if (major >= 9)
         e = cudaFuncSetAttribute(bcu_kcopy_ring, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  BCU_RING_STAGES * BCU_RING_CHUNK);
     int rc = 0;
     if (e != cudaSuccess) {
-        rc = fail(err, cap, "kernel copy buffers", e);
+        rc = fail(err, cap, "kernel copy shared memory", e);
     } else {
         /* the faster of the kinds this GPU has; each checked once against its source */
         const int kinds[2] = {major >= 9 ? 0 : 2, major >= 9 ? 1 : 2};
@@ -489,8 +479,8 @@ extern "C" int bcu_kcopy_time(double bytes, int reps, bench_stats *out, char *er
         }
     }
     (void)cudaStreamSynchronize(g_stream);
-    if (a) (void)cudaFree(a);
-    if (b) (void)cudaFree(b);
+    (void)cudaFree(a);
+    (void)cudaFree(b);
     return rc;
 }
 
@@ -500,22 +490,13 @@ extern "C" int bcu_copy_time(double bytes, int reps, int graph_calls, bench_stat
         snprintf(err, cap, "bcu_copy_time before bcu_setup");
         return -1;
     }
-    size_t n = (size_t)(bytes / 2.0);
-    n = (n + 15) / 16 * 16;
-    if (n < 16) n = 16;
-    void *a = NULL, *b = NULL;
-    cudaError_t e = cudaMalloc(&a, n);
-    if (e == cudaSuccess) e = cudaMalloc(&b, n);
-    if (e == cudaSuccess) e = cudaMemsetAsync(a, 3, n, g_stream);
-    int rc = 0;
-    if (e != cudaSuccess) {
-        rc = fail(err, cap, "same-bytes copy buffers", e);
-    } else {
-        bcu_copy_arg c = {b, a, n};
-        rc = bcu_time(bcu_copy_call, &c, reps, graph_calls, out, err, cap);
-    }
+    void *a, *b;
+    size_t n;
+    if (bcu_copy_buffers(bytes, 3, &a, &b, &n, err, cap)) return -1;
+    bcu_copy_arg c = {b, a, n};
+    const int rc = bcu_time(bcu_copy_call, &c, reps, graph_calls, out, err, cap);
     (void)cudaStreamSynchronize(g_stream);
-    if (a) (void)cudaFree(a);
-    if (b) (void)cudaFree(b);
+    (void)cudaFree(a);
+    (void)cudaFree(b);
     return rc;
 }
