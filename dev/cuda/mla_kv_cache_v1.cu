@@ -398,25 +398,6 @@ static void flushed_table(const dev_shape &s, float *dcs, const __nv_bfloat16 *d
 
 /* WAVE, STAGE and STAGE on a persistent grid (12 resident blocks x SMs, each warp striding over
  * rows) for both ops, with an empty kernel timed the same way. */
-/* `--probe`: split_qk_norm's WAVE against the same kernel without the weights (PROBE_W) and
- * without the norms too (PROBE_N): how the time depends on the row's arithmetic (the probes'
- * outputs are wrong and not checked). Columns: memcpy, then four fused ones unused (WAVE repeated),
- * split WAVE, PROBE_W, PROBE_N; two rounds, the second printed. */
-static void probe_flushed(const dev_shape &s, float *dcs, const __nv_bfloat16 *dwq, const __nv_bfloat16 *dwkv,
-                          double copy) {
-    const char *const names[8] = {"memcpy", "-", "-", "split WAVE", "split STAGE", "PROBE_SN", "PROBE_W", "PROBE_N"};
-    flushed_table(s, dcs, dwq, dwkv, copy, names, [&](const kv_case &k, const flusher &fl, double *t) {
-        for (int i = 1; i < 3; i++) t[i] = t[0];
-        for (int round = 0; round < 2; round++) {
-            t[3] = flushed_us(fl, [&] { k.split(0, 0, MLAF_ROW_WAVE); });
-            t[4] = flushed_us(fl, [&] { k.split(0, 0, MLAF_ROW_STAGE); });
-            t[5] = flushed_us(fl, [&] { k.split(0, 0, MLAF_ROW_PROBE_SN); });
-            t[6] = flushed_us(fl, [&] { k.split(0, 0, MLAF_ROW_PROBE_W); });
-            t[7] = flushed_us(fl, [&] { k.split(0, 0, MLAF_ROW_PROBE_N); });
-        }
-    });
-}
-
 static void flushed(const dev_shape &s, float *dcs, const __nv_bfloat16 *dwq, const __nv_bfloat16 *dwkv, double copy) {
     {
         flusher fl;
@@ -540,7 +521,6 @@ static void sweep(const dev_shape &s, float *dcs, const __nv_bfloat16 *dwq, cons
 
 int main(int argc, char **argv) {
     bool quick = false, do_sweep = false, do_large = false, do_flushed = false, do_tile = false, do_mid = false;
-    bool do_probe = false;
     int64_t prof_T = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) quick = true;
@@ -549,7 +529,6 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--flushed")) do_flushed = true;
         else if (!strcmp(argv[i], "--tile")) do_tile = true;
         else if (!strcmp(argv[i], "--mid")) do_mid = true;
-        else if (!strcmp(argv[i], "--probe")) do_probe = true, do_flushed = true;
         else if (!strcmp(argv[i], "--profile") && i + 1 < argc) prof_T = atoll(argv[++i]);
         else {
             fprintf(stderr, "usage: %s [--quick] [--sweep] [--large] [--flushed] [--tile] [--mid] [--profile T]\n", argv[0]);
@@ -623,7 +602,6 @@ int main(int argc, char **argv) {
         if (do_tile || do_mid || do_flushed || do_large || do_sweep) { /* one study per run */
             if (do_tile) tile_flushed(s, dcs, dwq, dwkv, copy);
             else if (do_mid) mid(s, dcs, dwq, dwkv);
-            else if (do_probe) probe_flushed(s, dcs, dwq, dwkv, copy);
             else if (do_flushed) flushed(s, dcs, dwq, dwkv, copy);
             else if (do_large) large(s, dcs, dwq, dwkv, copy);
             else sweep(s, dcs, dwq, dwkv);

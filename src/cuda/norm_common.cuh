@@ -386,8 +386,7 @@ __device__ __forceinline__ void mlaf_rope_pairs(const float *stage, const float 
  *         per weight vector; no register cap. */
 enum mlaf_row_mode {
     MLAF_ROW_WAVE = 0, MLAF_ROW_PIPE = 1, MLAF_ROW_LAT = 2, MLAF_ROW_BLK = 3, MLAF_ROW_BLKR = 4,
-    MLAF_ROW_RUN = 5, MLAF_ROW_STAGE = 6, MLAF_ROW_TILE = 7, MLAF_ROW_WAVEW = 8,
-    MLAF_ROW_PROBE_W = 10, MLAF_ROW_PROBE_N = 11, MLAF_ROW_PROBE_SN = 12 /* dev/ probes, wrong outputs */
+    MLAF_ROW_RUN = 5, MLAF_ROW_STAGE = 6, MLAF_ROW_TILE = 7, MLAF_ROW_WAVEW = 8
 };
 
 /* STAGE: 12 resident blocks (40 registers for the rows of 6 / 9 vectors per lane, both ops). */
@@ -397,11 +396,10 @@ enum mlaf_row_mode {
  * lane, twice that in PIPE). */
 template <int NV, int MODE> struct mlaf_row_minb {
     static constexpr int value = MODE == MLAF_ROW_LAT    ? 1
-                                 : MODE == MLAF_ROW_STAGE || MODE == MLAF_ROW_PROBE_SN ? MLAF_ROW_STAGE_MINB
+                                 : MODE == MLAF_ROW_STAGE ? MLAF_ROW_STAGE_MINB
                                  : MODE == MLAF_ROW_TILE ? 1
                                  : MODE == MLAF_ROW_WAVEW ? (NV <= 6 ? 8 : NV <= 9 ? 6 : 2)
                                  : MODE == MLAF_ROW_PIPE ? (NV <= 4 ? 6 : NV <= 6 ? 5 : NV <= 9 ? 4 : 2)
-                                 : MODE == MLAF_ROW_PROBE_W || MODE == MLAF_ROW_PROBE_N ? (NV <= 6 ? 8 : NV <= 9 ? 6 : 2)
                                  : (NV <= 6 ? 8 : NV <= 9 ? 6 : NV <= 16 ? 3 : 2);
 };
 
@@ -473,12 +471,7 @@ __global__ void __launch_bounds__(MLAF_ROW_WARPS * 32, mlaf_row_minb<NV, MODE>::
 mlaf_row_fast_kernel(const mlaf_row_args a) {
     constexpr int W = mlaf_vec<T>::W;
     constexpr bool PIPE = MODE == MLAF_ROW_PIPE, LAT = MODE == MLAF_ROW_LAT, RUN = MODE == MLAF_ROW_RUN;
-    constexpr bool STG = MODE == MLAF_ROW_STAGE || MODE == MLAF_ROW_PROBE_SN;
-    /* dev/ probes of how the time at large T depends on the row's arithmetic (their outputs are
-     * wrong and never checked): WAVE without the weights' loads and products (PROBE_W), and
-     * without the norms too (PROBE_N: no sums, no reductions, rstd = 1) */
-    constexpr bool PRN = MODE == MLAF_ROW_PROBE_N || MODE == MLAF_ROW_PROBE_SN; /* SN: STAGE's */
-    constexpr bool PRW = MODE == MLAF_ROW_PROBE_W || PRN;
+    constexpr bool STG = MODE == MLAF_ROW_STAGE;
     /* WAVEW: WAVE, but the block stages the weights (as stored) in shared memory while the warps
      * first rows are in flight, so no warp meets the weights' L2 latency after its reductions */
     constexpr bool WSM = MODE == MLAF_ROW_WAVEW;
@@ -587,7 +580,7 @@ mlaf_row_fast_kernel(const mlaf_row_args a) {
 #pragma unroll
         for (int s = 0; s < NV; s++) {
             const int c = lane + 32 * s;
-            if (!PRN && is_n(s, c)) {
+            if (is_n(s, c)) {
                 float f[W];
                 mlaf_vec<T>::unpack(vec(s, c), f);
                 const float acc = mlaf_sumsq<W>(f);
@@ -595,15 +588,13 @@ mlaf_row_fast_kernel(const mlaf_row_args a) {
                 else skv += acc;
             }
         }
-        if constexpr (!PRN) {
-            sq = mlaf_warp_sum(sq);
-            skv = mlaf_warp_sum(skv);
-        }
+        sq = mlaf_warp_sum(sq);
+        skv = mlaf_warp_sum(skv);
 #ifdef MLAF_ROW_TIMELINE
         MLAF_TL_NOW(tl_b, sq + skv);
 #endif
-        const float rq = PRN ? 1.0f : a.Q > 0 ? mlaf_rstd(sq, a.Q, a.eps_q) : 0.0f;
-        const float rkv = PRN ? 1.0f : mlaf_rstd(skv, a.C, a.eps_kv);
+        const float rq = a.Q > 0 ? mlaf_rstd(sq, a.Q, a.eps_q) : 0.0f;
+        const float rkv = mlaf_rstd(skv, a.C, a.eps_kv);
 
         const bool write_cache = KV && ti.ok && ti.slot >= 0;
         const int64_t crow = write_cache ? mlaf_cache_row(a, ti.slot) : 0;
@@ -627,40 +618,30 @@ mlaf_row_fast_kernel(const mlaf_row_args a) {
             const uint4 vs = vec(s, c);
             mlaf_vec<T>::unpack(vs, f);
             if (is_q(s, c)) {
-                if constexpr (PRW) {
+                if constexpr (LAT) {
 #pragma unroll
-                    for (int k = 0; k < W; k++) f[k] = __fmul_rn(f[k], rq);
+                    for (int k = 0; k < W; k++) w[k] = wr[s][k];
+                } else if constexpr (WSM) {
+                    mlaf_vec<T>::unpack(wsm[c], w);
                 } else {
-                    if constexpr (LAT) {
-#pragma unroll
-                        for (int k = 0; k < W; k++) w[k] = wr[s][k];
-                    } else if constexpr (WSM) {
-                        mlaf_vec<T>::unpack(wsm[c], w);
-                    } else {
-                        mlaf_ld_weights_vec<T>(a.w_q, a.wq_f32, (int64_t)c * W, w);
-                    }
-#pragma unroll
-                    for (int k = 0; k < W; k++) f[k] = __fmul_rn(__fmul_rn(f[k], rq), w[k]);
+                    mlaf_ld_weights_vec<T>(a.w_q, a.wq_f32, (int64_t)c * W, w);
                 }
+#pragma unroll
+                for (int k = 0; k < W; k++) f[k] = __fmul_rn(__fmul_rn(f[k], rq), w[k]);
                 __stcs(reinterpret_cast<uint4 *>(static_cast<T *>(a.q) + t * a.qs) + c,
                        mlaf_vec<T>::pack(f));
             } else if (is_n(s, c)) {
                 const int j = c - qv;
-                if constexpr (PRW) {
+                if constexpr (LAT) {
 #pragma unroll
-                    for (int k = 0; k < W; k++) f[k] = __fmul_rn(f[k], rkv);
+                    for (int k = 0; k < W; k++) w[k] = wr[s][k];
+                } else if constexpr (WSM) {
+                    mlaf_vec<T>::unpack(wsm[c], w);
                 } else {
-                    if constexpr (LAT) {
-#pragma unroll
-                        for (int k = 0; k < W; k++) w[k] = wr[s][k];
-                    } else if constexpr (WSM) {
-                        mlaf_vec<T>::unpack(wsm[c], w);
-                    } else {
-                        mlaf_ld_weights_vec<T>(a.w_kv, a.wkv_f32, (int64_t)j * W, w);
-                    }
-#pragma unroll
-                    for (int k = 0; k < W; k++) f[k] = __fmul_rn(__fmul_rn(f[k], rkv), w[k]);
+                    mlaf_ld_weights_vec<T>(a.w_kv, a.wkv_f32, (int64_t)j * W, w);
                 }
+#pragma unroll
+                for (int k = 0; k < W; k++) f[k] = __fmul_rn(__fmul_rn(f[k], rkv), w[k]);
                 if (a.k_nope)
                     __stcs(reinterpret_cast<uint4 *>(static_cast<T *>(a.k_nope) + t * a.ks) + j,
                            mlaf_vec<T>::pack(f));
@@ -1305,8 +1286,7 @@ static cudaError_t mlaf_row_go_kf(const mlaf_row_args &a, int sms, const mlaf_ro
             return mlaf_row_go<T, NV, KV, MODE, mlaf_row_kf_qs<NV>::value>(a, sms, pol, smem, stream);
     }
     /* split_qk_norm's WAVE: the layout alone (there is no pe rotation) */
-    if constexpr (!KV && (MODE == MLAF_ROW_WAVE || MODE == MLAF_ROW_PROBE_W || MODE == MLAF_ROW_PROBE_N) &&
-                  mlaf_row_kf_qs<NV>::value >= 0 && !std::is_same<T, float>::value) {
+    if constexpr (!KV && MODE == MLAF_ROW_WAVE && mlaf_row_kf_qs<NV>::value >= 0 && !std::is_same<T, float>::value) {
         if (pol.kv_fast && mlaf_row_layout_ok<T, NV>(a))
             return mlaf_row_go<T, NV, KV, MODE, mlaf_row_kf_qs<NV>::value>(a, sms, pol, smem, stream);
     }
@@ -1512,16 +1492,6 @@ static cudaError_t mlaf_row_go_nv(const mlaf_row_args &a, int sms, const mlaf_ro
         if (mode == MLAF_ROW_LAT) return mlaf_row_go<T, NV, KV, MLAF_ROW_LAT>(a, sms, pol, smem, stream);
         if (mode == MLAF_ROW_PIPE) return mlaf_row_go<T, NV, KV, MLAF_ROW_PIPE>(a, sms, pol, smem, stream);
         if (mode == MLAF_ROW_RUN) return mlaf_row_go<T, NV, KV, MLAF_ROW_RUN>(a, sms, pol, smem, stream);
-        if (!KV && mode == MLAF_ROW_PROBE_W)
-            return mlaf_row_go_kf<T, NV, KV, MLAF_ROW_PROBE_W>(a, sms, pol, smem, stream);
-        if (!KV && mode == MLAF_ROW_PROBE_N)
-            return mlaf_row_go_kf<T, NV, KV, MLAF_ROW_PROBE_N>(a, sms, pol, smem, stream);
-        if (!KV && mode == MLAF_ROW_PROBE_SN) {
-            mlaf_row_args ar = a;
-            ar.slot = (nvec * 16 + 127) / 128 * 128;
-            return mlaf_row_go_kf<T, NV, KV, MLAF_ROW_PROBE_SN>(ar, sms, pol, smem + (size_t)MLAF_ROW_WARPS * ar.slot,
-                                                                stream);
-        }
     }
     if (mode == MLAF_ROW_STAGE) return mlaf_row_go_stage<T, NV, KV>(a, sms, pol, smem, nvec, stream); /* any width */
 #endif
