@@ -21,7 +21,9 @@
  * moving that many bytes reached here. Each kernel's copy is checked once against the source.
  * `--shapes`: bulk copies in the row kernels' launch shapes (a warp per chunk of one GLM /
  * DeepSeek-V3 row's bytes, bulk load into the warp's slot, then one bulk store or the lanes'
- * stores), a block per 10.7 / 16 KB chunk, and the 16 KB / row-sized rings, for four op sizes.
+ * stores), a block per 10.7 / 16 KB chunk, the 16 KB / row-sized rings, capped residency, a
+ * per-row wait standing in for the arithmetic, and split3 (GLM rows stored to three arrays as
+ * split_qk_norm writes q, k_nope and k_pe), for four op sizes.
  * `--memcpy-only`: one 256 MB cudaMemcpyAsync and nothing else; under ncu it shows whether the
  * device-to-device copy runs as a kernel (on the H200 it does not: "No kernels were profiled",
  * it is the copy engines' DMA).
@@ -202,6 +204,42 @@ __global__ void __launch_bounds__(128) cc_stage_like(const unsigned char *src, u
 #endif
 }
 
+/* `--shapes`: split_qk_norm's output layout with no arithmetic. A warp per 2688-byte GLM-4.7-Flash
+ * row: one bulk load into its slot, then the lanes store bytes [0, 1536) to row t of a q array,
+ * [1536, 2560) to a k_nope array and [2560, 2688) to a k_pe array (three separate streams, as the
+ * op writes them) instead of one contiguous row. */
+__global__ void __launch_bounds__(128) cc_split3(const unsigned char *src, unsigned char *dst, size_t nbytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    constexpr int CH = 2688, QB = 1536, KB = 1024, PB = 128;
+    extern __shared__ __align__(128) unsigned char slots[];
+    __shared__ __align__(8) uint64_t bar[4];
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    const size_t T = nbytes / CH, t = (size_t)blockIdx.x * 4 + w;
+    if (t >= T) return;
+    const uint32_t sl = (uint32_t)__cvta_generic_to_shared(slots + (size_t)w * CH);
+    const uint32_t b = (uint32_t)__cvta_generic_to_shared(bar + w);
+    if (lane == 0) {
+        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(b) : "memory");
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(b), "r"(CH) : "memory");
+        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                     ::"r"(sl), "l"(src + t * CH), "r"(CH), "r"(b) : "memory");
+    }
+    __syncwarp();
+    uint32_t ok = 0;
+    do {
+        asm volatile("{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
+                     "selp.u32 %0, 1, 0, p;\n\t}" : "=r"(ok) : "r"(b), "r"(0u) : "memory");
+    } while (!ok);
+    const uint4 *s4 = reinterpret_cast<const uint4 *>(slots + (size_t)w * CH);
+    uint4 *q = reinterpret_cast<uint4 *>(dst + t * QB), *k = reinterpret_cast<uint4 *>(dst + T * QB + t * KB),
+          *pe = reinterpret_cast<uint4 *>(dst + T * (QB + KB) + t * PB);
+    for (int i = lane; i < QB / 16; i += 32) __stcs(q + i, s4[i]);
+    for (int i = lane; i < KB / 16; i += 32) __stcs(k + i, s4[QB / 16 + i]);
+    if (lane < PB / 16) __stcs(pe + lane, s4[(QB + KB) / 16 + lane]);
+#endif
+}
+
 /* `--shapes`: the bulk copies of a few op-sized byte counts in the row kernels' shapes. */
 static void shapes(double ref_gbs, uint4 *src, uint4 *dst, const flusher &fl, int sms) {
     struct row { const char *what; double mb; };
@@ -214,8 +252,8 @@ static void shapes(double ref_gbs, uint4 *src, uint4 *dst, const flusher &fl, in
     const char *names[] = {"memcpy", "ring 16K", "ring 2688", "w4 2688 bulk", "w4 2688 lanes", "w4 4224 bulk",
                            "w4 4224 lanes", "w1 10752 bulk", "w1 16K bulk", "w4 16K bulk", "lanes 12/SM",
                            "lanes 8/SM", "lanes 12/SM 1us", "lanes 12/SM 2us", "2 rows 8/SM",
-                           "2 rows 8/SM 1us", "lanes 16/SM 1us"};
-    const int nk = 17;
+                           "2 rows 8/SM 1us", "lanes 16/SM 1us", "split3 16/SM", "split3 12/SM"};
+    const int nk = 19;
     /* dynamic shared memory that leaves room for n blocks per SM (228 KB, 1 KB reserved each) */
     auto cap = [](int n) { return (size_t)((228 * 1024) / n - 1024) / 128 * 128; };
     auto setsm = [](const void *f, int b) { CK(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, b)); };
@@ -227,6 +265,7 @@ static void shapes(double ref_gbs, uint4 *src, uint4 *dst, const flusher &fl, in
     setsm((const void *)cc_stage_like<1, 2000>, 64 * 1024);
     setsm((const void *)cc_stage_like<2, 0>, 64 * 1024);
     setsm((const void *)cc_stage_like<2, 1000>, 64 * 1024);
+    setsm((const void *)cc_split3, 64 * 1024);
     printf("%-38s %7s", "bytes of", "MB");
     for (int k = 0; k < nk; k++) printf(" %19s", names[k]);
     printf("\n");
@@ -254,6 +293,9 @@ static void shapes(double ref_gbs, uint4 *src, uint4 *dst, const flusher &fl, in
             if (k == 14) cc_stage_like<2, 0><<<g(8, 2688), 128, cap(8)>>>(s, d, half);
             if (k == 15) cc_stage_like<2, 1000><<<g(8, 2688), 128, cap(8)>>>(s, d, half);
             if (k == 16) cc_stage_like<1, 1000><<<g(4, 2688), 128, 4 * 2688>>>(s, d, half);
+            /* split3: whole GLM rows only (the bytes rounded down to rows) */
+            if (k == 17) cc_split3<<<(unsigned)((half / 2688 + 3) / 4), 128, 4 * 2688>>>(s, d, half / 2688 * 2688);
+            if (k == 18) cc_split3<<<(unsigned)((half / 2688 + 3) / 4), 128, cap(12)>>>(s, d, half / 2688 * 2688);
         };
         printf("%-38s %7.1f", r.what, 2.0 * half / 1e6);
         for (int k = 0; k < nk; k++) {
@@ -270,7 +312,19 @@ static void shapes(double ref_gbs, uint4 *src, uint4 *dst, const flusher &fl, in
                 CK(cudaMemset(dst, 0, half));
                 kern(k);
                 CK(cudaMemcpy(b.data(), dst, half, cudaMemcpyDeviceToHost));
-                if (memcmp(a.data(), b.data(), half)) {
+                bool bad;
+                if (k >= 17) { /* split3: row t's three parts in the q, k_nope and k_pe arrays */
+                    const unsigned char *x = (const unsigned char *)a.data(), *y = (const unsigned char *)b.data();
+                    const size_t T = half / 2688;
+                    bad = false;
+                    for (size_t t = 0; t < T && !bad; t++)
+                        bad = memcmp(y + t * 1536, x + t * 2688, 1536) ||
+                              memcmp(y + T * 1536 + t * 1024, x + t * 2688 + 1536, 1024) ||
+                              memcmp(y + T * 2560 + t * 128, x + t * 2688 + 2560, 128);
+                } else {
+                    bad = memcmp(a.data(), b.data(), half) != 0;
+                }
+                if (bad) {
                     printf("  %s: copy mismatch FAIL\n", names[k]);
                     dev_failures++;
                 }
