@@ -29,6 +29,7 @@
  * it is the copy engines' DMA).
  */
 #include "common.cuh"
+#include "cuda/cuda_common.cuh" /* the library's bulk-copy and mbarrier helpers */
 
 __global__ void cc_grid(const uint4 *__restrict__ s, uint4 *__restrict__ d, size_t n) {
     const size_t stride = (size_t)gridDim.x * blockDim.x;
@@ -78,37 +79,29 @@ template <int S, int CH> __global__ void cc_bulk(const unsigned char *src, unsig
     __shared__ __align__(8) uint64_t bar[S];
     if (threadIdx.x != 0) return;
     const uint32_t r0 = (uint32_t)__cvta_generic_to_shared(ring), b0 = (uint32_t)__cvta_generic_to_shared(bar);
-    for (int i = 0; i < S; i++) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(b0 + 8 * i) : "memory");
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    for (int i = 0; i < S; i++) mlaf_bar_init(b0 + 8 * i, 1);
     const size_t nch = (nbytes + CH - 1) / CH;
+    auto bytes_of = [&](size_t c) { return (uint32_t)(c + 1 < nch ? CH : nbytes - c * CH); };
     auto load = [&](size_t k) { /* chunk index k of this CTA into stage k % S */
         const size_t c = blockIdx.x + k * gridDim.x;
         if (c >= nch) return;
-        const uint32_t bytes = (uint32_t)(c + 1 < nch ? CH : nbytes - c * CH), st = (uint32_t)(k % S);
-        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(b0 + 8 * st), "r"(bytes) : "memory");
-        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-                     ::"r"(r0 + st * CH), "l"(src + c * CH), "r"(bytes), "r"(b0 + 8 * st) : "memory");
+        const uint32_t st = (uint32_t)(k % S);
+        mlaf_bulk_load(r0 + st * CH, src + c * CH, bytes_of(c), b0 + 8 * st);
     };
     for (size_t k = 0; k < (size_t)S; k++) load(k);
     for (size_t k = 0;; k++) {
         const size_t c = blockIdx.x + k * gridDim.x;
         if (c >= nch) break;
-        const uint32_t bytes = (uint32_t)(c + 1 < nch ? CH : nbytes - c * CH), st = (uint32_t)(k % S);
-        const uint32_t par = (uint32_t)((k / S) & 1);
-        uint32_t ok = 0;
-        do {
-            asm volatile("{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
-                         "selp.u32 %0, 1, 0, p;\n\t}" : "=r"(ok) : "r"(b0 + 8 * st), "r"(par) : "memory");
-        } while (!ok);
-        asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(dst + c * CH),
-                     "r"(r0 + st * CH), "r"(bytes) : "memory");
-        asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+        const uint32_t st = (uint32_t)(k % S);
+        mlaf_bar_wait(b0 + 8 * st, (uint32_t)((k / S) & 1));
+        mlaf_bulk_store(dst + c * CH, r0 + st * CH, bytes_of(c));
+        mlaf_bulk_commit();
         if (k >= 1) {
-            asm volatile("cp.async.bulk.wait_group.read 1;" ::: "memory");
+            mlaf_bulk_wait_read<1>();
             load(k - 1 + S);
         }
     }
-    asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+    mlaf_bulk_wait_all();
 #endif
 }
 
@@ -129,24 +122,16 @@ __global__ void __launch_bounds__(NW * 32) cc_bulk1(const unsigned char *src, un
     const uint32_t sl = (uint32_t)__cvta_generic_to_shared(slots + (size_t)w * CH);
     const uint32_t b = (uint32_t)__cvta_generic_to_shared(bar + w);
     if (lane == 0) {
-        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(b) : "memory");
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(b), "r"(bytes) : "memory");
-        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-                     ::"r"(sl), "l"(src + c * CH), "r"(bytes), "r"(b) : "memory");
+        mlaf_bar_init(b, 1);
+        mlaf_bulk_load(sl, src + c * CH, bytes, b);
     }
     __syncwarp();
-    uint32_t ok = 0;
-    do {
-        asm volatile("{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
-                     "selp.u32 %0, 1, 0, p;\n\t}" : "=r"(ok) : "r"(b), "r"(0u) : "memory");
-    } while (!ok);
+    mlaf_bar_wait(b, 0);
     if constexpr (STORE_BULK) {
         if (lane == 0) {
-            asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(dst + c * CH), "r"(sl),
-                         "r"(bytes) : "memory");
-            asm volatile("cp.async.bulk.commit_group;" ::: "memory");
-            asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+            mlaf_bulk_store(dst + c * CH, sl, bytes);
+            mlaf_bulk_commit();
+            mlaf_bulk_wait_read<0>();
         }
     } else {
         const uint4 *s4 = reinterpret_cast<const uint4 *>(slots + (size_t)w * CH);
@@ -178,11 +163,8 @@ __global__ void __launch_bounds__(128) cc_stage_like(const unsigned char *src, u
             const uint32_t bytes = (uint32_t)(c + 1 < nch ? CH : nbytes - c * CH);
             const uint32_t sl = (uint32_t)__cvta_generic_to_shared(slots + ((size_t)w * R + r) * CH);
             const uint32_t b = (uint32_t)__cvta_generic_to_shared(bar + w * R + r);
-            asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(b) : "memory");
-            asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-            asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(b), "r"(bytes) : "memory");
-            asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-                         ::"r"(sl), "l"(src + c * CH), "r"(bytes), "r"(b) : "memory");
+            mlaf_bar_init(b, 1);
+            mlaf_bulk_load(sl, src + c * CH, bytes, b);
         }
     }
     __syncwarp();
@@ -190,12 +172,7 @@ __global__ void __launch_bounds__(128) cc_stage_like(const unsigned char *src, u
         const size_t c = c0 + r;
         if (c >= nch) break;
         const uint32_t bytes = (uint32_t)(c + 1 < nch ? CH : nbytes - c * CH);
-        const uint32_t b = (uint32_t)__cvta_generic_to_shared(bar + w * R + r);
-        uint32_t ok = 0;
-        do {
-            asm volatile("{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
-                         "selp.u32 %0, 1, 0, p;\n\t}" : "=r"(ok) : "r"(b), "r"(0u) : "memory");
-        } while (!ok);
+        mlaf_bar_wait((uint32_t)__cvta_generic_to_shared(bar + w * R + r), 0);
         if (DELAY > 0) __nanosleep(DELAY);
         const uint4 *s4 = reinterpret_cast<const uint4 *>(slots + ((size_t)w * R + r) * CH);
         uint4 *d4 = reinterpret_cast<uint4 *>(dst + c * CH);
@@ -219,18 +196,11 @@ __global__ void __launch_bounds__(128) cc_split3(const unsigned char *src, unsig
     const uint32_t sl = (uint32_t)__cvta_generic_to_shared(slots + (size_t)w * CH);
     const uint32_t b = (uint32_t)__cvta_generic_to_shared(bar + w);
     if (lane == 0) {
-        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(b) : "memory");
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(b), "r"(CH) : "memory");
-        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-                     ::"r"(sl), "l"(src + t * CH), "r"(CH), "r"(b) : "memory");
+        mlaf_bar_init(b, 1);
+        mlaf_bulk_load(sl, src + t * CH, (uint32_t)CH, b);
     }
     __syncwarp();
-    uint32_t ok = 0;
-    do {
-        asm volatile("{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
-                     "selp.u32 %0, 1, 0, p;\n\t}" : "=r"(ok) : "r"(b), "r"(0u) : "memory");
-    } while (!ok);
+    mlaf_bar_wait(b, 0);
     const uint4 *s4 = reinterpret_cast<const uint4 *>(slots + (size_t)w * CH);
     uint4 *q = reinterpret_cast<uint4 *>(dst + t * QB), *k = reinterpret_cast<uint4 *>(dst + T * QB + t * KB),
           *pe = reinterpret_cast<uint4 *>(dst + T * (QB + KB) + t * PB);
