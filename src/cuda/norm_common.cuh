@@ -127,6 +127,10 @@ struct mlaf_row_args {
     int32_t slot; /* STAGE / TILE modes: bytes of a warp's row slot in shared memory */
     int32_t ring; /* TILE mode: row slots per warp */
     int32_t tile_lanes; /* TILE mode: the lanes store the outputs (else bulk stores) */
+    int32_t ramp_ns;     /* > 0: block b < ramp_blocks sleeps ~ramp_ns * b / ramp_blocks first */
+    int32_t ramp_blocks; /* the first wave's blocks (resident per SM x SMs) */
+    int32_t cpol;        /* dev A/B: bit 0 plain output stores (else st.global.cs), bits 1-3 the row
+                            loads' policy (mlaf_ld_row) */
 };
 
 #define MLAF_ROW_WARPS 4
@@ -403,6 +407,28 @@ template <int NV, int MODE> struct mlaf_row_minb {
                                  : (NV <= 6 ? 8 : NV <= 9 ? 6 : NV <= 16 ? 3 : 2);
 };
 
+/* One 16-byte vector of the row (dev A/B of the load policy: 0 ld.global.cs, 1 ld.global.nc,
+ * 2 ld.global, 3 ld.global.nc.L1::no_allocate, 4 ld.global.L1::no_allocate). */
+__device__ __forceinline__ uint4 mlaf_ld_row(const uint4 *p, int32_t lp) {
+    uint4 v;
+    if (lp == 1) return __ldg(p);
+    if (lp == 2) {
+        asm volatile("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+        return v;
+    }
+    if (lp == 3) {
+        asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+        return v;
+    }
+    if (lp == 4) {
+        asm volatile("ld.global.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+        return v;
+    }
+    return __ldcs(p);
+}
+
 template <typename T, int NV>
 __device__ __forceinline__ void mlaf_row_load(const mlaf_row_args &a, int64_t t, int lane, int nv, uint4 *v) {
     const uint4 *src = reinterpret_cast<const uint4 *>(static_cast<const T *>(a.latent) + t * a.ls);
@@ -410,8 +436,14 @@ __device__ __forceinline__ void mlaf_row_load(const mlaf_row_args &a, int64_t t,
 #pragma unroll
     for (int s = 0; s < NV; s++) {
         const int c = lane + 32 * s;
-        if (c < nv) v[s] = __ldcs(src + c);
+        if (c < nv) v[s] = mlaf_ld_row(src + c, a.cpol >> 1);
     }
+}
+
+/* One 16-byte output vector (dev A/B of the store policy: a.cpol bit 0). */
+__device__ __forceinline__ void mlaf_st_out(uint4 *p, uint4 v, int32_t cpol) {
+    if (cpol & 1) *p = v;
+    else __stcs(p, v);
 }
 
 /* STAGE: lane 0 of the warp sets up the warp's mbarrier (one arrival per phase). */
@@ -495,6 +527,9 @@ mlaf_row_fast_kernel(const mlaf_row_args a) {
     }
     /* rows of this warp: t0, t0 + step, ... below t_end (RUN: a run of a.run rows per warp,
      * interleaved over the block's warps; else a grid stride) */
+    /* the first wave's blocks start spread over ramp_ns instead of all at once */
+    if (a.ramp_ns > 0 && (int)blockIdx.x < a.ramp_blocks)
+        __nanosleep((unsigned)((uint64_t)a.ramp_ns * blockIdx.x / (unsigned)a.ramp_blocks));
     int64_t t0 = (int64_t)blockIdx.x * MLAF_ROW_WARPS + warp, step = nwarps, t_end = a.T;
     if constexpr (RUN) {
         const int64_t b0 = (int64_t)blockIdx.x * MLAF_ROW_WARPS * a.run;
@@ -628,8 +663,8 @@ mlaf_row_fast_kernel(const mlaf_row_args a) {
                 }
 #pragma unroll
                 for (int k = 0; k < W; k++) f[k] = __fmul_rn(__fmul_rn(f[k], rq), w[k]);
-                __stcs(reinterpret_cast<uint4 *>(static_cast<T *>(a.q) + t * a.qs) + c,
-                       mlaf_vec<T>::pack(f));
+                mlaf_st_out(reinterpret_cast<uint4 *>(static_cast<T *>(a.q) + t * a.qs) + c,
+                            mlaf_vec<T>::pack(f), a.cpol);
             } else if (is_n(s, c)) {
                 const int j = c - qv;
                 if constexpr (LAT) {
@@ -643,8 +678,8 @@ mlaf_row_fast_kernel(const mlaf_row_args a) {
 #pragma unroll
                 for (int k = 0; k < W; k++) f[k] = __fmul_rn(__fmul_rn(f[k], rkv), w[k]);
                 if (a.k_nope)
-                    __stcs(reinterpret_cast<uint4 *>(static_cast<T *>(a.k_nope) + t * a.ks) + j,
-                           mlaf_vec<T>::pack(f));
+                    mlaf_st_out(reinterpret_cast<uint4 *>(static_cast<T *>(a.k_nope) + t * a.ks) + j,
+                                mlaf_vec<T>::pack(f), a.cpol);
                 if (write_cache) {
                     if constexpr (KF) /* the cache is in the latent dtype */
                         *reinterpret_cast<uint4 *>(static_cast<T *>(a.cache) + crow + (int64_t)j * W) =
@@ -654,8 +689,8 @@ mlaf_row_fast_kernel(const mlaf_row_args a) {
                 }
             } else if (!KV) {
                 if (a.k_pe)
-                    __stcs(reinterpret_cast<uint4 *>(static_cast<T *>(a.k_pe) + t * a.ps) + (c - qv - cv),
-                           vs);
+                    mlaf_st_out(reinterpret_cast<uint4 *>(static_cast<T *>(a.k_pe) + t * a.ps) + (c - qv - cv),
+                                vs, a.cpol);
             } else if (KF && ti.ok) {
                 if (s == NV - 1) { /* always, under KF: the pe part is this slot */
 #pragma unroll
@@ -1209,6 +1244,8 @@ struct mlaf_row_policy {
     int ring = 0;           /* TILE's row slots per warp (0: MLAF_ROW_TILE_RING) */
     bool tile_lanes = false; /* TILE: lanes store the outputs instead of bulk stores */
     bool kv_fast = true;     /* the KF kernels where they apply (false: dev/ A/B) */
+    int ramp_ns = 0;         /* > 0: the first wave's blocks start spread over this many ns */
+    int cpol = 0;            /* mlaf_row_args.cpol (dev A/B) */
 };
 
 /* The library's policy for a call on ctx's device: auto, with STAGE allowed on sm_90 and newer
@@ -1272,6 +1309,8 @@ static cudaError_t mlaf_row_go(const mlaf_row_args &a, int sms, const mlaf_row_p
     }
     if (pol.max_blocks > 0 && blocks > pol.max_blocks) blocks = pol.max_blocks;
     if (blocks > 0x7fffffff) blocks = 0x7fffffff;
+    ar.cpol = pol.cpol;
+    ar.ramp_ns = pol.ramp_ns, ar.ramp_blocks = mlaf_row_minb<NV, MODE>::value * (sms > 0 ? sms : 132);
     mlaf_row_fast_kernel<T, NV, KV, MODE, QS><<<(unsigned)blocks, MLAF_ROW_WARPS * 32, smem, stream>>>(ar);
     return cudaGetLastError();
 }
