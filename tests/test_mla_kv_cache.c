@@ -197,8 +197,8 @@ static void suite(mlaf_context *ctx, int quick, const char *extra) {
                                               seed_of(11 + m, di, mid[ti], st));
                     run(ctx, "MLA_KV_CACHE", &c, extra);
                 }
-        /* from 32768 rows the CUDA backend stages rows by bulk copies on sm_90 (STAGE): a bf16
-         * GLM-4.7-Flash row, interleaved; an f16 DeepSeek-V3 row, NeoX, strided, int32 indices */
+        /* large T (many waves of the CUDA row kernel): a bf16 GLM-4.7-Flash row, interleaved;
+         * an f16 DeepSeek-V3 row, NeoX, strided, int32 indices */
         for (int m = 0; m < 2; m++) {
             mlaf_verify_case c = make(mlaf_preset_find(names[m]), 2 - m, 32771, 3 * m, seed_of(13 + m, 2 - m, 32771, m));
             run(ctx, "MLA_KV_CACHE", &c, extra);

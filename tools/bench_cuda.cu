@@ -358,7 +358,7 @@ __global__ void __launch_bounds__(128) bcu_kcopy_warp(const unsigned char *src, 
     mlaf_bar_wait(b, 0);
     const uint4 *s4 = reinterpret_cast<const uint4 *>(bcu_slots + (size_t)w * BCU_WARP_CHUNK);
     uint4 *d4 = reinterpret_cast<uint4 *>(dst + c * BCU_WARP_CHUNK);
-    for (uint32_t i = lane; i < bytes / 16; i += 32) __stcs(d4 + i, s4[i]);
+    for (uint32_t i = lane; i < bytes / 16; i += 32) __stcg(d4 + i, s4[i]);
 #endif
 }
 
@@ -367,9 +367,9 @@ __global__ void bcu_kcopy_flat(const uint4 *__restrict__ s, uint4 *__restrict__ 
     const size_t base = (size_t)blockIdx.x * blockDim.x * 2 + threadIdx.x;
     uint4 v[2];
     for (int k = 0; k < 2; k++)
-        if (base + k * blockDim.x < n) v[k] = __ldcs(s + base + k * blockDim.x);
+        if (base + k * blockDim.x < n) v[k] = __ldcg(s + base + k * blockDim.x);
     for (int k = 0; k < 2; k++)
-        if (base + k * blockDim.x < n) __stcs(d + base + k * blockDim.x, v[k]);
+        if (base + k * blockDim.x < n) __stcg(d + base + k * blockDim.x, v[k]);
 }
 
 typedef struct bcu_kcopy_arg {

@@ -91,8 +91,6 @@ __global__ void cache_write_sep(const __nv_bfloat16 *kn, const __nv_bfloat16 *kp
 /* TILE's ring and store path for the calls that follow (--tile) */
 static int g_ring = 0;
 static bool g_tile_lanes = false, g_kv_fast = true;
-static int g_cpol = 0;    /* --cpol: the row kernel's load / store cache policy (mlaf_row_args.cpol) */
-static int g_ramp_ns = 0; /* --ramp: the first wave's blocks start spread over this many ns */
 
 static const char *mode_name(int mode) {
     return mode == MLAF_ROW_WAVE ? "WAVE" : mode == MLAF_ROW_PIPE ? "PIPE" : mode == MLAF_ROW_LAT ? "LAT"
@@ -101,8 +99,7 @@ static const char *mode_name(int mode) {
 static mlaf_row_policy policy(int mode, int64_t max_blocks = 0, int blkr_g = 0, int run = 0, bool persist = false) {
     mlaf_row_policy p;
     p.mode = mode, p.max_blocks = max_blocks, p.blkr_g = blkr_g, p.run = run, p.persist = persist;
-    p.ring = g_ring, p.tile_lanes = g_tile_lanes, p.kv_fast = g_kv_fast, p.ramp_ns = g_ramp_ns, p.cpol = g_cpol;
-    p.stage = true; /* as the library on sm_90 (split_qk_norm's auto takes STAGE at large T) */
+    p.ring = g_ring, p.tile_lanes = g_tile_lanes, p.kv_fast = g_kv_fast;
     return p;
 }
 
@@ -373,7 +370,7 @@ __global__ void dev_empty_kernel() {}
  * us, % of the 1 GiB copy). */
 template <class F>
 static void flushed_table(const dev_shape &s, float *dcs, const __nv_bfloat16 *dwq, const __nv_bfloat16 *dwkv,
-                          double copy, const char *const names[8], F cols, int split_from = 5) {
+                          double copy, const char *const names[8], F cols) {
     flusher fl;
     printf("  %7s", "T");
     for (int i = 0; i < 8; i++) printf(" %15s", names[i]);
@@ -391,7 +388,7 @@ static void flushed_table(const dev_shape &s, float *dcs, const __nv_bfloat16 *d
         CK(cudaFree(dst));
         printf("  %7lld", (long long)T);
         for (int i = 0; i < 8; i++) {
-            const double by = i < split_from ? (double)k.fused_bytes : sb;
+            const double by = i < 5 ? (double)k.fused_bytes : sb;
             printf(" %7.2f (%4.1f%%)", t[i], 100.0 * by / (t[i] * 1e-6) / 1e9 / copy);
         }
         printf("\n");
@@ -416,74 +413,6 @@ static void flushed(const dev_shape &s, float *dcs, const __nv_bfloat16 *dwq, co
         t[6] = flushed_us(fl, [&] { k.split(0, 0, MLAF_ROW_STAGE); });
         t[7] = flushed_us(fl, [&] { k.split(0, 0, MLAF_ROW_STAGE, true); });
     });
-}
-
-/* The first wave's blocks started over a ramp of 0 / 1 / 2 / 4 us (a sleep at block start
- * that grows with blockIdx) instead of all at once, auto mode for both ops; checked
- * bit-identical to WAVE first. */
-static void ramp_flushed(const dev_shape &s, float *dcs, const __nv_bfloat16 *dwq, const __nv_bfloat16 *dwkv,
-                         double copy) {
-    for (int r : {2000, 4000}) {
-        g_ramp_ns = r;
-        kv_case k(s, 32768 + 1234, dcs, dwq, dwkv);
-        k.fused_same(-1);
-        k.split_same(-1);
-        k.split_same(MLAF_ROW_STAGE);
-    }
-    g_ramp_ns = 0;
-    const char *const names[8] = {"memcpy", "auto", "ramp 1us", "ramp 2us", "ramp 4us", "split auto",
-                                  "split ramp 1us", "split ramp 2us"};
-    flushed_table(s, dcs, dwq, dwkv, copy, names, [&](const kv_case &k, const flusher &fl, double *t) {
-        for (int round = 0; round < 2; round++) {
-            const int rs[4] = {0, 1000, 2000, 4000};
-            for (int i = 0; i < 4; i++) {
-                g_ramp_ns = rs[i];
-                const double x = flushed_us(fl, [&] { k.fused(0, 0, -1); });
-                t[1 + i] = round ? (x < t[1 + i] ? x : t[1 + i]) : x;
-            }
-            for (int i = 0; i < 3; i++) {
-                g_ramp_ns = rs[i];
-                const double x = flushed_us(fl, [&] { k.split(0, 0, -1); });
-                t[5 + i] = round ? (x < t[5 + i] ? x : t[5 + i]) : x;
-            }
-            g_ramp_ns = 0;
-        }
-    });
-}
-
-/* The row kernel's cache policy (mlaf_row_args.cpol: bit 0 plain output stores, else
- * st.global.cs; bits 1-3 the row loads: 0 ld.global.cs, 1 .nc, 2 plain, 3 .nc.L1::no_allocate,
- * 4 .L1::no_allocate), WAVE against auto and STAGE, one table per op; best of two rounds;
- * checked bit-identical to WAVE first. */
-static void cpol_flushed(const dev_shape &s, float *dcs, const __nv_bfloat16 *dwq, const __nv_bfloat16 *dwkv,
-                         double copy) {
-    for (int c : {2, 3, 5, 7, 9}) {
-        g_cpol = c;
-        kv_case k(s, 32768 + 1234, dcs, dwq, dwkv);
-        k.fused_same(MLAF_ROW_WAVE);
-        k.split_same(MLAF_ROW_WAVE);
-    }
-    g_cpol = 0;
-    const char *const names[8] = {"memcpy", "auto", "WAVE cs/cs", "WAVE nc/cs", "WAVE nc/st", "WAVE ld/st",
-                                  "WAVE nc-na/st", "STAGE st"};
-    const int modes[7] = {-1, MLAF_ROW_WAVE, MLAF_ROW_WAVE, MLAF_ROW_WAVE, MLAF_ROW_WAVE, MLAF_ROW_WAVE, MLAF_ROW_STAGE};
-    const int pols[7] = {0, 0, 2, 3, 5, 7, 1};
-    for (int fused : {1, 0}) {
-        printf("  %s:\n", fused ? "mla_kv_cache" : "split_qk_norm");
-        flushed_table(s, dcs, dwq, dwkv, copy, names, [&](const kv_case &k, const flusher &fl, double *t) {
-            for (int round = 0; round < 2; round++) {
-                for (int i = 0; i < 7; i++) {
-                    g_cpol = pols[i];
-                    const double x = flushed_us(fl, [&] {
-                        if (fused) k.fused(0, 0, modes[i]);
-                        else k.split(0, 0, modes[i]);
-                    });
-                    t[1 + i] = round ? (x < t[1 + i] ? x : t[1 + i]) : x;
-                }
-                g_cpol = 0;
-            }
-        }, fused ? 8 : 1);
-    }
 }
 
 /* Sustained time per call: after one flush, K = 20 calls back to back on the case's rotated
@@ -511,14 +440,13 @@ template <class F> static double train_us(const flusher &fl, F launch, int K = 2
     return 1000.0 * ms[4] / K;
 }
 
-/* Load / store policies (mlaf_row_args.cpol) single-call flushed and sustained (train_us),
- * us per call, with a memcpy of the same bytes timed both ways. */
+/* WAVE against STAGE (and auto) for both ops, single-call flushed (as mlafuse bench) and
+ * sustained (train_us), us per call, with a memcpy of the same bytes timed both ways. */
 static void train_study(const dev_shape &s, float *dcs, const __nv_bfloat16 *dwq, const __nv_bfloat16 *dwkv) {
     flusher fl;
-    const char *names[6] = {"WAVE cs/cs", "WAVE ld/cs", "WAVE cs/st", "WAVE ld/st", "STAGE cs", "STAGE st"};
-    const int modes[6] = {MLAF_ROW_WAVE, MLAF_ROW_WAVE, MLAF_ROW_WAVE, MLAF_ROW_WAVE, MLAF_ROW_STAGE, MLAF_ROW_STAGE};
-    const int pols[6] = {0, 4, 1, 5, 0, 1};
-    for (int64_t T : {32768, 131072}) {
+    const char *names[3] = {"WAVE", "STAGE", "auto"};
+    const int modes[3] = {MLAF_ROW_WAVE, MLAF_ROW_STAGE, -1};
+    for (int64_t T : {16384, 32768, 65536, 131072}) {
         kv_case k(s, T, dcs, dwq, dwkv);
         void *src, *dst;
         const size_t half = k.fused_bytes / 2;
@@ -532,17 +460,16 @@ static void train_study(const dev_shape &s, float *dcs, const __nv_bfloat16 *dwq
         CK(cudaFree(dst));
         printf("  T=%lld (buffer sets %lld) memcpy of the mla bytes: single %.2f, train %.2f us\n", (long long)T,
                (long long)k.nrot, m1, mt);
-        printf("  %12s %14s %14s %14s %14s\n", "", "mla single", "mla train", "split single", "split train");
-        for (int c = 0; c < 6; c++) {
-            g_cpol = pols[c];
-            double r[4];
-            r[0] = flushed_us(fl, [&] { k.fused(0, 0, modes[c]); });
-            r[1] = train_us(fl, [&](int i) { k.fused(0, i, modes[c]); });
-            r[2] = flushed_us(fl, [&] { k.split(0, 0, modes[c]); });
-            r[3] = train_us(fl, [&](int i) { k.split(0, i, modes[c]); });
-            g_cpol = 0;
-            printf("  %12s %14.2f %14.2f %14.2f %14.2f\n", names[c], r[0], r[1], r[2], r[3]);
-        }
+        printf("  %8s %14s %14s %14s %14s\n", "", "mla single", "mla train", "split single", "split train");
+        for (int round = 0; round < 2; round++)
+            for (int c = 0; c < 3; c++) {
+                double r[4];
+                r[0] = flushed_us(fl, [&] { k.fused(0, 0, modes[c]); });
+                r[1] = train_us(fl, [&](int i) { k.fused(0, i, modes[c]); });
+                r[2] = flushed_us(fl, [&] { k.split(0, 0, modes[c]); });
+                r[3] = train_us(fl, [&](int i) { k.split(0, i, modes[c]); });
+                printf("  %8s %14.2f %14.2f %14.2f %14.2f\n", names[c], r[0], r[1], r[2], r[3]);
+            }
     }
 }
 
@@ -650,7 +577,7 @@ static void sweep(const dev_shape &s, float *dcs, const __nv_bfloat16 *dwq, cons
 }
 
 int main(int argc, char **argv) {
-    bool do_ramp = false, do_cpol = false, do_train = false;
+    bool do_train = false;
     bool quick = false, do_sweep = false, do_large = false, do_flushed = false, do_tile = false, do_mid = false;
     int64_t prof_T = 0;
     for (int i = 1; i < argc; i++) {
@@ -660,12 +587,10 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--flushed")) do_flushed = true;
         else if (!strcmp(argv[i], "--tile")) do_tile = true;
         else if (!strcmp(argv[i], "--mid")) do_mid = true;
-        else if (!strcmp(argv[i], "--ramp")) do_ramp = do_flushed = true;
-        else if (!strcmp(argv[i], "--cpol")) do_cpol = do_flushed = true;
         else if (!strcmp(argv[i], "--train")) do_train = do_flushed = true;
         else if (!strcmp(argv[i], "--profile") && i + 1 < argc) prof_T = atoll(argv[++i]);
         else {
-            fprintf(stderr, "usage: %s [--quick] [--sweep] [--large] [--flushed] [--tile] [--mid] [--ramp] [--cpol] [--train] [--profile T]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--quick] [--sweep] [--large] [--flushed] [--tile] [--mid] [--train] [--profile T]\n", argv[0]);
             return 2;
         }
     }
@@ -737,8 +662,6 @@ int main(int argc, char **argv) {
             if (do_tile) tile_flushed(s, dcs, dwq, dwkv, copy);
             else if (do_mid) mid(s, dcs, dwq, dwkv);
             else if (do_train) train_study(s, dcs, dwq, dwkv);
-            else if (do_cpol) cpol_flushed(s, dcs, dwq, dwkv, copy);
-            else if (do_ramp) ramp_flushed(s, dcs, dwq, dwkv, copy);
             else if (do_flushed) flushed(s, dcs, dwq, dwkv, copy);
             else if (do_large) large(s, dcs, dwq, dwkv, copy);
             else sweep(s, dcs, dwq, dwkv);

@@ -121,7 +121,7 @@ struct tl_case {
     /* what = 0 split, 1 mla_kv_cache, 2 rowcopy; mode -1 = auto */
     void launch(int what, int mode) const {
         mlaf_row_policy p;
-        p.mode = mode, p.stage = true;
+        p.mode = mode;
         if (what == 0) CK(mlaf_row_launch<false>(args(false), MLAF_BF16, sms, 0, p));
         else if (what == 1) CK(mlaf_row_launch<true>(args(true), MLAF_BF16, sms, 0, p));
         else {

@@ -60,15 +60,24 @@
  *        memory once, while its warps' rows are in flight: in a call of less than a wave every
  *        warp otherwise meets the weights' L2 latency after its reductions (DeepSeek-V3 T =
  *        1536, pe-stage kernels: 6.51 vs 7.14 us).
- *   STAGE (large T on sm_90: split_qk_norm from 65536 rows, mla_kv_cache from 32768, rows of
- *        6 or 9 vectors per lane) WAVE's shape, but lane 0 brings the row into the warp's
- *        shared-memory slot with one bulk copy on an mbarrier, and the lanes read their vectors
- *        from the slot when they need them (once for the sums, once for the outputs) instead of
- *        holding the row in registers: 40 registers instead of 64 / 79, 12 resident blocks
- *        instead of 8 / 6, rows in flight bounded by shared memory. Same arithmetic and bits
- *        as WAVE; the row is read whole before any store, so in place stays safe. H200, T =
- *        131072: split_qk_norm 2.7-3.6%, mla_kv_cache 3.3-5.2% faster than WAVE (numbers at
- *        MLAF_ROW_STAGE_FROM_T).
+ *   STAGE (dev/ only since 2026-12-01; sm_90) WAVE's shape, but lane 0 brings the row into
+ *        the warp's shared-memory slot with one bulk copy on an mbarrier and the lanes read
+ *        their vectors from the slot (40 registers, 12 resident blocks). It beat WAVE at large
+ *        T while WAVE's loads were ld.global.cs; with the loads below WAVE is ahead at every T
+ *        (H200, `mla_kv_cache_v1 --train`, us, single call / 20 calls back to back, T =
+ *        32768: split GLM 43.7-44.0 vs 45.3-45.6, DeepSeek-V3 68.5-68.8 vs 71.6-71.9; mla
+ *        GLM 47.8-48.5 vs 49.4-50.0, DeepSeek-V3 73.2-73.3 vs 76.4-76.5; T = 131072 split
+ *        170.0-170.4 vs 171.3-171.7 and 267.3-267.6 vs 269.9-270.2, mla 182.4-182.8 vs
+ *        182.9-183.1 and 280.1 vs 285.5).
+ * Cache policy of the row's loads and the outputs' stores (every mode): ld.global.cg and
+ *   st.global.cg, the default L2 policy. With evict-first (ld.global.cs / st.global.cs, the
+ *   policy before 2026-12-01) the same WAVE kernel was slower: H200, T = 32768 single call,
+ *   split GLM 46.6 vs 44.8 us, DeepSeek-V3 72.4 vs 69.3, mla DeepSeek-V3 77.8 vs 74.5; 20
+ *   calls back to back (where a call cannot leave more of its writes in L2 than the last one
+ *   of the train) 47.7 vs 47.1, 73.2 vs 71.9, 79.4 vs 76.6; T = 131072 mla DeepSeek-V3 299.0
+ *   vs 279.3. Plain C++ loads and stores measured the same but made ptxas spill the KF
+ *   kernels; the .cg intrinsics keep their registers. .cg is coherent at L2, so the in-place
+ *   form stays safe.
  *   PIPE (persistent grid, next row prefetched): mla_kv_cache between 1 and 1.3 waves of
  *        WAVE blocks (DeepSeek-V3 T = 4096: 12.7 vs 14.1 us); it lost to WAVE elsewhere. LAT
  *        (weights in registers, no cap) lost to WAVE / BLK and, like PIPE for split_qk_norm and
@@ -78,7 +87,7 @@
  *        loads): it tested whether mla_kv_cache's dependent position -> cos/sin load limits
  *        large T, and it does not (RUN 2 ties WAVE, longer runs lose; H200, dev/README.md).
  *        And TILE (each warp streams its rows through a ring of shared-memory slots, bulk loads
- *        and bulk stores, persistent grid): bit-identical, 67-87% of copy where STAGE gets
+ *        and bulk stores, persistent grid): bit-identical, 67-87% of copy where STAGE got
  *        86-98%.
  * All offsets are 64-bit. No allocation, no host sync: graph capturable.
  */
@@ -127,10 +136,6 @@ struct mlaf_row_args {
     int32_t slot; /* STAGE / TILE modes: bytes of a warp's row slot in shared memory */
     int32_t ring; /* TILE mode: row slots per warp */
     int32_t tile_lanes; /* TILE mode: the lanes store the outputs (else bulk stores) */
-    int32_t ramp_ns;     /* > 0: block b < ramp_blocks sleeps ~ramp_ns * b / ramp_blocks first */
-    int32_t ramp_blocks; /* the first wave's blocks (resident per SM x SMs) */
-    int32_t cpol;        /* dev A/B: bit 0 plain output stores (else st.global.cs), bits 1-3 the row
-                            loads' policy (mlaf_ld_row) */
 };
 
 #define MLAF_ROW_WARPS 4
@@ -407,28 +412,6 @@ template <int NV, int MODE> struct mlaf_row_minb {
                                  : (NV <= 6 ? 8 : NV <= 9 ? 6 : NV <= 16 ? 3 : 2);
 };
 
-/* One 16-byte vector of the row (dev A/B of the load policy: 0 ld.global.cs, 1 ld.global.nc,
- * 2 ld.global, 3 ld.global.nc.L1::no_allocate, 4 ld.global.L1::no_allocate). */
-__device__ __forceinline__ uint4 mlaf_ld_row(const uint4 *p, int32_t lp) {
-    uint4 v;
-    if (lp == 1) return __ldg(p);
-    if (lp == 2) {
-        asm volatile("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-        return v;
-    }
-    if (lp == 3) {
-        asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-        return v;
-    }
-    if (lp == 4) {
-        asm volatile("ld.global.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-        return v;
-    }
-    return __ldcs(p);
-}
-
 template <typename T, int NV>
 __device__ __forceinline__ void mlaf_row_load(const mlaf_row_args &a, int64_t t, int lane, int nv, uint4 *v) {
     const uint4 *src = reinterpret_cast<const uint4 *>(static_cast<const T *>(a.latent) + t * a.ls);
@@ -436,14 +419,8 @@ __device__ __forceinline__ void mlaf_row_load(const mlaf_row_args &a, int64_t t,
 #pragma unroll
     for (int s = 0; s < NV; s++) {
         const int c = lane + 32 * s;
-        if (c < nv) v[s] = mlaf_ld_row(src + c, a.cpol >> 1);
+        if (c < nv) v[s] = __ldcg(src + c);
     }
-}
-
-/* One 16-byte output vector (dev A/B of the store policy: a.cpol bit 0). */
-__device__ __forceinline__ void mlaf_st_out(uint4 *p, uint4 v, int32_t cpol) {
-    if (cpol & 1) *p = v;
-    else __stcs(p, v);
 }
 
 /* STAGE: lane 0 of the warp sets up the warp's mbarrier (one arrival per phase). */
@@ -469,7 +446,7 @@ __device__ __forceinline__ void mlaf_stage_row(uint64_t *bar, const uint4 *slot,
 #else
     (void)bar, (void)parity;
     for (int c = lane; c < bytes / 16; c += 32)
-        const_cast<uint4 *>(slot)[c] = __ldcs(static_cast<const uint4 *>(src) + c);
+        const_cast<uint4 *>(slot)[c] = __ldcg(static_cast<const uint4 *>(src) + c);
     __syncwarp();
 #endif
 }
@@ -527,9 +504,6 @@ mlaf_row_fast_kernel(const mlaf_row_args a) {
     }
     /* rows of this warp: t0, t0 + step, ... below t_end (RUN: a run of a.run rows per warp,
      * interleaved over the block's warps; else a grid stride) */
-    /* the first wave's blocks start spread over ramp_ns instead of all at once */
-    if (a.ramp_ns > 0 && (int)blockIdx.x < a.ramp_blocks)
-        __nanosleep((unsigned)((uint64_t)a.ramp_ns * blockIdx.x / (unsigned)a.ramp_blocks));
     int64_t t0 = (int64_t)blockIdx.x * MLAF_ROW_WARPS + warp, step = nwarps, t_end = a.T;
     if constexpr (RUN) {
         const int64_t b0 = (int64_t)blockIdx.x * MLAF_ROW_WARPS * a.run;
@@ -663,8 +637,7 @@ mlaf_row_fast_kernel(const mlaf_row_args a) {
                 }
 #pragma unroll
                 for (int k = 0; k < W; k++) f[k] = __fmul_rn(__fmul_rn(f[k], rq), w[k]);
-                mlaf_st_out(reinterpret_cast<uint4 *>(static_cast<T *>(a.q) + t * a.qs) + c,
-                            mlaf_vec<T>::pack(f), a.cpol);
+                __stcg(reinterpret_cast<uint4 *>(static_cast<T *>(a.q) + t * a.qs) + c, mlaf_vec<T>::pack(f));
             } else if (is_n(s, c)) {
                 const int j = c - qv;
                 if constexpr (LAT) {
@@ -678,8 +651,7 @@ mlaf_row_fast_kernel(const mlaf_row_args a) {
 #pragma unroll
                 for (int k = 0; k < W; k++) f[k] = __fmul_rn(__fmul_rn(f[k], rkv), w[k]);
                 if (a.k_nope)
-                    mlaf_st_out(reinterpret_cast<uint4 *>(static_cast<T *>(a.k_nope) + t * a.ks) + j,
-                                mlaf_vec<T>::pack(f), a.cpol);
+                    __stcg(reinterpret_cast<uint4 *>(static_cast<T *>(a.k_nope) + t * a.ks) + j, mlaf_vec<T>::pack(f));
                 if (write_cache) {
                     if constexpr (KF) /* the cache is in the latent dtype */
                         *reinterpret_cast<uint4 *>(static_cast<T *>(a.cache) + crow + (int64_t)j * W) =
@@ -689,8 +661,7 @@ mlaf_row_fast_kernel(const mlaf_row_args a) {
                 }
             } else if (!KV) {
                 if (a.k_pe)
-                    mlaf_st_out(reinterpret_cast<uint4 *>(static_cast<T *>(a.k_pe) + t * a.ps) + (c - qv - cv),
-                                vs, a.cpol);
+                    __stcg(reinterpret_cast<uint4 *>(static_cast<T *>(a.k_pe) + t * a.ps) + (c - qv - cv), vs);
             } else if (KF && ti.ok) {
                 if (s == NV - 1) { /* always, under KF: the pe part is this slot */
 #pragma unroll
@@ -905,7 +876,7 @@ __global__ void __launch_bounds__(MLAF_ROWB_THREADS) mlaf_row_block_kernel(const
 #pragma unroll
         for (int s = 0; s < NVB; s++) {
             const int c = tid + G * s;
-            if (c < nv) v[s] = __ldcs(src + c);
+            if (c < nv) v[s] = __ldcg(src + c);
             if (c < qv) mlaf_ld_weights_vec<T>(a.w_q, a.wq_f32, (int64_t)c * W, w[s]);
             else if (c < qv + cv) mlaf_ld_weights_vec<T>(a.w_kv, a.wkv_f32, (int64_t)(c - qv) * W, w[s]);
         }
@@ -955,17 +926,16 @@ __global__ void __launch_bounds__(MLAF_ROWB_THREADS) mlaf_row_block_kernel(const
             if (c < qv) {
 #pragma unroll
                 for (int k = 0; k < W; k++) f[k] = __fmul_rn(__fmul_rn(f[k], rq), w[s][k]);
-                __stcs(reinterpret_cast<uint4 *>(static_cast<T *>(a.q) + t * a.qs) + c, mlaf_vec<T>::pack(f));
+                __stcg(reinterpret_cast<uint4 *>(static_cast<T *>(a.q) + t * a.qs) + c, mlaf_vec<T>::pack(f));
             } else if (c < qv + cv) {
                 const int j = c - qv;
 #pragma unroll
                 for (int k = 0; k < W; k++) f[k] = __fmul_rn(__fmul_rn(f[k], rkv), w[s][k]);
                 if (a.k_nope)
-                    __stcs(reinterpret_cast<uint4 *>(static_cast<T *>(a.k_nope) + t * a.ks) + j,
-                           mlaf_vec<T>::pack(f));
+                    __stcg(reinterpret_cast<uint4 *>(static_cast<T *>(a.k_nope) + t * a.ks) + j, mlaf_vec<T>::pack(f));
                 if (write_cache) mlaf_st_dt_vec<W>(a.cache, a.cache_dt, crow + (int64_t)j * W, f);
             } else if (!KV && a.k_pe) {
-                __stcs(reinterpret_cast<uint4 *>(static_cast<T *>(a.k_pe) + t * a.ps) + (c - qv - cv), v[s]);
+                __stcg(reinterpret_cast<uint4 *>(static_cast<T *>(a.k_pe) + t * a.ps) + (c - qv - cv), v[s]);
             }
         }
         if (KV && ti.ok && a.R > 0) {
@@ -1026,7 +996,7 @@ mlaf_row_blockr_kernel(const mlaf_row_args a) {
             const mlaf_token_idx ix = mlaf_token_load(a, t);
             const uint4 *src = reinterpret_cast<const uint4 *>(static_cast<const T *>(a.latent) + t * a.ls) + nn;
             uint4 v;
-            if (lane < rv) v = __ldcs(src + lane);
+            if (lane < rv) v = __ldcg(src + lane);
             const mlaf_token_info ti = mlaf_token_decide(a, ix, 1); /* the norm warps count */
             if (!ti.ok || h == 0) continue;
             /* cos/sin first: they wait for the position, nothing else waits for them */
@@ -1041,7 +1011,7 @@ mlaf_row_blockr_kernel(const mlaf_row_args a) {
             }
             for (int c = lane + 32; c < rv; c += 32) {
                 float f[W];
-                mlaf_vec<T>::unpack(__ldcs(src + c), f);
+                mlaf_vec<T>::unpack(__ldcg(src + c), f);
 #pragma unroll
                 for (int k = 0; k < W; k++) mlaf_pe_stage[c * W + k] = f[k];
             }
@@ -1063,7 +1033,7 @@ mlaf_row_blockr_kernel(const mlaf_row_args a) {
         for (int s = 0; s < NVB; s++) {
             const int c = tid + G * s;
             if (c < nn) {
-                v[s] = __ldcs(src + c);
+                v[s] = __ldcg(src + c);
                 const bool isq = c < qv; /* one weight load path per vector */
                 mlaf_ld_weights_vec<T>(isq ? a.w_q : a.w_kv, isq ? a.wq_f32 : a.wkv_f32,
                                        (int64_t)(isq ? c : c - qv) * W, w[s]);
@@ -1116,14 +1086,13 @@ mlaf_row_blockr_kernel(const mlaf_row_args a) {
             if (c < qv) {
 #pragma unroll
                 for (int k = 0; k < W; k++) f[k] = __fmul_rn(__fmul_rn(f[k], rq), w[s][k]);
-                __stcs(reinterpret_cast<uint4 *>(static_cast<T *>(a.q) + t * a.qs) + c, mlaf_vec<T>::pack(f));
+                __stcg(reinterpret_cast<uint4 *>(static_cast<T *>(a.q) + t * a.qs) + c, mlaf_vec<T>::pack(f));
             } else {
                 const int j = c - qv;
 #pragma unroll
                 for (int k = 0; k < W; k++) f[k] = __fmul_rn(__fmul_rn(f[k], rkv), w[s][k]);
                 if (a.k_nope)
-                    __stcs(reinterpret_cast<uint4 *>(static_cast<T *>(a.k_nope) + t * a.ks) + j,
-                           mlaf_vec<T>::pack(f));
+                    __stcg(reinterpret_cast<uint4 *>(static_cast<T *>(a.k_nope) + t * a.ks) + j, mlaf_vec<T>::pack(f));
                 if (write_cache) mlaf_st_dt_vec<W>(a.cache, a.cache_dt, crow + (int64_t)j * W, f);
             }
         }
@@ -1240,20 +1209,16 @@ struct mlaf_row_policy {
     int64_t max_blocks = 0; /* > 0: cap on the grid, so validation sees several rows per warp */
     int blkr_g = 0;         /* BLKR's norm threads: 64, 128 or 256 (0: the library's choice) */
     int run = 0;            /* RUN's rows per warp (0: MLAF_ROW_RUN_ROWS) */
-    bool stage = false;     /* the device is sm_90+: STAGE may be taken at large T */
     int ring = 0;           /* TILE's row slots per warp (0: MLAF_ROW_TILE_RING) */
     bool tile_lanes = false; /* TILE: lanes store the outputs instead of bulk stores */
     bool kv_fast = true;     /* the KF kernels where they apply (false: dev/ A/B) */
-    int ramp_ns = 0;         /* > 0: the first wave's blocks start spread over this many ns */
-    int cpol = 0;            /* mlaf_row_args.cpol (dev A/B) */
 };
 
-/* The library's policy for a call on ctx's device: auto, with STAGE allowed on sm_90 and newer
- * (its bulk copies need sm_90). */
+/* The library's policy for a call on ctx's device: auto (the same shapes on every device the
+ * backend builds for). */
 static inline mlaf_row_policy mlaf_row_policy_for(const mlaf_context *ctx) {
-    mlaf_row_policy pol;
-    pol.stage = ctx->cuda_cc >= 90;
-    return pol;
+    (void)ctx;
+    return mlaf_row_policy();
 }
 
 /* Rows per warp of RUN mode. */
@@ -1309,8 +1274,6 @@ static cudaError_t mlaf_row_go(const mlaf_row_args &a, int sms, const mlaf_row_p
     }
     if (pol.max_blocks > 0 && blocks > pol.max_blocks) blocks = pol.max_blocks;
     if (blocks > 0x7fffffff) blocks = 0x7fffffff;
-    ar.cpol = pol.cpol;
-    ar.ramp_ns = pol.ramp_ns, ar.ramp_blocks = mlaf_row_minb<NV, MODE>::value * (sms > 0 ? sms : 132);
     mlaf_row_fast_kernel<T, NV, KV, MODE, QS><<<(unsigned)blocks, MLAF_ROW_WARPS * 32, smem, stream>>>(ar);
     return cudaGetLastError();
 }
@@ -1332,17 +1295,8 @@ static cudaError_t mlaf_row_go_kf(const mlaf_row_args &a, int sms, const mlaf_ro
     return mlaf_row_go<T, NV, KV, MODE>(a, sms, pol, smem, stream);
 }
 
-/* From these many rows, on sm_90, the ops take STAGE for rows of 6 or 9 vectors per lane (bf16 /
- * f16 rows of GLM-4.7-Flash and DeepSeek-V3), where it was measured (H200,
- * dev/cuda/mla_kv_cache_v1 --large, bit-identical to WAVE, us):
- *   split_qk_norm  T = 131072 GLM 177.6-178.3 vs 184.2-184.8, DeepSeek-V3 277.9-278.4 vs
- *                  285.4-287.0; GLM a little ahead from 32768, DeepSeek-V3 0.5-1.8% behind at
- *                  32768 / 49152; slower at 8192.
- *   mla_kv_cache   T = 131072 GLM 187.7 vs 198.1, DeepSeek-V3 293.7 vs 303.7; 32768 GLM 55.0
- *                  vs 56.6, DeepSeek-V3 82.7-83.3 vs 83.6-84.8; slower at 8192 (21.5 vs 19.6). */
-#define MLAF_ROW_STAGE_FROM_T 65536
-#define MLAF_ROW_STAGE_FROM_T_KV 32768
-
+#ifdef MLAF_ROW_DEV_MODES
+/* STAGE's launch: each warp's row slot, rounded to 128 bytes, in dynamic shared memory. */
 template <typename T, int NV, bool KV>
 static cudaError_t mlaf_row_go_stage(const mlaf_row_args &a, int sms, const mlaf_row_policy &pol, size_t smem,
                                      int nvec, cudaStream_t stream) {
@@ -1354,6 +1308,7 @@ static cudaError_t mlaf_row_go_stage(const mlaf_row_args &a, int sms, const mlaf
                                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm);
     return mlaf_row_go_kf<T, NV, KV, MLAF_ROW_STAGE>(ar, sms, pol, sm, stream);
 }
+#endif
 
 #ifdef MLAF_ROW_DEV_MODES
 /* TILE takes rows of at most this many bytes (slots of 4 warps x ring must fit an SM). */
@@ -1500,11 +1455,6 @@ static cudaError_t mlaf_row_go_nv(const mlaf_row_args &a, int sms, const mlaf_ro
 #ifdef MLAF_ROW_DEV_MODES
     if (mode == MLAF_ROW_TILE && mlaf_row_tile_ok<T, KV>(a)) return mlaf_row_go_tile<T, NV, KV>(a, sms, pol, nvec, stream);
 #endif
-    if constexpr (NV == 6 || NV == 9) {
-        if (mode < 0 && pol.stage && a.T >= (KV ? MLAF_ROW_STAGE_FROM_T_KV : MLAF_ROW_STAGE_FROM_T))
-            mode = MLAF_ROW_STAGE;
-        if (mode == MLAF_ROW_STAGE) return mlaf_row_go_stage<T, NV, KV>(a, sms, pol, smem, nvec, stream);
-    }
     if constexpr (KV && (NV == 6 || NV == 9 || MLAF_ROW_DEV)) {
         /* rows without the KF kernels, up to 3 WAVE blocks per SM (4 for rows of 9 vectors
          * per lane): WAVEW, the weights staged per block once instead of each warp meeting

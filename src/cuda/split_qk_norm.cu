@@ -5,8 +5,7 @@
  * 2. Launch the shared row kernel (norm_common.cuh) without the cache epilogue: q and kv
  *    parts normalized, the pe part copied bit for bit.
  * Limits and launch shape: see norm_common.cuh (one warp per row, 4 rows per block,
- * 16-byte vector fast path for aligned shapes, element-wise generic path otherwise; on sm_90
- * at large T the row arrives in shared memory by one bulk copy, STAGE).
+ * 16-byte vector fast path for aligned shapes, element-wise generic path otherwise).
  */
 #include "norm_common.cuh"
 
