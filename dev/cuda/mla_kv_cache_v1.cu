@@ -93,7 +93,6 @@ static int g_ring = 0;
 static bool g_tile_lanes = false, g_kv_fast = true;
 
 static const char *mode_name(int mode) {
-    if (mode >= MLAF_ROW_WAVE_MINB) return "WAVE (minb forced)";
     return mode == MLAF_ROW_WAVE ? "WAVE" : mode == MLAF_ROW_PIPE ? "PIPE" : mode == MLAF_ROW_LAT ? "LAT"
            : mode == MLAF_ROW_BLK ? "BLK" : mode == MLAF_ROW_BLKR ? "BLKR" : mode == MLAF_ROW_RUN ? "RUN" : mode == MLAF_ROW_STAGE ? "STAGE" : mode == MLAF_ROW_TILE ? (g_tile_lanes ? "TILE-L" : "TILE") : mode == MLAF_ROW_WAVEW ? "WAVEW" : "auto";
 }
@@ -474,36 +473,6 @@ static void train_study(const dev_shape &s, float *dcs, const __nv_bfloat16 *dwq
     }
 }
 
-/* WAVE compiled for 5 / 6 / 7 / 8 / 10 resident blocks per SM (the library: 8 for rows of 6
- * vectors per lane, 6 for 9), single-call flushed and sustained, us per call; each checked
- * bit-identical to WAVE first. */
-static void minb_study(const dev_shape &s, float *dcs, const __nv_bfloat16 *dwq, const __nv_bfloat16 *dwkv) {
-    const int ms[5] = {5, 6, 7, 8, 10};
-    {
-        kv_case k(s, 32768 + 1234, dcs, dwq, dwkv);
-        for (int m : ms) {
-            k.fused_same(MLAF_ROW_WAVE_MINB + m);
-            k.split_same(MLAF_ROW_WAVE_MINB + m);
-        }
-    }
-    flusher fl;
-    for (int64_t T : {32768, 131072}) {
-        kv_case k(s, T, dcs, dwq, dwkv);
-        printf("  T=%lld %8s %14s %14s %14s %14s\n", (long long)T, "minb", "mla single", "mla train", "split single",
-               "split train");
-        for (int round = 0; round < 2; round++)
-            for (int i = -1; i < 5; i++) {
-                const int mode = i < 0 ? -1 : MLAF_ROW_WAVE_MINB + ms[i];
-                double r[4];
-                r[0] = flushed_us(fl, [&] { k.fused(0, 0, mode); });
-                r[1] = train_us(fl, [&](int j) { k.fused(0, j, mode); });
-                r[2] = flushed_us(fl, [&] { k.split(0, 0, mode); });
-                r[3] = train_us(fl, [&](int j) { k.split(0, j, mode); });
-                printf("  %8s %8d %14.2f %14.2f %14.2f %14.2f\n", "", i < 0 ? 0 : ms[i], r[0], r[1], r[2], r[3]);
-            }
-    }
-}
-
 /* TILE (rows streamed through a ring of shared-memory slots, bulk loads and bulk stores) at
  * large T, timed as mlafuse bench times it, against auto (STAGE / WAVE); validated and checked
  * bit-identical to WAVE first. */
@@ -608,7 +577,7 @@ static void sweep(const dev_shape &s, float *dcs, const __nv_bfloat16 *dwq, cons
 }
 
 int main(int argc, char **argv) {
-    bool do_train = false, do_minb = false;
+    bool do_train = false;
     bool quick = false, do_sweep = false, do_large = false, do_flushed = false, do_tile = false, do_mid = false;
     int64_t prof_T = 0;
     for (int i = 1; i < argc; i++) {
@@ -619,10 +588,9 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--tile")) do_tile = true;
         else if (!strcmp(argv[i], "--mid")) do_mid = true;
         else if (!strcmp(argv[i], "--train")) do_train = do_flushed = true;
-        else if (!strcmp(argv[i], "--minb")) do_minb = do_flushed = true;
         else if (!strcmp(argv[i], "--profile") && i + 1 < argc) prof_T = atoll(argv[++i]);
         else {
-            fprintf(stderr, "usage: %s [--quick] [--sweep] [--large] [--flushed] [--tile] [--mid] [--train] [--minb] [--profile T]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--quick] [--sweep] [--large] [--flushed] [--tile] [--mid] [--train] [--profile T]\n", argv[0]);
             return 2;
         }
     }
@@ -693,7 +661,6 @@ int main(int argc, char **argv) {
         if (do_tile || do_mid || do_flushed || do_large || do_sweep) { /* one study per run */
             if (do_tile) tile_flushed(s, dcs, dwq, dwkv, copy);
             else if (do_mid) mid(s, dcs, dwq, dwkv);
-            else if (do_minb) minb_study(s, dcs, dwq, dwkv);
             else if (do_train) train_study(s, dcs, dwq, dwkv);
             else if (do_flushed) flushed(s, dcs, dwq, dwkv, copy);
             else if (do_large) large(s, dcs, dwq, dwkv, copy);

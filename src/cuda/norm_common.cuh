@@ -398,17 +398,13 @@ enum mlaf_row_mode {
     MLAF_ROW_RUN = 5, MLAF_ROW_STAGE = 6, MLAF_ROW_TILE = 7, MLAF_ROW_WAVEW = 8
 };
 
-/* dev/ only: mode MLAF_ROW_WAVE_MINB + m is WAVE compiled for m resident blocks per SM. */
-#define MLAF_ROW_WAVE_MINB 16
-
 /* STAGE: 12 resident blocks (40 registers for the rows of 6 / 9 vectors per lane, both ops). */
 #define MLAF_ROW_STAGE_MINB 12
 
 /* Blocks per SM the register allocation must allow (the row's own registers are 4 * NV per
  * lane, twice that in PIPE). */
 template <int NV, int MODE> struct mlaf_row_minb {
-    static constexpr int value = MODE >= MLAF_ROW_WAVE_MINB ? MODE - MLAF_ROW_WAVE_MINB /* dev: WAVE, minb forced */
-                                 : MODE == MLAF_ROW_LAT    ? 1
+    static constexpr int value = MODE == MLAF_ROW_LAT    ? 1
                                  : MODE == MLAF_ROW_STAGE ? MLAF_ROW_STAGE_MINB
                                  : MODE == MLAF_ROW_TILE ? 1
                                  : MODE == MLAF_ROW_WAVEW ? (NV <= 6 ? 8 : NV <= 9 ? 6 : 2)
@@ -1292,7 +1288,7 @@ static cudaError_t mlaf_row_go_kf(const mlaf_row_args &a, int sms, const mlaf_ro
             return mlaf_row_go<T, NV, KV, MODE, mlaf_row_kf_qs<NV>::value>(a, sms, pol, smem, stream);
     }
     /* split_qk_norm's WAVE: the layout alone (there is no pe rotation) */
-    if constexpr (!KV && (MODE == MLAF_ROW_WAVE || MODE >= MLAF_ROW_WAVE_MINB) && mlaf_row_kf_qs<NV>::value >= 0 && !std::is_same<T, float>::value) {
+    if constexpr (!KV && MODE == MLAF_ROW_WAVE && mlaf_row_kf_qs<NV>::value >= 0 && !std::is_same<T, float>::value) {
         if (pol.kv_fast && mlaf_row_layout_ok<T, NV>(a))
             return mlaf_row_go<T, NV, KV, MODE, mlaf_row_kf_qs<NV>::value>(a, sms, pol, smem, stream);
     }
@@ -1487,16 +1483,6 @@ static cudaError_t mlaf_row_go_nv(const mlaf_row_args &a, int sms, const mlaf_ro
         if (mode == MLAF_ROW_RUN) return mlaf_row_go<T, NV, KV, MLAF_ROW_RUN>(a, sms, pol, smem, stream);
     }
     if (mode == MLAF_ROW_STAGE) return mlaf_row_go_stage<T, NV, KV>(a, sms, pol, smem, nvec, stream); /* any width */
-    if constexpr (NV == 6 || NV == 9) {
-        switch (mode - MLAF_ROW_WAVE_MINB) {
-        case 5: return mlaf_row_go_kf<T, NV, KV, MLAF_ROW_WAVE_MINB + 5>(a, sms, pol, smem, stream);
-        case 6: return mlaf_row_go_kf<T, NV, KV, MLAF_ROW_WAVE_MINB + 6>(a, sms, pol, smem, stream);
-        case 7: return mlaf_row_go_kf<T, NV, KV, MLAF_ROW_WAVE_MINB + 7>(a, sms, pol, smem, stream);
-        case 8: return mlaf_row_go_kf<T, NV, KV, MLAF_ROW_WAVE_MINB + 8>(a, sms, pol, smem, stream);
-        case 10: return mlaf_row_go_kf<T, NV, KV, MLAF_ROW_WAVE_MINB + 10>(a, sms, pol, smem, stream);
-        default: break;
-        }
-    }
 #endif
     return mlaf_row_go_kf<T, NV, KV, MLAF_ROW_WAVE>(a, sms, pol, smem, stream);
 }
