@@ -473,27 +473,6 @@ static void train_study(const dev_shape &s, float *dcs, const __nv_bfloat16 *dwq
     }
 }
 
-/* PROBE_POS (WAVE with each token's position computed as t % max_pos, as this harness lays it
- * out, instead of loaded: no position -> cos/sin load chain) against WAVE, single-call flushed
- * and sustained, us; checked bit-identical to WAVE first. */
-static void probe_pos_study(const dev_shape &s, float *dcs, const __nv_bfloat16 *dwq, const __nv_bfloat16 *dwkv) {
-    {
-        kv_case k(s, 32768 + 1234, dcs, dwq, dwkv);
-        k.fused_same(MLAF_ROW_PROBE_POS);
-    }
-    flusher fl;
-    for (int64_t T : {32768, 131072}) {
-        kv_case k(s, T, dcs, dwq, dwkv);
-        printf("  T=%lld %10s %12s %12s\n", (long long)T, "", "mla single", "mla train");
-        for (int round = 0; round < 3; round++)
-            for (int mode : {(int)MLAF_ROW_WAVE, (int)MLAF_ROW_PROBE_POS}) {
-                const double a1 = flushed_us(fl, [&] { k.fused(0, 0, mode); });
-                const double a2 = train_us(fl, [&](int j) { k.fused(0, j, mode); });
-                printf("  %8s %10s %12.2f %12.2f\n", "", mode_name(mode), a1, a2);
-            }
-    }
-}
-
 /* TILE (rows streamed through a ring of shared-memory slots, bulk loads and bulk stores) at
  * large T, timed as mlafuse bench times it, against auto (STAGE / WAVE); validated and checked
  * bit-identical to WAVE first. */
@@ -598,7 +577,7 @@ static void sweep(const dev_shape &s, float *dcs, const __nv_bfloat16 *dwq, cons
 }
 
 int main(int argc, char **argv) {
-    bool do_train = false, do_probe_pos = false;
+    bool do_train = false;
     bool quick = false, do_sweep = false, do_large = false, do_flushed = false, do_tile = false, do_mid = false;
     int64_t prof_T = 0;
     for (int i = 1; i < argc; i++) {
@@ -609,10 +588,9 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--tile")) do_tile = true;
         else if (!strcmp(argv[i], "--mid")) do_mid = true;
         else if (!strcmp(argv[i], "--train")) do_train = do_flushed = true;
-        else if (!strcmp(argv[i], "--probe-pos")) do_probe_pos = do_flushed = true;
         else if (!strcmp(argv[i], "--profile") && i + 1 < argc) prof_T = atoll(argv[++i]);
         else {
-            fprintf(stderr, "usage: %s [--quick] [--sweep] [--large] [--flushed] [--tile] [--mid] [--train] [--probe-pos] [--profile T]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--quick] [--sweep] [--large] [--flushed] [--tile] [--mid] [--train] [--profile T]\n", argv[0]);
             return 2;
         }
     }
@@ -683,7 +661,6 @@ int main(int argc, char **argv) {
         if (do_tile || do_mid || do_flushed || do_large || do_sweep) { /* one study per run */
             if (do_tile) tile_flushed(s, dcs, dwq, dwkv, copy);
             else if (do_mid) mid(s, dcs, dwq, dwkv);
-            else if (do_probe_pos) probe_pos_study(s, dcs, dwq, dwkv);
             else if (do_train) train_study(s, dcs, dwq, dwkv);
             else if (do_flushed) flushed(s, dcs, dwq, dwkv, copy);
             else if (do_large) large(s, dcs, dwq, dwkv, copy);

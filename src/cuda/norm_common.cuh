@@ -395,8 +395,7 @@ __device__ __forceinline__ void mlaf_rope_pairs(const float *stage, const float 
  *         per weight vector; no register cap. */
 enum mlaf_row_mode {
     MLAF_ROW_WAVE = 0, MLAF_ROW_PIPE = 1, MLAF_ROW_LAT = 2, MLAF_ROW_BLK = 3, MLAF_ROW_BLKR = 4,
-    MLAF_ROW_RUN = 5, MLAF_ROW_STAGE = 6, MLAF_ROW_TILE = 7, MLAF_ROW_WAVEW = 8,
-    MLAF_ROW_PROBE_POS = 15 /* dev/ probe: WAVE with position t taken as t % max_pos, not loaded */
+    MLAF_ROW_RUN = 5, MLAF_ROW_STAGE = 6, MLAF_ROW_TILE = 7, MLAF_ROW_WAVEW = 8
 };
 
 /* STAGE: 12 resident blocks (40 registers for the rows of 6 / 9 vectors per lane, both ops). */
@@ -562,10 +561,6 @@ mlaf_row_fast_kernel(const mlaf_row_args a) {
             mlaf_stage_row(&mlaf_row_bar[warp], srow, static_cast<const T *>(a.latent) + t * a.ls, nv * 16, lane,
                            parity);
             parity ^= 1u;
-        } else if (MODE == MLAF_ROW_PROBE_POS) {
-            /* no position load: the cos/sin row's address is known before any load returns */
-            if (KV) ix.slot = mlaf_ld_index(a.slots, a.slot64, t), ix.pos = t < a.max_pos ? t : t % a.max_pos;
-            mlaf_row_load<T, NV>(a, t, lane, nv, v);
         } else if (!WSM || t != t0) {
             if (KV) ix = mlaf_token_load(a, t);
             mlaf_row_load<T, NV>(a, t, lane, nv, v);
@@ -1488,8 +1483,6 @@ static cudaError_t mlaf_row_go_nv(const mlaf_row_args &a, int sms, const mlaf_ro
         if (mode == MLAF_ROW_RUN) return mlaf_row_go<T, NV, KV, MLAF_ROW_RUN>(a, sms, pol, smem, stream);
     }
     if (mode == MLAF_ROW_STAGE) return mlaf_row_go_stage<T, NV, KV>(a, sms, pol, smem, nvec, stream); /* any width */
-    if constexpr (KV && (NV == 6 || NV == 9))
-        if (mode == MLAF_ROW_PROBE_POS) return mlaf_row_go_kf<T, NV, KV, MLAF_ROW_PROBE_POS>(a, sms, pol, smem, stream);
 #endif
     return mlaf_row_go_kf<T, NV, KV, MLAF_ROW_WAVE>(a, sms, pol, smem, stream);
 }
