@@ -24,6 +24,9 @@
  * stores), a block per 10.7 / 16 KB chunk, the 16 KB / row-sized rings, capped residency, a
  * per-row wait standing in for the arithmetic, and split3 (GLM rows stored to three arrays as
  * split_qk_norm writes q, k_nope and k_pe), for four op sizes.
+ * `--split3`: split_qk_norm's bytes in its own three-array layout (GLM-4.7-Flash and DeepSeek-V3
+ * rows, T = 32768 / 131072), with st.global.cs and st.global.cg stores, against a memcpy of the
+ * same bytes: what a kernel that writes the op's outputs and does nothing else reaches.
  * `--memcpy-only`: one 256 MB cudaMemcpyAsync and nothing else; under ncu it shows whether the
  * device-to-device copy runs as a kernel (on the H200 it does not: "No kernels were profiled",
  * it is the copy engines' DMA).
@@ -181,13 +184,15 @@ __global__ void __launch_bounds__(128) cc_stage_like(const unsigned char *src, u
 #endif
 }
 
-/* `--shapes`: split_qk_norm's output layout with no arithmetic. A warp per 2688-byte GLM-4.7-Flash
- * row: one bulk load into its slot, then the lanes store bytes [0, 1536) to row t of a q array,
- * [1536, 2560) to a k_nope array and [2560, 2688) to a k_pe array (three separate streams, as the
- * op writes them) instead of one contiguous row. */
+/* split_qk_norm's output layout with no arithmetic. A warp per row of QB + KB + PB bytes: one
+ * bulk load into its slot, then the lanes store bytes [0, QB) to row t of a q array, [QB, QB +
+ * KB) to a k_nope array and the last PB to a k_pe array (three separate streams, as the op
+ * writes them) instead of one contiguous row; st.global.cs (CG false, `--shapes`) or
+ * st.global.cg (what the library's row kernel stores with since 2026-12-01). */
+template <int QB, int KB, int PB, bool CG>
 __global__ void __launch_bounds__(128) cc_split3(const unsigned char *src, unsigned char *dst, size_t nbytes) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    constexpr int CH = 2688, QB = 1536, KB = 1024, PB = 128;
+    constexpr int CH = QB + KB + PB;
     extern __shared__ __align__(128) unsigned char slots[];
     __shared__ __align__(8) uint64_t bar[4];
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
@@ -204,10 +209,73 @@ __global__ void __launch_bounds__(128) cc_split3(const unsigned char *src, unsig
     const uint4 *s4 = reinterpret_cast<const uint4 *>(slots + (size_t)w * CH);
     uint4 *q = reinterpret_cast<uint4 *>(dst + t * QB), *k = reinterpret_cast<uint4 *>(dst + T * QB + t * KB),
           *pe = reinterpret_cast<uint4 *>(dst + T * (QB + KB) + t * PB);
-    for (int i = lane; i < QB / 16; i += 32) __stcs(q + i, s4[i]);
-    for (int i = lane; i < KB / 16; i += 32) __stcs(k + i, s4[QB / 16 + i]);
-    if (lane < PB / 16) __stcs(pe + lane, s4[(QB + KB) / 16 + lane]);
+    auto st = [](uint4 *p, uint4 v) {
+        if (CG) __stcg(p, v);
+        else __stcs(p, v);
+    };
+    for (int i = lane; i < QB / 16; i += 32) st(q + i, s4[i]);
+    for (int i = lane; i < KB / 16; i += 32) st(k + i, s4[QB / 16 + i]);
+    if (lane < PB / 16) st(pe + lane, s4[(QB + KB) / 16 + lane]);
 #endif
+}
+
+/* Whether dst holds src's T rows of QB + KB + PB bytes as cc_split3 lays them out. */
+static bool split3_ok(const unsigned char *x, const unsigned char *y, size_t T, size_t QB, size_t KB, size_t PB) {
+    const size_t CH = QB + KB + PB;
+    for (size_t t = 0; t < T; t++)
+        if (memcmp(y + t * QB, x + t * CH, QB) || memcmp(y + T * QB + t * KB, x + t * CH + QB, KB) ||
+            memcmp(y + T * (QB + KB) + t * PB, x + t * CH + QB + KB, PB))
+            return false;
+    return true;
+}
+
+/* `--split3`: split_qk_norm's bytes in its own three-array layout, GLM-4.7-Flash and DeepSeek-V3
+ * rows, T = 32768 / 131072, cs and cg stores, against a memcpy of the same bytes; each copy
+ * checked once. What any kernel that writes the op's outputs (and does nothing else) reaches. */
+static void split3_table(double ref_gbs, uint4 *src, uint4 *dst, const flusher &fl) {
+    auto setsm = [](const void *f, int b) { CK(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, b)); };
+    setsm((const void *)cc_split3<1536, 1024, 128, false>, 64 * 1024);
+    setsm((const void *)cc_split3<1536, 1024, 128, true>, 64 * 1024);
+    setsm((const void *)cc_split3<3072, 1024, 128, false>, 64 * 1024);
+    setsm((const void *)cc_split3<3072, 1024, 128, true>, 64 * 1024);
+    printf("%-36s %7s %20s %20s %20s\n", "split_qk_norm bytes", "MB", "memcpy", "split3 cs", "split3 cg");
+    for (int glm : {1, 0})
+        for (size_t T : {(size_t)32768, (size_t)131072}) {
+            const size_t CH = glm ? 2688 : 4224, half = T * CH;
+            const unsigned grid = (unsigned)((T + 3) / 4);
+            auto kern = [&](int k) {
+                const unsigned char *s = (const unsigned char *)src;
+                unsigned char *d = (unsigned char *)dst;
+                if (k == 0) CK(cudaMemcpyAsync(dst, src, half, cudaMemcpyDeviceToDevice));
+                if (k == 1 && glm) cc_split3<1536, 1024, 128, false><<<grid, 128, 4 * CH>>>(s, d, half);
+                if (k == 2 && glm) cc_split3<1536, 1024, 128, true><<<grid, 128, 4 * CH>>>(s, d, half);
+                if (k == 1 && !glm) cc_split3<3072, 1024, 128, false><<<grid, 128, 4 * CH>>>(s, d, half);
+                if (k == 2 && !glm) cc_split3<3072, 1024, 128, true><<<grid, 128, 4 * CH>>>(s, d, half);
+            };
+            if (T == 32768) {
+                std::vector<unsigned char> a(half), b(half);
+                CK(cudaMemcpy(a.data(), src, half, cudaMemcpyDeviceToHost));
+                for (int k = 1; k < 3; k++) {
+                    CK(cudaMemset(dst, 0, half));
+                    kern(k);
+                    CK(cudaMemcpy(b.data(), dst, half, cudaMemcpyDeviceToHost));
+                    if (!split3_ok(a.data(), b.data(), T, glm ? 1536 : 3072, 1024, 128)) {
+                        printf("  split3 %s: copy mismatch FAIL\n", k == 1 ? "cs" : "cg");
+                        dev_failures++;
+                    }
+                }
+            }
+            printf("%-36s %7.1f", glm ? (T == 32768 ? "glm-4.7-flash T=32768" : "glm-4.7-flash T=131072")
+                                      : (T == 32768 ? "deepseek-v3 T=32768" : "deepseek-v3 T=131072"),
+                   2.0 * half / 1e6);
+            for (int round = 0; round < 2; round++)
+                for (int k = 0; k < 3; k++) {
+                    if (round == 1 && k == 0) printf("\n%-36s %7s", "  (again)", "");
+                    const double t = flushed_us(fl, [&] { kern(k); });
+                    printf(" %9.2f (%6.1f%%)", t, 100.0 * 2.0 * half / (t * 1e-6) / 1e9 / ref_gbs);
+                }
+            printf("\n");
+        }
 }
 
 /* `--shapes`: the bulk copies of a few op-sized byte counts in the row kernels' shapes. */
@@ -235,7 +303,7 @@ static void shapes(double ref_gbs, uint4 *src, uint4 *dst, const flusher &fl, in
     setsm((const void *)cc_stage_like<1, 2000>, 64 * 1024);
     setsm((const void *)cc_stage_like<2, 0>, 64 * 1024);
     setsm((const void *)cc_stage_like<2, 1000>, 64 * 1024);
-    setsm((const void *)cc_split3, 64 * 1024);
+    setsm((const void *)cc_split3<1536, 1024, 128, false>, 64 * 1024);
     printf("%-38s %7s", "bytes of", "MB");
     for (int k = 0; k < nk; k++) printf(" %19s", names[k]);
     printf("\n");
@@ -264,8 +332,8 @@ static void shapes(double ref_gbs, uint4 *src, uint4 *dst, const flusher &fl, in
             if (k == 15) cc_stage_like<2, 1000><<<g(8, 2688), 128, cap(8)>>>(s, d, half);
             if (k == 16) cc_stage_like<1, 1000><<<g(4, 2688), 128, 4 * 2688>>>(s, d, half);
             /* split3: whole GLM rows only (the bytes rounded down to rows) */
-            if (k == 17) cc_split3<<<(unsigned)((half / 2688 + 3) / 4), 128, 4 * 2688>>>(s, d, half / 2688 * 2688);
-            if (k == 18) cc_split3<<<(unsigned)((half / 2688 + 3) / 4), 128, cap(12)>>>(s, d, half / 2688 * 2688);
+            if (k == 17) cc_split3<1536, 1024, 128, false><<<(unsigned)((half / 2688 + 3) / 4), 128, 4 * 2688>>>(s, d, half / 2688 * 2688);
+            if (k == 18) cc_split3<1536, 1024, 128, false><<<(unsigned)((half / 2688 + 3) / 4), 128, cap(12)>>>(s, d, half / 2688 * 2688);
         };
         printf("%-38s %7.1f", r.what, 2.0 * half / 1e6);
         for (int k = 0; k < nk; k++) {
@@ -284,13 +352,8 @@ static void shapes(double ref_gbs, uint4 *src, uint4 *dst, const flusher &fl, in
                 CK(cudaMemcpy(b.data(), dst, half, cudaMemcpyDeviceToHost));
                 bool bad;
                 if (k >= 17) { /* split3: row t's three parts in the q, k_nope and k_pe arrays */
-                    const unsigned char *x = (const unsigned char *)a.data(), *y = (const unsigned char *)b.data();
-                    const size_t T = half / 2688;
-                    bad = false;
-                    for (size_t t = 0; t < T && !bad; t++)
-                        bad = memcmp(y + t * 1536, x + t * 2688, 1536) ||
-                              memcmp(y + T * 1536 + t * 1024, x + t * 2688 + 1536, 1024) ||
-                              memcmp(y + T * 2560 + t * 128, x + t * 2688 + 2560, 128);
+                    bad = !split3_ok((const unsigned char *)a.data(), (const unsigned char *)b.data(), half / 2688, 1536,
+                                     1024, 128);
                 } else {
                     bad = memcmp(a.data(), b.data(), half) != 0;
                 }
@@ -345,6 +408,12 @@ int main(int argc, char **argv) {
     const double ref_us = time_us([&](int) { CK(cudaMemcpyAsync(dst, src, gib, cudaMemcpyDeviceToDevice)); }, 15, 2);
     const double ref_gbs = 2.0 * gib / (ref_us * 1e-6) / 1e9;
     printf("1 GiB memcpy (the targets' copy reference): %.2f us = %.0f GB/s (read + written)\n\n", ref_us, ref_gbs);
+    if (argc > 1 && !strcmp(argv[1], "--split3")) {
+        split3_table(ref_gbs, src, dst, fl);
+        CK(cudaFree(src));
+        CK(cudaFree(dst));
+        return dev_failures ? 1 : 0;
+    }
     if (argc > 1 && !strcmp(argv[1], "--shapes")) {
         shapes(ref_gbs, src, dst, fl, sms);
         CK(cudaFree(src));
