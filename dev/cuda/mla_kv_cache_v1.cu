@@ -473,6 +473,29 @@ static void train_study(const dev_shape &s, float *dcs, const __nv_bfloat16 *dwq
     }
 }
 
+/* RUN (each warp a run of rows, the next token's position and slot loaded one row ahead, so its
+ * cos/sin fetch leaves with the row's loads) with 2 / 3 / 4 rows per warp against WAVE for
+ * mla_kv_cache, single-call flushed and sustained, us; RUN 4 checked bit-identical to WAVE
+ * first. */
+static void run_study(const dev_shape &s, float *dcs, const __nv_bfloat16 *dwq, const __nv_bfloat16 *dwkv) {
+    {
+        kv_case k(s, 32768 + 1234, dcs, dwq, dwkv);
+        k.fused_same(MLAF_ROW_RUN);
+    }
+    flusher fl;
+    for (int64_t T : {32768, 131072}) {
+        kv_case k(s, T, dcs, dwq, dwkv);
+        printf("  T=%lld %8s %12s %12s\n", (long long)T, "", "mla single", "mla train");
+        for (int round = 0; round < 2; round++)
+            for (int run : {0, 2, 3, 4}) {
+                const int mode = run ? MLAF_ROW_RUN : MLAF_ROW_WAVE;
+                const double a1 = flushed_us(fl, [&] { k.fused(0, 0, mode, 0, run); });
+                const double a2 = train_us(fl, [&](int j) { k.fused(0, j, mode, 0, run); });
+                printf("  %8s %6s %d %12.2f %12.2f\n", "", run ? "RUN" : "WAVE", run, a1, a2);
+            }
+    }
+}
+
 /* TILE (rows streamed through a ring of shared-memory slots, bulk loads and bulk stores) at
  * large T, timed as mlafuse bench times it, against auto (STAGE / WAVE); validated and checked
  * bit-identical to WAVE first. */
@@ -577,7 +600,7 @@ static void sweep(const dev_shape &s, float *dcs, const __nv_bfloat16 *dwq, cons
 }
 
 int main(int argc, char **argv) {
-    bool do_train = false;
+    bool do_train = false, do_run = false;
     bool quick = false, do_sweep = false, do_large = false, do_flushed = false, do_tile = false, do_mid = false;
     int64_t prof_T = 0;
     for (int i = 1; i < argc; i++) {
@@ -588,9 +611,10 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--tile")) do_tile = true;
         else if (!strcmp(argv[i], "--mid")) do_mid = true;
         else if (!strcmp(argv[i], "--train")) do_train = do_flushed = true;
+        else if (!strcmp(argv[i], "--run")) do_run = do_flushed = true;
         else if (!strcmp(argv[i], "--profile") && i + 1 < argc) prof_T = atoll(argv[++i]);
         else {
-            fprintf(stderr, "usage: %s [--quick] [--sweep] [--large] [--flushed] [--tile] [--mid] [--train] [--profile T]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--quick] [--sweep] [--large] [--flushed] [--tile] [--mid] [--train] [--run] [--profile T]\n", argv[0]);
             return 2;
         }
     }
@@ -661,6 +685,7 @@ int main(int argc, char **argv) {
         if (do_tile || do_mid || do_flushed || do_large || do_sweep) { /* one study per run */
             if (do_tile) tile_flushed(s, dcs, dwq, dwkv, copy);
             else if (do_mid) mid(s, dcs, dwq, dwkv);
+            else if (do_run) run_study(s, dcs, dwq, dwkv);
             else if (do_train) train_study(s, dcs, dwq, dwkv);
             else if (do_flushed) flushed(s, dcs, dwq, dwkv, copy);
             else if (do_large) large(s, dcs, dwq, dwkv, copy);
