@@ -93,7 +93,7 @@ static int g_ring = 0;
 static bool g_tile_lanes = false, g_kv_fast = true;
 
 static const char *mode_name(int mode) {
-    return mode == MLAF_ROW_WAVE ? "WAVE" : mode == MLAF_ROW_PIPE ? "PIPE" : mode == MLAF_ROW_LAT ? "LAT"
+    return mode == MLAF_ROW_WAVE1 ? "WAVE1" : mode == MLAF_ROW_WAVE ? "WAVE" : mode == MLAF_ROW_PIPE ? "PIPE" : mode == MLAF_ROW_LAT ? "LAT"
            : mode == MLAF_ROW_BLK ? "BLK" : mode == MLAF_ROW_BLKR ? "BLKR" : mode == MLAF_ROW_RUN ? "RUN" : mode == MLAF_ROW_STAGE ? "STAGE" : mode == MLAF_ROW_TILE ? (g_tile_lanes ? "TILE-L" : "TILE") : mode == MLAF_ROW_WAVEW ? "WAVEW" : "auto";
 }
 static mlaf_row_policy policy(int mode, int64_t max_blocks = 0, int blkr_g = 0, int run = 0, bool persist = false) {

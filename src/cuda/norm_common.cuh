@@ -39,7 +39,9 @@
  *        shapes, each while the call fits one wave of it: 256 norm threads up to 2 rows per SM
  *        (4 for rows of <= 128 or > 512 vectors), then 128 (2 or 4 vectors per thread) and 64
  *        (4 per thread): fewer threads per row, more rows per SM (DeepSeek-V3 bf16: 4, 6, 8).
- *   WAVE (larger T) 4 warps (128 threads) per block, one row per warp, grid ceil(T / 4). One
+ *   WAVE (larger T) 4 warps (128 threads) per block, one row per warp, grid ceil(T / 4);
+ *        WAVE1 (from 32768 rows, rows of 6 or 9 vectors per lane) the same kernel in blocks of
+ *        one warp, 4x the resident blocks (mlaf_row_wpb). One
  *        warp per row keeps the reductions to shuffles with no block barrier; a GLM-4.7-Flash
  *        bf16 row is 168 vectors = 5.25 per lane and a DeepSeek-V3 row 264 = 8.25 per lane,
  *        so rows of these models need NV = 6 and NV = 9, and the register cap keeps ~25-30
@@ -395,7 +397,8 @@ __device__ __forceinline__ void mlaf_rope_pairs(const float *stage, const float 
  *         per weight vector; no register cap. */
 enum mlaf_row_mode {
     MLAF_ROW_WAVE = 0, MLAF_ROW_PIPE = 1, MLAF_ROW_LAT = 2, MLAF_ROW_BLK = 3, MLAF_ROW_BLKR = 4,
-    MLAF_ROW_RUN = 5, MLAF_ROW_STAGE = 6, MLAF_ROW_TILE = 7, MLAF_ROW_WAVEW = 8
+    MLAF_ROW_RUN = 5, MLAF_ROW_STAGE = 6, MLAF_ROW_TILE = 7, MLAF_ROW_WAVEW = 8,
+    MLAF_ROW_WAVE1 = 9 /* WAVE in blocks of one warp (large T) */
 };
 
 /* STAGE: 12 resident blocks (40 registers for the rows of 6 / 9 vectors per lane, both ops). */
@@ -403,13 +406,32 @@ enum mlaf_row_mode {
 
 /* Blocks per SM the register allocation must allow (the row's own registers are 4 * NV per
  * lane, twice that in PIPE). */
-template <int NV, int MODE> struct mlaf_row_minb {
+/* Warps per block of each fast mode: 4, but WAVE1, WAVE's kernel in blocks of one warp, which
+ * the ops take from MLAF_ROW_WAVE1_FROM_T rows. H200, dev/cuda/mla_kv_cache_v1 built with 1, 2
+ * and 4 warps per block, T = 32768 / 131072, us: mla_kv_cache GLM 47.1-47.3 vs 48.2, DeepSeek-V3
+ * 72.5-72.9 vs 73.0-73.1, split_qk_norm DeepSeek-V3 68.3 vs 68.5-68.9, at 131072 0.2-3.1 us
+ * faster, split_qk_norm GLM 32768 within 0.3 us. Below a few waves one-warp blocks lose (mlafuse
+ * bench, T = 4096: split_qk_norm GLM 11.2 vs 9.5-9.7 us, mla_kv_cache GLM 11.6 vs 10.6). */
+template <int MODE> struct mlaf_row_wpb {
+    static constexpr int value = MODE == MLAF_ROW_WAVE1 ? 1 : MLAF_ROW_WARPS;
+};
+#define MLAF_ROW_WAVE1_FROM_T 32768
+
+/* Resident blocks of 4 warps per SM each mode's kernel is compiled for (__launch_bounds__). */
+template <int NV, int MODE> struct mlaf_row_minb_w4 {
     static constexpr int value = MODE == MLAF_ROW_LAT    ? 1
                                  : MODE == MLAF_ROW_STAGE ? MLAF_ROW_STAGE_MINB
                                  : MODE == MLAF_ROW_TILE ? 1
                                  : MODE == MLAF_ROW_WAVEW ? (NV <= 6 ? 8 : NV <= 9 ? 6 : 2)
                                  : MODE == MLAF_ROW_PIPE ? (NV <= 4 ? 6 : NV <= 6 ? 5 : NV <= 9 ? 4 : 2)
                                  : (NV <= 6 ? 8 : NV <= 9 ? 6 : NV <= 16 ? 3 : 2);
+};
+
+/* The same for the mode's own block size (blocks of fewer warps: proportionally more, at most
+ * the 32 an SM holds). */
+template <int NV, int MODE> struct mlaf_row_minb {
+    static constexpr int n = mlaf_row_minb_w4<NV, MODE>::value * 4 / mlaf_row_wpb<MODE>::value;
+    static constexpr int value = n > 32 ? 32 : n;
 };
 
 template <typename T, int NV>
@@ -476,22 +498,23 @@ __device__ unsigned long long *mlaf_row_tl;
  * the cache row stored as the latent dtype's vectors. Its own instantiation: carrying both pe
  * paths made ptxas spill the bf16 / f16 kernels (up to 64 bytes). */
 template <typename T, int NV, bool KV, int MODE, int QS = -1>
-__global__ void __launch_bounds__(MLAF_ROW_WARPS * 32, mlaf_row_minb<NV, MODE>::value)
+__global__ void __launch_bounds__(mlaf_row_wpb<MODE>::value * 32, mlaf_row_minb<NV, MODE>::value)
 mlaf_row_fast_kernel(const mlaf_row_args a) {
     constexpr int W = mlaf_vec<T>::W;
+    constexpr int WB = mlaf_row_wpb<MODE>::value; /* warps per block */
     constexpr bool PIPE = MODE == MLAF_ROW_PIPE, LAT = MODE == MLAF_ROW_LAT, RUN = MODE == MLAF_ROW_RUN;
     constexpr bool STG = MODE == MLAF_ROW_STAGE;
     /* WAVEW: WAVE, but the block stages the weights (as stored) in shared memory while the warps
      * first rows are in flight, so no warp meets the weights' L2 latency after its reductions */
     constexpr bool WSM = MODE == MLAF_ROW_WAVEW;
     constexpr bool KF = QS >= 0;
-    /* dynamic shared memory: STAGE's row slots [MLAF_ROW_WARPS][a.slot bytes], then the pe
-     * stage [MLAF_ROW_WARPS][R] floats (mla_kv_cache only) */
+    /* dynamic shared memory: STAGE's row slots [WB][a.slot bytes], then the pe
+     * stage [WB][R] floats (mla_kv_cache only) */
     extern __shared__ __align__(128) float mlaf_row_smem[];
-    float *const mlaf_pe_stage = mlaf_row_smem + (STG ? MLAF_ROW_WARPS * a.slot / 4 : 0);
+    float *const mlaf_pe_stage = mlaf_row_smem + (STG ? WB * a.slot / 4 : 0);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int qv = a.Q / W, cv = a.C / W, rv = a.R / W, nv = qv + cv + rv;
-    const int64_t nwarps = (int64_t)gridDim.x * MLAF_ROW_WARPS;
+    const int64_t nwarps = (int64_t)gridDim.x * WB;
 
     float wr[LAT ? NV : 1][W];
     if constexpr (LAT) {
@@ -504,18 +527,18 @@ mlaf_row_fast_kernel(const mlaf_row_args a) {
     }
     /* rows of this warp: t0, t0 + step, ... below t_end (RUN: a run of a.run rows per warp,
      * interleaved over the block's warps; else a grid stride) */
-    int64_t t0 = (int64_t)blockIdx.x * MLAF_ROW_WARPS + warp, step = nwarps, t_end = a.T;
+    int64_t t0 = (int64_t)blockIdx.x * WB + warp, step = nwarps, t_end = a.T;
     if constexpr (RUN) {
-        const int64_t b0 = (int64_t)blockIdx.x * MLAF_ROW_WARPS * a.run;
-        t0 = b0 + warp, step = MLAF_ROW_WARPS;
-        t_end = b0 + (int64_t)MLAF_ROW_WARPS * a.run < a.T ? b0 + (int64_t)MLAF_ROW_WARPS * a.run : a.T;
+        const int64_t b0 = (int64_t)blockIdx.x * WB * a.run;
+        t0 = b0 + warp, step = WB;
+        t_end = b0 + (int64_t)WB * a.run < a.T ? b0 + (int64_t)WB * a.run : a.T;
     }
     mlaf_token_idx ix = {-1, 0};
     uint4 v[STG ? 1 : NV];
     /* STAGE: this warp's row slot and its mbarrier (one bulk copy per row) */
     const uint4 *const srow = reinterpret_cast<const uint4 *>(reinterpret_cast<const unsigned char *>(mlaf_row_smem) +
                                                               (STG ? (size_t)warp * a.slot : 0));
-    __shared__ __align__(8) uint64_t mlaf_row_bar[STG ? MLAF_ROW_WARPS : 1];
+    __shared__ __align__(8) uint64_t mlaf_row_bar[STG ? WB : 1];
     if constexpr (STG) mlaf_stage_init(&mlaf_row_bar[warp], lane);
     uint32_t parity = 0;
     if constexpr (PIPE) {
@@ -528,13 +551,13 @@ mlaf_row_fast_kernel(const mlaf_row_args a) {
         if (t0 < t_end) ix = mlaf_token_load(a, t0);
     }
     /* WAVEW: the weights' vectors as stored (the latent dtype; the host checks), q then kv */
-    uint4 *const wsm = reinterpret_cast<uint4 *>(mlaf_pe_stage + (KV ? MLAF_ROW_WARPS * a.R : 0));
+    uint4 *const wsm = reinterpret_cast<uint4 *>(mlaf_pe_stage + (KV ? WB * a.R : 0));
     if constexpr (WSM) {
         if (t0 < a.T) {
             if (KV) ix = mlaf_token_load(a, t0);
             mlaf_row_load<T, NV>(a, t0, lane, nv, v);
         }
-        for (int i = threadIdx.x; i < qv + cv; i += MLAF_ROW_WARPS * 32)
+        for (int i = threadIdx.x; i < qv + cv; i += WB * 32)
             wsm[i] = __ldg(i < qv ? static_cast<const uint4 *>(a.w_q) + i : static_cast<const uint4 *>(a.w_kv) + (i - qv));
         __syncthreads();
     }
@@ -1264,7 +1287,9 @@ static cudaError_t mlaf_row_go(const mlaf_row_args &a, int sms, const mlaf_row_p
                               ((int64_t)MLAF_ROW_WARPS * pol.max_blocks);
         if (cover > ar.run) ar.run = (int32_t)cover;
     }
-    const int64_t per_block = (int64_t)MLAF_ROW_WARPS * ar.run;
+    constexpr int WB = mlaf_row_wpb<MODE>::value;
+    const int64_t per_block = (int64_t)WB * ar.run;
+    if (WB != MLAF_ROW_WARPS) smem = smem / MLAF_ROW_WARPS * WB; /* per-warp stages (WAVE's pe stage) */
     const int64_t need = (a.T + per_block - 1) / per_block;
     int64_t blocks = need;
     if (MODE == MLAF_ROW_PIPE || pol.persist) {
@@ -1274,7 +1299,7 @@ static cudaError_t mlaf_row_go(const mlaf_row_args &a, int sms, const mlaf_row_p
     }
     if (pol.max_blocks > 0 && blocks > pol.max_blocks) blocks = pol.max_blocks;
     if (blocks > 0x7fffffff) blocks = 0x7fffffff;
-    mlaf_row_fast_kernel<T, NV, KV, MODE, QS><<<(unsigned)blocks, MLAF_ROW_WARPS * 32, smem, stream>>>(ar);
+    mlaf_row_fast_kernel<T, NV, KV, MODE, QS><<<(unsigned)blocks, WB * 32, smem, stream>>>(ar);
     return cudaGetLastError();
 }
 
@@ -1288,7 +1313,7 @@ static cudaError_t mlaf_row_go_kf(const mlaf_row_args &a, int sms, const mlaf_ro
             return mlaf_row_go<T, NV, KV, MODE, mlaf_row_kf_qs<NV>::value>(a, sms, pol, smem, stream);
     }
     /* split_qk_norm's WAVE: the layout alone (there is no pe rotation) */
-    if constexpr (!KV && MODE == MLAF_ROW_WAVE && mlaf_row_kf_qs<NV>::value >= 0 && !std::is_same<T, float>::value) {
+    if constexpr (!KV && (MODE == MLAF_ROW_WAVE || MODE == MLAF_ROW_WAVE1) && mlaf_row_kf_qs<NV>::value >= 0 && !std::is_same<T, float>::value) {
         if (pol.kv_fast && mlaf_row_layout_ok<T, NV>(a))
             return mlaf_row_go<T, NV, KV, MODE, mlaf_row_kf_qs<NV>::value>(a, sms, pol, smem, stream);
     }
@@ -1447,7 +1472,8 @@ static cudaError_t mlaf_row_go_nv(const mlaf_row_args &a, int sms, const mlaf_ro
              * next row prefetched (PIPE) saves most of a nearly empty second wave (H200,
              * DeepSeek-V3, T = 4096 = 1.29 waves: 12.7 vs 14.1 us); at 1.45 waves (GLM-4.7-Flash
              * T = 6144: 13.6 vs 12.7 us) and beyond, plain WAVE is faster */
-            const int64_t wave_rows = (int64_t)mlaf_row_minb<NV, MLAF_ROW_WAVE>::value * MLAF_ROW_WARPS * nsm;
+            const int64_t wave_rows =
+                (int64_t)mlaf_row_minb<NV, MLAF_ROW_WAVE>::value * mlaf_row_wpb<MLAF_ROW_WAVE>::value * nsm;
             if (mode < 0 && a.T > wave_rows && 10 * a.T <= 13 * wave_rows) mode = MLAF_ROW_PIPE;
             if (mode == MLAF_ROW_PIPE) return mlaf_row_go_kf<T, NV, KV, MLAF_ROW_PIPE>(a, sms, pol, smem, stream);
         }
@@ -1484,6 +1510,11 @@ static cudaError_t mlaf_row_go_nv(const mlaf_row_args &a, int sms, const mlaf_ro
     }
     if (mode == MLAF_ROW_STAGE) return mlaf_row_go_stage<T, NV, KV>(a, sms, pol, smem, nvec, stream); /* any width */
 #endif
+    if constexpr (NV == 6 || NV == 9) {
+        /* auto resolved to WAVE above; from MLAF_ROW_WAVE1_FROM_T rows its one-warp blocks */
+        if ((pol.mode < 0 && mode == MLAF_ROW_WAVE && a.T >= MLAF_ROW_WAVE1_FROM_T) || mode == MLAF_ROW_WAVE1)
+            return mlaf_row_go_kf<T, NV, KV, MLAF_ROW_WAVE1>(a, sms, pol, smem, stream);
+    }
     return mlaf_row_go_kf<T, NV, KV, MLAF_ROW_WAVE>(a, sms, pol, smem, stream);
 }
 
