@@ -140,7 +140,9 @@ struct mlaf_row_args {
     int32_t tile_lanes; /* TILE mode: the lanes store the outputs (else bulk stores) */
 };
 
+#ifndef MLAF_ROW_WARPS /* dev/ builds may try other block sizes (-DMLAF_ROW_WARPS=1 / 2) */
 #define MLAF_ROW_WARPS 4
+#endif
 #define MLAF_ROW_NV_MAX 24
 #define MLAF_ROW_PE_STAGE_MAX 1024
 
