@@ -138,7 +138,6 @@ struct mlaf_row_args {
     int32_t slot; /* STAGE / TILE modes: bytes of a warp's row slot in shared memory */
     int32_t ring; /* TILE mode: row slots per warp */
     int32_t tile_lanes; /* TILE mode: the lanes store the outputs (else bulk stores) */
-    int64_t cs_ahead;   /* WAVE1, mla_kv_cache: > 0: lane 0 prefetches into L2 the cos/sin row of token t + cs_ahead */
 };
 
 #ifndef MLAF_ROW_WARPS /* dev/ builds may try other block sizes (-DMLAF_ROW_WARPS=1 / 2) */
@@ -590,18 +589,6 @@ mlaf_row_fast_kernel(const mlaf_row_args a) {
         } else if (!WSM || t != t0) {
             if (KV) ix = mlaf_token_load(a, t);
             mlaf_row_load<T, NV>(a, t, lane, nv, v);
-            if constexpr (KV && MODE == MLAF_ROW_WAVE1) {
-                /* the token about one wave later: its position now, its cos/sin row into L2, so
-                 * that row's position -> cos/sin chain meets L2 instead of memory twice */
-                if (lane == 0 && a.cs_ahead > 0 && t + a.cs_ahead < a.T) {
-                    const int64_t pf = mlaf_ld_index(a.pos, a.pos64, t + a.cs_ahead);
-                    if (pf >= 0 && pf < a.max_pos) {
-                        const float *c = a.cos_sin + pf * a.cs_stride;
-                        asm volatile("prefetch.global.L2 [%0];" ::"l"(c));
-                        asm volatile("prefetch.global.L2 [%0];" ::"l"(c + a.R - 1));
-                    }
-                }
-            }
         }
         /* vector slot s (column c) of the row: registers, or the row slot (STAGE) */
         auto vec = [&](int s, int c) -> uint4 {
@@ -1250,7 +1237,6 @@ struct mlaf_row_policy {
     int ring = 0;           /* TILE's row slots per warp (0: MLAF_ROW_TILE_RING) */
     bool tile_lanes = false; /* TILE: lanes store the outputs instead of bulk stores */
     bool kv_fast = true;     /* the KF kernels where they apply (false: dev/ A/B) */
-    bool cs_prefetch = true; /* WAVE1 mla_kv_cache: cos/sin rows one wave ahead into L2 (false: A/B) */
 };
 
 /* The library's policy for a call on ctx's device: auto (the same shapes on every device the
@@ -1315,9 +1301,6 @@ static cudaError_t mlaf_row_go(const mlaf_row_args &a, int sms, const mlaf_row_p
     }
     if (pol.max_blocks > 0 && blocks > pol.max_blocks) blocks = pol.max_blocks;
     if (blocks > 0x7fffffff) blocks = 0x7fffffff;
-    ar.cs_ahead = MODE == MLAF_ROW_WAVE1 && KV && a.R > 0 && pol.cs_prefetch
-                      ? (int64_t)mlaf_row_minb<NV, MODE>::value * WB * (sms > 0 ? sms : 132)
-                      : 0;
     mlaf_row_fast_kernel<T, NV, KV, MODE, QS><<<(unsigned)blocks, WB * 32, smem, stream>>>(ar);
     return cudaGetLastError();
 }
