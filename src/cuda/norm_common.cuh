@@ -406,8 +406,6 @@ enum mlaf_row_mode {
 /* STAGE: 12 resident blocks (40 registers for the rows of 6 / 9 vectors per lane, both ops). */
 #define MLAF_ROW_STAGE_MINB 12
 
-/* Blocks per SM the register allocation must allow (the row's own registers are 4 * NV per
- * lane, twice that in PIPE). */
 /* Warps per block of each fast mode: 4, but WAVE1, WAVE's kernel in blocks of one warp, which
  * the ops take from MLAF_ROW_WAVE1_FROM_T rows. H200, dev/cuda/mla_kv_cache_v1 built with 1, 2
  * and 4 warps per block, T = 32768 / 131072, us: mla_kv_cache GLM 47.1-47.3 vs 48.2, DeepSeek-V3
@@ -419,7 +417,9 @@ template <int MODE> struct mlaf_row_wpb {
 };
 #define MLAF_ROW_WAVE1_FROM_T 32768
 
-/* Resident blocks of 4 warps per SM each mode's kernel is compiled for (__launch_bounds__). */
+/* Resident blocks of 4 warps per SM each mode's kernel is compiled for (__launch_bounds__): what
+ * the register allocation must allow (the row's own registers are 4 * NV per lane, twice that in
+ * PIPE). */
 template <int NV, int MODE> struct mlaf_row_minb_w4 {
     static constexpr int value = MODE == MLAF_ROW_LAT    ? 1
                                  : MODE == MLAF_ROW_STAGE ? MLAF_ROW_STAGE_MINB
