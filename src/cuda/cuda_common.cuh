@@ -98,6 +98,11 @@ __device__ __forceinline__ void mlaf_prefetch_l2(const void *src, uint32_t bytes
     asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(bytes) : "memory");
 #endif
 }
+/* Asks L2 to fetch the line holding one address (prefetch.global.L2, every arch): a hint,
+ * nothing to wait for. */
+__device__ __forceinline__ void mlaf_prefetch_line_l2(const void *p) {
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+}
 /* Returns once the phase `parity` of bar has completed. */
 __device__ __forceinline__ void mlaf_bar_wait(uint32_t bar, uint32_t parity) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900

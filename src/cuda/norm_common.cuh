@@ -138,6 +138,7 @@ struct mlaf_row_args {
     int32_t slot; /* STAGE / TILE modes: bytes of a warp's row slot in shared memory */
     int32_t ring; /* TILE mode: row slots per warp */
     int32_t tile_lanes; /* TILE mode: the lanes store the outputs (else bulk stores) */
+    int64_t cs_ahead;   /* > 0 (WAVE1, mla_kv_cache, rows of 6 vectors per lane): cos/sin look-ahead */
 };
 
 #ifndef MLAF_ROW_WARPS /* dev/ builds may try other block sizes (-DMLAF_ROW_WARPS=1 / 2) */
@@ -416,6 +417,9 @@ template <int MODE> struct mlaf_row_wpb {
     static constexpr int value = MODE == MLAF_ROW_WAVE1 ? 1 : MLAF_ROW_WARPS;
 };
 #define MLAF_ROW_WAVE1_FROM_T 32768
+#ifndef MLAF_ROW_CS_AHEAD_WAVES /* dev/ builds may try other look-ahead distances */
+#define MLAF_ROW_CS_AHEAD_WAVES 1
+#endif
 
 /* Resident blocks of 4 warps per SM each mode's kernel is compiled for (__launch_bounds__): what
  * the register allocation must allow (the row's own registers are 4 * NV per lane, twice that in
@@ -589,6 +593,19 @@ mlaf_row_fast_kernel(const mlaf_row_args a) {
         } else if (!WSM || t != t0) {
             if (KV) ix = mlaf_token_load(a, t);
             mlaf_row_load<T, NV>(a, t, lane, nv, v);
+            if constexpr (KV && MODE == MLAF_ROW_WAVE1 && NV == 6) {
+                /* cos/sin look-ahead (GLM-4.7-Flash-shaped rows): lane 0 loads the position of
+                 * the token one wave ahead and prefetches its cos/sin row into L2, so when that
+                 * token's warp starts, its position -> cos/sin chain meets L2 instead of memory */
+                if (lane == 0 && a.cs_ahead > 0 && t + a.cs_ahead < a.T) {
+                    const int64_t pf = mlaf_ld_index(a.pos, a.pos64, t + a.cs_ahead);
+                    if (pf >= 0 && pf < a.max_pos) {
+                        const float *c = a.cos_sin + pf * a.cs_stride;
+                        mlaf_prefetch_line_l2(c);
+                        mlaf_prefetch_line_l2(c + a.R - 1);
+                    }
+                }
+            }
         }
         /* vector slot s (column c) of the row: registers, or the row slot (STAGE) */
         auto vec = [&](int s, int c) -> uint4 {
@@ -1237,6 +1254,7 @@ struct mlaf_row_policy {
     int ring = 0;           /* TILE's row slots per warp (0: MLAF_ROW_TILE_RING) */
     bool tile_lanes = false; /* TILE: lanes store the outputs instead of bulk stores */
     bool kv_fast = true;     /* the KF kernels where they apply (false: dev/ A/B) */
+    bool cs_ahead = true;    /* WAVE1 mla_kv_cache, 6 vectors per lane: cos/sin look-ahead (false: A/B) */
 };
 
 /* The library's policy for a call on ctx's device: auto (the same shapes on every device the
@@ -1301,6 +1319,10 @@ static cudaError_t mlaf_row_go(const mlaf_row_args &a, int sms, const mlaf_row_p
     }
     if (pol.max_blocks > 0 && blocks > pol.max_blocks) blocks = pol.max_blocks;
     if (blocks > 0x7fffffff) blocks = 0x7fffffff;
+    /* the look-ahead distance: MLAF_ROW_CS_AHEAD_WAVES waves of resident warps */
+    ar.cs_ahead = MODE == MLAF_ROW_WAVE1 && KV && NV == 6 && a.R > 0 && pol.cs_ahead
+                      ? (int64_t)MLAF_ROW_CS_AHEAD_WAVES * mlaf_row_minb<NV, MODE>::value * WB * (sms > 0 ? sms : 132)
+                      : 0;
     mlaf_row_fast_kernel<T, NV, KV, MODE, QS><<<(unsigned)blocks, WB * 32, smem, stream>>>(ar);
     return cudaGetLastError();
 }
