@@ -41,7 +41,10 @@
  *        (4 per thread): fewer threads per row, more rows per SM (DeepSeek-V3 bf16: 4, 6, 8).
  *   WAVE (larger T) 4 warps (128 threads) per block, one row per warp, grid ceil(T / 4);
  *        WAVE1 (from 32768 rows, rows of 6 or 9 vectors per lane) the same kernel in blocks of
- *        one warp, 4x the resident blocks (mlaf_row_wpb). One
+ *        one warp, 4x the resident blocks (mlaf_row_wpb); for mla_kv_cache rows of 6 vectors
+ *        per lane (GLM-4.7-Flash) lane 0 also prefetches into L2 the cos/sin row of the token
+ *        one wave ahead (H200, T = 32768: 47.38-47.63 vs 47.65-48.24 us, same calls; rows of 9
+ *        vectors lost 0.9 us at 131072 with it). One
  *        warp per row keeps the reductions to shuffles with no block barrier; a GLM-4.7-Flash
  *        bf16 row is 168 vectors = 5.25 per lane and a DeepSeek-V3 row 264 = 8.25 per lane,
  *        so rows of these models need NV = 6 and NV = 9, and the register cap keeps ~25-30
