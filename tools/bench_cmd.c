@@ -46,6 +46,11 @@ static void help(void) {
         "  --graph              CUDA: time replays of a CUDA graph of 100 calls for every T\n"
         "                       (always done for T <= 64); per-call time\n"
         "  --json               print one JSON object with an array of rows instead of a table\n"
+        "  --cache-order ORDER  mla_kv_cache's paged-cache blocks: shuffled (default: a random\n"
+        "                       permutation of every block, as a long-running allocator hands\n"
+        "                       them out), ordered (block i for tokens 64 i .. 64 i + 63),\n"
+        "                       page-local (shuffled within each 2 MB of cache), page-groups\n"
+        "                       (2 MB runs of blocks in order, the runs shuffled)\n"
         "\n"
         "Bytes are the op's minimum: inputs read once + outputs written once (see docs/cli.md).\n"
         "CUDA rows also time a device-to-device copy of those same bytes the same way (copy_us;\n"
@@ -81,9 +86,54 @@ typedef struct bench_op {
     int64_t Q, C, R, H, D, max_pos, block_size, num_blocks, E, K, G;
     mlaf_moe_gate_params moe;
     int has_bias;
+    int cache_order; /* cache_order_names */
     bbuf b[B_COUNT];
     double bytes;
 } bench_op;
+
+/* --cache-order: how the paged cache's blocks are handed to the tokens (mla_kv_cache) */
+enum { CO_SHUFFLED, CO_ORDERED, CO_PAGE_LOCAL, CO_PAGE_GROUPS, CO_COUNT };
+static const char *const cache_order_names[CO_COUNT] = {"shuffled", "ordered", "page-local", "page-groups"};
+
+/* Fisher-Yates over p[0 .. n-1]. */
+static void shuffle_i64(int64_t *p, int64_t n, mlaf_rng *rng) {
+    for (int64_t i = n - 1; i > 0; i--) {
+        int64_t k = (int64_t)(mlaf_rng_u64(rng) % (uint64_t)(i + 1));
+        int64_t tmp = p[i];
+        p[i] = p[k];
+        p[k] = tmp;
+    }
+}
+
+/* The block of each 64-token run: perm[0 .. nb-1], a permutation of the cache's blocks in the
+ * order --cache-order asks for; g = blocks per 2 MB of cache (>= 1). */
+static int cache_block_order(int64_t *perm, int64_t nb, int64_t g, int order, mlaf_rng *rng) {
+    for (int64_t i = 0; i < nb; i++) perm[i] = i;
+    if (order == CO_SHUFFLED) {
+        shuffle_i64(perm, nb, rng);
+    } else if (order == CO_PAGE_LOCAL) {
+        for (int64_t g0 = 0; g0 < nb; g0 += g) shuffle_i64(perm + g0, nb - g0 < g ? nb - g0 : g, rng);
+    } else if (order == CO_PAGE_GROUPS) {
+        const int64_t ng = nb / g; /* whole runs; a short last run stays last */
+        int64_t *runs = (int64_t *)malloc(sizeof(int64_t) * (size_t)(ng > 0 ? ng : 1));
+        if (!runs) return -1;
+        for (int64_t i = 0; i < ng; i++) runs[i] = i;
+        shuffle_i64(runs, ng, rng);
+        for (int64_t r = 0; r < ng; r++)
+            for (int64_t b = 0; b < g; b++) perm[r * g + b] = runs[r] * g + b;
+        free(runs);
+    }
+    /* every block exactly once (the slots must not collide) */
+    unsigned char *seen = (unsigned char *)calloc((size_t)(nb > 0 ? nb : 1), 1);
+    if (!seen) return -1;
+    int ok = 1;
+    for (int64_t i = 0; i < nb && ok; i++) {
+        ok = perm[i] >= 0 && perm[i] < nb && !seen[perm[i]];
+        if (ok) seen[perm[i]] = 1;
+    }
+    free(seen);
+    return ok ? 0 : -2;
+}
 
 static void *P(bench_op *o, int id, int set) {
     bbuf *b = &o->b[id];
@@ -230,17 +280,20 @@ static int setup(bench_op *o, size_t llc, char *err, size_t cap) {
             return -1;
     }
     if (o->op == MLAF_OP_MLA_KV_CACHE) {
-        /* Whole blocks in shuffled order, as a paged allocator hands them out. */
+        /* Whole blocks in the --cache-order order (default shuffled, as a paged allocator
+         * hands them out after a while). */
         int64_t *perm = (int64_t *)malloc(sizeof(int64_t) * (size_t)o->num_blocks);
         int64_t *slots = (int64_t *)malloc(sizeof(int64_t) * (size_t)(T > 0 ? T : 1));
         NEED(perm);
         NEED(slots);
-        for (int64_t i = 0; i < o->num_blocks; i++) perm[i] = i;
-        for (int64_t i = o->num_blocks - 1; i > 0; i--) {
-            int64_t k = (int64_t)(mlaf_rng_u64(&rng) % (uint64_t)(i + 1));
-            int64_t tmp = perm[i];
-            perm[i] = perm[k];
-            perm[k] = tmp;
+        const int64_t page_blocks = (int64_t)(((size_t)2 << 20) / ((size_t)o->block_size * (size_t)(o->C + o->R) * es));
+        const int co = cache_block_order(perm, o->num_blocks, page_blocks > 0 ? page_blocks : 1, o->cache_order, &rng);
+        if (co) {
+            free(perm);
+            free(slots);
+            if (co == -2) snprintf(err, cap, "internal: --cache-order %s is not a permutation of the blocks", cache_order_names[o->cache_order]);
+            else snprintf(err, cap, "out of host memory at T = %lld", (long long)o->T);
+            return -1;
         }
         for (int64_t t = 0; t < T; t++)
             slots[t] = perm[t / o->block_size] * o->block_size + t % o->block_size;
@@ -713,15 +766,15 @@ static void json_num(const char *key, double v, int comma) {
 }
 
 static void print_json(const char *backend, const char *device, int threads, const char *model,
-                       mlaf_dtype dt, double copy_gbps, double copy_bytes, const row *rows,
-                       int nrows) {
+                       mlaf_dtype dt, int cache_order, double copy_gbps, double copy_bytes,
+                       const row *rows, int nrows) {
     printf("{\"tool\": \"mlafuse bench\", \"version\": \"%s\", \"backend\": ", mlaf_version_string());
     json_str(backend);
     printf(", \"device\": ");
     json_str(device);
     printf(", \"threads\": %d, \"preset\": ", threads);
     json_str(model);
-    printf(", \"dtype\": \"%s\", ", mlaf_dtype_name(dt));
+    printf(", \"dtype\": \"%s\", \"cache_order\": \"%s\", ", mlaf_dtype_name(dt), cache_order_names[cache_order]);
     json_num("copy_gbps", copy_gbps, 1);
     json_num("copy_bytes", copy_bytes, 0);
     printf(", \"rows\": [");
@@ -801,7 +854,7 @@ int cmd_bench(int argc, char **argv) {
     int64_t tokens[CLI_MAX_LIST];
     int ntok = 0;
     long long threads = 0, reps = 0;
-    int graph = 0, json = 0;
+    int graph = 0, json = 0, cache_order = CO_SHUFFLED;
 
     for (int i = 1; i < argc; i++) {
         const char *v;
@@ -836,6 +889,12 @@ int cmd_bench(int argc, char **argv) {
             if (r < 0 || cli_parse_int("--threads", v, 1, 4096, &threads)) return CLI_EXIT_USAGE;
         } else if ((r = cli_take_value(argc, argv, &i, "--reps", &v)) != 0) {
             if (r < 0 || cli_parse_int("--reps", v, 1, 100000, &reps)) return CLI_EXIT_USAGE;
+        } else if ((r = cli_take_value(argc, argv, &i, "--cache-order", &v)) != 0) {
+            if (r < 0) return CLI_EXIT_USAGE;
+            for (cache_order = 0; cache_order < CO_COUNT; cache_order++)
+                if (!strcmp(v, cache_order_names[cache_order])) break;
+            if (cache_order == CO_COUNT)
+                return cli_usage_error("bench", "--cache-order '%s': expected shuffled, ordered, page-local or page-groups", v);
         } else {
             return cli_usage_error("bench", "unknown option '%s' (see mlafuse bench --help)", argv[i]);
         }
@@ -939,6 +998,7 @@ int cmd_bench(int argc, char **argv) {
         else printf(" --preset %s", preset ? preset : models[0].name);
         if (be == MLAF_BACKEND_CPU) printf(" --threads %lld", threads);
         if (graph) printf(" --graph");
+        if (cache_order != CO_SHUFFLED) printf(" --cache-order %s", cache_order_names[cache_order]);
         printf(" --tokens ");
         for (int t = 0; t < ntok; t++) printf("%s%lld", t ? "," : "", (long long)tokens[t]);
         int nops = 0;
@@ -997,6 +1057,7 @@ int cmd_bench(int argc, char **argv) {
                 o.dt = dt;
                 o.T = r->T;
                 o.threads = (int)(threads > 0 ? threads : 1);
+                o.cache_order = cache_order;
                 err[0] = '\0';
                 if (setup(&o, llc, err, sizeof err)) {
                     snprintf(r->error, sizeof r->error, "setup: %s", err);
@@ -1073,7 +1134,7 @@ int cmd_bench(int argc, char **argv) {
                 if (!json) print_row(r);
             }
         }
-    if (json) print_json(mlaf_backend_name(be), device, (int)threads, model_list, dt, copy_gbps,
+    if (json) print_json(mlaf_backend_name(be), device, (int)threads, model_list, dt, cache_order, copy_gbps,
                          copy_bytes, rows, nrows);
     free(rows);
 #ifdef MLAF_WITH_CUDA
