@@ -65,6 +65,15 @@
  *        memory once, while its warps' rows are in flight: in a call of less than a wave every
  *        warp otherwise meets the weights' L2 latency after its reductions (DeepSeek-V3 T =
  *        1536, pe-stage kernels: 6.51 vs 7.14 us).
+ *   STAGE1 (sm_90, from 32768 rows: KF rows with weights in the latent dtype; else WAVE1)
+ *        WAVE1's grid and registers, but lane 0 brings the row into the warp's shared-memory
+ *        slot with one bulk copy on an mbarrier, and while it lands the lanes load the token's
+ *        indices and the row's weight vectors (as stored) into the registers the row no longer
+ *        takes, so the output loop meets no load (GLM rows 64 registers, DeepSeek-V3 rows 80,
+ *        no spill). Same arithmetic, same bits. H200, mlafuse bench, T = 32768, same calls:
+ *        mla_kv_cache GLM 47.04-47.49 vs 47.49-48.02 us (92.1-93.0% vs 91.1-92.1% of copy),
+ *        DeepSeek-V3 71.3-71.5 vs 72.3-72.9; split_qk_norm GLM 44.0-44.2 vs 44.7, DeepSeek-V3
+ *        67.7-68.5 vs 68.6-68.8 (dev/README.md, sixth session of 2026-12-01).
  *   STAGE (dev/ only since 2026-12-01; sm_90) WAVE's shape, but lane 0 brings the row into
  *        the warp's shared-memory slot with one bulk copy on an mbarrier and the lanes read
  *        their vectors from the slot (40 registers, 12 resident blocks). It beat WAVE at large
@@ -141,7 +150,7 @@ struct mlaf_row_args {
     int32_t slot; /* STAGE / TILE modes: bytes of a warp's row slot in shared memory */
     int32_t ring; /* TILE mode: row slots per warp */
     int32_t tile_lanes; /* TILE mode: the lanes store the outputs (else bulk stores) */
-    int64_t cs_ahead;   /* > 0 (WAVE1, mla_kv_cache, rows of 6 vectors per lane): cos/sin look-ahead */
+    int64_t cs_ahead;   /* > 0 (WAVE1 / STAGE1, mla_kv_cache, rows of 6 vectors per lane): cos/sin look-ahead */
 };
 
 #ifndef MLAF_ROW_WARPS /* dev/ builds may try other block sizes (-DMLAF_ROW_WARPS=1 / 2) */
@@ -404,7 +413,8 @@ __device__ __forceinline__ void mlaf_rope_pairs(const float *stage, const float 
 enum mlaf_row_mode {
     MLAF_ROW_WAVE = 0, MLAF_ROW_PIPE = 1, MLAF_ROW_LAT = 2, MLAF_ROW_BLK = 3, MLAF_ROW_BLKR = 4,
     MLAF_ROW_RUN = 5, MLAF_ROW_STAGE = 6, MLAF_ROW_TILE = 7, MLAF_ROW_WAVEW = 8,
-    MLAF_ROW_WAVE1 = 9 /* WAVE in blocks of one warp (large T) */
+    MLAF_ROW_WAVE1 = 9 /* WAVE in blocks of one warp (large T) */,
+    MLAF_ROW_STAGE1 = 10 /* WAVE1's grid, the row by one bulk copy, the weights loaded meanwhile */
 };
 
 /* STAGE: 12 resident blocks (40 registers for the rows of 6 / 9 vectors per lane, both ops). */
@@ -417,7 +427,7 @@ enum mlaf_row_mode {
  * faster, split_qk_norm GLM 32768 within 0.3 us. Below a few waves one-warp blocks lose (mlafuse
  * bench, T = 4096: split_qk_norm GLM 11.2 vs 9.5-9.7 us, mla_kv_cache GLM 11.6 vs 10.6). */
 template <int MODE> struct mlaf_row_wpb {
-    static constexpr int value = MODE == MLAF_ROW_WAVE1 ? 1 : MLAF_ROW_WARPS;
+    static constexpr int value = MODE == MLAF_ROW_WAVE1 || MODE == MLAF_ROW_STAGE1 ? 1 : MLAF_ROW_WARPS;
 };
 #define MLAF_ROW_WAVE1_FROM_T 32768
 #ifndef MLAF_ROW_CS_AHEAD_WAVES /* dev/ builds may try other look-ahead distances */
@@ -460,26 +470,56 @@ __device__ __forceinline__ void mlaf_stage_init(uint64_t *bar, int lane) {
     __syncwarp();
 }
 
-/* STAGE: the warp's row (bytes, a multiple of 16, 16-byte aligned) into its slot; returns when
- * every byte has landed. sm_90: one bulk copy by lane 0, counted on the mbarrier (phase
- * `parity`); elsewhere (dev/ only) 16-byte loads and stores by the lanes. */
-__device__ __forceinline__ void mlaf_stage_row(uint64_t *bar, const uint4 *slot, const void *src, int bytes, int lane,
-                                               uint32_t parity) {
+/* STAGE / STAGE1: lane 0 starts the bulk copy of the warp's row (bytes, a multiple of 16, 16-byte
+ * aligned) into its slot, counted on the warp's mbarrier (sm_90); mlaf_stage_wait returns once
+ * every byte has landed (phase `parity`). Elsewhere (dev/ only: the library takes these modes on
+ * sm_90 alone) the wait copies the row with the lanes' 16-byte loads instead. */
+__device__ __forceinline__ void mlaf_stage_issue(uint64_t *bar, const uint4 *slot, const void *src, int bytes,
+                                                 int lane) {
     __syncwarp(); /* every lane is done with the slot's previous row */
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    const uint32_t b = (uint32_t)__cvta_generic_to_shared(bar);
     if (lane == 0) {
+        const uint32_t b = (uint32_t)__cvta_generic_to_shared(bar);
         mlaf_fence_async(); /* those reads before the copy */
         mlaf_bar_expect(b, (uint32_t)bytes);
         mlaf_bulk_copy((uint32_t)__cvta_generic_to_shared(slot), src, (uint32_t)bytes, b);
     }
-    mlaf_bar_wait(b, parity);
+#else
+    (void)bar, (void)slot, (void)src, (void)bytes, (void)lane;
+#endif
+}
+__device__ __forceinline__ void mlaf_stage_wait(uint64_t *bar, const uint4 *slot, const void *src, int bytes,
+                                                int lane, uint32_t parity) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    (void)slot, (void)src, (void)bytes, (void)lane;
+    mlaf_bar_wait((uint32_t)__cvta_generic_to_shared(bar), parity);
 #else
     (void)bar, (void)parity;
     for (int c = lane; c < bytes / 16; c += 32)
         const_cast<uint4 *>(slot)[c] = __ldcg(static_cast<const uint4 *>(src) + c);
     __syncwarp();
 #endif
+}
+/* STAGE: both at once. */
+__device__ __forceinline__ void mlaf_stage_row(uint64_t *bar, const uint4 *slot, const void *src, int bytes, int lane,
+                                               uint32_t parity) {
+    mlaf_stage_issue(bar, slot, src, bytes, lane);
+    mlaf_stage_wait(bar, slot, src, bytes, lane, parity);
+}
+
+/* The cos/sin look-ahead (GLM-4.7-Flash-shaped mla_kv_cache rows in WAVE1 / STAGE1): lane 0
+ * loads the position of the token a.cs_ahead rows (one wave) ahead and prefetches its cos/sin
+ * row into L2, so when that token's warp starts, its position -> cos/sin chain meets L2
+ * instead of memory. */
+__device__ __forceinline__ void mlaf_cs_lookahead(const mlaf_row_args &a, int64_t t, int lane) {
+    if (lane == 0 && a.cs_ahead > 0 && t + a.cs_ahead < a.T) {
+        const int64_t pf = mlaf_ld_index(a.pos, a.pos64, t + a.cs_ahead);
+        if (pf >= 0 && pf < a.max_pos) {
+            const float *c = a.cos_sin + pf * a.cs_stride;
+            mlaf_prefetch_line_l2(c);
+            mlaf_prefetch_line_l2(c + a.R - 1);
+        }
+    }
 }
 
 #ifdef MLAF_ROW_TIMELINE
@@ -512,7 +552,13 @@ mlaf_row_fast_kernel(const mlaf_row_args a) {
     constexpr int W = mlaf_vec<T>::W;
     constexpr int WB = mlaf_row_wpb<MODE>::value; /* warps per block */
     constexpr bool PIPE = MODE == MLAF_ROW_PIPE, LAT = MODE == MLAF_ROW_LAT, RUN = MODE == MLAF_ROW_RUN;
-    constexpr bool STG = MODE == MLAF_ROW_STAGE;
+    /* STAGE1 (KF layouts, weights in the latent dtype): WAVE1's one row per one-warp block, the
+     * row brought into the warp's shared-memory slot by one bulk copy (STAGE's slot, without its
+     * run-time layout), and the row's weight vectors loaded into registers while it lands, so
+     * the output loop meets no load */
+    constexpr bool S1 = MODE == MLAF_ROW_STAGE1;
+    static_assert(!S1 || QS >= 0, "STAGE1 is a KF kernel");
+    constexpr bool STG = MODE == MLAF_ROW_STAGE || S1;
     /* WAVEW: WAVE, but the block stages the weights (as stored) in shared memory while the warps
      * first rows are in flight, so no warp meets the weights' L2 latency after its reductions */
     constexpr bool WSM = MODE == MLAF_ROW_WAVEW;
@@ -544,6 +590,7 @@ mlaf_row_fast_kernel(const mlaf_row_args a) {
     }
     mlaf_token_idx ix = {-1, 0};
     uint4 v[STG ? 1 : NV];
+    uint4 wpre[S1 ? NV - 1 : 1]; /* STAGE1: slot s's weight vector (q for s < QS, else kv) */
     /* STAGE: this warp's row slot and its mbarrier (one bulk copy per row) */
     const uint4 *const srow = reinterpret_cast<const uint4 *>(reinterpret_cast<const unsigned char *>(mlaf_row_smem) +
                                                               (STG ? (size_t)warp * a.slot : 0));
@@ -588,6 +635,16 @@ mlaf_row_fast_kernel(const mlaf_row_args a) {
              * the row's loads: one memory latency per row instead of two */
             mlaf_row_load<T, NV>(a, t, lane, nv, v);
             if (KV && t + step < t_end) ixn = mlaf_token_load(a, t + step);
+        } else if constexpr (S1) {
+            mlaf_stage_issue(&mlaf_row_bar[warp], srow, static_cast<const T *>(a.latent) + t * a.ls, nv * 16, lane);
+            if (KV) ix = mlaf_token_load(a, t);
+#pragma unroll
+            for (int s = 0; s < NV - 1; s++) {
+                const int c = lane + 32 * s;
+                wpre[s] = __ldg(s < QS ? static_cast<const uint4 *>(a.w_q) + c
+                                       : static_cast<const uint4 *>(a.w_kv) + (c - qv));
+            }
+            if constexpr (KV && NV == 6) mlaf_cs_lookahead(a, t, lane);
         } else if constexpr (STG) {
             if (KV) ix = mlaf_token_load(a, t);
             mlaf_stage_row(&mlaf_row_bar[warp], srow, static_cast<const T *>(a.latent) + t * a.ls, nv * 16, lane,
@@ -596,19 +653,7 @@ mlaf_row_fast_kernel(const mlaf_row_args a) {
         } else if (!WSM || t != t0) {
             if (KV) ix = mlaf_token_load(a, t);
             mlaf_row_load<T, NV>(a, t, lane, nv, v);
-            if constexpr (KV && MODE == MLAF_ROW_WAVE1 && NV == 6) {
-                /* cos/sin look-ahead (GLM-4.7-Flash-shaped rows): lane 0 loads the position of
-                 * the token one wave ahead and prefetches its cos/sin row into L2, so when that
-                 * token's warp starts, its position -> cos/sin chain meets L2 instead of memory */
-                if (lane == 0 && a.cs_ahead > 0 && t + a.cs_ahead < a.T) {
-                    const int64_t pf = mlaf_ld_index(a.pos, a.pos64, t + a.cs_ahead);
-                    if (pf >= 0 && pf < a.max_pos) {
-                        const float *c = a.cos_sin + pf * a.cs_stride;
-                        mlaf_prefetch_line_l2(c);
-                        mlaf_prefetch_line_l2(c + a.R - 1);
-                    }
-                }
-            }
+            if constexpr (KV && MODE == MLAF_ROW_WAVE1 && NV == 6) mlaf_cs_lookahead(a, t, lane);
         }
         /* vector slot s (column c) of the row: registers, or the row slot (STAGE) */
         auto vec = [&](int s, int c) -> uint4 {
@@ -626,7 +671,12 @@ mlaf_row_fast_kernel(const mlaf_row_args a) {
 
         /* slot s (column c) of the lane: q, q or kv (the normed part), in the row */
         /* (STAGE keeps the run-time tests: with the compile-time ones its 40 registers spilled) */
-        constexpr bool KL = KF && !STG;
+        constexpr bool KL = KF && (!STG || S1);
+        if constexpr (S1) {
+            mlaf_stage_wait(&mlaf_row_bar[warp], srow, static_cast<const T *>(a.latent) + t * a.ls, nv * 16, lane,
+                             parity);
+            parity ^= 1u;
+        }
         auto is_q = [&](int s, int c) { return KL ? s < QS : c < qv; };
         auto is_n = [&](int s, int c) { return KL ? s < NV - 1 : c < qv + cv; };
         auto in_row = [&](int s, int c) { return KL ? (s < NV - 1 || lane < rv) : c < nv; };
@@ -677,6 +727,8 @@ mlaf_row_fast_kernel(const mlaf_row_args a) {
                     for (int k = 0; k < W; k++) w[k] = wr[s][k];
                 } else if constexpr (WSM) {
                     mlaf_vec<T>::unpack(wsm[c], w);
+                } else if constexpr (S1) {
+                    mlaf_vec<T>::unpack(wpre[s < NV - 1 ? s : 0], w);
                 } else {
                     mlaf_ld_weights_vec<T>(a.w_q, a.wq_f32, (int64_t)c * W, w);
                 }
@@ -690,6 +742,8 @@ mlaf_row_fast_kernel(const mlaf_row_args a) {
                     for (int k = 0; k < W; k++) w[k] = wr[s][k];
                 } else if constexpr (WSM) {
                     mlaf_vec<T>::unpack(wsm[c], w);
+                } else if constexpr (S1) {
+                    mlaf_vec<T>::unpack(wpre[s < NV - 1 ? s : 0], w);
                 } else {
                     mlaf_ld_weights_vec<T>(a.w_kv, a.wkv_f32, (int64_t)j * W, w);
                 }
@@ -1257,14 +1311,16 @@ struct mlaf_row_policy {
     int ring = 0;           /* TILE's row slots per warp (0: MLAF_ROW_TILE_RING) */
     bool tile_lanes = false; /* TILE: lanes store the outputs instead of bulk stores */
     bool kv_fast = true;     /* the KF kernels where they apply (false: dev/ A/B) */
-    bool cs_ahead = true;    /* WAVE1 mla_kv_cache, 6 vectors per lane: cos/sin look-ahead (false: A/B) */
+    bool cs_ahead = true;    /* WAVE1 / STAGE1 mla_kv_cache, 6 vectors per lane: cos/sin look-ahead (false: A/B) */
+    bool stage1 = true;      /* STAGE1 where it applies, else WAVE1 (sm_90 and later; false: A/B) */
 };
 
 /* The library's policy for a call on ctx's device: auto (the same shapes on every device the
  * backend builds for). */
 static inline mlaf_row_policy mlaf_row_policy_for(const mlaf_context *ctx) {
-    (void)ctx;
-    return mlaf_row_policy();
+    mlaf_row_policy p;
+    p.stage1 = ctx->cuda_cc >= 90; /* bulk copies */
+    return p;
 }
 
 /* Rows per warp of RUN mode. */
@@ -1312,7 +1368,8 @@ static cudaError_t mlaf_row_go(const mlaf_row_args &a, int sms, const mlaf_row_p
     }
     constexpr int WB = mlaf_row_wpb<MODE>::value;
     const int64_t per_block = (int64_t)WB * ar.run;
-    if (WB != MLAF_ROW_WARPS) smem = smem / MLAF_ROW_WARPS * WB; /* per-warp stages (WAVE's pe stage) */
+    if (WB != MLAF_ROW_WARPS && MODE != MLAF_ROW_STAGE1)
+        smem = smem / MLAF_ROW_WARPS * WB; /* per-warp stages (WAVE's pe stage) */
     const int64_t need = (a.T + per_block - 1) / per_block;
     int64_t blocks = need;
     if (MODE == MLAF_ROW_PIPE || pol.persist) {
@@ -1323,7 +1380,7 @@ static cudaError_t mlaf_row_go(const mlaf_row_args &a, int sms, const mlaf_row_p
     if (pol.max_blocks > 0 && blocks > pol.max_blocks) blocks = pol.max_blocks;
     if (blocks > 0x7fffffff) blocks = 0x7fffffff;
     /* the look-ahead distance: MLAF_ROW_CS_AHEAD_WAVES waves of resident warps */
-    ar.cs_ahead = MODE == MLAF_ROW_WAVE1 && KV && NV == 6 && a.R > 0 && pol.cs_ahead
+    ar.cs_ahead = (MODE == MLAF_ROW_WAVE1 || MODE == MLAF_ROW_STAGE1) && KV && NV == 6 && a.R > 0 && pol.cs_ahead
                       ? (int64_t)MLAF_ROW_CS_AHEAD_WAVES * mlaf_row_minb<NV, MODE>::value * WB * (sms > 0 ? sms : 132)
                       : 0;
     mlaf_row_fast_kernel<T, NV, KV, MODE, QS><<<(unsigned)blocks, WB * 32, smem, stream>>>(ar);
@@ -1345,6 +1402,24 @@ static cudaError_t mlaf_row_go_kf(const mlaf_row_args &a, int sms, const mlaf_ro
             return mlaf_row_go<T, NV, KV, MODE, mlaf_row_kf_qs<NV>::value>(a, sms, pol, smem, stream);
     }
     return mlaf_row_go<T, NV, KV, MODE>(a, sms, pol, smem, stream);
+}
+
+/* STAGE1's launch where it applies (sm_90 per the policy; a KF layout, bf16 / f16 rows, weights
+ * in the latent dtype): the warp's row slot (the row's bytes, rounded to 128) as dynamic shared
+ * memory; else WAVE1. */
+template <typename T, int NV, bool KV>
+static cudaError_t mlaf_row_go_wave1(const mlaf_row_args &a, int sms, const mlaf_row_policy &pol, size_t smem,
+                                     int nvec, cudaStream_t stream) {
+    if constexpr (mlaf_row_kf_qs<NV>::value >= 0 && !std::is_same<T, float>::value) {
+        const bool kf = KV ? mlaf_row_kvfast_ok<T, NV, KV>(a) : mlaf_row_layout_ok<T, NV>(a);
+        if (pol.stage1 && pol.kv_fast && kf && !a.wq_f32 && !a.wkv_f32) {
+            mlaf_row_args ar = a;
+            ar.slot = (nvec * 16 + 127) / 128 * 128;
+            return mlaf_row_go<T, NV, KV, MLAF_ROW_STAGE1, mlaf_row_kf_qs<NV>::value>(ar, sms, pol, (size_t)ar.slot,
+                                                                                     stream);
+        }
+    }
+    return mlaf_row_go_kf<T, NV, KV, MLAF_ROW_WAVE1>(a, sms, pol, smem, stream);
 }
 
 #ifdef MLAF_ROW_DEV_MODES
@@ -1538,9 +1613,11 @@ static cudaError_t mlaf_row_go_nv(const mlaf_row_args &a, int sms, const mlaf_ro
     if (mode == MLAF_ROW_STAGE) return mlaf_row_go_stage<T, NV, KV>(a, sms, pol, smem, nvec, stream); /* any width */
 #endif
     if constexpr (NV == 6 || NV == 9) {
-        /* auto resolved to WAVE above; from MLAF_ROW_WAVE1_FROM_T rows its one-warp blocks */
-        if ((pol.mode < 0 && mode == MLAF_ROW_WAVE && a.T >= MLAF_ROW_WAVE1_FROM_T) || mode == MLAF_ROW_WAVE1)
-            return mlaf_row_go_kf<T, NV, KV, MLAF_ROW_WAVE1>(a, sms, pol, smem, stream);
+        /* auto resolved to WAVE above; from MLAF_ROW_WAVE1_FROM_T rows its one-warp blocks, as
+         * STAGE1 where that applies (forced modes: WAVE1 / STAGE1 as asked) */
+        if ((pol.mode < 0 && mode == MLAF_ROW_WAVE && a.T >= MLAF_ROW_WAVE1_FROM_T) || mode == MLAF_ROW_STAGE1)
+            return mlaf_row_go_wave1<T, NV, KV>(a, sms, pol, smem, nvec, stream);
+        if (mode == MLAF_ROW_WAVE1) return mlaf_row_go_kf<T, NV, KV, MLAF_ROW_WAVE1>(a, sms, pol, smem, stream);
     }
     return mlaf_row_go_kf<T, NV, KV, MLAF_ROW_WAVE>(a, sms, pol, smem, stream);
 }
