@@ -5,7 +5,7 @@
  * of fewer bytes pays the same fixed costs (launch, the first loads' DRAM latency, the last
  * stores' drain, the last wave's tail) over less work, so it reaches less than the 1 GB rate.
  * This program times, for the byte counts of the ops' benchmark rows (the same count
- * `mlafuse bench` uses: inputs read once + outputs written once), four ways of copying half of
+ * `mlafuse bench` uses: inputs read once + outputs written once), six ways of copying half of
  * those bytes onto the other half, exactly the way `mlafuse bench` times an op (before each
  * sample a 256 MB memset and a read of that buffer leave L2 holding clean, unrelated lines;
  * CUDA events around the call; median of 30):
@@ -188,7 +188,7 @@ __global__ void __launch_bounds__(128) cc_stage_like(const unsigned char *src, u
  * bulk load into its slot, then the lanes store bytes [0, QB) to row t of a q array, [QB, QB +
  * KB) to a k_nope array and the last PB to a k_pe array (three separate streams, as the op
  * writes them) instead of one contiguous row; st.global.cs (CG false, `--shapes`) or
- * st.global.cg (what the library's row kernel stores with since 2026-12-01). */
+ * st.global.cg (what the library's row kernel stores with). */
 template <int QB, int KB, int PB, bool CG>
 __global__ void __launch_bounds__(128) cc_split3(const unsigned char *src, unsigned char *dst, size_t nbytes) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
