@@ -21,6 +21,11 @@
  * - Tensors are non-owning strided views (mlaf_tensor). Strides are in elements. The last
  *   dimension must be contiguous (stride 1); every other stride may be anything >= the
  *   extent it must step over (rows may be slices of a wider GEMM output). Offsets are 64-bit.
+ * - Size limits (MLAF_ERR_LIMIT, naming the tensor): a non-empty view spans less than
+ *   MLAF_MAX_VIEW_BYTES (2^62) bytes from its first element to one past its last, and every
+ *   stride but the innermost steps less than 2^62 bytes (also that of a dim of extent 1). Every
+ *   product of shapes and strides is checked before it is formed, so a view no memory could
+ *   hold is rejected by its numbers alone, whatever its data pointer.
  * - A tensor argument passed as NULL is "absent"; only arguments documented as optional may
  *   be absent.
  * - Ops never allocate. On the CUDA backend they enqueue on the context's stream and return:
@@ -113,6 +118,8 @@ MLAF_API size_t mlaf_dtype_size(mlaf_dtype t);      /* 0 for an unknown dtype */
 MLAF_API const char *mlaf_dtype_name(mlaf_dtype t); /* "f32", "f16", "bf16", "i32", "i64" */
 
 #define MLAF_MAX_DIMS 4
+/* The most bytes one view may span, and the most one stride may step (see Conventions). */
+#define MLAF_MAX_VIEW_BYTES ((int64_t)1 << 62)
 
 /* A non-owning strided view. shape[i] and stride[i] for i < ndim; strides in elements;
  * stride[ndim-1] must be 1. The data pointer may be host or device memory depending on the
@@ -185,7 +192,10 @@ MLAF_API mlaf_status mlaf_context_create(mlaf_context **out, mlaf_backend backen
 MLAF_API void mlaf_context_free(mlaf_context *ctx); /* NULL is a no-op */
 MLAF_API mlaf_backend mlaf_context_backend(const mlaf_context *ctx);
 
-/* CPU threads; 0 = all cores (the default); < 0 is rejected. */
+/* CPU threads; 0 = all cores (the default, at most MLAF_MAX_THREADS); < 0 is rejected
+ * (MLAF_ERR_INVALID_ARGUMENT) and so is more than MLAF_MAX_THREADS (MLAF_ERR_LIMIT: OpenMP
+ * runtimes end the process when a team cannot be created). A rejected call keeps the count. */
+#define MLAF_MAX_THREADS 1024
 MLAF_API mlaf_status mlaf_context_set_threads(mlaf_context *ctx, int threads);
 MLAF_API int mlaf_context_threads(const mlaf_context *ctx); /* resolved count (>= 1) */
 /* Force a CPU path; MLAF_ERR_UNSUPPORTED if this machine lacks it. */
@@ -313,7 +323,8 @@ MLAF_API mlaf_status mlaf_rope_table_init(float *table, int64_t max_pos, int32_t
  *   error_count [1]   optional i32: incremented (atomically on CUDA) once for every token
  *                     whose slot is >= num_blocks * block_size or whose position is outside
  *                     [0, max_pos); such a token writes no cache row, no k_pe row, and its
- *                     q / k_nope outputs are still written. The caller zeroes it.
+ *                     q / k_nope outputs are still written. The caller zeroes it. The
+ *                     count saturates at INT32_MAX (it never wraps negative).
  *
  * For every token t with slot >= 0 in range: cache[slot] = [k_nope_norm | rope(k_pe)], each
  * value rounded once to the cache dtype. Cache rows not named by slot_mapping stay
@@ -345,7 +356,8 @@ MLAF_API mlaf_status mlaf_mla_kv_cache(mlaf_context *ctx, const mlaf_mla_kv_cach
  *   positions [T]        i32 | i64
  *   cos_sin   [max_pos, R] f32
  *   error_count [1]      optional i32, as in mla_kv_cache: a token whose position is outside
- *                        [0, max_pos) is left unrotated and counted.
+ *                        [0, max_pos) is left unrotated and counted (saturating at
+ *                        INT32_MAX).
  * ------------------------------------------------------------------------------------- */
 MLAF_API mlaf_status mlaf_rope_q(mlaf_context *ctx, const mlaf_rope_params *p,
                                  const mlaf_tensor *q, const mlaf_tensor *positions,

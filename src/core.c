@@ -105,6 +105,11 @@ int mlaf_backend_supports(mlaf_backend b, mlaf_op op) {
 }
 
 /* ---- context --------------------------------------------------------------------------- */
+static int all_cores(void) {
+    int n = mlaf_cpu_core_count();
+    return n < MLAF_MAX_THREADS ? n : MLAF_MAX_THREADS;
+}
+
 mlaf_status mlaf_context_create(mlaf_context **out, mlaf_backend backend) {
     if (!out) return MLAF_ERR_NULL_POINTER;
     *out = NULL;
@@ -114,7 +119,7 @@ mlaf_status mlaf_context_create(mlaf_context **out, mlaf_backend backend) {
     if (!ctx) return MLAF_ERR_OUT_OF_MEMORY;
     ctx->backend = backend;
     ctx->threads_requested = 0;
-    ctx->threads = mlaf_cpu_core_count();
+    ctx->threads = all_cores();
     ctx->isa = MLAF_CPU_ISA_SCALAR;
     for (int i = MLAF_CPU_ISA_COUNT_ - 1; i > MLAF_CPU_ISA_SCALAR; i--)
         if (mlaf_cpu_isa_supported((mlaf_cpu_isa)i)) {
@@ -145,8 +150,11 @@ mlaf_status mlaf_context_set_threads(mlaf_context *ctx, int threads) {
     if (threads < 0)
         return mlaf_fail(ctx, MLAF_ERR_INVALID_ARGUMENT,
                          "threads = %d, expected >= 0 (0 = all cores)", threads);
+    if (threads > MLAF_MAX_THREADS)
+        return mlaf_fail(ctx, MLAF_ERR_LIMIT, "threads = %d, expected <= %d (MLAF_MAX_THREADS)",
+                         threads, MLAF_MAX_THREADS);
     ctx->threads_requested = threads;
-    ctx->threads = threads == 0 ? mlaf_cpu_core_count() : threads;
+    ctx->threads = threads == 0 ? all_cores() : threads;
     ctx->err[0] = '\0';
     return MLAF_OK;
 }

@@ -150,6 +150,15 @@ extern const mlaf_backend_iface mlaf_cpu_backend;
 int mlaf_cpu_isa_supported(mlaf_cpu_isa isa); /* what this machine can run */
 int mlaf_cpu_core_count(void);
 
+/* Adds n invalid tokens to a caller's optional error counter (NULL: none), saturating at
+ * INT32_MAX: a counter that reaches it stays there rather than wrapping (the header's
+ * promise). The host-side form; CUDA kernels use mlaf_cuda_error_count_add. */
+static inline void mlaf_error_count_add(int32_t *ec, int64_t n) {
+    if (!ec || n <= 0) return;
+    const int64_t v = (int64_t)*ec + (n < INT32_MAX ? n : INT32_MAX);
+    *ec = v > INT32_MAX ? INT32_MAX : (int32_t)v;
+}
+
 /* Division by a fixed d, 1 <= d < 2^31, as one multiply and shift (the CUDA kernels' cache-slot
  * addressing, slot / block_size): with s = ceil(log2 d) and m = ceil(2^(31+s) / d),
  * floor(n / d) = (n * m) >> (31 + s) for every 0 <= n < 2^31. Proof: m d - 2^(31+s) = e < d <= 2^s,

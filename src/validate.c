@@ -36,10 +36,19 @@ static const char *dtype_list(unsigned mask, char *buf, size_t cap) {
     return buf;
 }
 
-static int64_t numel(const mlaf_tensor *t) {
-    int64_t n = 1;
-    for (int i = 0; i < t->ndim; i++) n *= t->shape[i];
-    return n;
+/* No element at all: some extent is 0. (Never formed as a product, which may not fit.) */
+static int is_empty(const mlaf_tensor *t) {
+    for (int i = 0; i < t->ndim; i++)
+        if (t->shape[i] == 0) return 1;
+    return 0;
+}
+
+/* a * b for a, b >= 0; 0 when the product does not fit below `cap`. */
+static int mul_below(int64_t a, int64_t b, int64_t cap, int64_t *out) {
+    if (a != 0 && b > cap / a) return 0;
+    if (a * b >= cap) return 0;
+    *out = a * b;
+    return 1;
 }
 
 /* Checks everything about one tensor that does not depend on other tensors.
@@ -83,17 +92,29 @@ static mlaf_status check_tensor(mlaf_context *ctx, const mlaf_tensor *t, const c
         return mlaf_fail(ctx, MLAF_ERR_STRIDE, "%s.stride[%d] = %lld, expected >= %s width %lld",
                          name, ndim - 2, (long long)t->stride[ndim - 2], "the row",
                          (long long)t->shape[ndim - 1]);
+    /* Every outer step below 2^62 bytes: the kernels form (index * stride) * element size in
+     * int64, and dims of extent 1 keep their stride in the job too. */
+    const int64_t es = (int64_t)mlaf_dtype_size(t->dtype);
+    const int64_t cap = MLAF_MAX_VIEW_BYTES / es; /* in elements */
+    for (int i = 0; i < ndim - 1; i++) {
+        if (t->stride[i] >= cap)
+            return mlaf_fail(ctx, MLAF_ERR_LIMIT,
+                             "%s.stride[%d] = %lld elements of %lld bytes, expected a step of "
+                             "< 2^62 bytes",
+                             name, i, (long long)t->stride[i], (long long)es);
+    }
     if (ndim == 3 && t->shape[0] > 1 && t->shape[1] > 0) {
-        /* The two outer dims, in either order of strides, must not make rows collide. */
+        /* The two outer dims, in either order of strides, must not make rows collide. Each
+         * product is checked: one that does not fit asks for a stride no view can have. */
         int64_t s0 = t->stride[0], s1 = t->stride[1], n0 = t->shape[0], n1 = t->shape[1];
-        int64_t w = t->shape[2];
+        int64_t w = t->shape[2], need;
         int ok;
         if (n1 <= 1)
             ok = s0 >= w;
         else if (s0 >= s1)
-            ok = s0 >= (n1 - 1) * s1 + w;
+            ok = mul_below(n1 - 1, s1, cap, &need) && s0 - w >= need;
         else
-            ok = s1 >= (n0 - 1) * s0 + w && s0 >= w;
+            ok = mul_below(n0 - 1, s0, cap, &need) && s1 - w >= need && s0 >= w;
         if (!ok)
             return mlaf_fail(ctx, MLAF_ERR_STRIDE,
                              "%s.stride = (%lld, %lld, 1) makes rows of shape (%lld, %lld, %lld) "
@@ -101,13 +122,36 @@ static mlaf_status check_tensor(mlaf_context *ctx, const mlaf_tensor *t, const c
                              name, (long long)s0, (long long)s1, (long long)n0, (long long)n1,
                              (long long)w);
     }
-    if (numel(t) > 0) {
+    if (!is_empty(t)) {
+        /* The bytes from the first element to one past the last, below 2^62: then the spans,
+         * offsets and pointer sums used here and in the kernels are exact. */
+        int64_t last = 0, term;
+        int fits = 1;
+        for (int i = 0; i < ndim && fits; i++) {
+            if (t->shape[i] <= 1) continue; /* its stride is never stepped */
+            fits = mul_below(t->shape[i] - 1, t->stride[i], cap, &term) && last < cap - term;
+            if (fits) last += term;
+        }
+        if (!fits || last + 1 >= cap) {
+            char dims[128];
+            int n = 0;
+            for (int i = 0; i < ndim; i++)
+                n += snprintf(dims + n, sizeof dims - (size_t)n, "%s%lld", i ? ", " : "",
+                              (long long)t->shape[i]);
+            return mlaf_fail(ctx, MLAF_ERR_LIMIT,
+                             "%s of shape (%s) spans 2^62 bytes or more, expected less (the "
+                             "most one view may address)",
+                             name, dims);
+        }
         if (!t->data) return mlaf_fail(ctx, MLAF_ERR_NULL_POINTER, "%s.data is NULL", name);
-        size_t es = mlaf_dtype_size(t->dtype);
-        if ((uintptr_t)t->data % es != 0)
+        if ((uintptr_t)t->data % (uintptr_t)es != 0)
             return mlaf_fail(ctx, MLAF_ERR_INVALID_ARGUMENT,
-                             "%s.data = %p is not aligned to its element size (%zu bytes)", name,
-                             t->data, es);
+                             "%s.data = %p is not aligned to its element size (%lld bytes)", name,
+                             t->data, (long long)es);
+        if ((uintptr_t)t->data > UINTPTR_MAX - (uintptr_t)((last + 1) * es))
+            return mlaf_fail(ctx, MLAF_ERR_LIMIT,
+                             "%s.data = %p: its %lld bytes run past the end of the address space",
+                             name, t->data, (long long)((last + 1) * es));
     }
     return MLAF_OK;
 }
@@ -120,7 +164,7 @@ typedef struct span {
 
 static span span_of(const mlaf_tensor *t) {
     span s = {0, 0};
-    if (!t || !t->data || numel(t) == 0) return s;
+    if (!t || !t->data || is_empty(t)) return s;
     size_t es = mlaf_dtype_size(t->dtype);
     int64_t last = 0;
     for (int i = 0; i < t->ndim; i++) last += (t->shape[i] - 1) * t->stride[i];
@@ -135,12 +179,13 @@ static int views_overlap(const mlaf_tensor *a, const mlaf_tensor *b) {
     span sa = span_of(a), sb = span_of(b);
     if (sa.lo == sa.hi || sb.lo == sb.hi) return 0;
     if (sa.hi <= sb.lo || sb.hi <= sa.lo) return 0;
-    if (a->ndim == 2 && b->ndim == 2) {
+    if (a->ndim == 2 && b->ndim == 2 && a->shape[0] > 1 && b->shape[0] > 1) {
+        /* Both checked views: steps and widths below 2^62 bytes, so these are exact. */
         int64_t ra = a->stride[0] * (int64_t)mlaf_dtype_size(a->dtype);
         int64_t rb = b->stride[0] * (int64_t)mlaf_dtype_size(b->dtype);
         int64_t wa = a->shape[1] * (int64_t)mlaf_dtype_size(a->dtype);
         int64_t wb = b->shape[1] * (int64_t)mlaf_dtype_size(b->dtype);
-        if (a->shape[0] > 1 && b->shape[0] > 1 && ra == rb && wa + wb <= ra) {
+        if (ra == rb && wa + wb <= ra) {
             /* Column byte ranges inside one period of the row stride. */
             int64_t oa = (int64_t)(sa.lo % (uintptr_t)ra), ob = (int64_t)(sb.lo % (uintptr_t)ra);
             int64_t d = ((ob - oa) % ra + ra) % ra; /* b's start relative to a's, in [0, ra) */

@@ -313,6 +313,99 @@ static void rope_cases(void) {
     expect("rope_q,T=2^31", mlaf_rope_q(CTX, &p, &x, &PS, &CS, &EC), MLAF_ERR_LIMIT, "q.shape[0] = 2147483648 tokens, expected < 2^31");
 }
 
+/* ---- sizes whose products do not fit in 64 bits ----------------------------------------- *
+ * Each product of shapes and strides is checked before it is formed: these views are rejected
+ * from their numbers (MLAF_ERR_LIMIT naming the tensor), never accepted because a product
+ * wrapped to 0 or to a small span. */
+static void overflow_cases(void) {
+    const int64_t P40 = (int64_t)1 << 40, P52 = (int64_t)1 << 52, P58 = (int64_t)1 << 58,
+                  P62 = (int64_t)1 << 62;
+    mlaf_rope_params rp = {R, MLAF_ROPE_INTERLEAVED};
+    mlaf_tensor PS = pos(), CS = cs(), EC = ec(), x;
+    /* 2^58 heads of 64: 2^64 elements, a numel of 0 once wrapped, so a NULL q looked empty. */
+    x = mlaf_tensor_3d(NULL, MLAF_BF16, 1, P58, R, R, R);
+    mlaf_tensor p1 = mlaf_tensor_1d(P(B_POS), MLAF_I64, 1);
+    expect("rope_q,q=[1,2^58,64] data=NULL", mlaf_rope_q(CTX, &rp, &x, &p1, &CS, &EC), MLAF_ERR_LIMIT,
+           "q of shape (1, 288230376151711744, 64) spans 2^62 bytes or more");
+
+    mlaf_mla_kv_cache_params kvp = {Q, C, R, 1e-6f, 1e-6f, MLAF_ROPE_INTERLEAVED};
+    mlaf_tensor L = lat(), WQ = wq(), WK = wkv(), QO = qo(), KN = kn(), KP = kp(), SL = slot();
+    x = mlaf_tensor_3d(NULL, MLAF_BF16, P52, BS * 16, C + R, (int64_t)BS * 16 * (C + R), C + R);
+    expect("mla_kv_cache,kv_cache=[2^52,64,576] data=NULL", KV(&kvp, &L, &WQ, &WK, &PS, &CS, &SL, &x, &QO, &KN, &KP, &EC),
+           MLAF_ERR_LIMIT, "kv_cache of shape (4503599627370496, 64, 576) spans 2^62 bytes or more");
+    x = mlaf_tensor_3d(P(B_CACHE), MLAF_BF16, P40, P40, C + R, P40 * (C + R), C + R);
+    expect("mla_kv_cache,kv_cache=[2^40,2^40,576]", KV(&kvp, &L, &WQ, &WK, &PS, &CS, &SL, &x, &QO, &KN, &KP, &EC),
+           MLAF_ERR_LIMIT, "kv_cache of shape (1099511627776, 1099511627776, 576) spans 2^62 bytes or more");
+    /* (2^40 - 1) * 2^30 does not fit: the row check asks for a block stride no view can have. */
+    x = mlaf_tensor_3d(P(B_CACHE), MLAF_BF16, 3, P40, C + R, (int64_t)1 << 31, (int64_t)1 << 30);
+    expect("mla_kv_cache,kv_cache row check past 2^63", KV(&kvp, &L, &WQ, &WK, &PS, &CS, &SL, &x, &QO, &KN, &KP, &EC),
+           MLAF_ERR_STRIDE, "kv_cache.stride = (2147483648, 1073741824, 1) makes rows of shape (3, 1099511627776, 576) overlap");
+
+    /* Two rows 2^62 elements apart: the overlap spans wrapped and named the wrong reason. */
+    enum { C2 = 32, R2 = 32 };
+    mlaf_split_qk_norm_params sp = {0, C2, R2, 1e-5f, 1e-5f};
+    mlaf_tensor wk2 = mlaf_tensor_1d(P(B_WKV), MLAF_F32, C2), kn2 = mlaf_tensor_2d(P(B_KN), MLAF_BF16, 2, C2, C2),
+                kp2 = mlaf_tensor_2d(P(B_KP), MLAF_BF16, 2, R2, R2);
+    x = mlaf_tensor_2d(P(B_LAT), MLAF_BF16, 2, C2 + R2, P62);
+    expect("split_qk_norm,latent=[2,64] row stride 2^62", SPLIT(&sp, &x, NULL, &wk2, NULL, &kn2, &kp2), MLAF_ERR_LIMIT,
+           "latent.stride[0] = 4611686018427387904 elements of 2 bytes, expected a step of < 2^62 bytes");
+    x = mlaf_tensor_2d(P(B_LAT), MLAF_BF16, 2, C2 + R2, P62 / 2 - 1); /* a step just below 2^62 bytes ... */
+    expect("split_qk_norm,latent spans 2^62 bytes", SPLIT(&sp, &x, NULL, &wk2, NULL, &kn2, &kp2), MLAF_ERR_LIMIT,
+           "latent of shape (2, 64) spans 2^62 bytes or more"); /* ... but two rows reach past it */
+    x = mlaf_tensor_2d(P(B_LAT), MLAF_BF16, 1, C2 + R2, P62);
+    expect("split_qk_norm,latent stride 2^62 on one row", SPLIT(&sp, &x, NULL, &wk2, NULL, &kn2, &kp2), MLAF_ERR_LIMIT,
+           "latent.stride[0] = 4611686018427387904");
+    x = mlaf_tensor_2d(P(B_LAT), MLAF_BF16, 0, C2 + R2, P62 / 2 - 1); /* empty: no extent to span */
+    {
+        mlaf_tensor k0 = kn2, p0 = kp2;
+        k0.shape[0] = p0.shape[0] = 0;
+        expect("split_qk_norm,T=0 with a step just below 2^62 bytes", SPLIT(&sp, &x, NULL, &wk2, NULL, &k0, &p0), MLAF_OK, "");
+    }
+    /* A view whose last byte lies past the top of the address space. */
+    x = mlaf_tensor_2d((void *)(UINTPTR_MAX - 63), MLAF_BF16, 2, C2 + R2, C2 + R2);
+    expect("split_qk_norm,latent past the address space", SPLIT(&sp, &x, NULL, &wk2, NULL, &kn2, &kp2), MLAF_ERR_LIMIT,
+           "run past the end of the address space");
+}
+
+/* The error counter saturates at INT32_MAX: a counter at the top plus one bad token stays at the
+ * top (no signed overflow in the library, no wrap to negative). Run last: the library side is
+ * in the backends' counting. */
+static void error_count_cases(void) {
+    char name[160];
+    const int32_t top = INT32_MAX;
+    int64_t bad_pos[T] = {0, 1, MAXP + 3, 2, 3}; /* token 2: a position outside the table */
+    mlaf_gbuf ecb, posb;
+    memset(&ecb, 0, sizeof ecb);
+    memset(&posb, 0, sizeof posb);
+    if (mlaf_gbuf_alloc(&ecb, BE, 4, &top, 0) != MLAF_OK || mlaf_gbuf_alloc(&posb, BE, sizeof bad_pos, bad_pos, 0) != MLAF_OK) {
+        tl_case(0, "API(error_count,setup)", "buffer allocation failed");
+        mlaf_gbuf_free(&ecb);
+        mlaf_gbuf_free(&posb);
+        return;
+    }
+    mlaf_rope_params rp = {R, MLAF_ROPE_INTERLEAVED};
+    mlaf_tensor Q3 = q3(), PS = mlaf_tensor_1d(posb.ptr, MLAF_I64, T), CS = cs(), EC = mlaf_tensor_1d(ecb.ptr, MLAF_I32, 1);
+    mlaf_status st = mlaf_rope_q(CTX, &rp, &Q3, &PS, &CS, &EC);
+    int32_t got = 0;
+    if (mlaf_context_sync(CTX) == MLAF_OK && mlaf_gbuf_download(&ecb) == MLAF_OK) memcpy(&got, ecb.body, 4);
+    snprintf(name, sizeof name, "API(rope_q,error_count=INT32_MAX + 1 bad token,backend=%s)", mlaf_backend_name(BE));
+    tl_case(st == MLAF_OK && got == INT32_MAX, name, "status %s, error_count %d (expected %d)", mlaf_status_name(st), (int)got,
+            (int)INT32_MAX);
+
+    mlaf_mla_kv_cache_params kvp = {Q, C, R, 1e-6f, 1e-6f, MLAF_ROPE_INTERLEAVED};
+    mlaf_tensor L = lat(), WQ = wq(), WK = wkv(), QO = qo(), SL = slot(), CA = cache();
+    memcpy(ecb.body, &top, 4);
+    mlaf_gbuf_upload(&ecb);
+    st = KV(&kvp, &L, &WQ, &WK, &PS, &CS, &SL, &CA, &QO, NULL, NULL, &EC);
+    got = 0;
+    if (mlaf_context_sync(CTX) == MLAF_OK && mlaf_gbuf_download(&ecb) == MLAF_OK) memcpy(&got, ecb.body, 4);
+    snprintf(name, sizeof name, "API(mla_kv_cache,error_count=INT32_MAX + 1 bad token,backend=%s)", mlaf_backend_name(BE));
+    tl_case(st == MLAF_OK && got == INT32_MAX, name, "status %s, error_count %d (expected %d)", mlaf_status_name(st), (int)got,
+            (int)INT32_MAX);
+    mlaf_gbuf_free(&ecb);
+    mlaf_gbuf_free(&posb);
+}
+
 /* ---- context, presets, tables, names, version ------------------------------------------ */
 static void context_cases(void) {
     char name[160];
@@ -336,6 +429,16 @@ static void context_cases(void) {
              mlaf_context_last_error(CTX)[0] == '\0', "set_threads,3");
     CASE(mlaf_context_set_threads(CTX, 0) == MLAF_OK && mlaf_context_threads(CTX) >= 1, "set_threads,0=all cores");
     CASE(mlaf_context_threads(NULL) == 0, "context_threads(NULL)");
+    /* Above the bound an OpenMP runtime may end the process when it cannot make the team. */
+    CASE(mlaf_context_set_threads(CTX, MLAF_MAX_THREADS) == MLAF_OK && mlaf_context_threads(CTX) == MLAF_MAX_THREADS,
+         "set_threads,MLAF_MAX_THREADS");
+    CASE(mlaf_context_set_threads(CTX, 100000) == MLAF_ERR_LIMIT &&
+             strstr(mlaf_context_last_error(CTX), "threads = 100000, expected <= 1024") &&
+             mlaf_context_threads(CTX) == MLAF_MAX_THREADS,
+         "set_threads,100000 rejected");
+    CASE(mlaf_context_set_threads(CTX, MLAF_MAX_THREADS + 1) == MLAF_ERR_LIMIT, "set_threads,MLAF_MAX_THREADS+1 rejected");
+    CASE(mlaf_context_set_threads(CTX, 0) == MLAF_OK && mlaf_context_threads(CTX) >= 1 &&
+             mlaf_context_threads(CTX) <= MLAF_MAX_THREADS, "set_threads,0 within the bound");
     CASE(mlaf_context_set_cpu_isa(NULL, MLAF_CPU_ISA_AUTO) == MLAF_ERR_NULL_POINTER, "set_cpu_isa,ctx=NULL");
     mlaf_cpu_isa isa0 = mlaf_context_cpu_isa(CTX);
     CASE(mlaf_context_set_cpu_isa(CTX, (mlaf_cpu_isa)9) == MLAF_ERR_INVALID_ARGUMENT &&
@@ -437,10 +540,12 @@ int main(void) {
             split_cases();
             kv_cases();
             rope_cases();
+            overflow_cases();
         } else {
             tl_case(0, "API(setup)", "buffer allocation failed");
         }
         context_cases();
+        if (SETUP_OK) error_count_cases();
         teardown();
         mlaf_context_free(CTX);
     }

@@ -36,6 +36,20 @@ struct mlaf_cuda_device_guard {
     }
 };
 
+/* Adds n >= 1 to a caller's error counter, atomically and saturating at INT32_MAX: a counter
+ * at the top stays there instead of wrapping negative (the header's promise). A CAS loop, as
+ * atomicAdd then a clamp would let other threads see the wrapped value in between. */
+__device__ __forceinline__ void mlaf_cuda_error_count_add(int32_t *ec, int32_t n) {
+    int32_t old = *(volatile int32_t *)ec;
+    for (;;) {
+        const int32_t want = old > INT32_MAX - n ? INT32_MAX : old + n;
+        if (want == old) return;
+        const int32_t seen = atomicCAS(ec, old, want);
+        if (seen == old) return;
+        old = seen;
+    }
+}
+
 /* ---- element access by dtype ---------------------------------------------------------- */
 template <typename T> struct mlaf_elem;
 template <> struct mlaf_elem<float> {

@@ -52,7 +52,7 @@ __global__ void __launch_bounds__(MLAF_ROPE_Q_THREADS) mlaf_rope_q_kernel(const 
     const int64_t t = blockIdx.x;
     const int64_t p = mlaf_ld_index(a.pos, a.pos64, t);
     if (p < 0 || p >= a.max_pos) {
-        if (a.err && blockIdx.y == 0 && threadIdx.x == 0) atomicAdd(a.err, 1);
+        if (a.err && blockIdx.y == 0 && threadIdx.x == 0) mlaf_cuda_error_count_add(a.err, 1);
         return;
     }
     const float *cs = a.cos_sin + p * a.cs_stride;
@@ -140,7 +140,7 @@ mlaf_rope_q_vec_kernel(const mlaf_rope_q_args a, int32_t units_per_token, int32_
         for (int k = 0; k < K; k++) {
             if (!ptr[k]) continue;
             if (pos[k] < 0 || pos[k] >= a.max_pos) {
-                if (first[k] && a.err) atomicAdd(a.err, 1);
+                if (first[k] && a.err) mlaf_cuda_error_count_add(a.err, 1);
                 continue;
             }
             const float *cs = a.cos_sin + pos[k] * a.cs_stride;
