@@ -11,9 +11,9 @@
  * Per token: the best two c of each unit of VB experts, groups by top-2 sum, tau = the k-th
  * largest best-two value of the kept units, the candidates c >= tau of kept groups; more than
  * the list holds (kCap) sends the token to the exact path. Prints the count of such tokens and
- * the largest candidate count. (2026-11-30: DeepSeek-V3 f32 T = 63360 / 101376 / 126720 have one
- * each, the T that were 2x slow before the warp-wide exact path; 50688, 76032, 88704, 114048 and
- * 131072 none; GLM-4.7-Flash T = 32768 one.)
+ * the largest candidate count. On the bench's rows, DeepSeek-V3 f32 T = 63360 / 101376 / 126720
+ * have one each (the T that were 2x slow while the exact path ran on one lane); 50688, 76032,
+ * 88704, 114048 and 131072 none; GLM-4.7-Flash T = 32768 one.
  */
 #include <math.h>
 #include <stdint.h>

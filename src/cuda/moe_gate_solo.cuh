@@ -1,45 +1,38 @@
 /*
- * moe_gate_solo.cuh — the router's prefill kernel: one thread per token (included by
- * moe_gate.cu inside its anonymous namespace; uses its GateArgs, keys and sigmoid).
+ * moe_gate_solo.cuh — the router's prefill kernel (moe_gate_solo_kernel): one thread per token.
  *
  * The team kernels spend most of their instructions coordinating lanes (shuffles, ballots,
- * prefix sums: ~560 warp instructions per DeepSeek-V3 token). Here a lane owns a whole token,
- * so a warp instruction advances 32 tokens and no step needs another lane (~190 warp
- * instructions per DeepSeek-V3 token, ncu):
- *   0. Each lane stages its own row into its own shared-memory row (rows padded by 16 bytes,
- *      so the 32 lanes reading the same offset hit distinct banks): on sm_90 one bulk copy per
- *      row segment, counted in bytes on an mbarrier; elsewhere 16-byte cp.async by runs of lanes.
- *      Two segments, so pass 1 starts while the second half of every row is in flight, or
- *      one copy per row (kSoloOneSeg: faster for every shipped shape).
- *   1. Pass 1, per unit of VB experts (a unit's loads issued before the previous unit's stores,
- *      which the compiler cannot move loads across): s = sigmoid(x) (the team kernel's formula,
- *      so keys agree bit for bit), written back over the row as f32 (bf16 / f16 logits are
- *      staged in the upper half of the f32 row; a lane's s never lands on logits it has not read
- *      yet), or not kept at all (kSoloRecompute); c = s + b (b from a block copy padded per
- *      group, so lanes in different groups read distinct banks); the unit's best two c.
- *      A non-finite logit (x * 0 + acc turns NaN) sends the token to the exact path.
+ * prefix sums). Here a lane owns a whole token, so a warp instruction advances 32 tokens and
+ * no step needs another lane. Per token:
+ *   0. The lane stages its row into its own shared-memory row (padded by 16 bytes, so the 32
+ *      lanes reading one offset hit distinct banks): on sm_90 bulk copies counted in bytes on
+ *      an mbarrier, elsewhere 16-byte cp.async by runs of lanes; one copy per row
+ *      (kSoloOneSeg), or two segments so that pass 1 starts while the second half lands.
+ *   1. Pass 1, per unit of VB experts: s = sigmoid_fast(x), written back over the row as f32
+ *      or recomputed later (kSoloRecompute); c = s + b (bias staged per group, padded so that
+ *      lanes in different groups hit distinct banks); the unit's best two c. A unit's loads
+ *      are issued before the previous unit's stores, which the compiler cannot move loads
+ *      across. A non-finite logit (x * 0 + acc turns NaN) sends the token to the exact path.
  *   2. Groups: a group's score from its units' best two; ranks counted.
- *   3. Threshold: tau = the k-th largest of the best-two values of kept units (a bitonic
- *      selection network). Those are k real experts >= tau, so the top k are all >= tau; with
- *      units of 16 experts the candidates below are k plus one or two on random rows.
- *   4. Pass 2 over kept groups, ascending expert index: c >= tau goes to a per-lane list
- *      (predicated stores, no branch).
- *   5. Insertion into a sorted top-KMAX in registers (strict >, so on equal c the earlier, lower
- *      index stays ahead: the library's order); the winners' weights are their s.
+ *   3. Threshold: tau = the k-th largest best-two value of the kept units (a bitonic selection
+ *      network): k real experts are >= tau, so the whole top k is.
+ *   4. Pass 2 over kept groups, ascending expert index: c >= tau into a per-lane list.
+ *   5. Insertion into a sorted top-KMAX in registers (strict >, so on equal c the lower index
+ *      stays ahead); the winners' weights are their s.
  *   6. Renormalize, scale, shared experts, stores, with the team kernel's formulas.
  * Rows with a non-finite logit or bias, and lists that overflow (heavy ties), take
- * solo_exact_warp: the SPEC §4 policy computed by the whole warp from the row in global
- * memory, one such token after another, out of line.
- * Limits (else the caller keeps the team kernels): sigmoid, no scores output, 16-byte aligned
- * rows, the compiled shapes (E, G) with k <= KMAX and k <= 2 x kept units.
- * Performance (H200, T = 131072, dev/moe_gate): DeepSeek-V3 f32 69 us (2.1x its 34 us floor;
- * the team kernel took 126), bf16 56 us (half-row slots, 61 without); GLM-4.7-Flash f32 23 us.
- * ncu (two segments per row):
- * ~5.4 warps per SM (shared memory: 1 KB per f32 token), ~3.4 cycles per issued instruction
- * per warp (1.2 of them waiting on fixed-latency dependences), 20% of the samples waiting for
- * the tile's bytes. Two lanes per token (dev/moe_gate v6) issued faster but ran 1.3x the
- * instructions and lost.
+ * solo_exact_warp: the SPEC §4 policy computed by the whole warp, one such token after another.
+ * Limits (else try_solo returns false): sigmoid, no scores output, 16-byte aligned rows, the
+ * compiled shapes (E, G) with k <= KMAX and k <= 2 x kept units.
+ * Launch: 2 warps (64 tokens) per block, a persistent grid of SMs x resident blocks. Shared
+ * memory (~1 KB per f32 DeepSeek-V3 token) bounds the resident warps, and the kernel is bound
+ * by their latencies: hence the variants that stage less (kSoloRecompute, kSoloHalf).
  */
+#pragma once
+
+#include "moe_gate_common.cuh"
+
+namespace {
 
 constexpr int kSoloWarps = 2;
 
@@ -184,10 +177,9 @@ __device__ __forceinline__ void solo_store(const GateArgs &a, int64_t t, int E, 
  * team_max_u64 (the team kernel's exact path) apply with one 32-lane team. Invalid experts
  * (non-finite logit or bias) rank after every valid one and weigh 0; groups without a valid
  * expert rank last; k rounds of the warp max of the keys below the previous one; then the
- * common epilogue. One token costs the warp a row load and ~k + log2(G) shuffle rounds: a
- * lane computing the policy alone over E experts (k passes over a local array) took tens of
- * microseconds per token, and a single list overflow in a call put that on the critical path
- * (H200, DeepSeek-V3 f32, T = 126720: 127 us instead of ~64). */
+ * common epilogue. One token costs the warp a row load and ~k + log2(G) shuffle rounds; a
+ * lane computing the policy alone (k passes over E values) is slow enough that a single list
+ * overflow in a call sets the call's time. */
 template <typename T, int E, int G, int KMAX>
 __device__ __noinline__ void solo_exact_warp(const GateArgs a, int64_t t, int owner) {
     constexpr int NPL = E / 32; /* experts per lane */
@@ -591,8 +583,8 @@ inline bool solo_fits(const GateArgs &a, int E, int G, int VB, int KMAX) {
 /* The prefill router for the shapes compiled here; false: the caller picks another kernel. */
 template <typename T>
 bool try_solo(const GateArgs &a, int sm_count, cudaStream_t stream) {
-    /* H200, dev/moe_gate (T = 131072): pass 1 unrolled by two units everywhere; DeepSeek-V3 with
-     * 2-byte logits recomputes s in pass 2 (twice the resident warps: 76 -> 65 us). */
+    /* Pass 1 unrolled by two units everywhere; DeepSeek-V3 with 2-byte logits recomputes s in
+     * pass 2 (twice the resident warps). */
     constexpr int kHalf = sizeof(T) == 2 ? kSoloRecompute : 0;
 #define MLAF_SOLO(E_, G_, VB_, KM_, F_)                                                           \
     if (solo_fits<T>(a, E_, G_, VB_, KM_)) {                                                     \
@@ -600,20 +592,16 @@ bool try_solo(const GateArgs &a, int sm_count, cudaStream_t stream) {
         return true;                                                                              \
     }
     /* DeepSeek-V3 / R1 with 2-byte logits from 49152 tokens: half-row slots (16 resident warps
-     * per SM instead of 10; dev/moe_gate, two calls, us: T = 49152 30.6 / 30.1 vs 32.3 / 32.2,
-     * 65536 35.8 / 34.9 vs 37.9 / 37.2, 98304 52.4 / 51.0 vs 51.7 / 51.0, 131072 60.0 / 59.2 vs
-     * 63.9 / 63.5; at 16384 / 32768 they lose, 20.7 vs 18.4-19.2 and 25.4-26.1 vs 23.8-24.2;
-     * with f32 rows they lose but at T = 32768) */
+     * per SM instead of 10); below that T they lose, and so do f32 rows at every T but 32768. */
     if constexpr (sizeof(T) == 2) {
         if (a.T >= 49152) MLAF_SOLO(256, 8, 16, 8, kSoloUnroll2 | kSoloRecompute | kSoloHalf)
     }
-    /* DeepSeek-V3 / R1: rows with one copy each (T = 131072, dev/moe_gate: f32 69.1 / 69.2 vs
-     * 73.0 / 72.7 us in one call, 69.3 vs 73.3 and 74.5 vs 73.3 in two others; bf16, with the
-     * warp-wide exact path, 62.4 / 63.0 / 62.2 vs 64.9 / 64.5 / 64.4 in three calls) */
+    /* DeepSeek-V3 / R1: rows with one copy each */
     MLAF_SOLO(256, 8, 16, 8, kSoloUnroll2 | kHalf | kSoloOneSeg)
-    /* GLM-4.7-Flash: one copy per row, not two (T = 131072, dev/moe_gate same call: f32 23.0 vs
-     * 24.4 us, bf16 21.9 vs 23.2; mlafuse bench 21.6 / 19.7 after, 22.1 / 21.1 before) */
+    /* GLM-4.7-Flash: one copy per row, not two */
     MLAF_SOLO(64, 1, 8, 4, kSoloUnroll2 | kSoloOneSeg)
 #undef MLAF_SOLO
     return false;
 }
+
+} // namespace

@@ -1,55 +1,39 @@
 /*
- * moe_gate_tiny.cuh — the router's decode kernel (T <= 64): one block per token, one thread per
- * expert (included by moe_gate.cu inside its anonymous namespace, before try_team; uses its
- * GateArgs, ord32 keys, sigmoid_fast and warp reductions).
+ * moe_gate_tiny.cuh — the router's decode kernel (moe_gate_tiny_kernel, T <= 64): one block per
+ * token, one thread per expert.
  *
- * At decode sizes the cost is one token's dependent chain, not throughput. The team kernels
- * walk each lane's N experts serially and pick the threshold by ceil(k/2) dependent rounds of
- * a team max; here every step is one warp-wide operation or one block barrier. A unit is one
- * warp: for a grouped router (n_group > 1, <= 32 experts per group) warp g holds group g in
- * lanes [0, P) (DeepSeek-V3: 32 of 32 lanes, DeepSeek-V2: 20 of 32), for one group warp w
- * holds experts [32 w, 32 w + 32) (Kimi-K2: 12 warps, GLM-4.7-Flash: 2). Per token:
- *   0. Thread (w, l) loads its logit and its bias entry first (both L2-resident in a decode
- *      loop); thread 0 clears the candidate count, warp 0 the padding of the lists.
- *   1. s = sigmoid_fast(x) (the team kernel's function, so keys agree bit for bit), or softmax
- *      over the finite logits (block max of the ordered integer map, exp, block sum: two
- *      barriers); c = s + b; rank value v = ord32(c), ord32(-inf) for an invalid expert
- *      (non-finite logit or bias), 0 for padding lanes.
- *   2. The unit's best two keys by two warp reductions (redux.sync max, then the max with the
- *      maximum's holders masked out; two holders of the max make it the second too); lane 0
- *      writes the unit's group score (the team kernel's formula) and its second best.
- *      Barrier 1.
- *   3. Every warp, redundantly (no barrier): lane u ranks group u against the others (score
- *      descending, lower group index first) -> kept mask by ballot; threshold tau = the
- *      ceil(k/2)-th largest second best over kept units (a warp min when exactly ceil(k/2)
- *      units are kept, DeepSeek-V3 / V2 / GLM; a rank count otherwise, Kimi-K2). Each of those
- *      units holds two real experts >= tau, so >= k experts of kept groups are >= tau and the
- *      whole top k is >= tau (tau is raised to 1 so padding never counts).
- *   4. Candidates (kept unit, v >= tau; typically k plus a few) append their 64-bit key
- *      (v, then the lower expert index) and weight to a block list: one shared atomic per warp,
- *      a ballot prefix within it. Barrier 2.
- *   5. A candidate's rank is the number of keys above it. Up to 32 candidates: warp 0 alone,
- *      comparing against a fixed 32 slots (the unused ones are zero, below every key) with all
- *      loads in flight at once; more (heavy ties, rows of non-finite values): every thread takes
- *      one candidate, exact count, one more barrier. Rank r < k stores ids[r] and parks its
- *      weight at slot r.
- *   6. Weights: every winner sums the k parked weights in slot order (same bits everywhere,
- *      independent of the list order the atomics gave), then the team kernel's renormalization
- *      (denom = sum + eps, one __frcp_rn), scaling and shared experts.
- * The same path is exact for non-finite input and ties (the order is total, and candidates are
- * a superset of the top k whatever the values), so there is no separate exact path: such rows
- * only make the list longer.
- * Launch: T blocks of NW x 32 threads (NW = units rounded up to 2, 4, 8, 12 or 16; extra warps
- * are padding and rank last), no dynamic shared memory; static shared memory NW x 32 x 12 bytes
- * plus ~0.2 KB (3.2 KB for NW = 8, 6.3 KB for NW = 16); 59-64 registers, no spills (sm_80 and
- * sm_90). Never allocates or synchronizes; graph-capturable.
- * Limits (else try_tiny returns false and the other kernels take the call): 1 <= T <= 64, no
- * scores output, top_k <= 32, n_group > 1 with <= 32 experts per group and <= 16 groups, or one
- * group of <= 512 experts. Rows may have any stride (element loads).
- * Softmax differs from the team kernel only in the order of the exp sum (per warp butterfly,
- * then the warps in order): 1/sum may differ by an ulp, so near-ties (~1e-7 relative) may
- * order differently; sigmoid keys are the team kernel's bit for bit.
+ * At decode sizes the cost is one token's dependent chain, not throughput: where the team
+ * kernels walk each lane's experts serially and find the threshold in ceil(k/2) dependent
+ * rounds, every step here is one warp-wide operation or one block barrier. A unit is one warp:
+ * group g (<= 32 experts) in lanes [0, P) of warp g, or experts [32 w, 32 w + 32) in warp w
+ * for one group. Per token:
+ *   0. Thread (w, l) loads its logit and its bias entry first (L2-resident in a decode loop).
+ *   1. s = sigmoid_fast(x), or softmax over the finite logits (block max of ord32, exp, block
+ *      sum: two barriers); v = ord32(s + b), kOrdNegInf for an invalid expert, 0 for padding.
+ *   2. The unit's best two keys by two warp reductions; lane 0 writes the unit's group score
+ *      and its second best. Barrier 1.
+ *   3. Every warp alike: kept groups by a rank count and a ballot; tau = the ceil(k/2)-th
+ *      largest second best over kept units (a warp min when exactly ceil(k/2) are kept). Each
+ *      of those holds two real experts >= tau, so the whole top k is >= tau.
+ *   4. Candidates (kept unit, v >= tau; typically k plus a few) append their 64-bit key and
+ *      weight to a block list: one shared atomic per warp, a ballot prefix within it. Barrier 2.
+ *   5. A candidate's rank is the number of keys above it: warp 0 alone against 32 fixed slots
+ *      when there are <= 32, else one candidate per thread and one more barrier. Rank r < k
+ *      stores ids[r] and parks its weight at slot r.
+ *   6. Every winner sums the k parked weights in slot order (the same bits whatever order the
+ *      atomics gave), then the team kernel's renormalization, scaling and shared experts.
+ * Non-finite input and ties only make the list longer, so there is no separate exact path.
+ * Launch: T blocks of NW x 32 threads (NW = units rounded up to 2, 4, 8, 12 or 16; padding
+ * warps rank last), static shared memory only (NW x 384 bytes + ~0.2 KB).
+ * Limits (else try_tiny returns false): 1 <= T <= 64, no scores output, top_k <= 32; <= 16
+ * groups of <= 32 experts, or one group of <= 512 experts; any row stride. Softmax sums in
+ * another order than the team kernel (1/sum may differ by an ulp: near-ties may order apart).
  */
+#pragma once
+
+#include "moe_gate_common.cuh"
+
+namespace {
 
 constexpr int64_t kTinyMaxT = 64;
 /* Routers of <= 64 experts in one group (GLM-4.7-Flash) take the tiny kernel too; set false to
@@ -304,3 +288,5 @@ bool try_tiny(const GateArgs &a, int sm_count, cudaStream_t stream) {
     else launch_tiny<T, 16>(a, stream);
     return true;
 }
+
+} // namespace

@@ -1,0 +1,222 @@
+/*
+ * moe_gate_common.cuh — what the router's kernels share: the argument block, the order keys,
+ * the NaN policy's constants, warp and team reductions, the sigmoid, a team's group selection,
+ * the staging copies. Included first by moe_gate.cu (each moe_gate_*.cuh includes it too).
+ *
+ * One total order in every kernel (SPEC §4), so ids match the oracle and the CPU exactly, ties
+ * included:
+ *   1. c = s + bias, plus 0.0f so that -0 becomes +0: one key per value;
+ *   2. c descending by ord32(c), the float's order as an unsigned integer, then the lower
+ *      expert index (team_key packs both into 64 bits, distinct for distinct experts);
+ *   3. an invalid expert (non-finite logit or bias) ranks below every valid one and weighs 0;
+ *   4. groups by score (top-2 sum, or the max, of their c) descending, then the lower group
+ *      index; a group without a valid expert ranks last.
+ * Every reduction ends with the same bits in every lane (xor butterflies; redux.sync on
+ * sm_80+), so the lanes of a team agree on each result without a broadcast.
+ * sigmoid_fast is the team, solo and tiny kernels' sigmoid, so their keys agree bit for bit.
+ */
+#pragma once
+
+#include "cuda_common.cuh"
+
+#include <atomic>
+
+namespace {
+
+constexpr unsigned kFull = 0xffffffffu;
+
+struct GateArgs {
+    int64_t T;
+    int32_t E, top_k, n_group, topk_group, n_shared, K;
+    int32_t P;        /* experts per group */
+    uint32_t P_magic; /* ceil(2^32 / P): e / P == umulhi(e, P_magic) for e < 2048; 0 when P == 1 */
+    int32_t softmax, group_max, renormalize, apply_scaling;
+    float scaling, eps;
+    const void *logits;
+    int64_t logits_stride;
+    const float *bias;
+    void *weights;
+    int32_t weights_f32;
+    int64_t weights_stride;
+    int32_t *ids;
+    int64_t ids_stride;
+    float *scores;
+    int64_t scores_stride;
+};
+
+/* Weight j of token t, in the weights' dtype (f32 or the logits' T), rounded once. */
+template <typename T>
+__device__ __forceinline__ void gate_put_weight(const GateArgs &a, int64_t t, int j, float w) {
+    if (a.weights_f32)
+        static_cast<float *>(a.weights)[t * a.weights_stride + j] = w;
+    else
+        mlaf_st(static_cast<T *>(a.weights) + t * a.weights_stride + j, w);
+}
+
+__device__ __forceinline__ uint32_t ord32(float f) {
+    uint32_t u = __float_as_uint(f);
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+__device__ __forceinline__ float unord32(uint32_t v) {
+    return __uint_as_float((v & 0x80000000u) ? (v & 0x7fffffffu) : ~v);
+}
+
+__device__ __forceinline__ uint32_t warp_max_u32(uint32_t v) {
+#if __CUDA_ARCH__ >= 800
+    return __reduce_max_sync(kFull, v);
+#else
+    for (int o = 16; o; o >>= 1) v = max(v, __shfl_xor_sync(kFull, v, o));
+    return v;
+#endif
+}
+__device__ __forceinline__ uint32_t warp_min_u32(uint32_t v) {
+#if __CUDA_ARCH__ >= 800
+    return __reduce_min_sync(kFull, v);
+#else
+    for (int o = 16; o; o >>= 1) v = min(v, __shfl_xor_sync(kFull, v, o));
+    return v;
+#endif
+}
+/* Butterfly sum: every lane ends with the same bits. */
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(kFull, v, o);
+    return v;
+}
+
+constexpr float kNegInf = -INFINITY;
+constexpr uint32_t kOrdNegInf = 0x007fffffu; /* ord32(-inf) */
+
+/* Max over an aligned team of L lanes (every lane of the warp calls it). */
+template <int L> __device__ __forceinline__ uint32_t team_max_u32(uint32_t v) {
+    if constexpr (L == 32) {
+        return warp_max_u32(v);
+    } else {
+#pragma unroll
+        for (int o = L / 2; o; o >>= 1) v = max(v, __shfl_xor_sync(kFull, v, o));
+        return v;
+    }
+}
+/* Butterfly sum over the team: every lane of a team ends with the same bits. */
+template <int L> __device__ __forceinline__ float team_sum(float v) {
+#pragma unroll
+    for (int o = L / 2; o; o >>= 1) v += __shfl_xor_sync(kFull, v, o);
+    return v;
+}
+
+template <int L> __device__ __forceinline__ float team_max_f(float v, unsigned mask) {
+    if constexpr (L == 32) {
+        return unord32(__reduce_max_sync(kFull, ord32(v)));
+    } else {
+#pragma unroll
+        for (int o = L / 2; o; o >>= 1) v = fmaxf(v, __shfl_xor_sync(mask, v, o));
+        return v;
+    }
+}
+template <int L> __device__ __forceinline__ float team_sum_m(float v, unsigned mask) {
+#pragma unroll
+    for (int o = L / 2; o; o >>= 1) v += __shfl_xor_sync(mask, v, o);
+    return v;
+}
+/* Sort key: c descending, then expert index ascending; distinct for distinct experts. */
+__device__ __forceinline__ unsigned long long team_key(float c, int e) {
+    return ((unsigned long long)ord32(c) << 32) | (uint32_t)(0xffffffffu - (uint32_t)e);
+}
+template <int L> __device__ __forceinline__ unsigned long long team_max_u64(unsigned long long v,
+                                                                           unsigned mask) {
+#pragma unroll
+    for (int o = L / 2; o; o >>= 1) {
+        unsigned long long w = __shfl_xor_sync(mask, v, o);
+        v = w > v ? w : v;
+    }
+    return v;
+}
+
+/* Sigmoid with one ex2 and one reciprocal (flush-to-zero forms: 1 + 2^y >= 1 never needs a
+ * denormal); ~1e-7 relative. NaN stays NaN, +inf gives 1, -inf gives 0. */
+__device__ __forceinline__ float sigmoid_fast(float x) {
+    float e, r;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(x * -1.4426950408889634f));
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(1.0f + e));
+    return r;
+}
+
+/* Group selection for a team: every lane holds the best two c of its experts; a group is Lg
+ * adjacent lanes. Returns whether this lane's group is kept (valid groups first, group score
+ * descending, lower group index on ties). */
+template <int L>
+__device__ __forceinline__ bool team_group_kept(const GateArgs &a, float lm1, float lm2, int Lg,
+                                                int tl, int team, unsigned team_mask) {
+    const int G = a.n_group;
+    if (G <= 1) return true;
+    float g1 = lm1, g2 = lm2;
+    for (int o = 1; o < Lg; o <<= 1) {
+        const float o1 = __shfl_xor_sync(team_mask, g1, o);
+        const float o2 = __shfl_xor_sync(team_mask, g2, o);
+        const float lo = fminf(g1, o1);
+        g1 = fmaxf(g1, o1);
+        g2 = fmaxf(lo, fmaxf(g2, o2));
+    }
+    uint32_t gv = 0u; /* no valid expert in the group */
+    if (g1 != kNegInf) gv = ord32(((a.group_max || g2 == kNegInf) ? g1 : g1 + g2) + 0.0f);
+    const int my_group = tl / Lg;
+    int better = 0;
+    for (int h = 0; h < G; h++) {
+        const uint32_t o = __shfl_sync(team_mask, gv, team * L + h * Lg);
+        better += (o > gv) || (o == gv && h < my_group);
+    }
+    return my_group < G && better < a.topk_group;
+}
+
+/* ---- staging copies ------------------------------------------------------------------- */
+
+/* 16/8/4-byte global -> shared copies that do not hold registers while in flight. */
+__device__ __forceinline__ void cp_async(void *dst, const void *src, int bytes) {
+#if __CUDA_ARCH__ >= 800
+    unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    if (bytes == 16)
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src));
+    else if (bytes == 8)
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(d), "l"(src));
+    else
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(d), "l"(src));
+#else
+    if (bytes == 16) *static_cast<uint4 *>(dst) = *static_cast<const uint4 *>(src);
+    else if (bytes == 8) *static_cast<uint2 *>(dst) = *static_cast<const uint2 *>(src);
+    else *static_cast<uint32_t *>(dst) = *static_cast<const uint32_t *>(src);
+#endif
+}
+__device__ __forceinline__ void cp_async_commit() {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;\n" ::);
+#endif
+}
+template <int Pending> __device__ __forceinline__ void cp_async_wait() {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(Pending));
+#endif
+}
+
+template <int B> struct RawVec;
+template <> struct RawVec<16> { using type = uint4; };
+template <> struct RawVec<8> { using type = uint2; };
+template <> struct RawVec<4> { using type = uint32_t; };
+template <> struct RawVec<2> { using type = uint16_t; };
+
+/* Widest copy unit (16, 8 or 4 bytes) that the row start, row length and stride allow; 0 when
+ * none does. */
+template <typename T> int fast_copy_unit(const GateArgs &a) {
+    const int64_t esz = (int64_t)sizeof(T);
+    const int64_t row_bytes = (int64_t)a.E * esz;
+    const uintptr_t addr = reinterpret_cast<uintptr_t>(a.logits);
+    const int64_t stride_b = a.logits_stride * esz;
+    int unit = 0;
+    for (int u = 16; u >= 4; u >>= 1)
+        if (addr % (uintptr_t)u == 0 && row_bytes % u == 0 && (a.T <= 1 || stride_b % u == 0)) {
+            unit = u;
+            break;
+        }
+    return unit;
+}
+
+} // namespace
