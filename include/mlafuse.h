@@ -304,10 +304,65 @@ typedef struct mlaf_rope_params {
 
 /* Builds a cos_sin table on the host: cos_sin[p, i] = cos(p * base^(-2i/R)),
  * cos_sin[p, R/2 + i] = sin(...), computed in double and rounded once to f32.
- * table must hold max_pos * rope_dim floats. (Scaled variants such as YaRN are built by the
- * caller; any table of this layout is accepted.) */
+ * table must hold max_pos * rope_dim floats. Scaled tables (YaRN): mlaf_rope_table_init_scaled
+ * below; the ops accept any table of this layout. */
 MLAF_API mlaf_status mlaf_rope_table_init(float *table, int64_t max_pos, int32_t rope_dim,
                                           double base);
+
+/* RoPE scaling for long contexts. YaRN as DeepSeek-V2 / V3 / R1, Kimi-K2 and Hugging Face
+ * transformers build it (config.json "rope_scaling": {"type": "yarn", ...}). With R = rope_dim,
+ * i < R/2 and all arithmetic in double:
+ *
+ *   f_extra(i) = base^(-2i/R)                       the unscaled frequency
+ *   f_inter(i) = f_extra(i) / factor                interpolated for the longer context
+ *   d(beta)    = R * ln(original_max_position_embeddings / (2 pi beta)) / (2 ln base)
+ *   low = d(beta_fast), high = d(beta_slow); when truncate: low = floor(low), high = ceil(high);
+ *   low = max(low, 0), high = min(high, R - 1); if low == high: high += 0.001
+ *   ramp(i)    = clamp((i - low) / (high - low), 0, 1)
+ *   f(i)       = f_inter(i) * ramp(i) + f_extra(i) * (1 - ramp(i))
+ *   cos_sin[p, i] = cos(p * f(i)) * a,  cos_sin[p, R/2 + i] = sin(p * f(i)) * a
+ *
+ * with the attention factor a = attention_factor when it is > 0, else
+ * m(factor, mscale) / m(factor, mscale_all_dim) when both mscales are > 0, else m(factor, 1),
+ * where m(s, k) = 0.1 * k * ln(s) + 1 for s > 1 and 1 for s <= 1 (Hugging Face's rules; 0 stands
+ * for a key the config leaves out). DeepSeek-V3: factor 40, original 4096, beta 32 / 1, mscale
+ * = mscale_all_dim = 1, so a = 1; its attention then scales the softmax by m(40, 1)^2 itself,
+ * outside this table. DeepSeek-V4's compressed layers: factor 16, attention_factor 1.
+ * Hugging Face versions that derive factor from max_position_embeddings / original give the
+ * same table when the config's factor agrees (it does for these models). */
+typedef enum mlaf_rope_scaling_type {
+    MLAF_ROPE_SCALING_NONE = 0, /* plain RoPE, exactly mlaf_rope_table_init */
+    MLAF_ROPE_SCALING_YARN = 1,
+    MLAF_ROPE_SCALING_COUNT_
+} mlaf_rope_scaling_type;
+
+typedef struct mlaf_rope_scaling {
+    mlaf_rope_scaling_type type;
+    double factor;            /* context extension factor, finite and >= 1 */
+    int64_t original_max_position_embeddings; /* the context before extension, >= 1 */
+    double beta_fast;         /* finite and > 0 (Hugging Face default 32) */
+    double beta_slow;         /* finite and > 0 (default 1) */
+    double mscale;            /* finite and >= 0; 0 = absent */
+    double mscale_all_dim;    /* finite and >= 0; 0 = absent */
+    double attention_factor;  /* finite and >= 0; 0 = derived from the mscales (above) */
+    int32_t truncate;         /* nonzero (the default): round the correction range outward */
+} mlaf_rope_scaling;
+
+/* YaRN with Hugging Face's defaults for the keys a config may leave out: beta_fast 32,
+ * beta_slow 1, no mscales, attention factor derived, truncate on. */
+MLAF_API mlaf_rope_scaling mlaf_rope_scaling_yarn(double factor,
+                                                  int64_t original_max_position_embeddings);
+
+/* The multiplier `a` the scaled table applies to cos and sin: 1 for NULL or NONE, NaN when the
+ * scaling's parameters are invalid (see mlaf_rope_table_init_scaled). */
+MLAF_API double mlaf_rope_scaling_attention_factor(const mlaf_rope_scaling *scaling);
+
+/* mlaf_rope_table_init with a scaling (NULL or NONE: the plain table, bit for bit). Computed in
+ * double and rounded once to f32. MLAF_ERR_NULL_POINTER for a NULL table;
+ * MLAF_ERR_INVALID_ARGUMENT, the table untouched, for a bad max_pos / rope_dim / base (as
+ * mlaf_rope_table_init), an unknown type, or a parameter outside the ranges above. */
+MLAF_API mlaf_status mlaf_rope_table_init_scaled(float *table, int64_t max_pos, int32_t rope_dim,
+                                                 double base, const mlaf_rope_scaling *scaling);
 
 /* ---------------------------------------------------------------------------------------
  * mla_kv_cache (SPEC §3): split + both RMSNorms + RoPE on k_pe + paged KV-cache write

@@ -1,7 +1,9 @@
 /*
- * core.c — version, status table, dtypes, contexts, presets and the error helper.
+ * core.c — version, status table, dtypes, contexts, presets, scaled RoPE tables and the error
+ * helper.
  */
 #include <ctype.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -274,4 +276,79 @@ mlaf_moe_gate_params mlaf_moe_gate_params_from_config(const mlaf_model_config *c
     p.apply_routed_scaling = cfg->apply_routed_scaling;
     p.n_shared_experts = 0; /* fusing shared experts is the caller's choice */
     return p;
+}
+
+/* ---- scaled RoPE tables ---------------------------------------------------------------- */
+mlaf_rope_scaling mlaf_rope_scaling_yarn(double factor, int64_t original_max_position_embeddings) {
+    mlaf_rope_scaling s;
+    memset(&s, 0, sizeof s);
+    s.type = MLAF_ROPE_SCALING_YARN;
+    s.factor = factor;
+    s.original_max_position_embeddings = original_max_position_embeddings;
+    s.beta_fast = 32.0;
+    s.beta_slow = 1.0;
+    s.truncate = 1;
+    return s;
+}
+
+static int yarn_valid(const mlaf_rope_scaling *s) {
+    return isfinite(s->factor) && s->factor >= 1.0 && s->original_max_position_embeddings >= 1 &&
+           isfinite(s->beta_fast) && s->beta_fast > 0.0 && isfinite(s->beta_slow) &&
+           s->beta_slow > 0.0 && isfinite(s->mscale) && s->mscale >= 0.0 &&
+           isfinite(s->mscale_all_dim) && s->mscale_all_dim >= 0.0 &&
+           isfinite(s->attention_factor) && s->attention_factor >= 0.0;
+}
+
+static double yarn_mscale(double factor, double k) {
+    return factor <= 1.0 ? 1.0 : 0.1 * k * log(factor) + 1.0;
+}
+
+double mlaf_rope_scaling_attention_factor(const mlaf_rope_scaling *s) {
+    if (!s || s->type == MLAF_ROPE_SCALING_NONE) return 1.0;
+    if (s->type != MLAF_ROPE_SCALING_YARN || !yarn_valid(s)) return NAN;
+    if (s->attention_factor > 0.0) return s->attention_factor;
+    if (s->mscale > 0.0 && s->mscale_all_dim > 0.0)
+        return yarn_mscale(s->factor, s->mscale) / yarn_mscale(s->factor, s->mscale_all_dim);
+    return yarn_mscale(s->factor, 1.0);
+}
+
+mlaf_status mlaf_rope_table_init_scaled(float *table, int64_t max_pos, int32_t rope_dim,
+                                        double base, const mlaf_rope_scaling *s) {
+    if (!s || s->type == MLAF_ROPE_SCALING_NONE)
+        return mlaf_rope_table_init(table, max_pos, rope_dim, base);
+    if (!table) return MLAF_ERR_NULL_POINTER;
+    if (max_pos < 1 || rope_dim <= 0 || rope_dim % 2 != 0 || !(base > 1.0) || !isfinite(base))
+        return MLAF_ERR_INVALID_ARGUMENT;
+    if (s->type != MLAF_ROPE_SCALING_YARN || !yarn_valid(s)) return MLAF_ERR_INVALID_ARGUMENT;
+
+    /* The band of frequency indices between beta_fast and beta_slow rotations over the original
+     * context: below it frequencies stay (extrapolate), above it they are divided by the
+     * factor (interpolate), in between a linear blend. */
+    const double R = rope_dim, L = (double)s->original_max_position_embeddings;
+    const double two_pi = 6.283185307179586476925286766559;
+    double low = R * log(L / (two_pi * s->beta_fast)) / (2.0 * log(base));
+    double high = R * log(L / (two_pi * s->beta_slow)) / (2.0 * log(base));
+    if (s->truncate) {
+        low = floor(low);
+        high = ceil(high);
+    }
+    if (low < 0.0) low = 0.0;
+    if (high > R - 1.0) high = R - 1.0;
+    if (low == high) high += 0.001; /* a zero-width band would divide by zero */
+    const double a = mlaf_rope_scaling_attention_factor(s);
+
+    const int32_t half = rope_dim / 2;
+    for (int64_t p = 0; p < max_pos; p++) {
+        float *row = table + p * rope_dim;
+        for (int32_t i = 0; i < half; i++) {
+            double ramp = (i - low) / (high - low);
+            ramp = ramp < 0.0 ? 0.0 : ramp > 1.0 ? 1.0 : ramp;
+            const double extra = pow(base, -2.0 * i / rope_dim), inter = extra / s->factor;
+            const double f = inter * ramp + extra * (1.0 - ramp);
+            const double ang = (double)p * f;
+            row[i] = (float)(cos(ang) * a);
+            row[half + i] = (float)(sin(ang) * a);
+        }
+    }
+    return MLAF_OK;
 }

@@ -406,6 +406,168 @@ static void error_count_cases(void) {
     mlaf_gbuf_free(&posb);
 }
 
+/* ---- YaRN tables ------------------------------------------------------------------------ *
+ * The reference is a plain float64 transcription of the Hugging Face YaRN initialisation
+ * (_compute_yarn_parameters: correction range, linear ramp, interpolation / extrapolation
+ * blend, attention factor from get_mscale) followed by cos / sin of position x inv_freq times
+ * the attention factor, in its own order of operations. */
+typedef struct hf_rope_scaling {
+    double factor, beta_fast, beta_slow, mscale, mscale_all_dim, attention_factor; /* 0: key absent */
+    double original_max_position_embeddings;
+    int truncate;
+} hf_rope_scaling;
+
+static double hf_get_mscale(double scale, double mscale) { return scale <= 1 ? 1.0 : 0.1 * mscale * log(scale) + 1.0; }
+
+static double hf_attention_factor(const hf_rope_scaling *c) {
+    if (c->attention_factor != 0) return c->attention_factor;
+    if (c->mscale != 0 && c->mscale_all_dim != 0)
+        return hf_get_mscale(c->factor, c->mscale) / hf_get_mscale(c->factor, c->mscale_all_dim);
+    return hf_get_mscale(c->factor, 1.0);
+}
+
+#define PI_ 3.14159265358979323846
+static double hf_find_correction_dim(double num_rotations, int dim, double base, double max_pos) {
+    return (dim * log(max_pos / (num_rotations * 2 * PI_))) / (2 * log(base));
+}
+
+/* inv_freq[dim / 2] */
+static void hf_yarn_inv_freq(const hf_rope_scaling *c, int dim, double base, double *inv_freq) {
+    double beta_fast = c->beta_fast != 0 ? c->beta_fast : 32, beta_slow = c->beta_slow != 0 ? c->beta_slow : 1;
+    double low = hf_find_correction_dim(beta_fast, dim, base, c->original_max_position_embeddings);
+    double high = hf_find_correction_dim(beta_slow, dim, base, c->original_max_position_embeddings);
+    if (c->truncate) {
+        low = floor(low);
+        high = ceil(high);
+    }
+    low = fmax(low, 0);
+    high = fmin(high, dim - 1);
+    if (low == high) high += 0.001;
+    for (int k = 0; k < dim / 2; k++) {
+        double pos_freq = pow(base, (double)(2 * k) / dim);
+        double extrapolation = 1.0 / pos_freq, interpolation = 1.0 / (c->factor * pos_freq);
+        double ramp = fmin(fmax((k - low) / (high - low), 0), 1);
+        double extrapolation_factor = 1 - ramp;
+        inv_freq[k] = interpolation * (1 - extrapolation_factor) + extrapolation * extrapolation_factor;
+    }
+}
+
+/* Worst |got - ref| in units of max(2^-24 |ref|, 2^-30) over the rows 0, step, 2 step, ... and the last. */
+static double yarn_table_units(const float *tab, int64_t max_pos, int dim, double base, const hf_rope_scaling *c,
+                               int64_t step, int64_t *worst_at) {
+    double inv_freq[256], att = hf_attention_factor(c), worst = 0;
+    hf_yarn_inv_freq(c, dim, base, inv_freq);
+    for (int64_t r = 0; r <= (max_pos - 1) / step + 1; r++) {
+        int64_t p = r * step < max_pos ? r * step : max_pos - 1;
+        for (int k = 0; k < dim / 2; k++) {
+            double ang = (double)p * inv_freq[k], ref[2] = {cos(ang) * att, sin(ang) * att};
+            double got[2] = {tab[p * dim + k], tab[p * dim + dim / 2 + k]};
+            for (int j = 0; j < 2; j++) {
+                double u = fabs(got[j] - ref[j]) / fmax(ldexp(fabs(ref[j]), -24), ldexp(1.0, -30));
+                if (u > worst) worst = u, *worst_at = p;
+            }
+        }
+    }
+    return worst;
+}
+
+static void yarn_cases(void) {
+    char name[200];
+    /* DeepSeek-V3: rope_theta 10000, qk_rope_head_dim 64, rope_scaling {type yarn, factor 40,
+     * original_max_position_embeddings 4096, beta_fast 32, beta_slow 1, mscale 1, mscale_all_dim 1}. */
+    enum { DIM = 64 };
+    const int64_t MAXP_V3 = 4096 * 40;
+    const double base = 10000.0;
+    float *tab = malloc(sizeof(float) * (size_t)MAXP_V3 * DIM);
+    if (!tab) {
+        tl_case(0, "ROPE_TABLE(yarn,setup)", "out of memory");
+        return;
+    }
+    mlaf_rope_scaling y = mlaf_rope_scaling_yarn(40, 4096);
+    y.mscale = 1, y.mscale_all_dim = 1;
+    hf_rope_scaling hf = {40, 32, 1, 1, 1, 0, 4096, 1};
+    int64_t at = 0;
+    mlaf_status st = mlaf_rope_table_init_scaled(tab, MAXP_V3, DIM, base, &y);
+    double u = st == MLAF_OK ? yarn_table_units(tab, MAXP_V3, DIM, base, &hf, 61, &at) : INFINITY;
+    tl_case(st == MLAF_OK && u <= 2.0, "ROPE_TABLE(yarn,preset=deepseek-v3,max_pos=163840,dim=64)",
+            "status %s, worst %.3g units (of 2^-24 relative) at position %lld", mlaf_status_name(st), u, (long long)at);
+    /* The correction band for these numbers is [10, 23]: index 0 keeps base^0 = 1, index 31 is
+     * divided by the factor, and mscale = mscale_all_dim makes the attention factor exactly 1. */
+    int band = st == MLAF_OK && tab[1 * DIM + 0] == (float)cos(1.0) && tab[1 * DIM + DIM / 2 + 0] == (float)sin(1.0) &&
+               tab[100 * DIM + 31] == (float)cos(100.0 * pow(base, -62.0 / 64) / 40) &&
+               mlaf_rope_scaling_attention_factor(&y) == 1.0;
+    tl_case(band, "ROPE_TABLE(yarn,deepseek-v3 band [10, 23] and attention factor 1)", "values differ");
+
+    /* The attention-factor rules, each against the transcription (a small table suffices). */
+    static const struct {
+        const char *what;
+        double factor, orig, beta_fast, beta_slow, mscale, mscale_all_dim, attention_factor;
+        int truncate;
+        double base;
+        int dim;
+    } var[5] = {
+        {"hf defaults,factor=4,orig=32768 (no mscales: m(4, 1))", 4, 32768, 0, 0, 0, 0, 0, 1, 1000000.0, 128},
+        {"deepseek-v2 (mscale 0.707 / 0.707)", 40, 4096, 32, 1, 0.707, 0.707, 0, 1, 10000.0, 64},
+        {"kimi-k2 (factor 32, beta 1 / 1)", 32, 4096, 1, 1, 1, 1, 0, 1, 50000.0, 64},
+        {"mscale 1 without mscale_all_dim", 40, 4096, 32, 1, 1, 0, 0, 1, 10000.0, 64},
+        {"deepseek-v4 compressed (factor 16, attention_factor 1, truncate off)", 16, 65536, 32, 1, 0, 0, 1, 0, 160000.0, 64},
+    };
+    for (int k = 0; k < 5; k++) {
+        const int64_t mp = 9000;
+        mlaf_rope_scaling sc = mlaf_rope_scaling_yarn(var[k].factor, (int64_t)var[k].orig);
+        if (var[k].beta_fast != 0) sc.beta_fast = var[k].beta_fast;
+        if (var[k].beta_slow != 0) sc.beta_slow = var[k].beta_slow;
+        sc.mscale = var[k].mscale, sc.mscale_all_dim = var[k].mscale_all_dim, sc.attention_factor = var[k].attention_factor;
+        sc.truncate = var[k].truncate;
+        hf_rope_scaling h = {var[k].factor, var[k].beta_fast, var[k].beta_slow, var[k].mscale, var[k].mscale_all_dim,
+                             var[k].attention_factor, var[k].orig, var[k].truncate};
+        st = mlaf_rope_table_init_scaled(tab, mp, var[k].dim, var[k].base, &sc);
+        u = st == MLAF_OK ? yarn_table_units(tab, mp, var[k].dim, var[k].base, &h, 7, &at) : INFINITY;
+        double a = mlaf_rope_scaling_attention_factor(&sc), ha = hf_attention_factor(&h);
+        snprintf(name, sizeof name, "ROPE_TABLE(yarn,%s)", var[k].what);
+        tl_case(st == MLAF_OK && u <= 2.0 && fabs(a - ha) <= 1e-15 * ha, name,
+                "status %s, worst %.3g units at position %lld, attention factor %.17g (reference %.17g)",
+                mlaf_status_name(st), u, (long long)at, a, ha);
+    }
+
+    /* No scaling is the plain table, bit for bit; bad parameters leave the table untouched. */
+    float *plain = malloc(sizeof(float) * 64 * DIM);
+    int same = plain && mlaf_rope_table_init(plain, 64, DIM, base) == MLAF_OK;
+    mlaf_rope_scaling none;
+    memset(&none, 0, sizeof none);
+    same = same && mlaf_rope_table_init_scaled(tab, 64, DIM, base, NULL) == MLAF_OK && !memcmp(tab, plain, sizeof(float) * 64 * DIM);
+    same = same && mlaf_rope_table_init_scaled(tab, 64, DIM, base, &none) == MLAF_OK && !memcmp(tab, plain, sizeof(float) * 64 * DIM);
+    tl_case(same, "ROPE_TABLE(scaling=NULL and NONE equal the plain table)", "tables differ");
+    int rejected = 1;
+    for (int k = 0; k < 10; k++) {
+        mlaf_rope_scaling b = mlaf_rope_scaling_yarn(40, 4096);
+        switch (k) {
+        case 0: b.factor = 0.5; break;
+        case 1: b.factor = NAN; break;
+        case 2: b.original_max_position_embeddings = 0; break;
+        case 3: b.beta_fast = 0; break;
+        case 4: b.beta_slow = -1; break;
+        case 5: b.mscale = -0.5; break;
+        case 6: b.mscale_all_dim = INFINITY; break;
+        case 7: b.attention_factor = -1; break;
+        case 8: b.type = (mlaf_rope_scaling_type)7; break;
+        default: b.factor = INFINITY; break;
+        }
+        memcpy(tab, plain, sizeof(float) * 64 * DIM);
+        rejected = rejected && mlaf_rope_table_init_scaled(tab, 64, DIM, base, &b) == MLAF_ERR_INVALID_ARGUMENT &&
+                   !memcmp(tab, plain, sizeof(float) * 64 * DIM) && isnan(mlaf_rope_scaling_attention_factor(&b));
+    }
+    mlaf_rope_scaling ok = mlaf_rope_scaling_yarn(40, 4096);
+    rejected = rejected && mlaf_rope_table_init_scaled(NULL, 64, DIM, base, &ok) == MLAF_ERR_NULL_POINTER &&
+               mlaf_rope_table_init_scaled(tab, 64, 63, base, &ok) == MLAF_ERR_INVALID_ARGUMENT &&
+               mlaf_rope_table_init_scaled(tab, 0, DIM, base, &ok) == MLAF_ERR_INVALID_ARGUMENT &&
+               mlaf_rope_table_init_scaled(tab, 64, DIM, 1.0, &ok) == MLAF_ERR_INVALID_ARGUMENT &&
+               mlaf_rope_scaling_attention_factor(NULL) == 1.0;
+    tl_case(rejected, "ROPE_TABLE(yarn,bad parameters rejected, table untouched)", "a bad scaling was accepted");
+    free(plain);
+    free(tab);
+}
+
 /* ---- context, presets, tables, names, version ------------------------------------------ */
 static void context_cases(void) {
     char name[160];
@@ -545,6 +707,7 @@ int main(void) {
             tl_case(0, "API(setup)", "buffer allocation failed");
         }
         context_cases();
+        if (BE == MLAF_BACKEND_CPU) yarn_cases(); /* host tables: once */
         if (SETUP_OK) error_count_cases();
         teardown();
         mlaf_context_free(CTX);

@@ -55,6 +55,21 @@ int cli_take_value(int argc, char **argv, int *i, const char *name, const char *
 /* Reads a Hugging Face config.json into *cfg. Returns 0, or -1 after printing a message
  * (missing file, bad JSON, missing key, value out of range, or built without cJSON). */
 int cli_load_hf_config(const char *path, mlaf_model_config *cfg);
+/* The model's RoPE as its config.json gives it: rope_theta [10000] and rope_scaling (or
+ * transformers' newer rope_parameters): absent, null or type "default" is plain RoPE; "yarn"
+ * fills a YaRN scaling; any other type is an error. cli_load_hf_config checks the same keys. */
+typedef struct cli_rope {
+    double theta;
+    int theta_given; /* 0: the config has no rope_theta (theta is the default) */
+    mlaf_rope_scaling scaling;
+} cli_rope;
+/* cli_load_hf_config plus the RoPE numbers (rope may be NULL). Returns 0, or -1 after a message. */
+int cli_load_hf_config_rope(const char *path, mlaf_model_config *cfg, cli_rope *rope);
+
+/* --sweep: the row layouts every norm kernel must serve, as models derived from `base`:
+ * q_lora_rank Q in {0, 512, 768, 1024, 1536, 2048, 3072}, kv_lora_rank 512, qk_rope_head_dim
+ * R in {0, 64}, named "sweep-qQ-rR". Fills up to cap models and returns how many. */
+int cli_sweep_models(const mlaf_model_config *base, mlaf_model_config *out, int cap);
 /* A short text for the router: "sigmoid + bias", "softmax", ... */
 const char *cli_score_text(const mlaf_model_config *cfg);
 

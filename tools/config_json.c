@@ -14,8 +14,15 @@
  *   n_shared_experts [0], rope_interleave (bool) or rope_style "interleaved"|"neox"
  *   [interleaved], name from _name_or_path, else model_type, else the file name.
  * The routed scaling factor is applied inside the router, as in every preset.
+ * RoPE: rope_theta [10000]; rope_scaling (or rope_parameters, transformers' newer name) absent,
+ *   null or {"type" | "rope_type": "default"}: plain; "yarn": factor (required, >= 1),
+ *   original_max_position_embeddings [max_position_embeddings, as transformers falls back],
+ *   beta_fast [32], beta_slow [1] (0 also takes the default, as transformers reads them),
+ *   mscale, mscale_all_dim, attention_factor [absent], truncate [true]. Any other type, or a
+ *   key yarn does not have, is an error: a table built while ignoring it would be wrong.
  */
 #define _POSIX_C_SOURCE 200809L /* strtok_r, strcasecmp */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -109,6 +116,131 @@ static int get_bool(const cJSON *root, const char *key, const char *path, int df
 static const char *get_string(const cJSON *root, const char *key) {
     const cJSON *it = cJSON_GetObjectItemCaseSensitive(root, key);
     return cJSON_IsString(it) ? it->valuestring : NULL;
+}
+
+/* 0 ok; -1 after a message. `obj` is the rope_scaling (or rope_parameters) object. */
+static int parse_yarn(const cJSON *root, const cJSON *obj, const char *key, const char *path,
+                      mlaf_rope_scaling *sc) {
+    static const char *const known[] = {"type", "rope_type", "rope_theta", "factor",
+                                        "original_max_position_embeddings", "beta_fast",
+                                        "beta_slow", "mscale", "mscale_all_dim",
+                                        "attention_factor", "truncate"};
+    for (const cJSON *it = obj->child; it; it = it->next) {
+        size_t k = 0;
+        while (k < sizeof known / sizeof known[0] && strcmp(it->string, known[k])) k++;
+        if (k == sizeof known / sizeof known[0]) {
+            fprintf(stderr,
+                    "mlafuse: %s: \"%s\" (yarn) has the key \"%s\", which yarn does not have; "
+                    "expected factor, original_max_position_embeddings, beta_fast, beta_slow, "
+                    "mscale, mscale_all_dim, attention_factor, truncate\n",
+                    path, key, it->string);
+            return -1;
+        }
+    }
+    double factor = 0, orig = 0, v;
+    int r = get_number(obj, "factor", path, &factor);
+    if (r < 0) return -1;
+    if (r == 1) {
+        fprintf(stderr, "mlafuse: %s: \"%s\" (yarn) has no \"factor\"\n", path, key);
+        return -1;
+    }
+    r = get_number(obj, "original_max_position_embeddings", path, &orig);
+    if (r < 0) return -1;
+    if (r == 1 && (r = get_number(root, "max_position_embeddings", path, &orig)) != 0) {
+        if (r == 1)
+            fprintf(stderr,
+                    "mlafuse: %s: \"%s\" (yarn) has no \"original_max_position_embeddings\" "
+                    "and the config no \"max_position_embeddings\"\n",
+                    path, key);
+        return -1;
+    }
+    if (!(orig >= 1 && orig <= 9.0e15 && orig == (double)(long long)orig)) {
+        fprintf(stderr,
+                "mlafuse: %s: \"%s\": original_max_position_embeddings = %g, expected a whole "
+                "number >= 1\n",
+                path, key, orig);
+        return -1;
+    }
+    *sc = mlaf_rope_scaling_yarn(factor, (int64_t)orig);
+    if ((r = get_number(obj, "beta_fast", path, &v)) < 0) return -1;
+    if (r == 0 && v != 0) sc->beta_fast = v;
+    if ((r = get_number(obj, "beta_slow", path, &v)) < 0) return -1;
+    if (r == 0 && v != 0) sc->beta_slow = v;
+    if ((r = get_number(obj, "mscale", path, &v)) < 0) return -1;
+    if (r == 0) sc->mscale = v;
+    if ((r = get_number(obj, "mscale_all_dim", path, &v)) < 0) return -1;
+    if (r == 0) sc->mscale_all_dim = v;
+    if ((r = get_number(obj, "attention_factor", path, &v)) < 0) return -1;
+    if (r == 0) sc->attention_factor = v;
+    int b;
+    if (get_bool(obj, "truncate", path, 1, &b)) return -1;
+    sc->truncate = b;
+    if (isnan(mlaf_rope_scaling_attention_factor(sc))) {
+        fprintf(stderr,
+                "mlafuse: %s: \"%s\" (yarn): factor = %g, beta_fast = %g, beta_slow = %g, mscale "
+                "= %g, mscale_all_dim = %g, attention_factor = %g; expected factor >= 1, betas > 0, "
+                "the rest >= 0\n",
+                path, key, sc->factor, sc->beta_fast, sc->beta_slow, sc->mscale,
+                sc->mscale_all_dim, sc->attention_factor);
+        return -1;
+    }
+    return 0;
+}
+
+/* rope_theta and rope_scaling / rope_parameters; 0 ok, -1 after a message. */
+static int parse_rope(const cJSON *root, const char *path, cli_rope *rope) {
+    memset(rope, 0, sizeof *rope);
+    rope->theta = 10000.0;
+    const char *key = "rope_scaling";
+    const cJSON *obj = cJSON_GetObjectItemCaseSensitive(root, key);
+    if (!obj || cJSON_IsNull(obj)) {
+        key = "rope_parameters";
+        obj = cJSON_GetObjectItemCaseSensitive(root, key);
+    }
+    double theta = 0;
+    int r = get_number(root, "rope_theta", path, &theta);
+    if (r < 0) return -1;
+    if (r == 1 && obj && cJSON_IsObject(obj) && (r = get_number(obj, "rope_theta", path, &theta)) < 0)
+        return -1;
+    if (r == 0) {
+        if (!(theta > 1.0 && theta < 1e300)) {
+            fprintf(stderr, "mlafuse: %s: \"rope_theta\" = %g, expected finite and > 1\n", path,
+                    theta);
+            return -1;
+        }
+        rope->theta = theta;
+        rope->theta_given = 1;
+    }
+    if (!obj || cJSON_IsNull(obj)) return 0;
+    if (!cJSON_IsObject(obj)) {
+        fprintf(stderr, "mlafuse: %s: \"%s\" is not an object (or null)\n", path, key);
+        return -1;
+    }
+    const char *type = get_string(obj, "rope_type");
+    if (!type) type = get_string(obj, "type");
+    if (!type) {
+        fprintf(stderr, "mlafuse: %s: \"%s\" has no \"type\" (or \"rope_type\")\n", path, key);
+        return -1;
+    }
+    if (!strcmp(type, "default")) {
+        for (const cJSON *it = obj->child; it; it = it->next)
+            if (strcmp(it->string, "type") && strcmp(it->string, "rope_type") &&
+                strcmp(it->string, "rope_theta")) {
+                fprintf(stderr, "mlafuse: %s: \"%s\" is of type \"default\" but sets \"%s\"\n",
+                        path, key, it->string);
+                return -1;
+            }
+        return 0;
+    }
+    if (strcmp(type, "yarn")) {
+        fprintf(stderr,
+                "mlafuse: %s: \"%s\" type \"%s\" is not supported (mlafuse builds plain RoPE "
+                "and yarn tables); a table that ignored it would be wrong\n",
+                path, key, type);
+        return -1;
+    }
+    if (parse_yarn(root, obj, key, path, &rope->scaling)) return -1;
+    return 0;
 }
 
 static int parse_config(const cJSON *root, const char *path, mlaf_model_config *cfg) {
@@ -237,7 +369,34 @@ static int parse_config(const cJSON *root, const char *path, mlaf_model_config *
     return 0;
 }
 
-int cli_load_hf_config(const char *path, mlaf_model_config *cfg) {
+/* Where cJSON stopped, as line and column (1-based, columns in bytes) and byte offset, and the
+ * text from there to the end of that line (at most 40 bytes). */
+static void report_parse_error(const char *path, const char *text, size_t len, const char *at) {
+    size_t off = at && at >= text && at <= text + len ? (size_t)(at - text) : len;
+    size_t line = 1, col = 1;
+    for (size_t i = 0; i < off; i++) {
+        if (text[i] == '\n') {
+            line++;
+            col = 1;
+        } else {
+            col++;
+        }
+    }
+    int n = 0;
+    while (off + (size_t)n < len && n < 40 && text[off + n] != '\n' && text[off + n] != '\r') n++;
+    if (off >= len)
+        fprintf(stderr,
+                "mlafuse: --config %s: JSON parse error at line %zu, column %zu (byte %zu): the "
+                "text ends before the value does\n",
+                path, line, col, off);
+    else
+        fprintf(stderr,
+                "mlafuse: --config %s: JSON parse error at line %zu, column %zu (byte %zu), near: "
+                "%.*s\n",
+                path, line, col, off, n, text + off);
+}
+
+int cli_load_hf_config_rope(const char *path, mlaf_model_config *cfg, cli_rope *rope) {
     size_t len = 0;
     char *text = read_file(path, &len);
     if (!text) {
@@ -246,21 +405,36 @@ int cli_load_hf_config(const char *path, mlaf_model_config *cfg) {
         return -1;
     }
     cJSON *root = cJSON_ParseWithLength(text, len);
-    if (!root || !cJSON_IsObject(root)) {
-        const char *at = cJSON_GetErrorPtr();
-        fprintf(stderr, "mlafuse: --config %s: not a JSON object%s%.40s%s\n", path,
-                at ? " (near: " : "", at ? at : "", at ? ")" : "");
+    if (!root) {
+        report_parse_error(path, text, len, cJSON_GetErrorPtr());
+        free(text);
+        return -1;
+    }
+    if (!cJSON_IsObject(root)) {
+        fprintf(stderr, "mlafuse: --config %s: the top-level JSON value is not an object\n",
+                path);
         cJSON_Delete(root);
         free(text);
         return -1;
     }
+    cli_rope scratch;
     int r = parse_config(root, path, cfg);
+    if (r == 0) r = parse_rope(root, path, rope ? rope : &scratch);
     cJSON_Delete(root);
     free(text);
     return r;
 }
 
+int cli_load_hf_config(const char *path, mlaf_model_config *cfg) {
+    return cli_load_hf_config_rope(path, cfg, NULL);
+}
+
 #else /* no cJSON */
+
+int cli_load_hf_config_rope(const char *path, mlaf_model_config *cfg, cli_rope *rope) {
+    (void)rope;
+    return cli_load_hf_config(path, cfg);
+}
 
 int cli_load_hf_config(const char *path, mlaf_model_config *cfg) {
     (void)cfg;

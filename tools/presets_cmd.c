@@ -1,7 +1,9 @@
 /*
  * presets_cmd.c — `mlafuse presets`: the built-in models as a table, every column of
- * SPEC §1, or the one model a Hugging Face config.json describes (--config).
+ * SPEC §1, or the one model a Hugging Face config.json describes (--config), with the RoPE
+ * table its rope_theta and rope_scaling ask for.
  */
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -11,7 +13,8 @@ static void help(void) {
     printf("usage: mlafuse presets [--config path/config.json]\n"
            "\n"
            "Lists the built-in model presets (every column of SPEC section 1). With --config, shows\n"
-           "the model a Hugging Face config.json describes instead, as the other commands use it.\n");
+           "the model a Hugging Face config.json describes instead, as the other commands use it,\n"
+           "and its RoPE: rope_theta and rope_scaling (plain or yarn; other types are rejected).\n");
 }
 
 static void header(void) {
@@ -30,6 +33,31 @@ static void row(const mlaf_model_config *c) {
            c->norm_topk_prob ? "true" : "false", (double)c->routed_scaling_factor,
            (double)c->rms_norm_eps, c->n_shared_experts,
            c->rope_style == MLAF_ROPE_NEOX ? "neox" : "interleaved");
+}
+
+/* The RoPE table the config asks for, as mlaf_rope_table_init_scaled builds it. */
+static void rope_lines(const cli_rope *r) {
+    const mlaf_rope_scaling *y = &r->scaling;
+    if (y->type == MLAF_ROPE_SCALING_NONE) {
+        printf("rope: rope_theta %g%s, no rope_scaling (plain table: mlaf_rope_table_init)\n",
+               r->theta, r->theta_given ? "" : " (the default: the config has none)");
+        return;
+    }
+    printf("rope: rope_theta %g%s, rope_scaling yarn: factor %g, original_max_position_embeddings "
+           "%lld, beta_fast %g, beta_slow %g, mscale %g, mscale_all_dim %g, attention_factor %g%s, "
+           "truncate %s\n",
+           r->theta, r->theta_given ? "" : " (the default: the config has none)", y->factor, (long long)y->original_max_position_embeddings, y->beta_fast,
+           y->beta_slow, y->mscale, y->mscale_all_dim, y->attention_factor,
+           y->attention_factor > 0 ? "" : " (derived)", y->truncate ? "true" : "false");
+    printf("rope: cos and sin scaled by the attention factor %.9g (mlaf_rope_table_init_scaled; "
+           "table rows up to factor x original = %.0f positions)\n",
+           mlaf_rope_scaling_attention_factor(y),
+           y->factor * (double)y->original_max_position_embeddings);
+    if (y->mscale_all_dim > 0 && y->factor > 1)
+        printf("rope: DeepSeek's attention multiplies its softmax scale by (0.1 x mscale_all_dim x "
+               "ln(factor) + 1)^2 = %.9g (outside the table)\n",
+               (0.1 * y->mscale_all_dim * log(y->factor) + 1) *
+                   (0.1 * y->mscale_all_dim * log(y->factor) + 1));
 }
 
 int cmd_presets(int argc, char **argv) {
@@ -51,11 +79,13 @@ int cmd_presets(int argc, char **argv) {
     }
     if (config) {
         mlaf_model_config cfg;
-        if (cli_load_hf_config(config, &cfg) != 0) return CLI_EXIT_FAIL;
+        cli_rope rope;
+        if (cli_load_hf_config_rope(config, &cfg, &rope) != 0) return CLI_EXIT_FAIL;
         header();
         row(&cfg);
         printf("(from %s; latent row = q_lora + kv_lora + rope = %d)\n", config,
                cfg.q_lora_rank + cfg.kv_lora_rank + cfg.qk_rope_head_dim);
+        rope_lines(&rope);
         return CLI_EXIT_OK;
     }
     header();

@@ -84,6 +84,19 @@ class RopeParams(ctypes.Structure):
     _fields_ = [("rope_dim", ctypes.c_int32), ("style", ctypes.c_int)]
 
 
+class RopeScaling(ctypes.Structure):
+    _fields_ = [
+        ("type", ctypes.c_int), ("factor", ctypes.c_double),
+        ("original_max_position_embeddings", ctypes.c_int64), ("beta_fast", ctypes.c_double),
+        ("beta_slow", ctypes.c_double), ("mscale", ctypes.c_double),
+        ("mscale_all_dim", ctypes.c_double), ("attention_factor", ctypes.c_double),
+        ("truncate", ctypes.c_int32),
+    ]
+
+
+ROPE_SCALING_NONE, ROPE_SCALING_YARN = 0, 1
+
+
 class MlaKvCacheParams(ctypes.Structure):
     _fields_ = [
         ("q_lora_rank", ctypes.c_int32),
@@ -202,6 +215,11 @@ mlaf_preset_at = _proto("mlaf_preset_at", _P(ModelConfig), ctypes.c_int)
 mlaf_preset_find = _proto("mlaf_preset_find", _P(ModelConfig), ctypes.c_char_p)
 mlaf_rope_table_init = _proto("mlaf_rope_table_init", ctypes.c_int, ctypes.c_void_p,
                               ctypes.c_int64, ctypes.c_int32, ctypes.c_double)
+mlaf_rope_table_init_scaled = _proto("mlaf_rope_table_init_scaled", ctypes.c_int, ctypes.c_void_p,
+                                     ctypes.c_int64, ctypes.c_int32, ctypes.c_double,
+                                     _P(RopeScaling))
+mlaf_rope_scaling_attention_factor = _proto("mlaf_rope_scaling_attention_factor", ctypes.c_double,
+                                            _P(RopeScaling))
 mlaf_moe_gate_params_from_config = _proto("mlaf_moe_gate_params_from_config", MoeGateParams,
                                           _P(ModelConfig))
 mlaf_split_qk_norm = _proto("mlaf_split_qk_norm", ctypes.c_int, _ctx_p, _P(SplitQkNormParams),

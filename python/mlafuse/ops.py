@@ -172,20 +172,85 @@ def find_preset(name: str) -> Preset | None:
 
 
 # ---- RoPE table ----------------------------------------------------------------------------
-def rope_table(max_pos: int, rope_dim: int, base: float = 10000.0, *, device=None):
+_YARN_KEYS = ("factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "mscale",
+              "mscale_all_dim", "attention_factor", "truncate")
+
+
+def _rope_scaling(scaling):
+    """A Hugging Face ``rope_scaling`` dict as the library's mlaf_rope_scaling, or None for
+    plain RoPE. Unknown types and keys are errors, never ignored."""
+    if scaling is None:
+        return None
+    if not isinstance(scaling, dict):
+        raise TypeError(f"scaling is a {type(scaling).__name__}, expected a rope_scaling dict or None")
+    kind = scaling.get("rope_type", scaling.get("type"))
+    if kind in (None, "default"):
+        extra = sorted(k for k in scaling if k not in ("rope_type", "type"))
+        if extra:
+            raise MlafError(L.ERR_INVALID_ARGUMENT,
+                            f"rope_scaling has no type (or 'default') but sets {extra}")
+        return None
+    if kind != "yarn":
+        raise MlafError(L.ERR_INVALID_ARGUMENT,
+                        f"rope_scaling type {kind!r} is not supported (expected 'yarn' or none)")
+    unknown = sorted(k for k in scaling if k not in _YARN_KEYS + ("rope_type", "type"))
+    if unknown:
+        raise MlafError(L.ERR_INVALID_ARGUMENT,
+                        f"rope_scaling (yarn): unknown key(s) {unknown}; expected some of "
+                        f"{list(_YARN_KEYS)}")
+    for key in ("factor", "original_max_position_embeddings"):
+        if scaling.get(key) is None:
+            raise MlafError(L.ERR_INVALID_ARGUMENT, f"rope_scaling (yarn): {key!r} is required")
+    s = L.RopeScaling()
+    s.type = L.ROPE_SCALING_YARN
+    s.factor = float(scaling["factor"])
+    orig = scaling["original_max_position_embeddings"]
+    if isinstance(orig, bool) or int(orig) != orig:
+        raise MlafError(L.ERR_INVALID_ARGUMENT,
+                        f"rope_scaling (yarn): original_max_position_embeddings = {orig!r}, "
+                        "expected a whole number")
+    s.original_max_position_embeddings = int(orig)
+    # As Hugging Face reads them: beta_fast / beta_slow fall back to 32 / 1 when absent or 0;
+    # an absent mscale, mscale_all_dim or attention_factor is 0 to the library.
+    s.beta_fast = float(scaling.get("beta_fast") or 32.0)
+    s.beta_slow = float(scaling.get("beta_slow") or 1.0)
+    s.mscale = float(scaling.get("mscale") or 0.0)
+    s.mscale_all_dim = float(scaling.get("mscale_all_dim") or 0.0)
+    s.attention_factor = float(scaling.get("attention_factor") or 0.0)
+    s.truncate = 1 if scaling.get("truncate", True) else 0
+    return s
+
+
+def rope_table(max_pos: int, rope_dim: int, base: float = 10000.0, *, device=None, scaling=None):
     """The cos_sin table [max_pos, rope_dim] f32 used by mla_kv_cache and rope_q:
     row p = [cos(p*f_0) .. cos(p*f_{R/2-1}) | sin(...)], f_i = base^(-2i/R), computed in double
-    and rounded once. Returns a numpy array, or a torch tensor on ``device`` when given."""
+    and rounded once. Returns a numpy array, or a torch tensor on ``device`` when given.
+
+    ``scaling``: None (plain RoPE) or a Hugging Face ``rope_scaling`` dict, e.g. DeepSeek-V3's
+    ``{"type": "yarn", "factor": 40, "original_max_position_embeddings": 4096, "beta_fast": 32,
+    "beta_slow": 1, "mscale": 1, "mscale_all_dim": 1}`` (the config's own dict can be passed as
+    it is, with ``base=config["rope_theta"]``). YaRN blends interpolated and extrapolated
+    frequencies and multiplies cos and sin by the attention factor (mlaf_rope_table_init_scaled
+    in mlafuse.h has the formulas). A type other than "yarn" / "default", or an unknown key,
+    raises MlafError."""
     np = _core._numpy()
     max_pos, rope_dim = int(max_pos), int(rope_dim)
+    what = f"rope_table(max_pos={max_pos}, rope_dim={rope_dim}, base={base}"
+    what += f", scaling={scaling!r})" if scaling is not None else ")"
     if max_pos < 1 or rope_dim <= 0 or rope_dim % 2 or not (base > 1.0):
         raise MlafError(L.ERR_INVALID_ARGUMENT,
-                        f"rope_table(max_pos={max_pos}, rope_dim={rope_dim}, base={base}): "
-                        "expected max_pos >= 1, rope_dim > 0 and even, finite base > 1")
+                        f"{what}: expected max_pos >= 1, rope_dim > 0 and even, finite base > 1")
+    sc = _rope_scaling(scaling)
     table = np.empty((max_pos, rope_dim), np.float32)
-    st = L.mlaf_rope_table_init(table.ctypes.data, max_pos, rope_dim, float(base))
+    if sc is None:
+        st = L.mlaf_rope_table_init(table.ctypes.data, max_pos, rope_dim, float(base))
+    else:
+        st = L.mlaf_rope_table_init_scaled(table.ctypes.data, max_pos, rope_dim, float(base), sc)
     if st != L.OK:
-        raise MlafError(st, f"rope_table(max_pos={max_pos}, rope_dim={rope_dim}, base={base})")
+        hint = ("; yarn expects factor >= 1, original_max_position_embeddings >= 1, beta_fast "
+                "and beta_slow > 0, mscale / mscale_all_dim / attention_factor >= 0, all finite"
+                if sc is not None else "")
+        raise MlafError(st, what + hint)
     if device is not None:
         if _torch is None:
             raise ImportError("rope_table(device=...) needs torch")

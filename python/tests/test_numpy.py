@@ -132,6 +132,75 @@ def test_rope_table():
         mlafuse.rope_table(4, 7)
 
 
+def hf_yarn_table(max_pos, dim, base, rs):
+    """Hugging Face's YaRN initialisation (correction range, linear ramp, interpolation /
+    extrapolation blend, get_mscale attention factor), transcribed in float64 numpy."""
+    import math
+
+    factor, orig = rs["factor"], rs["original_max_position_embeddings"]
+    mscale, mscale_all_dim = rs.get("mscale"), rs.get("mscale_all_dim")
+
+    def get_mscale(scale, m=1.0):
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    att = rs.get("attention_factor")
+    if att is None:
+        att = get_mscale(factor, mscale) / get_mscale(factor, mscale_all_dim) \
+            if mscale and mscale_all_dim else get_mscale(factor)
+
+    def corr_dim(rot):
+        return dim * math.log(orig / (rot * 2 * math.pi)) / (2 * math.log(base))
+
+    low, high = corr_dim(rs.get("beta_fast") or 32), corr_dim(rs.get("beta_slow") or 1)
+    if rs.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001
+    pos_freqs = base ** (np.arange(0, dim, 2, dtype=np.float64) / dim)
+    extra, inter = 1.0 / pos_freqs, 1.0 / (factor * pos_freqs)
+    extra_factor = 1 - np.clip((np.arange(dim // 2, dtype=np.float64) - low) / (high - low), 0, 1)
+    inv_freq = inter * (1 - extra_factor) + extra * extra_factor
+    ang = np.arange(max_pos, dtype=np.float64)[:, None] * inv_freq[None, :]
+    return np.concatenate([np.cos(ang) * att, np.sin(ang) * att], axis=1)
+
+
+DEEPSEEK_V3_YARN = {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 1.0,
+                    "mscale_all_dim": 1.0, "original_max_position_embeddings": 4096, "type": "yarn"}
+
+
+@pytest.mark.parametrize("rs,base,dim", [
+    (DEEPSEEK_V3_YARN, 10000.0, 64),
+    ({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}, 1e6, 128),
+    ({"type": "yarn", "factor": 40, "original_max_position_embeddings": 4096, "mscale": 0.707,
+      "mscale_all_dim": 0.707, "beta_fast": 32, "beta_slow": 1}, 10000.0, 64),
+    ({"type": "yarn", "factor": 16, "original_max_position_embeddings": 65536,
+      "attention_factor": 1.0, "truncate": False}, 160000.0, 64),
+])
+def test_rope_table_yarn(rs, base, dim):
+    max_pos = 20000
+    t = mlafuse.rope_table(max_pos, dim, base, scaling=rs)
+    want = hf_yarn_table(max_pos, dim, base, rs)
+    err = np.abs(t.astype(np.float64) - want) / np.maximum(np.abs(want) * 2.0**-24, 2.0**-30)
+    assert err.max() <= 2.0, f"worst {err.max():.3g} units at {np.unravel_index(err.argmax(), err.shape)}"
+
+
+def test_rope_table_scaling_none_and_errors():
+    plain = mlafuse.rope_table(32, 64)
+    assert np.array_equal(mlafuse.rope_table(32, 64, scaling=None), plain)
+    assert np.array_equal(mlafuse.rope_table(32, 64, scaling={"rope_type": "default"}), plain)
+    with pytest.raises(mlafuse.MlafError, match="type 'linear' is not supported"):
+        mlafuse.rope_table(32, 64, scaling={"type": "linear", "factor": 2.0})
+    with pytest.raises(mlafuse.MlafError, match=r"unknown key\(s\) \['low_freq_factor'\]"):
+        mlafuse.rope_table(32, 64, scaling=dict(DEEPSEEK_V3_YARN, low_freq_factor=1.0))
+    with pytest.raises(mlafuse.MlafError, match="'original_max_position_embeddings' is required"):
+        mlafuse.rope_table(32, 64, scaling={"type": "yarn", "factor": 40})
+    with pytest.raises(mlafuse.MlafError, match="yarn expects factor >= 1"):
+        mlafuse.rope_table(32, 64, scaling=dict(DEEPSEEK_V3_YARN, factor=0.5))
+    with pytest.raises(TypeError):
+        mlafuse.rope_table(32, 64, scaling="yarn")
+
+
 # ---- mla_kv_cache --------------------------------------------------------------------------
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("cache_dtype", DTYPES)
