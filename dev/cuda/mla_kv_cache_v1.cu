@@ -34,7 +34,7 @@
  * in order instead of scattered blocks.
  */
 #define MLAF_ROW_DEV_MODES /* PIPE, LAT, RUN and STAGE at any width too */
-#include "cuda/norm_common.cuh"
+#include "row_v1.cuh"
 #include "common.cuh"
 
 #include <numeric>

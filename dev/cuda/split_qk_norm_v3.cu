@@ -14,7 +14,7 @@
  * Launch shapes compared: the library's (4 warps per block, one row per warp) and persistent
  * grids of the same kernel (it grid-strides over rows).
  */
-#include "cuda/norm_common.cuh"
+#include "row_v1.cuh"
 #include "split_bench.cuh"
 
 static mlaf_row_args to_row_args(const split_args &s) {

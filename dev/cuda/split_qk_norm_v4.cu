@@ -14,7 +14,7 @@
  * The question each row answers: which mode and grid the library should use at each T.
  */
 #define MLAF_ROW_DEV_MODES /* PIPE and LAT too */
-#include "cuda/norm_common.cuh"
+#include "row_v1.cuh"
 #include "split_bench.cuh"
 
 static mlaf_row_args to_row_args(const split_args &s) {

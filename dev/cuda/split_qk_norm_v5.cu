@@ -42,7 +42,7 @@
  * bf16 latent and bf16 weights (the harness's); the TMA variants need sm_90 (skipped below)
  * and the library's fast-path layout (Q, C, R multiples of 8, 16-byte aligned rows).
  */
-#include "cuda/norm_common.cuh"
+#include "row_v1.cuh"
 #include "split_bench.cuh"
 
 #define V5_NW 8        /* consumer warps per CTA; one more warp produces */

@@ -22,7 +22,7 @@
  */
 #define MLAF_ROW_DEV_MODES
 #define MLAF_ROW_TIMELINE
-#include "cuda/norm_common.cuh"
+#include "row_v1.cuh"
 #include "common.cuh"
 
 #include <numeric>

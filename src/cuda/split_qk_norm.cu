@@ -1,23 +1,25 @@
 /*
- * split_qk_norm.cu — CUDA entry of split_qk_norm (SPEC §2).
- *
- * 1. Turn the validated job into the row kernel's arguments.
- * 2. Launch the shared row kernel (norm_common.cuh) without the cache epilogue: q and kv
- *    parts normalized, the pe part copied bit for bit.
- * Limits and launch shape: see norm_common.cuh (one warp per row, 4 rows per block,
- * 16-byte vector fast path for aligned shapes, element-wise generic path otherwise).
+ * split_qk_norm.cu — CUDA entry of split_qk_norm (SPEC §2): the row kernel (row_launch.cuh)
+ * with the dense writer; the pe part is copied bit for bit.
  */
-#include "norm_common.cuh"
+#include "row_launch.cuh"
+
+template <typename T> static cudaError_t split_launch(const mlaf_context *ctx, const mlaf_norm_job *job) {
+    mlaf_row_args a;
+    mlaf_row_args_from_norm(&a, job);
+    bool vec_ok;
+    const typename mlaf_wr_dense<T>::params wp = mlaf_row_dense_params<T>(job, true, &vec_ok);
+    return mlaf_row_launch<T, false, mlaf_wr_dense<T>>(a, wp, vec_ok, ctx->cuda_sm_count, ctx->cuda_cc,
+                                                      (cudaStream_t)ctx->cuda_stream);
+}
 
 extern "C" mlaf_status mlaf_cuda_split_qk_norm(mlaf_context *ctx, const mlaf_norm_job *job) {
     if (job->T == 0) return MLAF_OK;
     mlaf_cuda_device_guard guard(ctx);
-    mlaf_row_args a;
-    mlaf_row_args_from_norm(&a, job);
-    cudaError_t e = mlaf_row_launch<false>(a, job->dt, ctx->cuda_sm_count, (cudaStream_t)ctx->cuda_stream,
-                                            mlaf_row_policy_for(ctx));
+    const cudaError_t e = job->dt == MLAF_F32   ? split_launch<float>(ctx, job)
+                          : job->dt == MLAF_F16 ? split_launch<__half>(ctx, job)
+                                                : split_launch<__nv_bfloat16>(ctx, job);
     if (e != cudaSuccess)
-        return mlaf_fail(ctx, MLAF_ERR_DEVICE, "split_qk_norm: kernel launch failed: %s",
-                         cudaGetErrorString(e));
+        return mlaf_fail(ctx, MLAF_ERR_DEVICE, "split_qk_norm: kernel launch failed: %s", cudaGetErrorString(e));
     return MLAF_OK;
 }

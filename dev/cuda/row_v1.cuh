@@ -107,7 +107,7 @@
  */
 #pragma once
 
-#include "cuda_common.cuh"
+#include "cuda/cuda_common.cuh"
 
 #include <type_traits>
 

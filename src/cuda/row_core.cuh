@@ -1,0 +1,221 @@
+/*
+ * row_core.cuh — the per-row arithmetic of split_qk_norm and mla_kv_cache (SPEC §2, §3), shared
+ * by every launch shape (row_kernels.cuh) and every writer (row_writers.cuh).
+ *
+ * A latent row is [q (Q) | kv (C) | pe (R)]. Per row:
+ *   1. Sums of squares of the q and kv parts in fp32, separately (each lane in vector order, then
+ *      a warp / block reduction in a fixed order).
+ *   2. rstd = 1 / sqrt(sum / n + eps) with IEEE sqrt and division (not rsqrtf).
+ *   3. out = (x * rstd) * w in fp32 products; writers round once at the store.
+ *   4. pe part: split_qk_norm passes the raw bits on; mla_kv_cache rotates it with the
+ *      position's cos/sin row (separate products, one add / subtract, no FMA contraction: the
+ *      same bits as rope_q and the CPU backend).
+ *   5. mla_kv_cache's token decision: a position outside [0, max_pos) or a slot past the cache
+ *      is counted once and writes neither the cache row nor the dense k_pe row; a negative slot
+ *      skips the cache row silently.
+ * Rows sit in 16-byte vectors of W values (8 bf16 / f16, 4 f32). The vector shapes give each
+ * part of the row its own lane-aligned vectors (mlaf_row_layout), so the part of every vector
+ * is known at compile time and the kv part starts at lane 0 (a writer's 128-value tile is a
+ * half-warp).
+ * All offsets are 64-bit; nothing allocates or synchronizes with the host.
+ */
+#pragma once
+
+#include "row_vec.cuh"
+
+/* Everything the row arithmetic and the token decision need, by value (one kernel argument
+ * block). The outputs belong to the writers (their own params). */
+struct mlaf_row_args {
+    int64_t T;
+    int32_t Q, C, R;
+    float eps_q, eps_kv;
+    const void *latent;
+    int64_t ls;
+    const void *w_q, *w_kv;
+    int32_t wq_f32, wkv_f32;
+    /* mla_kv_cache only */
+    const void *pos;
+    int32_t pos64;
+    int32_t neox;
+    const float *cos_sin;
+    int64_t cs_stride, max_pos;
+    const void *slots;
+    int32_t slot64;
+    int64_t n_slots, block_size;
+    uint64_t bs_mul;  /* slot / block_size = (slot * bs_mul) >> bs_shift for slot, block_size */
+    int32_t bs_shift; /* below 2^31 (mlaf_div_magic) */
+    int32_t *err;
+    int32_t slot;     /* bulk shape: bytes of a warp's row slot in shared memory */
+};
+
+/* Per-part vector slots of a warp-per-row shape: lane l's slot s holds vector (s - first) * 32 + l
+ * of its part; q slots [0, NQ), kv slots [NQ, NQ + NC), pe slots after. A part may have fewer
+ * vectors than its slots hold (the lanes past its end hold none). */
+template <int NQ_, int NC_, int NP_> struct mlaf_row_layout {
+    static constexpr int NQ = NQ_, NC = NC_, NP = NP_, NS = NQ_ + NC_ + NP_;
+};
+
+/* Resident blocks of 4 warps per SM a warp-per-row kernel of NS slots is compiled for: what the
+ * register allocation must allow (the row takes 4 registers a slot). */
+template <int NS> struct mlaf_row_minb4 {
+    static constexpr int value = NS <= 6 ? 8 : NS <= 9 ? 6 : NS <= 11 ? 5 : NS <= 13 ? 4 : NS <= 16 ? 3 : 2;
+};
+
+/* Sum of squares of one vector's W values, in the one order every shape uses. */
+template <int W> __device__ __forceinline__ float mlaf_sumsq(const float *f) {
+    float acc = 0.0f;
+#pragma unroll
+    for (int k = 0; k < W; k++) acc = fmaf(f[k], f[k], acc);
+    return acc;
+}
+
+__device__ __forceinline__ float mlaf_warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+/* 1 / sqrt(mean + eps) with correctly rounded sqrt and division. */
+__device__ __forceinline__ float mlaf_rstd(float sumsq, int32_t n, float eps) {
+    return __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(sumsq, (float)n), eps)));
+}
+
+/* The rotation shared by keys and queries: no contraction into FMA, so every caller gets the
+ * same bits. x0 of a pair: x0*c - x1*s; x1: x1*c + x0*s. */
+__device__ __forceinline__ float mlaf_rope_x0(float x0, float x1, float c, float s) {
+    return __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
+}
+__device__ __forceinline__ float mlaf_rope_x1(float x0, float x1, float c, float s) {
+    return __fadd_rn(__fmul_rn(x1, c), __fmul_rn(x0, s));
+}
+
+__device__ __forceinline__ int64_t mlaf_ld_index(const void *p, int32_t is64, int64_t t) {
+    return is64 ? static_cast<const int64_t *>(p)[t] : (int64_t) static_cast<const int32_t *>(p)[t];
+}
+
+/* The raw per-token indices of mla_kv_cache, loaded with the row so that their latency
+ * overlaps the row's instead of preceding it. */
+struct mlaf_token_idx {
+    int64_t slot, pos;
+};
+
+__device__ __forceinline__ mlaf_token_idx mlaf_token_load(const mlaf_row_args &a, int64_t t) {
+    mlaf_token_idx ix;
+    ix.slot = mlaf_ld_index(a.slots, a.slot64, t);
+    ix.pos = a.R > 0 ? mlaf_ld_index(a.pos, a.pos64, t) : 0;
+    return ix;
+}
+
+/* Per-token decision of mla_kv_cache (split_qk_norm: every token ok, no cache row). */
+struct mlaf_token_info {
+    const float *cs; /* cos row of the position; NULL when R == 0 or the token is invalid */
+    int64_t slot;    /* the cache slot when cache */
+    bool ok;         /* position and slot usable: write k_pe and (cache) the cache row */
+    bool cache;      /* ok and slot >= 0 */
+};
+
+__device__ __forceinline__ mlaf_token_info mlaf_token_none() {
+    mlaf_token_info ti;
+    ti.cs = nullptr, ti.slot = -1, ti.ok = true, ti.cache = false;
+    return ti;
+}
+
+/* count: this thread counts an invalid token (one thread per row). */
+__device__ __forceinline__ mlaf_token_info mlaf_token_decide(const mlaf_row_args &a, mlaf_token_idx ix,
+                                                             bool count) {
+    mlaf_token_info ti;
+    bool pos_ok = true;
+    ti.cs = nullptr;
+    if (a.R > 0) {
+        pos_ok = ix.pos >= 0 && ix.pos < a.max_pos;
+        if (pos_ok) ti.cs = a.cos_sin + ix.pos * a.cs_stride;
+    }
+    ti.slot = ix.slot;
+    ti.ok = pos_ok && ix.slot < a.n_slots;
+    ti.cache = ti.ok && ix.slot >= 0;
+    if (!ti.ok && count && a.err) mlaf_cuda_error_count_add(a.err, 1);
+    return ti;
+}
+
+/* Element (or byte) offset of the cache row of a valid slot in a cache of block stride s0 and
+ * slot stride s1. Slot and block_size below 2^31 (every real cache) divide by one 64-bit
+ * multiply and shift with the host's constants (mlaf_div_magic: exact for every such slot);
+ * larger ones take the 64-bit division. */
+__device__ __forceinline__ int64_t mlaf_token_row(const mlaf_row_args &a, int64_t slot, int64_t s0, int64_t s1) {
+    if ((((uint64_t)slot | (uint64_t)a.block_size) >> 31) == 0) {
+        const uint32_t s = (uint32_t)slot, b = (uint32_t)a.block_size,
+                       blk = (uint32_t)(((uint64_t)s * a.bs_mul) >> a.bs_shift);
+        return (int64_t)blk * s0 + (int64_t)(s - blk * b) * s1;
+    }
+    return (slot / a.block_size) * s0 + (slot % a.block_size) * s1;
+}
+
+/* RoPE's cos / sin: lane i loads pair i's (i < 32, R <= 64) as soon as the position is known, so
+ * their latency overlaps the reductions; mlaf_rope_vec hands them to the lanes that hold the
+ * pairs. Longer rows and NeoX load their own there. */
+__device__ __forceinline__ void mlaf_rope_cs_early(const mlaf_row_args &a, const float *cs, int lane, float &c,
+                                                   float &s) {
+    const int h = a.R / 2;
+    c = 0.0f, s = 0.0f;
+    if (cs && h <= 32 && lane < h) c = __ldg(cs + lane), s = __ldg(cs + h + lane);
+}
+
+/* Rotates f, the W values of pe vector l (raw: its bits), in place. Every lane of the warp calls
+ * it with its own vector (interleaved pairs take their cos / sin from the lane that loaded them;
+ * NeoX pairs value i with i + R/2, held by lane l +- rv/2, which needs R/2 to be a multiple of
+ * W). cs NULL: nothing to rotate (the token is invalid). */
+template <typename T>
+__device__ __forceinline__ void mlaf_rope_vec(const mlaf_row_args &a, const float *cs, int l, int rv, uint4 raw,
+                                              float *f, float c0, float s0) {
+    constexpr int W = mlaf_vec<T>::W;
+    const int h = a.R / 2;
+    if (a.neox) {
+        const int hv = rv >> 1;
+        const bool first = l < hv;
+        const int src = l < rv ? (first ? l + hv : l - hv) : l;
+        uint4 p;
+        p.x = __shfl_sync(0xffffffffu, raw.x, src), p.y = __shfl_sync(0xffffffffu, raw.y, src);
+        p.z = __shfl_sync(0xffffffffu, raw.z, src), p.w = __shfl_sync(0xffffffffu, raw.w, src);
+        if (!cs || l >= rv) return;
+        float g[W];
+        mlaf_vec<T>::unpack(p, g);
+        const int i0 = (first ? l : l - hv) * W;
+#pragma unroll
+        for (int k = 0; k < W; k++) {
+            const float c = __ldg(cs + i0 + k), s = __ldg(cs + h + i0 + k);
+            f[k] = first ? mlaf_rope_x0(f[k], g[k], c, s) : mlaf_rope_x1(g[k], f[k], c, s);
+        }
+    } else {
+        float pc[W / 2], ps[W / 2];
+#pragma unroll
+        for (int k = 0; k < W / 2; k++) {
+            const int i = (W / 2) * l + k;
+            pc[k] = __shfl_sync(0xffffffffu, c0, i & 31), ps[k] = __shfl_sync(0xffffffffu, s0, i & 31);
+            if (h > 32 && cs && l < rv) pc[k] = __ldg(cs + i), ps[k] = __ldg(cs + h + i);
+        }
+        if (!cs) return;
+#pragma unroll
+        for (int k = 0; k < W / 2; k++) {
+            const float x0 = f[2 * k], x1 = f[2 * k + 1];
+            f[2 * k] = mlaf_rope_x0(x0, x1, pc[k], ps[k]);
+            f[2 * k + 1] = mlaf_rope_x1(x0, x1, pc[k], ps[k]);
+        }
+    }
+}
+
+/* out = (x * r) * w per value, the weights vector (as stored: T or f32) at element i. */
+template <typename T>
+__device__ __forceinline__ void mlaf_scale_vec(float *f, float r, const void *w, bool wf32, int64_t i) {
+    constexpr int W = mlaf_vec<T>::W;
+    float wv[W];
+    mlaf_ld_weights_vec<T>(w, wf32, i, wv);
+#pragma unroll
+    for (int k = 0; k < W; k++) f[k] = __fmul_rn(__fmul_rn(f[k], r), wv[k]);
+}
+template <typename T> __device__ __forceinline__ void mlaf_scale_vec_w(float *f, float r, uint4 w) {
+    constexpr int W = mlaf_vec<T>::W;
+    float wv[W];
+    mlaf_vec<T>::unpack(w, wv);
+#pragma unroll
+    for (int k = 0; k < W; k++) f[k] = __fmul_rn(__fmul_rn(f[k], r), wv[k]);
+}

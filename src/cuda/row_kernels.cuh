@@ -1,0 +1,257 @@
+/*
+ * row_kernels.cuh — the launch shapes of the row kernel: how rows are brought in and spread
+ * over threads. Each runs row_core.cuh's arithmetic and hands the values to a writer Wr
+ * (row_writers.cuh); ROPE: mla_kv_cache (token decision, RoPE of the pe part).
+ *
+ *   block  one block per row, one 16-byte vector per thread: q vectors on the first threads,
+ *          kv vectors from the next warp, the pe part on a last warp of its own, which ropes
+ *          it while the norm warps join their sums on a named barrier. A small-T call is the
+ *          dependency chain of one row; spread over a block it is about one memory latency
+ *          plus one barrier.
+ *   warp   one row per warp, 4 warps per block, every vector of the row in registers
+ *          (mlaf_row_layout: compile-time slots per part), loads issued before any
+ *          arithmetic; the register cap keeps enough rows in flight per SM to cover memory
+ *          latency at large T.
+ *   bulk   (sm_90) the warp shape, but lane 0 brings the row into the warp's shared-memory
+ *          slot with one bulk copy on an mbarrier, and while it lands the lanes load the row's
+ *          weight vectors into the registers the row no longer takes: the output loop meets
+ *          no load.
+ *   generic any alignment and width: one warp per row, value by value, two passes over the
+ *          row (the second from L1 / L2).
+ * In place (outputs = the latent's own columns) is safe in every shape: a row is read whole
+ * (registers, shared memory, or by the lane that later writes the same element) before it is
+ * written, and rows are disjoint.
+ */
+#pragma once
+
+#include "row_writers.cuh"
+
+#define MLAF_ROW_WARPS 4 /* warps per block of the warp / bulk / generic shapes */
+
+/* ---- block shape ------------------------------------------------------------------------ */
+__device__ __forceinline__ void mlaf_bar_sync(int id, int n) {
+    asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory");
+}
+
+/* Threads of the block shape for a row of qv / cv / rv vectors (at most 1024). */
+static inline int mlaf_row_block_threads(int qv, int cv, int rv) {
+    return (qv + 31) / 32 * 32 + (cv + 31) / 32 * 32 + (rv > 0 ? 32 : 0);
+}
+
+template <typename T, bool ROPE, class Wr>
+__global__ void __launch_bounds__(1024) mlaf_row_block_kernel(const mlaf_row_args a, const typename Wr::params wp) {
+    constexpr int W = mlaf_vec<T>::W;
+    __shared__ float red[32];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int64_t t = blockIdx.x;
+    const int qv = a.Q / W, cv = a.C / W, rv = a.R / W;
+    const int qpad = (qv + 31) & ~31, nt = qpad + ((cv + 31) & ~31);
+    const uint4 *src = reinterpret_cast<const uint4 *>(static_cast<const T *>(a.latent) + t * a.ls);
+    const uint4 zero = make_uint4(0, 0, 0, 0);
+
+    if (tid >= nt) { /* the pe warp: lane l holds pe vector l */
+        mlaf_token_idx ix = {-1, 0};
+        if (ROPE) ix = mlaf_token_load(a, t);
+        const bool ok = lane < rv;
+        const uint4 x = ok ? __ldcg(src + qv + cv + lane) : zero;
+        const mlaf_token_info ti = ROPE ? mlaf_token_decide(a, ix, false) : mlaf_token_none();
+        float f[W], c0 = 0.0f, s0 = 0.0f;
+        if (ROPE) mlaf_rope_cs_early(a, ti.cs, lane, c0, s0);
+        mlaf_vec<T>::unpack(x, f);
+        Wr w(wp, a, t, ti);
+        if (ROPE) {
+            mlaf_rope_vec<T>(a, ti.cs, lane, rv, x, f, c0, s0);
+            w.pe(lane, ok && ti.ok, f, mlaf_vec<T>::pack(f));
+        } else {
+            w.pe(lane, ok, f, x);
+        }
+        w.finish(__int_as_float(0x7fc00000), __int_as_float(0x7fc00000), false);
+        return;
+    }
+
+    const bool isq = tid < qpad;
+    const int j = isq ? tid : tid - qpad;
+    const bool ok = j < (isq ? qv : cv);
+    mlaf_token_idx ix = {-1, 0};
+    if (ROPE) ix = mlaf_token_load(a, t);
+    const uint4 x = ok ? __ldcg(src + (isq ? j : qv + j)) : zero;
+    float wv[W];
+    if (ok) mlaf_ld_weights_vec<T>(isq ? a.w_q : a.w_kv, isq ? a.wq_f32 : a.wkv_f32, (int64_t)j * W, wv);
+    const mlaf_token_info ti = ROPE ? mlaf_token_decide(a, ix, tid == 0) : mlaf_token_none();
+
+    float f[W];
+    mlaf_vec<T>::unpack(x, f);
+    const float acc = mlaf_warp_sum(mlaf_sumsq<W>(f));
+    if (lane == 0) red[warp] = acc;
+    mlaf_bar_sync(1, nt);
+    float sq = 0.0f, skv = 0.0f;
+    for (int k = 0; k < qpad / 32; k++) sq += red[k];
+    for (int k = qpad / 32; k < nt / 32; k++) skv += red[k];
+    const float rq = a.Q > 0 ? mlaf_rstd(sq, a.Q, a.eps_q) : 0.0f;
+    const float rkv = mlaf_rstd(skv, a.C, a.eps_kv);
+
+    Wr w(wp, a, t, ti);
+    const float r = isq ? rq : rkv;
+#pragma unroll
+    for (int k = 0; k < W; k++) f[k] = __fmul_rn(__fmul_rn(f[k], r), ok ? wv[k] : 0.0f);
+    const uint4 o = mlaf_vec<T>::pack(f);
+    if (isq) w.q(j, ok, f, o);
+    else w.kv(j, ok, f, o);
+    w.finish(rq, rkv, tid == 0);
+}
+
+/* ---- warp and bulk shapes --------------------------------------------------------------- */
+template <typename T, class L, bool BULK, bool ROPE, class Wr>
+__device__ __forceinline__ void mlaf_row_warp_body(const mlaf_row_args &a, const typename Wr::params &wp) {
+    constexpr int W = mlaf_vec<T>::W, NQ = L::NQ, NC = L::NC, NP = L::NP, NS = L::NS;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int64_t t = (int64_t)blockIdx.x * MLAF_ROW_WARPS + warp;
+    if (t >= a.T) return;
+    const int qv = a.Q / W, cv = a.C / W, rv = a.R / W;
+    const uint4 *src = reinterpret_cast<const uint4 *>(static_cast<const T *>(a.latent) + t * a.ls);
+    const uint4 zero = make_uint4(0, 0, 0, 0);
+    /* slot s of the lane: its part's vector j, at vector rowv of the row */
+    auto jof = [&](int s) { return (s < NQ ? s : s < NQ + NC ? s - NQ : s - NQ - NC) * 32 + lane; };
+    auto rowv = [&](int s) { return s < NQ ? jof(s) : s < NQ + NC ? qv + jof(s) : qv + cv + jof(s); };
+    auto okof = [&](int s) { return jof(s) < (s < NQ ? qv : s < NQ + NC ? cv : rv); };
+
+    /* 1. bring the row in: registers, or the warp's shared-memory slot (bulk) */
+    extern __shared__ __align__(128) unsigned char mlaf_row_smem[];
+    __shared__ __align__(8) uint64_t bars[BULK ? MLAF_ROW_WARPS : 1];
+    const uint4 *srow = reinterpret_cast<const uint4 *>(mlaf_row_smem + (BULK ? (size_t)warp * a.slot : 0));
+    const uint32_t bar = (uint32_t)__cvta_generic_to_shared(&bars[BULK ? warp : 0]);
+    uint4 v[BULK ? 1 : NS];
+    uint4 wv[BULK ? NQ + NC : 1];
+    if constexpr (BULK) {
+        if (lane == 0) {
+            const uint32_t bytes = (uint32_t)(qv + cv + rv) * 16u;
+            mlaf_bar_init(bar, 1);
+            mlaf_bar_expect(bar, bytes);
+            mlaf_bulk_copy((uint32_t)__cvta_generic_to_shared(srow), src, bytes, bar);
+        }
+        __syncwarp(); /* the barrier is initialized before any lane waits on it */
+    }
+    mlaf_token_idx ix = {-1, 0};
+    if (ROPE) ix = mlaf_token_load(a, t);
+    if constexpr (!BULK) {
+#pragma unroll
+        for (int s = 0; s < NS; s++) v[s] = okof(s) ? __ldcg(src + rowv(s)) : zero;
+    } else {
+#pragma unroll
+        for (int s = 0; s < NQ + NC; s++)
+            wv[s] = okof(s) ? __ldg(s < NQ ? static_cast<const uint4 *>(a.w_q) + jof(s)
+                                           : static_cast<const uint4 *>(a.w_kv) + jof(s))
+                            : zero;
+    }
+    const mlaf_token_info ti = ROPE ? mlaf_token_decide(a, ix, lane == 0) : mlaf_token_none();
+    float c0 = 0.0f, s0 = 0.0f;
+    if (ROPE && NP > 0) mlaf_rope_cs_early(a, ti.cs, lane, c0, s0);
+    if constexpr (BULK) mlaf_bar_wait(bar, 0);
+    auto vec = [&](int s) -> uint4 {
+        if constexpr (BULK) return okof(s) ? srow[rowv(s)] : zero;
+        else return v[s];
+    };
+
+    /* 2. sums and rstd (lanes past a part's end hold zeros) */
+    float sq = 0.0f, skv = 0.0f;
+#pragma unroll
+    for (int s = 0; s < NQ + NC; s++) {
+        float f[W];
+        mlaf_vec<T>::unpack(vec(s), f);
+        if (s < NQ) sq += mlaf_sumsq<W>(f);
+        else skv += mlaf_sumsq<W>(f);
+    }
+    sq = mlaf_warp_sum(sq);
+    skv = mlaf_warp_sum(skv);
+    const float rq = a.Q > 0 ? mlaf_rstd(sq, a.Q, a.eps_q) : 0.0f;
+    const float rkv = mlaf_rstd(skv, a.C, a.eps_kv);
+
+    /* 3. every vector to the writer as soon as it is ready */
+    Wr w(wp, a, t, ti);
+#pragma unroll
+    for (int s = 0; s < NS; s++) {
+        const int j = jof(s);
+        const bool ok = okof(s);
+        const uint4 x = vec(s);
+        float f[W];
+        mlaf_vec<T>::unpack(x, f);
+        if (s < NQ + NC) {
+            const bool isq = s < NQ;
+            if (ok) {
+                if constexpr (BULK) mlaf_scale_vec_w<T>(f, isq ? rq : rkv, wv[s < NQ + NC ? s : 0]);
+                else mlaf_scale_vec<T>(f, isq ? rq : rkv, isq ? a.w_q : a.w_kv, isq ? a.wq_f32 : a.wkv_f32,
+                                       (int64_t)j * W);
+            }
+            const uint4 o = mlaf_vec<T>::pack(f);
+            if (isq) w.q(j, ok, f, o);
+            else w.kv(j, ok, f, o);
+        } else if constexpr (ROPE) {
+            mlaf_rope_vec<T>(a, ti.cs, j, rv, x, f, c0, s0);
+            w.pe(j, ok && ti.ok, f, mlaf_vec<T>::pack(f));
+        } else {
+            w.pe(j, ok, f, x);
+        }
+    }
+    w.finish(rq, rkv, lane == 0);
+}
+
+template <typename T, class L, bool BULK, bool ROPE, class Wr>
+__global__ void __launch_bounds__(MLAF_ROW_WARPS * 32, mlaf_row_minb4<L::NS>::value)
+mlaf_row_warp_kernel(const mlaf_row_args a, const typename Wr::params wp) {
+    if constexpr (BULK) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+        __trap(); /* the host launches the bulk shape on sm_90 and later only */
+#else
+        mlaf_row_warp_body<T, L, true, ROPE, Wr>(a, wp);
+#endif
+    } else {
+        mlaf_row_warp_body<T, L, false, ROPE, Wr>(a, wp);
+    }
+}
+
+/* ---- generic shape ---------------------------------------------------------------------- */
+template <typename T, bool ROPE, class Wr>
+__global__ void __launch_bounds__(MLAF_ROW_WARPS * 32) mlaf_row_generic_kernel(const mlaf_row_args a,
+                                                                               const typename Wr::params wp) {
+    typedef typename mlaf_bits<T>::type B;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int64_t t = (int64_t)blockIdx.x * MLAF_ROW_WARPS + warp;
+    if (t >= a.T) return;
+    const int32_t Q = a.Q, C = a.C, R = a.R;
+    const mlaf_token_info ti = ROPE ? mlaf_token_decide(a, mlaf_token_load(a, t), lane == 0) : mlaf_token_none();
+    const T *L = static_cast<const T *>(a.latent) + t * a.ls;
+
+    float sq = 0.0f, skv = 0.0f;
+    for (int32_t i = lane; i < Q; i += 32) {
+        const float x = mlaf_ld(L + i);
+        sq = fmaf(x, x, sq);
+    }
+    for (int32_t j = lane; j < C; j += 32) {
+        const float x = mlaf_ld(L + Q + j);
+        skv = fmaf(x, x, skv);
+    }
+    sq = mlaf_warp_sum(sq);
+    skv = mlaf_warp_sum(skv);
+    const float rq = Q > 0 ? mlaf_rstd(sq, Q, a.eps_q) : 0.0f;
+    const float rkv = mlaf_rstd(skv, C, a.eps_kv);
+
+    /* each value is re-read and written by the lane that owns it: in-place safe */
+    Wr w(wp, a, t, ti);
+    for (int32_t i = lane; i < Q; i += 32)
+        w.q1(i, __fmul_rn(__fmul_rn(mlaf_ld(L + i), rq), mlaf_ld_weight<T>(a.w_q, a.wq_f32, i)));
+    for (int32_t j = lane; j < C; j += 32)
+        w.kv1(j, __fmul_rn(__fmul_rn(mlaf_ld(L + Q + j), rkv), mlaf_ld_weight<T>(a.w_kv, a.wkv_f32, j)));
+    const T *P = L + Q + C;
+    if (!ROPE) {
+        for (int32_t r = lane; r < R; r += 32) w.pe1(r, mlaf_ld(P + r), reinterpret_cast<const B *>(P)[r]);
+    } else if (ti.ok) {
+        const int32_t h = R / 2;
+        for (int32_t i = lane; i < h; i += 32) {
+            const int32_t i0 = a.neox ? i : 2 * i, i1 = a.neox ? i + h : 2 * i + 1;
+            const float x0 = mlaf_ld(P + i0), x1 = mlaf_ld(P + i1), c = __ldg(ti.cs + i), s = __ldg(ti.cs + h + i);
+            w.pe1(i0, mlaf_rope_x0(x0, x1, c, s), 0);
+            w.pe1(i1, mlaf_rope_x1(x0, x1, c, s), 0);
+        }
+    }
+    w.finish(rq, rkv, lane == 0);
+}

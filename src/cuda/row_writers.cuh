@@ -1,0 +1,144 @@
+/*
+ * row_writers.cuh — what the row kernels do with a row's final values: the writers.
+ *
+ * A writer is a small device policy, a template argument of every launch shape. Each shape
+ * computes a row's values (row_core.cuh) and hands every vector of them to the writer, in
+ * registers, the moment it is ready (a row's stores leave while its later vectors are computed):
+ *
+ *   struct params { ... };          filled on the host, passed by value to the kernel
+ *   W(const params &, const mlaf_row_args &, int64_t t, const mlaf_token_info &);   per row
+ *   void q (int j, bool ok, const float *f, uint4 packed);   q vector j: values [j W, j W + W)
+ *   void kv(int j, bool ok, const float *f, uint4 packed);   kv vector j (normalized)
+ *   void pe(int j, bool ok, const float *f, uint4 packed);   pe vector j (mla_kv_cache: roped;
+ *                                                            split_qk_norm: packed = raw bits)
+ *   void finish(float rq, float rkv, bool leader);            after the row's last vector
+ *   void q1 / kv1 (int64_t i, float y); void pe1(int64_t i, float y, uint32_t raw);   the same per
+ *                                        value i, for the generic (unaligned, any width) kernel
+ *
+ * f holds fp32 values (before rounding), packed the same rounded once to the latent dtype. Every
+ * thread of a warp calls every hook of its vectors (ok = false where it holds none, or, for pe,
+ * where the token is invalid), so a writer may exchange values between lanes with shuffles: in
+ * the warp shapes the kv part starts at lane 0 of a slot, and in the block shape at a warp. The
+ * kv tile of 128 values is 16 consecutive lanes (bf16 / f16). finish: leader is one thread per
+ * row; rq / rkv are NaN in the block shape's rope warp, which holds no norm part.
+ * A new writer is one struct here and one entry in the op's launch (mla_kv_cache.cu).
+ */
+#pragma once
+
+#include "row_core.cuh"
+
+/* No-op hooks, for writers that take only some of them. */
+struct mlaf_wr_base {
+    __device__ __forceinline__ void q(int, bool, const float *, uint4) {}
+    __device__ __forceinline__ void kv(int, bool, const float *, uint4) {}
+    __device__ __forceinline__ void pe(int, bool, const float *, uint4) {}
+    __device__ __forceinline__ void q1(int64_t, float) {}
+    __device__ __forceinline__ void kv1(int64_t, float) {}
+    __device__ __forceinline__ void pe1(int64_t, float, uint32_t) {}
+    __device__ __forceinline__ void finish(float, float, bool) {}
+};
+
+/* The dense outputs: q (Q > 0), k_nope and k_pe (each may be NULL), row-strided. */
+template <typename T> struct mlaf_wr_dense : mlaf_wr_base {
+    struct params {
+        void *q, *k_nope, *k_pe;
+        int64_t qs, ks, ps;
+        int32_t pe_raw; /* split_qk_norm: k_pe is a bit-exact copy (pe1's raw) */
+    };
+    uint4 *q_, *k_, *p_;
+    bool raw_;
+    __device__ __forceinline__ mlaf_wr_dense(const params &p, const mlaf_row_args &, int64_t t,
+                                             const mlaf_token_info &) {
+        raw_ = p.pe_raw != 0;
+        q_ = p.q ? reinterpret_cast<uint4 *>(static_cast<T *>(p.q) + t * p.qs) : nullptr;
+        k_ = p.k_nope ? reinterpret_cast<uint4 *>(static_cast<T *>(p.k_nope) + t * p.ks) : nullptr;
+        p_ = p.k_pe ? reinterpret_cast<uint4 *>(static_cast<T *>(p.k_pe) + t * p.ps) : nullptr;
+    }
+    __device__ __forceinline__ void q(int j, bool ok, const float *, uint4 v) {
+        if (ok) __stcg(q_ + j, v);
+    }
+    __device__ __forceinline__ void kv(int j, bool ok, const float *, uint4 v) {
+        if (ok && k_) __stcg(k_ + j, v);
+    }
+    __device__ __forceinline__ void pe(int j, bool ok, const float *, uint4 v) {
+        if (ok && p_) __stcg(p_ + j, v);
+    }
+    __device__ __forceinline__ void q1(int64_t i, float y) { mlaf_st(reinterpret_cast<T *>(q_) + i, y); }
+    __device__ __forceinline__ void kv1(int64_t i, float y) {
+        if (k_) mlaf_st(reinterpret_cast<T *>(k_) + i, y);
+    }
+    __device__ __forceinline__ void pe1(int64_t i, float y, uint32_t raw) {
+        typedef typename mlaf_bits<T>::type B;
+        if (p_) {
+            if (raw_) reinterpret_cast<B *>(p_)[i] = (B)raw;
+            else mlaf_st(reinterpret_cast<T *>(p_) + i, y);
+        }
+    }
+};
+
+/* The plain paged cache [num_blocks, block_size, C + R] in bf16 / f16 / f32: the row
+ * [k_nope | rope(k_pe)] at the token's slot, from fp32 straight to the cache dtype (the latent
+ * dtype's packed vector when they match). Plain stores: streaming ones were slower. */
+template <typename T> struct mlaf_wr_paged : mlaf_wr_base {
+    struct params {
+        void *cache;
+        mlaf_dtype dt;
+        int64_t s0, s1; /* elements per block, per slot */
+    };
+    void *row_;
+    mlaf_dtype dt_;
+    int32_t C_;
+    __device__ __forceinline__ mlaf_wr_paged(const params &p, const mlaf_row_args &a, int64_t,
+                                             const mlaf_token_info &ti) {
+        dt_ = p.dt, C_ = a.C;
+        const int64_t e = ti.cache ? mlaf_token_row(a, ti.slot, p.s0, p.s1) : 0;
+        row_ = !ti.cache ? nullptr
+               : p.dt == MLAF_F32 ? static_cast<void *>(static_cast<float *>(p.cache) + e)
+                                  : static_cast<void *>(static_cast<uint16_t *>(p.cache) + e);
+    }
+    __device__ __forceinline__ void put(int64_t i, const float *f, uint4 v) {
+        constexpr int W = mlaf_vec<T>::W;
+        if (dt_ == mlaf_dtype_of<T>())
+            *reinterpret_cast<uint4 *>(static_cast<T *>(row_) + i) = v;
+        else
+            mlaf_st_dt_vec<W>(row_, dt_, i, f);
+    }
+    __device__ __forceinline__ void kv(int j, bool ok, const float *f, uint4 v) {
+        if (ok && row_) put((int64_t)j * mlaf_vec<T>::W, f, v);
+    }
+    __device__ __forceinline__ void pe(int j, bool ok, const float *f, uint4 v) {
+        if (ok && row_) put((int64_t)C_ + (int64_t)j * mlaf_vec<T>::W, f, v);
+    }
+    __device__ __forceinline__ void kv1(int64_t i, float y) {
+        if (row_) mlaf_st_dt(row_, dt_, i, y);
+    }
+    __device__ __forceinline__ void pe1(int64_t i, float y, uint32_t) {
+        if (row_) mlaf_st_dt(row_, dt_, (int64_t)C_ + i, y);
+    }
+};
+
+/* Two writers, each receiving every vector. */
+template <class A, class B> struct mlaf_wr_pair {
+    struct params {
+        typename A::params a;
+        typename B::params b;
+    };
+    A x_;
+    B y_;
+    __device__ __forceinline__ mlaf_wr_pair(const params &p, const mlaf_row_args &a, int64_t t,
+                                            const mlaf_token_info &ti)
+        : x_(p.a, a, t, ti), y_(p.b, a, t, ti) {}
+    __device__ __forceinline__ void q(int j, bool ok, const float *f, uint4 v) { x_.q(j, ok, f, v), y_.q(j, ok, f, v); }
+    __device__ __forceinline__ void kv(int j, bool ok, const float *f, uint4 v) {
+        x_.kv(j, ok, f, v), y_.kv(j, ok, f, v);
+    }
+    __device__ __forceinline__ void pe(int j, bool ok, const float *f, uint4 v) {
+        x_.pe(j, ok, f, v), y_.pe(j, ok, f, v);
+    }
+    __device__ __forceinline__ void finish(float rq, float rkv, bool leader) {
+        x_.finish(rq, rkv, leader), y_.finish(rq, rkv, leader);
+    }
+    __device__ __forceinline__ void q1(int64_t i, float y) { x_.q1(i, y), y_.q1(i, y); }
+    __device__ __forceinline__ void kv1(int64_t i, float y) { x_.kv1(i, y), y_.kv1(i, y); }
+    __device__ __forceinline__ void pe1(int64_t i, float y, uint32_t r) { x_.pe1(i, y, r), y_.pe1(i, y, r); }
+};
