@@ -38,6 +38,7 @@
 #include "../half.h"
 #include "cpu.h"
 #include "norm_kern.h"
+#include "norm_writers.h"
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -156,8 +157,13 @@ static void copy_scalar(const void *x, size_t bytes, void *out, int stream) {
     memcpy(out, x, bytes);
 }
 
+static void convert_scalar(const float *v, int64_t n, void *out, mlaf_dtype odt, int stream) {
+    (void)stream;
+    for (int64_t i0 = 0; i0 < n; i0 += BLK) store_block(out, odt, i0, n - i0 < BLK ? (int)(n - i0) : BLK, v + i0);
+}
+
 const mlaf_norm_kern mlaf_norm_kern_scalar = {sumsq_scalar, scale_scalar, rope_scalar, fence_scalar,
-                                              copy_scalar};
+                                              copy_scalar, convert_scalar};
 
 /* ---- dispatch and helpers -------------------------------------------------------------- */
 
@@ -209,23 +215,60 @@ static wview weights_prepare(const void *w, mlaf_dtype wdt, int64_t n, float *sc
     return v;
 }
 
-/* pf: the same part of the row PREFETCH_ROWS ahead, or NULL. */
+/* Values per chunk the row loop hands to the writers (on the stack: fp32 values and weights). */
+#define CHUNK 1024
+/* pe parts up to this many values are roped by the path's kernel in one piece. */
+#define PE_MAX 2048
+
+/* One norm part: (x * rstd) * w in fp32, chunk by chunk, to every writer. pf: the same part of
+ * the row PREFETCH_ROWS ahead, or NULL. */
 static void norm_part(const mlaf_norm_kern *k, const void *x, mlaf_dtype dt, int64_t n, float rstd,
-                      const wview *w, void *out, mlaf_dtype odt, void *out2, mlaf_dtype o2dt,
-                      int stream, const char *pf) {
-    if (!out && !out2) return;
-    if (w->f32) {
-        k->scale(x, dt, n, rstd, w->f32, out, odt, out2, o2dt, stream, pf);
+                      const wview *w, mlaf_row_part part, const mlaf_cpu_row *row, const mlaf_cpu_writer *wr,
+                      int nw, const char *pf) {
+    float v[CHUNK], wb[CHUNK];
+    const size_t xs = mlaf_dtype_size(dt);
+    for (int64_t i0 = 0; i0 < n; i0 += CHUNK) {
+        const int m = n - i0 < CHUNK ? (int)(n - i0) : CHUNK;
+        const float *wf = w->f32 ? w->f32 + i0 : wb;
+        if (!w->f32)
+            for (int j = 0; j < m; j += BLK) load_block(w->raw, w->dt, i0 + j, m - j < BLK ? m - j : BLK, wb + j);
+        k->scale((const char *)x + i0 * xs, dt, m, rstd, wf, v, MLAF_F32, NULL, MLAF_F32, 0,
+                 pf ? pf + i0 * xs : NULL);
+        for (int i = 0; i < nw; i++) wr[i].put(&wr[i], row, part, i0, m, v);
+    }
+}
+
+/* The roped pe part to every writer: in one piece by the path's kernel, or, past PE_MAX values,
+ * CHUNK / 2 pairs at a time with the portable rotation (the same bits). */
+static void rope_part(const mlaf_norm_kern *k, const void *x, mlaf_dtype dt, int32_t R, mlaf_rope_style style,
+                      const float *cs, const mlaf_cpu_row *row, const mlaf_cpu_writer *wr, int nw) {
+    float v[PE_MAX];
+    if (R <= PE_MAX) {
+        k->rope(x, dt, R, style, cs, v, MLAF_F32, NULL, MLAF_F32);
+        for (int i = 0; i < nw; i++) wr[i].put(&wr[i], row, MLAF_PART_PE, 0, R, v);
         return;
     }
-    float wb[1024];
-    size_t xs = mlaf_dtype_size(dt), os = mlaf_dtype_size(odt), o2s = mlaf_dtype_size(o2dt);
-    for (int64_t i0 = 0; i0 < n; i0 += 1024) {
-        int m = n - i0 < 1024 ? (int)(n - i0) : 1024;
-        for (int j = 0; j < m; j += BLK)
-            load_block(w->raw, w->dt, i0 + j, m - j < BLK ? m - j : BLK, wb + j);
-        k->scale((const char *)x + i0 * xs, dt, m, rstd, wb, out ? (char *)out + i0 * os : NULL,
-                 odt, out2 ? (char *)out2 + i0 * o2s : NULL, o2dt, 0, pf ? pf + i0 * xs : NULL);
+    const int32_t h = R / 2, P = CHUNK / 2;
+    for (int32_t p0 = 0; p0 < h; p0 += P) {
+        const int32_t np = h - p0 < P ? h - p0 : P;
+        float *y0 = v, *y1 = v + P; /* NeoX: the pairs' first and second values; interleaved: y0 holds both */
+        for (int32_t i = 0; i < np; i++) {
+            const int64_t a = style == MLAF_ROPE_NEOX ? p0 + i : 2 * ((int64_t)p0 + i);
+            const int64_t b = style == MLAF_ROPE_NEOX ? (int64_t)p0 + i + h : a + 1;
+            const float x0 = mlaf_load_f32(x, dt, a), x1 = mlaf_load_f32(x, dt, b);
+            const float c = cs[p0 + i], s = cs[h + p0 + i];
+            const float q0 = x0 * c, q1 = x1 * s, q2 = x1 * c, q3 = x0 * s;
+            if (style == MLAF_ROPE_NEOX) y0[i] = q0 - q1, y1[i] = q2 + q3;
+            else y0[2 * i] = q0 - q1, y0[2 * i + 1] = q2 + q3;
+        }
+        for (int i = 0; i < nw; i++) {
+            if (style == MLAF_ROPE_NEOX) {
+                wr[i].put(&wr[i], row, MLAF_PART_PE, p0, np, y0);
+                wr[i].put(&wr[i], row, MLAF_PART_PE, (int64_t)h + p0, np, y1);
+            } else {
+                wr[i].put(&wr[i], row, MLAF_PART_PE, 2 * (int64_t)p0, 2 * (int64_t)np, y0);
+            }
+        }
     }
 }
 
@@ -241,59 +284,48 @@ static float rstd_of(float ss, int64_t n, float eps) { return 1.0f / sqrtf(ss / 
 
 /* ---- split_qk_norm and mla_kv_cache ---------------------------------------------------- */
 
-/* Rows [t0, t1) of either op (kv == NULL: split_qk_norm). Returns the tokens counted. */
+/* Rows [t0, t1) of either op (kv == NULL: split_qk_norm), each to the nw writers. Returns the
+ * tokens counted. */
 static int64_t norm_rows(const mlaf_norm_kern *k, const mlaf_norm_job *j, const mlaf_kv_cache_job *kv,
-                         int64_t t0, int64_t t1, int stream) {
+                         const mlaf_cpu_writer *wr, int nw, int64_t t0, int64_t t1, int stream) {
     float scratch[WSCRATCH];
     int64_t used = 0;
     wview wq = weights_prepare(j->w_q, j->w_q_dt, j->Q, scratch, &used);
     wview wkv = weights_prepare(j->w_kv, j->w_kv_dt, j->C, scratch, &used);
     const size_t es = mlaf_dtype_size(j->dt);
-    const size_t ces = kv ? mlaf_dtype_size(kv->cache_dt) : 0;
     const int64_t cap = kv ? kv->num_blocks * kv->block_size : 0;
     const int32_t Q = j->Q, C = j->C, R = j->R;
     const int64_t row_bytes = ((int64_t)Q + C + R) * (int64_t)es;
     int64_t errors = 0;
     for (int64_t t = t0; t < t1; t++) {
-        const char *row = (const char *)j->latent + t * j->latent_stride * (int64_t)es;
-        const char *pf = t + PREFETCH_ROWS < t1 ? row + PREFETCH_ROWS * j->latent_stride * (int64_t)es : NULL;
+        const char *x = (const char *)j->latent + t * j->latent_stride * (int64_t)es;
+        const char *pf = t + PREFETCH_ROWS < t1 ? x + PREFETCH_ROWS * j->latent_stride * (int64_t)es : NULL;
         if (pf) prefetch_bytes(pf, ((int64_t)Q + C) * (int64_t)es, row_bytes); /* the k_pe part */
-        const char *xkv = row + (int64_t)Q * es, *xpe = row + ((int64_t)Q + C) * es;
-        float ss_q = Q > 0 ? k->sumsq(row, j->dt, Q) : 0.0f;
-        float ss_kv = k->sumsq(xkv, j->dt, C);
-        void *k_nope = j->k_nope ? (char *)j->k_nope + t * j->k_nope_stride * (int64_t)es : NULL;
-        void *k_pe = j->k_pe ? (char *)j->k_pe + t * j->k_pe_stride * (int64_t)es : NULL;
-        char *crow = NULL;
+        const char *xkv = x + (int64_t)Q * es, *xpe = x + ((int64_t)Q + C) * es;
+        /* both sums before anything of the row is written: the in-place form is safe */
+        const float ss_q = Q > 0 ? k->sumsq(x, j->dt, Q) : 0.0f;
+        const float ss_kv = k->sumsq(xkv, j->dt, C);
+        mlaf_cpu_row row = {t, 1, -1, Q > 0 ? rstd_of(ss_q, Q, j->eps_q) : 0.0f, rstd_of(ss_kv, C, j->eps_kv),
+                            xpe, stream};
         const float *cs = NULL;
-        int bad = 0;
         if (kv) {
-            int64_t slot = mlaf_load_index(kv->slots, kv->slot_dt, t);
+            row.slot = mlaf_load_index(kv->slots, kv->slot_dt, t);
             if (R > 0) {
-                int64_t pos = mlaf_load_index(kv->rope.positions, kv->rope.pos_dt, t);
-                if (pos < 0 || pos >= kv->rope.max_pos)
-                    bad = 1;
-                else
-                    cs = kv->rope.cos_sin + pos * kv->rope.cos_sin_stride;
+                const int64_t pos = mlaf_load_index(kv->rope.positions, kv->rope.pos_dt, t);
+                if (pos < 0 || pos >= kv->rope.max_pos) row.ok = 0;
+                else cs = kv->rope.cos_sin + pos * kv->rope.cos_sin_stride;
             }
-            if (slot >= cap) bad = 1;
-            if (!bad && slot >= 0)
-                crow = (char *)kv->cache +
-                       ((slot / kv->block_size) * kv->cache_s0 + (slot % kv->block_size) * kv->cache_s1) *
-                           (int64_t)ces;
-            errors += bad;
+            if (row.slot >= cap) row.ok = 0;
+            errors += !row.ok;
         }
-        if (Q > 0)
-            norm_part(k, row, j->dt, Q, rstd_of(ss_q, Q, j->eps_q), &wq,
-                      (char *)j->q + t * j->q_stride * (int64_t)es, j->dt, NULL, j->dt, stream, pf);
-        norm_part(k, xkv, j->dt, C, rstd_of(ss_kv, C, j->eps_kv), &wkv, k_nope, j->dt, crow,
-                  kv ? kv->cache_dt : j->dt, stream, pf ? pf + (int64_t)Q * es : NULL);
-        if (R == 0) continue;
-        if (!kv) {
-            if (k_pe && k_pe != (const void *)xpe) k->copy(xpe, (size_t)R * es, k_pe, stream);
-        } else if (!bad && (k_pe || crow)) {
-            k->rope(xpe, j->dt, R, kv->rope.style, cs, k_pe, j->dt, crow ? crow + (int64_t)C * ces : NULL,
-                    kv->cache_dt);
-        }
+        if (Q > 0) norm_part(k, x, j->dt, Q, row.rstd_q, &wq, MLAF_PART_Q, &row, wr, nw, pf);
+        norm_part(k, xkv, j->dt, C, row.rstd_kv, &wkv, MLAF_PART_KV, &row, wr, nw, pf ? pf + (int64_t)Q * es : NULL);
+        if (R > 0 && !kv)
+            for (int i = 0; i < nw; i++) wr[i].put(&wr[i], &row, MLAF_PART_PE, 0, R, NULL);
+        else if (R > 0 && row.ok)
+            rope_part(k, xpe, j->dt, R, kv->rope.style, cs, &row, wr, nw);
+        for (int i = 0; i < nw; i++)
+            if (wr[i].finish) wr[i].finish(&wr[i], &row);
     }
     if (stream) k->fence();
     return errors;
@@ -301,16 +333,19 @@ static int64_t norm_rows(const mlaf_norm_kern *k, const mlaf_norm_job *j, const 
 
 static int64_t run_norm(mlaf_context *ctx, const mlaf_norm_job *j, const mlaf_kv_cache_job *kv) {
     const mlaf_norm_kern *k = kern_for(ctx);
+    mlaf_cpu_writer wr[2] = {mlaf_cpu_writer_dense(k, j)};
+    int nw = 1;
+    if (kv) wr[nw++] = mlaf_cpu_writer_paged(k, kv);
     const int64_t W = (int64_t)j->Q + j->C + j->R;
     int nt = threads_for(ctx, j->T, j->T * W);
     int stream = j->T * W * (int64_t)mlaf_dtype_size(j->dt) >= MLAF_STREAM_BYTES;
-    if (nt == 1) return norm_rows(k, j, kv, 0, j->T, stream);
+    if (nt == 1) return norm_rows(k, j, kv, wr, nw, 0, j->T, stream);
     int64_t errors = 0;
 #pragma omp parallel for num_threads(nt) schedule(static) reduction(+ : errors)
     for (int c = 0; c < nt; c++) {
         int64_t lo, hi;
         chunk_range(j->T, c, nt, &lo, &hi);
-        errors += norm_rows(k, j, kv, lo, hi, stream);
+        errors += norm_rows(k, j, kv, wr, nw, lo, hi, stream);
     }
     return errors;
 }
@@ -322,7 +357,7 @@ mlaf_status mlaf_cpu_split_qk_norm(mlaf_context *ctx, const mlaf_norm_job *job) 
 
 mlaf_status mlaf_cpu_mla_kv_cache(mlaf_context *ctx, const mlaf_kv_cache_job *job) {
     int64_t errors = run_norm(ctx, &job->norm, job);
-    if (job->error_count && errors > 0) *job->error_count += (int32_t)errors;
+    mlaf_error_count_add(job->error_count, errors);
     return MLAF_OK;
 }
 
@@ -378,6 +413,6 @@ mlaf_status mlaf_cpu_rope_q(mlaf_context *ctx, const mlaf_rope_q_job *job) {
             errors += rope_q_heads(k, job, lo, hi);
         }
     }
-    if (job->error_count && errors > 0) *job->error_count += (int32_t)errors;
+    mlaf_error_count_add(job->error_count, errors);
     return MLAF_OK;
 }

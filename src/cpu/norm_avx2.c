@@ -144,4 +144,11 @@ static void copy_avx2(const void *x, size_t bytes, void *out, int stream) {
     memcpy(out, x, bytes);
 }
 
-const mlaf_norm_kern mlaf_norm_kern_avx2 = {sumsq_avx2, scale_avx2, rope_avx2, fence_avx2, copy_avx2};
+static void convert_avx2(const float *v, int64_t n, void *out, mlaf_dtype odt, int stream) {
+    (void)stream;
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) st8(out, odt, i, _mm256_loadu_ps(v + i));
+    for (; i < n; i++) mlaf_store_f32(out, odt, i, v[i]);
+}
+
+const mlaf_norm_kern mlaf_norm_kern_avx2 = {sumsq_avx2, scale_avx2, rope_avx2, fence_avx2, copy_avx2, convert_avx2};

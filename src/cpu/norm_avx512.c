@@ -332,10 +332,43 @@ static void rope_avx512(const void *x, mlaf_dtype dt, int32_t R, mlaf_rope_style
     if (i < h) mlaf_norm_rope_pairs(x, dt, R, style, cs, i, out, odt, out2, o2dt);
 }
 
+/* convert: scale_body's stores without the products. `cvt` as in st32. */
+AI void convert_body(const float *v, int64_t n, void *out, mlaf_dtype odt, int stream, int cvt) {
+    int64_t i = 0;
+    if (stream) { /* whole aligned lines only: peel up to the first 64-byte boundary */
+        int64_t head = (int64_t)(((64 - (uintptr_t)out % 64) % 64) / mlaf_dtype_size(odt));
+        if (head > n) head = n;
+        for (; i < head; i += 16) {
+            const int64_t m = head - i < 16 ? head - i : 16;
+            st16m(out, odt, i, _mm512_maskz_loadu_ps(tail_mask(m), v + i), tail_mask(m));
+        }
+        i = head;
+    }
+    for (; i + 32 <= n; i += 32) st32(out, odt, i, _mm512_loadu_ps(v + i), _mm512_loadu_ps(v + i + 16), stream, cvt);
+    for (; i < n; i += 16) {
+        const __mmask16 k = tail_mask(n - i < 16 ? n - i : 16);
+        st16m(out, odt, i, _mm512_maskz_loadu_ps(k, v + i), k);
+    }
+}
+
+static void convert_avx512(const float *v, int64_t n, void *out, mlaf_dtype odt, int stream) {
+    switch (odt) { /* constant dtypes: the loop carries no per-vector dtype tests */
+    case MLAF_F32: stream ? convert_body(v, n, out, MLAF_F32, 1, 0) : convert_body(v, n, out, MLAF_F32, 0, 0); return;
+    case MLAF_F16: stream ? convert_body(v, n, out, MLAF_F16, 1, 0) : convert_body(v, n, out, MLAF_F16, 0, 0); return;
+    default: stream ? convert_body(v, n, out, MLAF_BF16, 1, 0) : convert_body(v, n, out, MLAF_BF16, 0, 0); return;
+    }
+}
+
+static BF16_TARGET void convert_avx512_bf16(const float *v, int64_t n, void *out, mlaf_dtype odt, int stream) {
+    if (odt != MLAF_BF16) convert_avx512(v, n, out, odt, stream);
+    else if (stream) convert_body(v, n, out, MLAF_BF16, 1, 1);
+    else convert_body(v, n, out, MLAF_BF16, 0, 1);
+}
+
 const mlaf_norm_kern mlaf_norm_kern_avx512 = {sumsq_avx512, scale_avx512, rope_avx512, fence_avx512,
-                                              copy_avx512};
+                                              copy_avx512, convert_avx512};
 const mlaf_norm_kern mlaf_norm_kern_avx512_bf16 = {sumsq_avx512, scale_avx512_bf16, rope_avx512,
-                                                   fence_avx512, copy_avx512};
+                                                   fence_avx512, copy_avx512, convert_avx512_bf16};
 
 int mlaf_norm_avx512_bf16_supported(void) {
     __builtin_cpu_init();

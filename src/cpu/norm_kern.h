@@ -16,6 +16,8 @@
  *   compute of this one instead of arriving in one burst.
  * - copy moves `bytes` bytes unchanged (k_pe); with `stream` set it may use non-temporal
  *   stores, under the same fence rule.
+ * - convert stores n fp32 values in dtype odt, each rounded once (the writers' store); with
+ *   `stream` set it may use non-temporal stores, under the same fence rule.
  * - rope rotates the R values of x (pairs (2i, 2i+1) or (i, i + R/2)) with c = cs[i],
  *   s = cs[R/2 + i]: y0 = x0*c - x1*s, y1 = x1*c + x0*s, as separate fp32 products and one
  *   add / subtract (never fused), so every path gives the same bits. Both values of a pair
@@ -35,6 +37,7 @@ typedef struct mlaf_norm_kern {
                  void *out, mlaf_dtype odt, void *out2, mlaf_dtype o2dt);
     void (*fence)(void); /* orders non-temporal stores before the op returns */
     void (*copy)(const void *x, size_t bytes, void *out, int stream);
+    void (*convert)(const float *v, int64_t n, void *out, mlaf_dtype odt, int stream);
 } mlaf_norm_kern;
 
 extern const mlaf_norm_kern mlaf_norm_kern_scalar;

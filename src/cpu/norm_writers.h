@@ -1,0 +1,42 @@
+/*
+ * norm_writers.h — what the CPU row loop (norm.c) does with a row's final values: the writers.
+ *
+ * The row loop computes each part of a token's row in fp32 (q and kv normalized, mla_kv_cache's
+ * pe part roped) in chunks and hands every chunk to each writer of the op; a writer stores it
+ * (rounded once to its format) or derives what it needs from it. A new writer is one
+ * constructor here and its put / finish functions in norm_writers.c; the op (norm.c) lists it.
+ */
+#ifndef MLAF_NORM_WRITERS_H
+#define MLAF_NORM_WRITERS_H
+
+#include "norm_kern.h"
+
+typedef enum mlaf_row_part { MLAF_PART_Q = 0, MLAF_PART_KV = 1, MLAF_PART_PE = 2 } mlaf_row_part;
+
+/* One token's row, as the writers see it. */
+typedef struct mlaf_cpu_row {
+    int64_t t;
+    int ok;             /* position and slot usable (split_qk_norm: always) */
+    int64_t slot;       /* mla_kv_cache: the cache slot (< 0: no cache row); -1 otherwise */
+    float rstd_q, rstd_kv;
+    const void *pe_raw; /* the latent's pe part as stored (split_qk_norm's bit-exact copy) */
+    int stream;         /* a large call: non-temporal stores allowed (fence before returning) */
+} mlaf_cpu_row;
+
+typedef struct mlaf_cpu_writer mlaf_cpu_writer;
+struct mlaf_cpu_writer {
+    /* values [i0, i0 + n) of part `part` of row r, fp32 before rounding; for the pe part of
+     * split_qk_norm v is NULL and r->pe_raw holds the values. */
+    void (*put)(const mlaf_cpu_writer *w, const mlaf_cpu_row *r, mlaf_row_part part, int64_t i0, int64_t n,
+                const float *v);
+    void (*finish)(const mlaf_cpu_writer *w, const mlaf_cpu_row *r); /* after the row, or NULL */
+    const mlaf_norm_kern *k;
+    const void *job;
+};
+
+/* q (Q > 0), k_nope and k_pe when given, in the latent dtype. */
+mlaf_cpu_writer mlaf_cpu_writer_dense(const mlaf_norm_kern *k, const mlaf_norm_job *job);
+/* The plain paged cache row [k_nope | rope(k_pe)] of the token's slot, in the cache dtype. */
+mlaf_cpu_writer mlaf_cpu_writer_paged(const mlaf_norm_kern *k, const mlaf_kv_cache_job *job);
+
+#endif
