@@ -38,6 +38,8 @@ static void help(void) {
         "  --op NAME|all        split_qk_norm, mla_kv_cache, rope_q, moe_gate (default all)\n"
         "  --preset NAME        model preset (default glm-4.7-flash; 'all' for every preset)\n"
         "  --config FILE        the model of a Hugging Face config.json instead of a preset\n"
+        "  --sweep              the row layouts of the family instead: q_lora_rank 0, 512, 768, 1024,\n"
+        "                       1536, 2048, 3072 x kv_lora_rank 512 x rope 0, 64, from the model given\n"
         "  --dtype f32|f16|bf16 activation dtype (default bf16)\n"
         "  --tokens LIST        token counts (default cuda 1,8,64,512,4096,32768,131072;\n"
         "                       cpu 1,64,4096,65536)\n"
@@ -854,7 +856,7 @@ int cmd_bench(int argc, char **argv) {
     int64_t tokens[CLI_MAX_LIST];
     int ntok = 0;
     long long threads = 0, reps = 0;
-    int graph = 0, json = 0, cache_order = CO_SHUFFLED;
+    int graph = 0, json = 0, cache_order = CO_SHUFFLED, sweep = 0;
 
     for (int i = 1; i < argc; i++) {
         const char *v;
@@ -865,6 +867,8 @@ int cmd_bench(int argc, char **argv) {
         }
         if (!strcmp(argv[i], "--graph")) {
             graph = 1;
+        } else if (!strcmp(argv[i], "--sweep")) {
+            sweep = 1;
         } else if (!strcmp(argv[i], "--json")) {
             json = 1;
         } else if ((r = cli_take_value(argc, argv, &i, "--backend", &v)) != 0) {
@@ -933,6 +937,7 @@ int cmd_bench(int argc, char **argv) {
     } else {
         models[nmodels++] = *(preset ? mlaf_preset_find(preset) : mlaf_preset_at(0));
     }
+    if (sweep) nmodels = cli_sweep_models(&models[0], models, 16);
 
     mlaf_context *ctx = NULL;
     mlaf_status st = mlaf_context_create(&ctx, be);

@@ -161,3 +161,16 @@ const char *cli_score_text(const mlaf_model_config *cfg) {
     if (cfg->score_func == MLAF_SCORE_SIGMOID) return cfg->has_score_bias ? "sigmoid+bias" : "sigmoid";
     return cfg->has_score_bias ? "softmax+bias" : "softmax";
 }
+
+int cli_sweep_models(const mlaf_model_config *base, mlaf_model_config *out, int cap) {
+    static const int32_t qs[] = {0, 512, 768, 1024, 1536, 2048, 3072}, rs[] = {0, 64};
+    int n = 0;
+    for (int r = 0; r < 2; r++)
+        for (int q = 0; q < 7 && n < cap; q++) {
+            mlaf_model_config m = *base;
+            m.q_lora_rank = qs[q], m.kv_lora_rank = 512, m.qk_rope_head_dim = rs[r];
+            snprintf(m.name, sizeof m.name, "sweep-q%d-r%d", qs[q], rs[r]);
+            out[n++] = m;
+        }
+    return n;
+}

@@ -35,6 +35,8 @@ static void help(void) {
         "  --op NAME|all            split_qk_norm, mla_kv_cache, rope_q, moe_gate (default all)\n"
         "  --preset NAME|all        model preset (default all; see mlafuse presets)\n"
         "  --config FILE            the model of a Hugging Face config.json instead of the presets\n"
+        "  --sweep                  the row layouts of the family instead: q_lora_rank 0 .. 3072 x\n"
+        "                           kv_lora_rank 512 x rope 0, 64, from the model given (default the first)\n"
         "  --dtype f32|f16|bf16|all activation dtype (default all)\n"
         "  --tokens LIST            token counts, e.g. 0,1,7 (default 0,1,2,7,64,257,4096,65537)\n"
         "  --seed N                 random seed of the inputs (default 1)\n"
@@ -221,6 +223,7 @@ int cmd_verify(int argc, char **argv) {
     int64_t tokens[CLI_MAX_LIST] = {0, 1, 2, 7, 64, 257, 4096, 65537};
     int ntok = 8;
     long long seed = 1;
+    int sweep = 0;
 
     for (int i = 1; i < argc; i++) {
         const char *v;
@@ -229,7 +232,9 @@ int cmd_verify(int argc, char **argv) {
             help();
             return CLI_EXIT_OK;
         }
-        if ((r = cli_take_value(argc, argv, &i, "--backend", &v)) != 0) {
+        if (!strcmp(argv[i], "--sweep")) {
+            sweep = 1;
+        } else if ((r = cli_take_value(argc, argv, &i, "--backend", &v)) != 0) {
             if (r < 0) return CLI_EXIT_USAGE;
             if (!strcasecmp(v, "all")) {
                 want_backend[0] = want_backend[1] = 1;
@@ -286,7 +291,8 @@ int cmd_verify(int argc, char **argv) {
         for (int i = 0; i < mlaf_preset_count() && nmodels < 16; i++)
             models[nmodels++] = *mlaf_preset_at(i);
     }
-    int with_extras = !config && !(preset && strcasecmp(preset, "all"));
+    if (sweep) nmodels = cli_sweep_models(&models[0], models, 16);
+    int with_extras = !sweep && !config && !(preset && strcasecmp(preset, "all"));
 
     printf("# mlafuse verify: worst error in ulp of the output dtype (f16 / bf16) or u = 1e-5 "
            "relative (f32, router weights); <= 1 passes\n");
