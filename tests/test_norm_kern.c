@@ -8,7 +8,9 @@
  *          lengths around the vector widths, unaligned rows, streamed and plain stores, rows
  *          with NaN / inf and rows whose outputs are denormal;
  *   copy   the k_pe bytes, streamed and plain, aligned or not;
- *   rope   both styles, R from 2 to 128.
+ *   rope   both styles, R from 2 to 128;
+ *   convert fp32 values (NaN, inf, tiny ones too) to every dtype, streamed and plain, at
+ *          aligned and unaligned addresses, every length up to 100 and a few longer ones.
  * Bytes past the row must stay untouched. One case line per table x function x dtypes.
  */
 #include <math.h>
@@ -214,6 +216,42 @@ static void test_rope(const table *tb, int nt) {
     free(got);
 }
 
+static void test_convert(const table *tb, int nt) {
+    static const mlaf_dtype dts[] = {MLAF_F32, MLAF_F16, MLAF_BF16};
+    mlaf_rng rng;
+    mlaf_rng_seed(&rng, 80);
+    enum { NMAX = 1100 };
+    float *v = malloc(sizeof(float) * NMAX);
+    unsigned char *ref = aligned_alloc(64, 4608), *got = aligned_alloc(64, 4608); /* NMAX * 4 + offset + PAD, in lines */
+    for (int ti = 1; ti < nt; ti++) {
+        for (int d = 0; d < 3; d++) {
+            long cases = 0, bad = 0;
+            for (int n = 1; n <= NMAX; n += n < 100 ? 1 : 333) {
+                for (int kind = 0; kind < 3; kind++) {
+                    fill_row(&rng, v, MLAF_F32, n, kind);
+                    for (int variant = 0; variant < 4; variant++) {
+                        const int stream = variant & 1, off = (variant & 2) ? 6 : 0;
+                        const size_t b = (size_t)n * mlaf_dtype_size(dts[d]);
+                        memset(ref, GUARD, b + off + PAD);
+                        memset(got, GUARD, b + off + PAD);
+                        tb[0].k->convert(v, n, ref + off, dts[d], 0);
+                        tb[ti].k->convert(v, n, got + off, dts[d], stream);
+                        if (stream) tb[ti].k->fence();
+                        cases++;
+                        if (memcmp(ref, got, b + off + PAD)) bad++;
+                    }
+                }
+            }
+            char name[96];
+            snprintf(name, sizeof name, "NORM_KERN(table=%s,fn=convert,out=%s)", tb[ti].name, mlaf_dtype_name(dts[d]));
+            tl_case(bad == 0, name, "%ld of %ld conversions differ from the portable path", bad, cases);
+        }
+    }
+    free(v);
+    free(ref);
+    free(got);
+}
+
 int main(void) {
     table tb[4];
     const int nt = tables(tb);
@@ -221,5 +259,6 @@ int main(void) {
     test_scale(tb, nt, tl_quick());
     test_copy(tb, nt);
     test_rope(tb, nt);
+    test_convert(tb, nt);
     return tl_finish();
 }

@@ -331,11 +331,11 @@ static int64_t norm_rows(const mlaf_norm_kern *k, const mlaf_norm_job *j, const 
     return errors;
 }
 
-static int64_t run_norm(mlaf_context *ctx, const mlaf_norm_job *j, const mlaf_kv_cache_job *kv) {
+const mlaf_norm_kern *mlaf_cpu_norm_kern(const mlaf_context *ctx) { return kern_for(ctx); }
+
+int64_t mlaf_cpu_norm_run(const mlaf_context *ctx, const mlaf_norm_job *j, const mlaf_kv_cache_job *kv,
+                          const mlaf_cpu_writer *wr, int nw) {
     const mlaf_norm_kern *k = kern_for(ctx);
-    mlaf_cpu_writer wr[2] = {mlaf_cpu_writer_dense(k, j)};
-    int nw = 1;
-    if (kv) wr[nw++] = mlaf_cpu_writer_paged(k, kv);
     const int64_t W = (int64_t)j->Q + j->C + j->R;
     int nt = threads_for(ctx, j->T, j->T * W);
     int stream = j->T * W * (int64_t)mlaf_dtype_size(j->dt) >= MLAF_STREAM_BYTES;
@@ -351,12 +351,15 @@ static int64_t run_norm(mlaf_context *ctx, const mlaf_norm_job *j, const mlaf_kv
 }
 
 mlaf_status mlaf_cpu_split_qk_norm(mlaf_context *ctx, const mlaf_norm_job *job) {
-    run_norm(ctx, job, NULL);
+    const mlaf_cpu_writer wr[1] = {mlaf_cpu_writer_dense(kern_for(ctx), job)};
+    mlaf_cpu_norm_run(ctx, job, NULL, wr, 1);
     return MLAF_OK;
 }
 
 mlaf_status mlaf_cpu_mla_kv_cache(mlaf_context *ctx, const mlaf_kv_cache_job *job) {
-    int64_t errors = run_norm(ctx, &job->norm, job);
+    const mlaf_norm_kern *k = kern_for(ctx);
+    const mlaf_cpu_writer wr[2] = {mlaf_cpu_writer_dense(k, &job->norm), mlaf_cpu_writer_paged(k, job)};
+    int64_t errors = mlaf_cpu_norm_run(ctx, &job->norm, job, wr, 2);
     mlaf_error_count_add(job->error_count, errors);
     return MLAF_OK;
 }

@@ -4,7 +4,8 @@
  * The row loop computes each part of a token's row in fp32 (q and kv normalized, mla_kv_cache's
  * pe part roped) in chunks and hands every chunk to each writer of the op; a writer stores it
  * (rounded once to its format) or derives what it needs from it. A new writer is one
- * constructor here and its put / finish functions in norm_writers.c; the op (norm.c) lists it.
+ * constructor here and its put / finish functions in norm_writers.c; an op lists its writers
+ * (norm.c).
  */
 #ifndef MLAF_NORM_WRITERS_H
 #define MLAF_NORM_WRITERS_H
@@ -33,6 +34,13 @@ struct mlaf_cpu_writer {
     const mlaf_norm_kern *k;
     const void *job;
 };
+
+/* The row loop (norm.c) over a validated job, each row to the nw writers (built with the
+ * context's kernels, mlaf_cpu_norm_kern); kv NULL: split_qk_norm. Returns the tokens counted as
+ * invalid (the caller adds them to the job's error count). */
+const mlaf_norm_kern *mlaf_cpu_norm_kern(const mlaf_context *ctx);
+int64_t mlaf_cpu_norm_run(const mlaf_context *ctx, const mlaf_norm_job *j, const mlaf_kv_cache_job *kv,
+                          const mlaf_cpu_writer *wr, int nw);
 
 /* q (Q > 0), k_nope and k_pe when given, in the latent dtype. */
 mlaf_cpu_writer mlaf_cpu_writer_dense(const mlaf_norm_kern *k, const mlaf_norm_job *job);
