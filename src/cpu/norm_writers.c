@@ -6,7 +6,7 @@
 /* ---- dense outputs --------------------------------------------------------------------- */
 static void dense_put(const mlaf_cpu_writer *w, const mlaf_cpu_row *r, mlaf_row_part part, int64_t i0, int64_t n,
                       const float *v) {
-    const mlaf_norm_job *j = (const mlaf_norm_job *)w->job;
+    const mlaf_norm_job *j = (const mlaf_norm_job *)w->state;
     const int64_t es = (int64_t)mlaf_dtype_size(j->dt);
     char *out;
     if (part == MLAF_PART_Q) out = (char *)j->q + r->t * j->q_stride * es;
@@ -27,7 +27,7 @@ mlaf_cpu_writer mlaf_cpu_writer_dense(const mlaf_norm_kern *k, const mlaf_norm_j
 /* ---- plain paged cache ----------------------------------------------------------------- */
 static void paged_put(const mlaf_cpu_writer *w, const mlaf_cpu_row *r, mlaf_row_part part, int64_t i0, int64_t n,
                       const float *v) {
-    const mlaf_kv_cache_job *kv = (const mlaf_kv_cache_job *)w->job;
+    const mlaf_kv_cache_job *kv = (const mlaf_kv_cache_job *)w->state;
     if (part == MLAF_PART_Q || !r->ok || r->slot < 0) return;
     const int64_t ces = (int64_t)mlaf_dtype_size(kv->cache_dt);
     const int64_t e = (r->slot / kv->block_size) * kv->cache_s0 + (r->slot % kv->block_size) * kv->cache_s1 +

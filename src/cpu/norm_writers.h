@@ -32,7 +32,7 @@ struct mlaf_cpu_writer {
                 const float *v);
     void (*finish)(const mlaf_cpu_writer *w, const mlaf_cpu_row *r); /* after the row, or NULL */
     const mlaf_norm_kern *k;
-    const void *job;
+    const void *state; /* the writer's own: its job, its outputs */
 };
 
 /* The row loop (norm.c) over a validated job, each row to the nw writers (built with the
