@@ -8,8 +8,17 @@
    (git-ignored; so a source checkout finds it too) and into the wheel's build directory.
    One file, not the soname symlink chain: wheels would store each link as a full copy.
 
+4. When torch can be imported at build time (pip install --no-build-isolation, torch in that
+   environment), the compiled torch binding csrc/mlafuse_torch.cpp is built with torch's own
+   extension tooling (torch.utils.cpp_extension; a C++ compiler, no nvcc) as
+   mlafuse/lib/torch_ops.abi3.so, with torch_ops.json beside it naming the torch it was built
+   against; it is copied into the source package too. Without torch (or with build isolation,
+   whose environment has no torch) it is left out and the package uses its ctypes binding.
+
 Environment: MLAFUSE_CMAKE_ARGS (extra CMake arguments, e.g. "-DMLAF_CUDA=OFF"),
-MLAFUSE_BUILD_JOBS (parallel jobs; default: all cores).
+MLAFUSE_BUILD_JOBS (parallel jobs; default: all cores), MLAFUSE_TORCH_EXT (auto: build the
+torch extension when torch imports, skipping it with a warning if its build fails; 1: build it
+or fail; 0: never).
 
 MLAFUSE_CUDA picks the CUDA backend: unset or "auto" builds it when nvcc is found, "0" (or
 "off") builds the CPU backend only (no nvcc run, a small library), "1" (or "on") requires it.
@@ -86,5 +95,74 @@ class BinaryDistribution(Distribution):
         return True
 
 
-setup(version=read_version(), cmdclass={"build_py": BuildPyWithLibrary},
-      distclass=BinaryDistribution)
+# ---- the compiled torch binding (optional) -------------------------------------------------
+TORCH_EXT_NAME = "mlafuse.lib.torch_ops"
+
+
+def torch_ext_mode():
+    """"auto", "on" or "off" from MLAFUSE_TORCH_EXT (see above); an unknown value is an error."""
+    value = os.environ.get("MLAFUSE_TORCH_EXT", "auto").strip().lower()
+    modes = {"auto": "auto", "": "auto", "0": "off", "off": "off", "false": "off", "no": "off",
+             "1": "on", "on": "on", "true": "on", "yes": "on"}
+    if value not in modes:
+        raise RuntimeError(f"MLAFUSE_TORCH_EXT={value!r}: expected auto, 0 / off or 1 / on")
+    return modes[value]
+
+
+def torch_extension():
+    """The torch extension to build, or None (no torch here, or MLAFUSE_TORCH_EXT=0)."""
+    mode = torch_ext_mode()
+    if mode == "off":
+        return None, None
+    try:
+        from torch.utils.cpp_extension import BuildExtension, CppExtension
+    except ImportError:
+        if mode == "on":
+            raise
+        return None, None
+    # py_limited_api: the extension uses no Python API at all (it registers its ops with the
+    # dispatcher and is loaded by torch.ops.load_library), so it does not link libtorch_python.
+    ext = CppExtension(TORCH_EXT_NAME, [os.path.join("csrc", "mlafuse_torch.cpp")],
+                       include_dirs=[os.path.join(ROOT, "include")],
+                       extra_compile_args=["-O2", "-g0", "-fvisibility=hidden"], libraries=["dl"],
+                       py_limited_api=True)
+
+    class BuildTorchExtension(BuildExtension):
+        def run(self):
+            src_lib = os.path.join(HERE, "mlafuse", "lib")
+            os.makedirs(src_lib, exist_ok=True)
+            for old in os.listdir(src_lib):  # a stale build for another torch must not be found
+                if old.startswith("torch_ops"):
+                    os.remove(os.path.join(src_lib, old))
+            if os.environ.get("MLAFUSE_BUILD_JOBS") and not os.environ.get("MAX_JOBS"):
+                os.environ["MAX_JOBS"] = os.environ["MLAFUSE_BUILD_JOBS"]
+            try:
+                super().run()
+            except Exception as e:  # noqa: BLE001  (any compiler failure)
+                if mode == "on":
+                    raise
+                print(f"mlafuse: the torch extension was not built ({e}); the package will "
+                      "use its ctypes binding", flush=True)
+                return
+            import json
+
+            import torch
+
+            built = self.get_ext_fullpath(TORCH_EXT_NAME)
+            info = {"torch": torch.__version__, "file": os.path.basename(built)}
+            for d in {os.path.dirname(built), src_lib}:
+                if os.path.abspath(d) != os.path.abspath(os.path.dirname(built)):
+                    shutil.copyfile(built, os.path.join(d, os.path.basename(built)))
+                with open(os.path.join(d, "torch_ops.json"), "w") as f:
+                    json.dump(info, f)
+
+    return ext, BuildTorchExtension
+
+
+_torch_ext, _build_ext = torch_extension()
+_cmdclass = {"build_py": BuildPyWithLibrary}
+if _torch_ext is not None:
+    _cmdclass["build_ext"] = _build_ext
+
+setup(version=read_version(), cmdclass=_cmdclass, distclass=BinaryDistribution,
+      ext_modules=[_torch_ext] if _torch_ext is not None else [])

@@ -1,7 +1,9 @@
 """mlafuse — fused memory-bound kernels for MLA-attention + MoE language models.
 
-Thin binding over the C library libmlafuse (ctypes; no compile step of its own) plus PyTorch
-custom ops (torch.ops.mlafuse.*) when torch is installed.
+Thin binding over the C library libmlafuse plus PyTorch custom ops (torch.ops.mlafuse.*) when
+torch is installed. numpy arrays go through ctypes; the torch ops are served by the compiled
+torch extension when it was built (BINDING == "ext"), else by Python implementations over
+ctypes (BINDING == "ctypes"); MLAFUSE_BINDING=auto|ext|ctypes chooses.
 
     import mlafuse
     q, k_nope, k_pe = mlafuse.split_qk_norm(latent, w_q, w_kv, eps_q=1e-5, eps_kv=1e-5)
@@ -16,6 +18,7 @@ Set MLAFUSE_DISABLE_TORCH=1 to keep the package from importing torch.
 """
 from ._lib import MlafError, library_path
 from .ops import (
+    BINDING,
     Preset,
     backend_available,
     backend_supports,
@@ -39,4 +42,5 @@ __all__ = [
     "MlafError", "Preset", "backend_available", "backend_supports", "find_preset",
     "get_num_threads", "library_path", "mla_kv_cache", "moe_gate", "presets", "rope_q",
     "rope_table", "set_num_threads", "split_qk_norm", "version", "version_number", "HAS_TORCH",
+    "BINDING",
 ]

@@ -17,6 +17,9 @@ from ._lib import MlafError
 
 # ---- contexts ----------------------------------------------------------------------------
 _cpu_threads = 0  # 0 = all cores, the library's default
+# Set by _torch_ops when the compiled torch binding is loaded: it keeps contexts of its own
+# (in C++) and hears of set_num_threads through this.
+ext_set_threads = None
 
 
 class _Context:
@@ -79,6 +82,8 @@ def set_num_threads(n: int) -> None:
     if n < 0:
         raise MlafError(L.ERR_INVALID_ARGUMENT, f"threads = {n}, expected >= 0 (0 = all cores)")
     _cpu_threads = n
+    if ext_set_threads is not None:
+        ext_set_threads(n)
 
 
 def get_num_threads() -> int:

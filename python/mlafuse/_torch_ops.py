@@ -1,12 +1,23 @@
-"""PyTorch custom ops: torch.ops.mlafuse.*, registered with torch.library.
+"""PyTorch custom ops: torch.ops.mlafuse.*, with one schema table and two implementations.
 
 Why custom ops rather than plain Python calls: the dispatcher gives the calls a schema with
 mutation annotations (``Tensor(a!) kv_cache``) and a fake (meta) implementation, so
 torch.compile can trace them (fullgraph), functionalize the mutations and re-inplace them,
-and CUDA graphs can capture them. The real implementation is the same Python function for
-CPU and CUDA tensors: it builds strided views (no copy), takes this thread's context for the
-tensor's device, points it at torch's current stream on that device and calls the library.
-It never synchronizes and never reads device memory, so it is capture-safe.
+and CUDA graphs can capture them.
+
+Bindings (``BINDING``; the environment variable MLAFUSE_BINDING=auto|ext|ctypes chooses):
+  "ext"     the compiled torch extension (csrc/mlafuse_torch.cpp, built by setup.py when torch
+            is present): TORCH_LIBRARY defines the ops and TORCH_LIBRARY_IMPL implements them
+            for CPU and CUDA in C++, calling libmlafuse directly; only the fake
+            implementations below are registered from Python. The default when it loads.
+  "ctypes"  the ops defined here with torch.library and implemented by the Python functions
+            below, which build ctypes views and call the library through _core. Used when the
+            extension is absent (no compiler or no torch at build time), fails to load, or
+            MLAFUSE_BINDING=ctypes.
+Both take this thread's context for the tensors' device, point it at torch's current stream on
+that device and call the library; neither synchronizes or reads device memory, so both are
+capture-safe. Their schemas are the same strings (SCHEMAS; a test compares them), so code and
+compiled graphs do not depend on which one is loaded.
 
 Ops (all arguments of the C ops; int enums: style 0 interleaved / 1 neox, score_func 0
 sigmoid / 1 softmax, group_score 0 top-2 sum / 1 max):
@@ -22,9 +33,17 @@ sigmoid / 1 softmax, group_score 0 top-2 sum / 1 max):
   moe_gate_out           writes weights, ids, scores                       mutates outputs
 Not-requested outputs of the functional forms are empty [T, 0] tensors (schemas cannot
 return None); the mlafuse.* Python functions turn them into None.
+Errors: the ctypes binding raises MlafError; the compiled one raises RuntimeError with the text
+"MLAF_ERR_SHAPE: <the library's message>", which the mlafuse.* functions turn into MlafError.
 No autograd: these are inference ops.
 """
 from __future__ import annotations
+
+import ctypes
+import glob
+import json
+import os
+import warnings
 
 import torch
 
@@ -68,17 +87,30 @@ def _T(latent):
     return latent.shape[0] if latent.dim() >= 1 else 0
 
 
-_lib = torch.library.Library("mlafuse", "DEF")
+_STATUS_BY_NAME = {L.mlaf_status_name(s).decode(): s for s in range(L.ERR_OUT_OF_MEMORY + 1)}
+
+
+def error_from_text(text: str) -> MlafError | None:
+    """The MlafError that a compiled-binding message such as "MLAF_ERR_SHAPE: latent.shape[1]
+    = 1340, expected ..." stands for (the extension raises its errors as RuntimeError with that
+    text), or None when the text is not one of mlafuse's."""
+    name, sep, message = text.partition(": ")
+    status = _STATUS_BY_NAME.get(name) if sep else None
+    if status is None:
+        return None
+    return MlafError(status, message, name)
+
+
 # Note: the dispatcher leaves out trailing arguments equal to their schema defaults, so every
 # implementation repeats the schema's defaults.
+SCHEMAS = {}  # op name -> schema, in definition order
+_IMPLS = {}   # op name -> (Python implementation for the ctypes binding, fake implementation)
 
 
 def _register(schema: str, impl, fake):
     name = schema.split("(", 1)[0]
-    _lib.define(schema)
-    _lib.impl(name, impl, "CPU")
-    _lib.impl(name, impl, "CUDA")
-    torch.library.register_fake("mlafuse::" + name, fake, lib=_lib)
+    SCHEMAS[name] = schema
+    _IMPLS[name] = (impl, fake)
 
 
 # ---- split_qk_norm -------------------------------------------------------------------------
@@ -232,3 +264,84 @@ _register(f"moe_gate(Tensor logits, Tensor? bias, {_GATE_P}, bool return_scores=
           "ScalarType? weights_dtype=None) -> (Tensor, Tensor, Tensor)", _gate_impl, _gate_fake)
 _register(f"moe_gate_out(Tensor logits, Tensor? bias, Tensor(a!) weights, Tensor(b!) ids, "
           f"Tensor(c!)? scores, {_GATE_P}) -> ()", _gate_out, _nothing)
+
+
+# ---- choosing and registering a binding ----------------------------------------------------
+_PKG_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def find_extension() -> str | None:
+    """Path of the compiled torch extension: $MLAFUSE_TORCH_EXT, else the one built into
+    mlafuse/lib/ (torch_ops*.so); None when there is none."""
+    env = os.environ.get("MLAFUSE_TORCH_EXT")
+    if env:
+        return env
+    found = sorted(glob.glob(os.path.join(_PKG_DIR, "lib", "torch_ops*.so")))
+    return found[0] if found else None
+
+
+def _load_extension(path: str):
+    """Loads the extension (its static registrations define and implement the ops) and binds
+    it to the library the ctypes binding loaded. Raises ImportError saying why not."""
+    info_path = os.path.join(os.path.dirname(path), "torch_ops.json")
+    if os.path.exists(info_path) and not os.environ.get("MLAFUSE_TORCH_EXT"):
+        with open(info_path) as f:
+            built_for = json.load(f).get("torch")
+        if built_for != torch.__version__:
+            raise ImportError(f"{path} was built against torch {built_for}, this is torch "
+                              f"{torch.__version__}: reinstall mlafuse (pip install "
+                              "--no-build-isolation ./python) to rebuild it")
+    try:
+        torch.ops.load_library(path)
+        handle = ctypes.CDLL(path)
+    except OSError as e:
+        raise ImportError(f"cannot load the torch extension {path}: {e}") from None
+    init = handle.mlafuse_torch_init
+    init.restype = ctypes.c_int
+    init.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t]
+    err = ctypes.create_string_buffer(1024)
+    if init(L.library_path.encode(), err, len(err)) != 0:
+        raise ImportError(f"torch extension {path}: {err.value.decode(errors='replace')}")
+    set_threads = handle.mlafuse_torch_set_cpu_threads
+    set_threads.restype = None
+    set_threads.argtypes = [ctypes.c_int]
+    set_threads(_core._cpu_threads)
+    _core.ext_set_threads = set_threads
+    return handle
+
+
+def _select():
+    want = os.environ.get("MLAFUSE_BINDING", "auto").strip().lower() or "auto"
+    if want not in ("auto", "ext", "ctypes"):
+        raise ImportError(f"MLAFUSE_BINDING = {want!r}, expected auto, ext or ctypes")
+    if want == "ctypes":
+        return "ctypes", "MLAFUSE_BINDING=ctypes"
+    path = find_extension()
+    if path is None:
+        if want == "ext":
+            raise ImportError("MLAFUSE_BINDING=ext, but there is no compiled torch extension "
+                              f"(mlafuse/lib/torch_ops*.so in {_PKG_DIR}, or "
+                              "$MLAFUSE_TORCH_EXT): install with `pip install "
+                              "--no-build-isolation ./python` where torch is installed")
+        return "ctypes", "no compiled torch extension was built"
+    try:
+        _load_extension(path)
+    except ImportError as e:
+        if want == "ext" or hasattr(torch.ops.mlafuse, "split_qk_norm"):
+            raise  # asked for, or half-registered: the ctypes ops cannot be defined now
+        warnings.warn(f"mlafuse: {e}; using the ctypes binding", RuntimeWarning, stacklevel=3)
+        return "ctypes", str(e)
+    return "ext", path
+
+
+BINDING, BINDING_DETAIL = _select()
+if BINDING == "ext":
+    for _name, (_impl, _fake) in _IMPLS.items():
+        torch.library.register_fake("mlafuse::" + _name, _fake)
+else:
+    _lib = torch.library.Library("mlafuse", "DEF")
+    for _name, (_impl, _fake) in _IMPLS.items():
+        _lib.define(SCHEMAS[_name])
+        _lib.impl(_name, _impl, "CPU")
+        _lib.impl(_name, _impl, "CUDA")
+        torch.library.register_fake("mlafuse::" + _name, _fake, lib=_lib)

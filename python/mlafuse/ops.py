@@ -29,9 +29,42 @@ if _torch is not None:
 else:
     _T = None
 
+# Which implementation serves torch tensors: "ext" (the compiled extension) or "ctypes"
+# (see _torch_ops). numpy arrays always go through ctypes.
+BINDING = _T.BINDING if _T is not None else "ctypes"
+
+
+class _NoTorch:  # stands for torch.Tensor without torch: isinstance(x, _TT) is then False
+    pass
+
+
+_TT = _torch.Tensor if _torch is not None else _NoTorch
+if _torch is not None:
+    # The op packets, looked up once: the torch paths below call them directly.
+    _op_split = _torch.ops.mlafuse.split_qk_norm
+    _op_split_out = _torch.ops.mlafuse.split_qk_norm_out
+    _op_split_inplace = _torch.ops.mlafuse.split_qk_norm_inplace
+    _op_kv = _torch.ops.mlafuse.mla_kv_cache
+    _op_kv_out = _torch.ops.mlafuse.mla_kv_cache_out
+    _op_rope = _torch.ops.mlafuse.rope_q
+    _op_gate = _torch.ops.mlafuse.moe_gate
+    _op_gate_out = _torch.ops.mlafuse.moe_gate_out
+    _is_compiling = _torch.compiler.is_compiling
+
 
 def _is_torch(x) -> bool:
     return _torch is not None and isinstance(x, _torch.Tensor)
+
+
+def _torch_error(e: RuntimeError, **arrays) -> Exception:
+    """What to raise for a RuntimeError out of a torch op: TypeError when numpy arrays were
+    mixed into a torch call (the dispatcher rejected them), MlafError for the compiled
+    binding's "MLAF_ERR_...: message" errors (the ctypes binding raises MlafError itself),
+    else the error as it is. Only ever runs on the error path."""
+    if isinstance(e, MlafError):
+        return e
+    _check_same_kind(True, **arrays)
+    return _T.error_from_text(str(e)) or e
 
 
 # ---- names for enum parameters (ints pass through so the library reports bad values) -----
@@ -318,28 +351,28 @@ def split_qk_norm(latent, w_q, w_kv, *, eps_q: float = 1e-5, eps_kv: float = 1e-
     if inplace and outs_given:
         raise ValueError("split_qk_norm: inplace=True writes into the latent; do not also "
                          "pass q=, k_nope= or k_pe=")
-    torch_path = _is_torch(latent)
-    _check_same_kind(torch_path, w_q=w_q, w_kv=w_kv, q=q, k_nope=k_nope, k_pe=k_pe)
-
-    if torch_path:
-        ops = _torch.ops.mlafuse
-        if inplace:
-            ops.split_qk_norm_inplace(latent, w_q, w_kv, Q, C, R, eps_q, eps_kv)
-            return (latent[:, :Q] if Q > 0 else None, latent[:, Q:Q + C],
-                    latent[:, Q + C:Q + C + R])
-        if not outs_given:
-            q, k_nope, k_pe = ops.split_qk_norm(latent, w_q, w_kv, Q, C, R, eps_q, eps_kv,
-                                                return_k_pe)
-            return (q if Q > 0 else None, k_nope, k_pe if return_k_pe else None)
-        T = _dim(latent, 0)
-        if q is None and Q > 0:
-            q = latent.new_empty((T, Q))
-        if k_nope is None:
-            k_nope = latent.new_empty((T, C))
-        if k_pe is None and return_k_pe:
-            k_pe = latent.new_empty((T, max(R, 0)))
-        ops.split_qk_norm_out(latent, w_q, w_kv, q, k_nope, k_pe, Q, C, R, eps_q, eps_kv)
-        return q, k_nope, k_pe
+    if isinstance(latent, _TT):
+        try:
+            if inplace:
+                _op_split_inplace(latent, w_q, w_kv, Q, C, R, eps_q, eps_kv)
+                return (latent[:, :Q] if Q > 0 else None, latent[:, Q:Q + C],
+                        latent[:, Q + C:Q + C + R])
+            if not outs_given:
+                q, k_nope, k_pe = _op_split(latent, w_q, w_kv, Q, C, R, eps_q, eps_kv,
+                                            return_k_pe)
+                return (q if Q > 0 else None, k_nope, k_pe if return_k_pe else None)
+            T = _dim(latent, 0)
+            if q is None and Q > 0:
+                q = latent.new_empty((T, Q))
+            if k_nope is None:
+                k_nope = latent.new_empty((T, C))
+            if k_pe is None and return_k_pe:
+                k_pe = latent.new_empty((T, max(R, 0)))
+            _op_split_out(latent, w_q, w_kv, q, k_nope, k_pe, Q, C, R, eps_q, eps_kv)
+            return q, k_nope, k_pe
+        except RuntimeError as e:
+            raise _torch_error(e, w_q=w_q, w_kv=w_kv, q=q, k_nope=k_nope, k_pe=k_pe) from None
+    _check_same_kind(False, w_q=w_q, w_kv=w_kv, q=q, k_nope=k_nope, k_pe=k_pe)
 
     np = _core._numpy()
     if inplace:
@@ -389,28 +422,32 @@ def mla_kv_cache(latent, w_q, w_kv, positions, cos_sin, slot_mapping, kv_cache, 
     """
     Q, C, R = _ranks(latent, w_q, w_kv, q_lora_rank, kv_lora_rank, rope_dim)
     style = _enum(style, _STYLES, "style")
-    torch_path = _is_torch(latent)
-    _check_same_kind(torch_path, w_q=w_q, w_kv=w_kv, positions=positions, cos_sin=cos_sin,
+    if isinstance(latent, _TT):
+        try:
+            if q is None and k_nope is None and k_pe is None:
+                q, k_nope, k_pe = _op_kv(latent, w_q, w_kv, positions, cos_sin, slot_mapping,
+                                         kv_cache, error_count, Q, C, R, eps_q, eps_kv, style,
+                                         return_k_nope, return_k_pe)
+                return (q if Q > 0 else None, k_nope if return_k_nope else None,
+                        k_pe if return_k_pe else None)
+            T = _dim(latent, 0)
+            if q is None and Q > 0:
+                q = latent.new_empty((T, Q))
+            if k_nope is None and return_k_nope:
+                k_nope = latent.new_empty((T, C))
+            if k_pe is None and return_k_pe:
+                k_pe = latent.new_empty((T, max(R, 0)))
+            _op_kv_out(latent, w_q, w_kv, positions, cos_sin, slot_mapping, kv_cache,
+                       error_count, q, k_nope, k_pe, Q, C, R, eps_q, eps_kv, style)
+            return q, k_nope, k_pe
+        except RuntimeError as e:
+            raise _torch_error(e, w_q=w_q, w_kv=w_kv, positions=positions, cos_sin=cos_sin,
+                               slot_mapping=slot_mapping, kv_cache=kv_cache, q=q,
+                               k_nope=k_nope, k_pe=k_pe, error_count=error_count) from None
+    _check_same_kind(False, w_q=w_q, w_kv=w_kv, positions=positions, cos_sin=cos_sin,
                      slot_mapping=slot_mapping, kv_cache=kv_cache, q=q, k_nope=k_nope,
                      k_pe=k_pe, error_count=error_count)
     T = _dim(latent, 0)
-    if torch_path:
-        ops = _torch.ops.mlafuse
-        if q is None and k_nope is None and k_pe is None:
-            q, k_nope, k_pe = ops.mla_kv_cache(latent, w_q, w_kv, positions, cos_sin,
-                                               slot_mapping, kv_cache, error_count, Q, C, R,
-                                               eps_q, eps_kv, style, return_k_nope, return_k_pe)
-            return (q if Q > 0 else None, k_nope if return_k_nope else None,
-                    k_pe if return_k_pe else None)
-        if q is None and Q > 0:
-            q = latent.new_empty((T, Q))
-        if k_nope is None and return_k_nope:
-            k_nope = latent.new_empty((T, C))
-        if k_pe is None and return_k_pe:
-            k_pe = latent.new_empty((T, max(R, 0)))
-        ops.mla_kv_cache_out(latent, w_q, w_kv, positions, cos_sin, slot_mapping, kv_cache,
-                             error_count, q, k_nope, k_pe, Q, C, R, eps_q, eps_kv, style)
-        return q, k_nope, k_pe
 
     np = _core._numpy()
     if q is None and Q > 0:
@@ -443,11 +480,14 @@ def rope_q(q, positions, cos_sin, *, style="interleaved", rope_dim: int | None =
     """
     style = _enum(style, _STYLES, "style")
     R = int(rope_dim) if rope_dim is not None else _dim(cos_sin, 1)
-    torch_path = _is_torch(q)
-    _check_same_kind(torch_path, positions=positions, cos_sin=cos_sin, error_count=error_count)
-    if torch_path:
-        _torch.ops.mlafuse.rope_q(q, positions, cos_sin, R, style, error_count)
+    if isinstance(q, _TT):
+        try:
+            _op_rope(q, positions, cos_sin, R, style, error_count)
+        except RuntimeError as e:
+            raise _torch_error(e, positions=positions, cos_sin=cos_sin,
+                               error_count=error_count) from None
         return q
+    _check_same_kind(False, positions=positions, cos_sin=cos_sin, error_count=error_count)
     _core.run_rope_q(_core.context(L.BACKEND_CPU), R, style, _np_out(q, "q"),
                      _np_in(positions, "positions"), _np_in(cos_sin, "cos_sin"),
                      _np_out(error_count, "error_count"))
@@ -481,6 +521,31 @@ def _gate_params(config, top_k, n_group, topk_group, score_func, group_score, re
     return base
 
 
+def _gate_args(p: dict) -> tuple:
+    """The op's parameter arguments, in schema order."""
+    return (p["top_k"], p["n_group"], p["topk_group"], p["score_func"], p["group_score"],
+            bool(p["renormalize"]), float(p["routed_scaling_factor"]),
+            bool(p["apply_routed_scaling"]), float(p["eps"]), p["n_shared_experts"])
+
+
+_GATE_ARGS: dict = {}
+
+
+def _gate_args_cached(key):
+    try:
+        return _GATE_ARGS.get(key)
+    except TypeError:  # an unhashable config: resolved every call
+        return None
+
+
+def _gate_args_store(key, args) -> None:
+    if len(_GATE_ARGS) < 256:
+        try:
+            _GATE_ARGS[key] = args
+        except TypeError:
+            pass
+
+
 def moe_gate(logits, bias=None, *, config=None, top_k: int | None = None,
              n_group: int | None = None, topk_group: int | None = None, score_func=None,
              group_score=None, renormalize: bool | None = None,
@@ -506,30 +571,45 @@ def moe_gate(logits, bias=None, *, config=None, top_k: int | None = None,
       scores   [T, E]          f32, the unbiased scores
     Given outputs are mutated and returned.
     """
-    p = _gate_params(config, top_k, n_group, topk_group, score_func, group_score, renormalize,
-                     routed_scaling_factor, apply_routed_scaling, eps, n_shared_experts)
     want_scores = return_scores or scores is not None
-    torch_path = _is_torch(logits)
-    _check_same_kind(torch_path, bias=bias, weights=weights, ids=ids, scores=scores)
-    T, E = _dim(logits, 0), _dim(logits, 1)
-    K = int(p["top_k"]) + int(p["n_shared_experts"])
-    args = (p["top_k"], p["n_group"], p["topk_group"], p["score_func"], p["group_score"],
-            bool(p["renormalize"]), float(p["routed_scaling_factor"]),
-            bool(p["apply_routed_scaling"]), float(p["eps"]), p["n_shared_experts"])
-    if torch_path:
-        ops = _torch.ops.mlafuse
-        if weights is None and ids is None and scores is None:
-            w, i, s = ops.moe_gate(logits, bias, *args, want_scores, weights_dtype)
-            return (w, i, s) if want_scores else (w, i)
-        if weights is None:
-            weights = logits.new_empty((T, max(K, 0)), dtype=weights_dtype or _torch.float32)
-        if ids is None:
-            ids = logits.new_empty((T, max(K, 0)), dtype=_torch.int32)
-        if scores is None and want_scores:
-            scores = logits.new_empty((T, E), dtype=_torch.float32)
-        ops.moe_gate_out(logits, bias, weights, ids, scores, *args)
+    if isinstance(logits, _TT):
+        # The parameters resolved once per distinct set of keywords (not while torch.compile
+        # traces: a lookup in a global dict that the trace then fills would be guarded on and
+        # recompile the next call).
+        compiling = _is_compiling()
+        key = (config, top_k, n_group, topk_group, score_func, group_score, renormalize,
+               routed_scaling_factor, apply_routed_scaling, eps, n_shared_experts)
+        args = None if compiling else _gate_args_cached(key)
+        if args is None:
+            args = _gate_args(_gate_params(config, top_k, n_group, topk_group, score_func,
+                                           group_score, renormalize, routed_scaling_factor,
+                                           apply_routed_scaling, eps, n_shared_experts))
+            if not compiling:
+                _gate_args_store(key, args)
+        try:
+            if weights is None and ids is None and scores is None:
+                w, i, s = _op_gate(logits, bias, *args, want_scores, weights_dtype)
+                return (w, i, s) if want_scores else (w, i)
+            T, E = _dim(logits, 0), _dim(logits, 1)
+            K = int(args[0]) + int(args[9])
+            if weights is None:
+                weights = logits.new_empty((T, max(K, 0)),
+                                           dtype=weights_dtype or _torch.float32)
+            if ids is None:
+                ids = logits.new_empty((T, max(K, 0)), dtype=_torch.int32)
+            if scores is None and want_scores:
+                scores = logits.new_empty((T, E), dtype=_torch.float32)
+            _op_gate_out(logits, bias, weights, ids, scores, *args)
+        except RuntimeError as e:
+            raise _torch_error(e, bias=bias, weights=weights, ids=ids, scores=scores) from None
         return (weights, ids, scores) if want_scores else (weights, ids)
 
+    p = _gate_params(config, top_k, n_group, topk_group, score_func, group_score, renormalize,
+                     routed_scaling_factor, apply_routed_scaling, eps, n_shared_experts)
+    _check_same_kind(False, bias=bias, weights=weights, ids=ids, scores=scores)
+    T, E = _dim(logits, 0), _dim(logits, 1)
+    K = int(p["top_k"]) + int(p["n_shared_experts"])
+    args = _gate_args(p)
     np = _core._numpy()
     if weights is None:
         weights = np.empty((T, max(K, 0)), np.float32 if weights_dtype is None else weights_dtype)

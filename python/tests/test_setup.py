@@ -1,5 +1,6 @@
-"""python/setup.py's MLAFUSE_CUDA switch, read without running setup(): every spelling maps to
-CMake's MLAF_CUDA, and an unknown value is an error rather than a guess."""
+"""python/setup.py's MLAFUSE_CUDA and MLAFUSE_TORCH_EXT switches, read without running setup():
+every spelling maps to CMake's MLAF_CUDA (or to the torch extension's auto / on / off), and an
+unknown value is an error rather than a guess."""
 import ast
 import os
 import pathlib
@@ -9,13 +10,17 @@ import pytest
 SETUP = pathlib.Path(__file__).resolve().parents[1] / "setup.py"
 
 
-def cuda_mode_fn():
+def setup_fn(name):
     tree = ast.parse(SETUP.read_text())
-    fn = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "cuda_mode"]
-    assert fn, "setup.py has no cuda_mode()"
+    fn = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name]
+    assert fn, f"setup.py has no {name}()"
     ns = {"os": os}
     exec(compile(ast.Module(fn, []), str(SETUP), "exec"), ns)
-    return ns["cuda_mode"]
+    return ns[name]
+
+
+def cuda_mode_fn():
+    return setup_fn("cuda_mode")
 
 
 @pytest.mark.parametrize("value,want", [(None, "AUTO"), ("auto", "AUTO"), ("0", "OFF"),
@@ -32,3 +37,19 @@ def test_mlafuse_cuda_unknown(monkeypatch):
     monkeypatch.setenv("MLAFUSE_CUDA", "maybe")
     with pytest.raises(RuntimeError, match="MLAFUSE_CUDA='maybe'"):
         cuda_mode_fn()()
+
+
+@pytest.mark.parametrize("value,want", [(None, "auto"), ("auto", "auto"), ("0", "off"),
+                                        ("OFF", "off"), ("1", "on"), ("yes", "on")])
+def test_mlafuse_torch_ext(monkeypatch, value, want):
+    if value is None:
+        monkeypatch.delenv("MLAFUSE_TORCH_EXT", raising=False)
+    else:
+        monkeypatch.setenv("MLAFUSE_TORCH_EXT", value)
+    assert setup_fn("torch_ext_mode")() == want
+
+
+def test_mlafuse_torch_ext_unknown(monkeypatch):
+    monkeypatch.setenv("MLAFUSE_TORCH_EXT", "maybe")
+    with pytest.raises(RuntimeError, match="MLAFUSE_TORCH_EXT='maybe'"):
+        setup_fn("torch_ext_mode")()

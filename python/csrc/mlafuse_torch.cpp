@@ -1,0 +1,519 @@
+// mlafuse_torch.cpp — the torch.ops.mlafuse.* custom ops in C++, calling libmlafuse directly.
+//
+// Built by python/setup.py as a torch C++ extension (torch.utils.cpp_extension, no nvcc: the
+// CUDA kernels live in libmlafuse; this file only hands them torch's current CUDA stream,
+// which it reads through c10's device-agnostic DeviceGuardImplInterface, so it needs neither
+// the CUDA headers nor libtorch_cuda). It has no Python module of its own: python/mlafuse
+// loads it with torch.ops.load_library, then calls mlafuse_torch_init() with the path of the
+// libmlafuse it already loaded, and this file takes the C entry points from that library
+// with dlopen / dlsym (so both bindings use one library, the one $MLAFUSE_LIBRARY or the
+// package names). Fake (meta) implementations for torch.compile are registered in Python
+// (mlafuse/_torch_ops.py, shared with the ctypes binding).
+//
+// The schemas below must read exactly like SCHEMAS in mlafuse/_torch_ops.py (a test compares
+// them). Every kernel mirrors the ctypes binding: outputs allocated like new_empty, views
+// passed without copies, the same checks with the same messages ("MLAF_ERR_DTYPE: latent.dtype
+// = torch.float64, expected ..."), which mlafuse turns into MlafError.
+//
+// Contexts: one mlaf_context per (backend, device) per thread, created on first use and
+// freed when the thread ends; a CUDA context is pointed at torch's current stream of the
+// tensors' device on every call (so calls follow torch.cuda.stream(...) and graph capture).
+
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <c10/core/Device.h>
+#include <c10/core/Stream.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <c10/util/Exception.h>
+#include <torch/library.h>
+
+#include <dlfcn.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstring>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "mlafuse.h"
+
+#define MLAFUSE_TORCH_EXPORT extern "C" __attribute__((visibility("default")))
+
+namespace {
+
+// ---- the library's entry points, taken from the already-loaded libmlafuse --------------
+struct Api {
+    decltype(&mlaf_version_number) version_number;
+    decltype(&mlaf_status_name) status_name;
+    decltype(&mlaf_status_message) status_message;
+    decltype(&mlaf_backend_name) backend_name;
+    decltype(&mlaf_context_create) context_create;
+    decltype(&mlaf_context_free) context_free;
+    decltype(&mlaf_context_set_threads) context_set_threads;
+    decltype(&mlaf_context_set_cuda_device) context_set_cuda_device;
+    decltype(&mlaf_context_set_cuda_stream) context_set_cuda_stream;
+    decltype(&mlaf_context_last_error) context_last_error;
+    decltype(&mlaf_split_qk_norm) split_qk_norm;
+    decltype(&mlaf_mla_kv_cache) mla_kv_cache;
+    decltype(&mlaf_rope_q) rope_q;
+    decltype(&mlaf_moe_gate) moe_gate;
+};
+
+Api api;
+std::atomic<bool> api_ready{false};
+std::mutex init_mutex;
+std::atomic<int> cpu_threads{0};  // 0 = all cores, as the library's default
+
+[[noreturn]] void fail(mlaf_status st, const std::string &msg) {
+    const char *name = api_ready.load(std::memory_order_relaxed) ? api.status_name(st)
+                                                                   : "MLAF_ERR_INVALID_ARGUMENT";
+    TORCH_CHECK(false, name, ": ", msg);
+}
+
+inline void need_api() {
+    if (!api_ready.load(std::memory_order_acquire))
+        TORCH_CHECK(false, "MLAF_ERR_BACKEND_UNAVAILABLE: the mlafuse torch extension was "
+                           "loaded but not initialized (import mlafuse, which does both)");
+}
+
+// ---- contexts ----------------------------------------------------------------------------
+struct ThreadContexts {
+    mlaf_context *cpu = nullptr;
+    int cpu_threads_set = 0;
+    std::vector<mlaf_context *> cuda;  // by device index
+    ~ThreadContexts() {
+        if (!api_ready.load(std::memory_order_relaxed)) return;
+        api.context_free(cpu);
+        for (mlaf_context *c : cuda) api.context_free(c);
+    }
+};
+thread_local ThreadContexts tls;
+
+mlaf_context *create_context(mlaf_backend b) {
+    mlaf_context *ctx = nullptr;
+    mlaf_status st = api.context_create(&ctx, b);
+    if (st != MLAF_OK)
+        fail(st, std::string("cannot create a ") + api.backend_name(b) +
+                     " context: " + api.status_message(st));
+    return ctx;
+}
+
+void check(mlaf_context *ctx, mlaf_status st) {
+    if (st == MLAF_OK) return;
+    const char *msg = api.context_last_error(ctx);
+    fail(st, (msg && *msg) ? msg : api.status_message(st));
+}
+
+mlaf_context *cpu_context() {
+    ThreadContexts &t = tls;
+    if (!t.cpu) {
+        t.cpu = create_context(MLAF_BACKEND_CPU);
+        t.cpu_threads_set = 0;
+    }
+    const int want = cpu_threads.load(std::memory_order_relaxed);
+    if (t.cpu_threads_set != want) {
+        check(t.cpu, api.context_set_threads(t.cpu, want));
+        t.cpu_threads_set = want;
+    }
+    return t.cpu;
+}
+
+mlaf_context *cuda_context(c10::Device device) {
+    ThreadContexts &t = tls;
+    const int idx = device.has_index() ? device.index() : 0;
+    if (idx >= (int)t.cuda.size()) t.cuda.resize(idx + 1, nullptr);
+    mlaf_context *&ctx = t.cuda[idx];
+    if (!ctx) {
+        mlaf_context *c = create_context(MLAF_BACKEND_CUDA);
+        mlaf_status st = api.context_set_cuda_device(c, idx);
+        if (st != MLAF_OK) {
+            std::string msg = api.context_last_error(c);
+            api.context_free(c);
+            fail(st, msg.empty() ? api.status_message(st) : msg);
+        }
+        ctx = c;
+    }
+    // The stream is read on every call: under graph capture it is the capture stream.
+    const c10::impl::DeviceGuardImplInterface *impl =
+        c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA);
+    void *stream = impl->getStreamNativeHandle(impl->getStream(c10::Device(c10::DeviceType::CUDA, idx)));
+    check(ctx, api.context_set_cuda_stream(ctx, stream));
+    return ctx;
+}
+
+mlaf_context *context_for(const c10::Device &d) {
+    if (d.is_cpu()) return cpu_context();
+    if (d.is_cuda()) return cuda_context(d);
+    fail(MLAF_ERR_BACKEND_UNAVAILABLE,
+         "tensors on " + d.str() + " are not supported; mlafuse runs on cpu and cuda");
+}
+
+// ---- views -------------------------------------------------------------------------------
+const char *torch_dtype_name(c10::ScalarType s) {
+    switch (s) {
+    case c10::ScalarType::Float: return "torch.float32";
+    case c10::ScalarType::Double: return "torch.float64";
+    case c10::ScalarType::Half: return "torch.float16";
+    case c10::ScalarType::BFloat16: return "torch.bfloat16";
+    case c10::ScalarType::Int: return "torch.int32";
+    case c10::ScalarType::Long: return "torch.int64";
+    case c10::ScalarType::Short: return "torch.int16";
+    case c10::ScalarType::Char: return "torch.int8";
+    case c10::ScalarType::Byte: return "torch.uint8";
+    case c10::ScalarType::Bool: return "torch.bool";
+    default: return c10::toString(s);
+    }
+}
+
+inline mlaf_dtype dtype_of(const at::Tensor &t, const char *name) {
+    switch (t.scalar_type()) {
+    case c10::ScalarType::Float: return MLAF_F32;
+    case c10::ScalarType::Half: return MLAF_F16;
+    case c10::ScalarType::BFloat16: return MLAF_BF16;
+    case c10::ScalarType::Int: return MLAF_I32;
+    case c10::ScalarType::Long: return MLAF_I64;
+    default:
+        fail(MLAF_ERR_DTYPE, std::string(name) + ".dtype = " + torch_dtype_name(t.scalar_type()) +
+                                 ", expected float32, float16, bfloat16, int32 or int64");
+    }
+}
+
+// Fills v from raw parts. A stride that never moves the address (extent 1, or no elements
+// at all) is arbitrary in torch (0, or that of a wider parent); the dense one is reported,
+// as the ctypes binding does.
+inline void fill(mlaf_tensor &v, void *data, mlaf_dtype dt, int ndim, const int64_t *shape,
+                 const int64_t *stride) {
+    v.data = data;
+    v.dtype = dt;
+    v.ndim = ndim;
+    bool empty = false;
+    for (int i = 0; i < ndim; i++) empty |= shape[i] == 0;
+    int64_t dense = 1;
+    for (int i = MLAF_MAX_DIMS - 1; i >= 0; i--) {
+        if (i >= ndim) {
+            v.shape[i] = 0;
+            v.stride[i] = 0;
+            continue;
+        }
+        const int64_t n = shape[i];
+        v.shape[i] = n;
+        v.stride[i] = (n <= 1 || empty) ? dense : stride[i];
+        dense *= n > 1 ? n : 1;
+    }
+}
+
+// A view of t, or nullptr for an absent tensor. Checks the device and the dtype.
+struct View {
+    mlaf_tensor v;
+    const mlaf_tensor *p = nullptr;
+    View() = default;
+    View(const at::Tensor &t, const char *name, const c10::Device &d, bool writable) {
+        if (!t.defined()) return;
+        if (t.device() != d)
+            fail(MLAF_ERR_INVALID_ARGUMENT,
+                 std::string(name) + " is on " + t.device().str() + ", expected " + d.str() +
+                     " (every tensor of a call lives on one device)");
+        const mlaf_dtype dt = dtype_of(t, name);
+        const int64_t ndim = t.dim();
+        if (ndim > MLAF_MAX_DIMS)
+            fail(MLAF_ERR_SHAPE, std::string(name) + ".ndim = " + std::to_string(ndim) +
+                                     ", expected <= " + std::to_string(MLAF_MAX_DIMS));
+        void *data = writable ? t.mutable_data_ptr() : const_cast<void *>(t.const_data_ptr());
+        fill(v, data, dt, (int)ndim, t.sizes().data(), t.strides().data());
+        p = &v;
+    }
+    View(const std::optional<at::Tensor> &t, const char *name, const c10::Device &d,
+         bool writable)
+        : View(t.has_value() ? *t : at::Tensor(), name, d, writable) {}
+};
+
+inline int64_t rows_of(const at::Tensor &t) { return t.dim() >= 1 ? t.size(0) : 0; }
+inline int64_t nonneg(int64_t x) { return x > 0 ? x : 0; }
+
+at::Tensor alloc(const at::Tensor &like, int64_t rows, int64_t cols) {
+    return at::empty({rows, cols}, like.options());
+}
+at::Tensor alloc(const at::Tensor &like, int64_t rows, int64_t cols, c10::ScalarType dt) {
+    return at::empty({rows, cols}, like.options().dtype(dt));
+}
+
+// ---- split_qk_norm -----------------------------------------------------------------------
+void split_out_impl(const at::Tensor &latent, const std::optional<at::Tensor> &w_q,
+                    const at::Tensor &w_kv, const std::optional<at::Tensor> &q,
+                    const at::Tensor &k_nope, const std::optional<at::Tensor> &k_pe, int64_t Q,
+                    int64_t C, int64_t R, double eps_q, double eps_kv) {
+    need_api();
+    const c10::Device d = latent.device();
+    mlaf_context *ctx = context_for(d);
+    View vl(latent, "latent", d, false), vwq(w_q, "w_q", d, false), vwkv(w_kv, "w_kv", d, false),
+        vq(q, "q", d, true), vk(k_nope, "k_nope", d, true), vp(k_pe, "k_pe", d, true);
+    const mlaf_split_qk_norm_params p = {(int32_t)Q, (int32_t)C, (int32_t)R, (float)eps_q,
+                                         (float)eps_kv};
+    check(ctx, api.split_qk_norm(ctx, &p, vl.p, vwq.p, vwkv.p, vq.p, vk.p, vp.p));
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> split_qk_norm(
+    const at::Tensor &latent, const std::optional<at::Tensor> &w_q, const at::Tensor &w_kv,
+    int64_t Q, int64_t C, int64_t R, double eps_q, double eps_kv, bool return_k_pe) {
+    const int64_t T = rows_of(latent);
+    at::Tensor q = alloc(latent, T, nonneg(Q)), k = alloc(latent, T, nonneg(C)),
+               pe = alloc(latent, T, return_k_pe ? nonneg(R) : 0);
+    split_out_impl(latent, w_q, w_kv, Q > 0 ? std::optional<at::Tensor>(q) : std::nullopt, k,
+                   return_k_pe ? std::optional<at::Tensor>(pe) : std::nullopt, Q, C, R, eps_q,
+                   eps_kv);
+    return {q, k, pe};
+}
+
+void split_qk_norm_out(const at::Tensor &latent, const std::optional<at::Tensor> &w_q,
+                       const at::Tensor &w_kv, const std::optional<at::Tensor> &q,
+                       const at::Tensor &k_nope, const std::optional<at::Tensor> &k_pe,
+                       int64_t Q, int64_t C, int64_t R, double eps_q, double eps_kv) {
+    split_out_impl(latent, w_q, w_kv, q, k_nope, k_pe, Q, C, R, eps_q, eps_kv);
+}
+
+// The in-place form the library accepts: outputs are exactly the latent's own columns
+// (latent[:, :Q], latent[:, Q:Q+C], latent[:, Q+C:Q+C+R], sliced as Python slices clamp).
+void split_qk_norm_inplace(const at::Tensor &latent, const std::optional<at::Tensor> &w_q,
+                           const at::Tensor &w_kv, int64_t Q, int64_t C, int64_t R,
+                           double eps_q, double eps_kv) {
+    need_api();
+    const c10::Device d = latent.device();
+    mlaf_context *ctx = context_for(d);
+    View vl(latent, "latent", d, true), vwq(w_q, "w_q", d, false), vwkv(w_kv, "w_kv", d, false);
+    mlaf_tensor cols[3];
+    const mlaf_tensor *pq = nullptr, *pk = nullptr, *pp = nullptr;
+    if (latent.dim() == 2) {
+        const int64_t T = latent.size(0), W = latent.size(1);
+        const int64_t lo[3] = {0, Q, Q + C}, hi[3] = {Q, Q + C, Q + C + R};
+        char *base = static_cast<char *>(vl.v.data);
+        const int64_t es = (int64_t)latent.element_size();
+        const int64_t stride[2] = {latent.stride(0), 1};
+        auto clamp = [W](int64_t x) { return x < 0 ? (x + W < 0 ? 0 : x + W) : (x > W ? W : x); };
+        for (int i = 0; i < 3; i++) {
+            const int64_t a = clamp(lo[i]), b = clamp(hi[i]);
+            const int64_t shape[2] = {T, b > a ? b - a : 0};
+            fill(cols[i], base ? base + a * es : nullptr, vl.v.dtype, 2, shape, stride);
+        }
+        pq = Q > 0 ? &cols[0] : nullptr;
+        pk = &cols[1];
+        pp = &cols[2];
+    }
+    const mlaf_split_qk_norm_params p = {(int32_t)Q, (int32_t)C, (int32_t)R, (float)eps_q,
+                                         (float)eps_kv};
+    check(ctx, api.split_qk_norm(ctx, &p, vl.p, vwq.p, vwkv.p, pq, pk, pp));
+}
+
+// ---- mla_kv_cache ------------------------------------------------------------------------
+void kv_out_impl(const at::Tensor &latent, const std::optional<at::Tensor> &w_q,
+                 const at::Tensor &w_kv, const std::optional<at::Tensor> &positions,
+                 const std::optional<at::Tensor> &cos_sin, const at::Tensor &slot_mapping,
+                 const at::Tensor &kv_cache, const std::optional<at::Tensor> &error_count,
+                 const std::optional<at::Tensor> &q, const std::optional<at::Tensor> &k_nope,
+                 const std::optional<at::Tensor> &k_pe, int64_t Q, int64_t C, int64_t R,
+                 double eps_q, double eps_kv, int64_t style) {
+    need_api();
+    const c10::Device d = latent.device();
+    mlaf_context *ctx = context_for(d);
+    View vl(latent, "latent", d, false), vwq(w_q, "w_q", d, false), vwkv(w_kv, "w_kv", d, false),
+        vpos(positions, "positions", d, false), vcs(cos_sin, "cos_sin", d, false),
+        vslot(slot_mapping, "slot_mapping", d, false), vcache(kv_cache, "kv_cache", d, true),
+        vq(q, "q", d, true), vk(k_nope, "k_nope", d, true), vp(k_pe, "k_pe", d, true),
+        verr(error_count, "error_count", d, true);
+    const mlaf_mla_kv_cache_params p = {(int32_t)Q,    (int32_t)C,      (int32_t)R,
+                                        (float)eps_q,  (float)eps_kv,   (mlaf_rope_style)style};
+    check(ctx, api.mla_kv_cache(ctx, &p, vl.p, vwq.p, vwkv.p, vpos.p, vcs.p, vslot.p, vcache.p,
+                                vq.p, vk.p, vp.p, verr.p));
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> mla_kv_cache(
+    const at::Tensor &latent, const std::optional<at::Tensor> &w_q, const at::Tensor &w_kv,
+    const std::optional<at::Tensor> &positions, const std::optional<at::Tensor> &cos_sin,
+    const at::Tensor &slot_mapping, const at::Tensor &kv_cache,
+    const std::optional<at::Tensor> &error_count, int64_t Q, int64_t C, int64_t R,
+    double eps_q, double eps_kv, int64_t style, bool return_k_nope, bool return_k_pe) {
+    const int64_t T = rows_of(latent);
+    at::Tensor q = alloc(latent, T, nonneg(Q)), k = alloc(latent, T, return_k_nope ? nonneg(C) : 0),
+               pe = alloc(latent, T, return_k_pe ? nonneg(R) : 0);
+    kv_out_impl(latent, w_q, w_kv, positions, cos_sin, slot_mapping, kv_cache, error_count,
+                Q > 0 ? std::optional<at::Tensor>(q) : std::nullopt,
+                return_k_nope ? std::optional<at::Tensor>(k) : std::nullopt,
+                return_k_pe ? std::optional<at::Tensor>(pe) : std::nullopt, Q, C, R, eps_q,
+                eps_kv, style);
+    return {q, k, pe};
+}
+
+void mla_kv_cache_out(const at::Tensor &latent, const std::optional<at::Tensor> &w_q,
+                      const at::Tensor &w_kv, const std::optional<at::Tensor> &positions,
+                      const std::optional<at::Tensor> &cos_sin, const at::Tensor &slot_mapping,
+                      const at::Tensor &kv_cache, const std::optional<at::Tensor> &error_count,
+                      const std::optional<at::Tensor> &q, const std::optional<at::Tensor> &k_nope,
+                      const std::optional<at::Tensor> &k_pe, int64_t Q, int64_t C, int64_t R,
+                      double eps_q, double eps_kv, int64_t style) {
+    kv_out_impl(latent, w_q, w_kv, positions, cos_sin, slot_mapping, kv_cache, error_count, q,
+                k_nope, k_pe, Q, C, R, eps_q, eps_kv, style);
+}
+
+// ---- rope_q ------------------------------------------------------------------------------
+void rope_q(const at::Tensor &q, const at::Tensor &positions, const at::Tensor &cos_sin,
+            int64_t R, int64_t style, const std::optional<at::Tensor> &error_count) {
+    need_api();
+    const c10::Device d = q.device();
+    mlaf_context *ctx = context_for(d);
+    View vq(q, "q", d, true), vpos(positions, "positions", d, false),
+        vcs(cos_sin, "cos_sin", d, false), verr(error_count, "error_count", d, true);
+    const mlaf_rope_params p = {(int32_t)R, (mlaf_rope_style)style};
+    check(ctx, api.rope_q(ctx, &p, vq.p, vpos.p, vcs.p, verr.p));
+}
+
+// ---- moe_gate ----------------------------------------------------------------------------
+void gate_out_impl(const at::Tensor &logits, const std::optional<at::Tensor> &bias,
+                   const at::Tensor &weights, const at::Tensor &ids,
+                   const std::optional<at::Tensor> &scores, int64_t top_k, int64_t n_group,
+                   int64_t topk_group, int64_t score_func, int64_t group_score, bool renormalize,
+                   double routed_scaling_factor, bool apply_routed_scaling, double eps,
+                   int64_t n_shared_experts) {
+    need_api();
+    const c10::Device d = logits.device();
+    mlaf_context *ctx = context_for(d);
+    View vl(logits, "logits", d, false), vb(bias, "bias", d, false),
+        vw(weights, "weights", d, true), vi(ids, "ids", d, true), vs(scores, "scores", d, true);
+    mlaf_moe_gate_params p;
+    p.top_k = (int32_t)top_k;
+    p.n_group = (int32_t)n_group;
+    p.topk_group = (int32_t)topk_group;
+    p.score_func = (mlaf_score_func)score_func;
+    p.group_score = (mlaf_group_score)group_score;
+    p.renormalize = renormalize ? 1 : 0;
+    p.routed_scaling_factor = (float)routed_scaling_factor;
+    p.apply_routed_scaling = apply_routed_scaling ? 1 : 0;
+    p.eps = (float)eps;
+    p.n_shared_experts = (int32_t)n_shared_experts;
+    check(ctx, api.moe_gate(ctx, &p, vl.p, vb.p, vw.p, vi.p, vs.p));
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> moe_gate(
+    const at::Tensor &logits, const std::optional<at::Tensor> &bias, int64_t top_k,
+    int64_t n_group, int64_t topk_group, int64_t score_func, int64_t group_score,
+    bool renormalize, double routed_scaling_factor, bool apply_routed_scaling, double eps,
+    int64_t n_shared_experts, bool return_scores, std::optional<c10::ScalarType> weights_dtype) {
+    const int64_t T = rows_of(logits), E = logits.dim() >= 2 ? logits.size(1) : 0;
+    const int64_t K = nonneg(top_k + n_shared_experts);
+    at::Tensor w = alloc(logits, T, K, weights_dtype.value_or(c10::ScalarType::Float)),
+               i = alloc(logits, T, K, c10::ScalarType::Int),
+               s = alloc(logits, T, return_scores ? E : 0, c10::ScalarType::Float);
+    gate_out_impl(logits, bias, w, i, return_scores ? std::optional<at::Tensor>(s) : std::nullopt,
+                  top_k, n_group, topk_group, score_func, group_score, renormalize,
+                  routed_scaling_factor, apply_routed_scaling, eps, n_shared_experts);
+    return {w, i, s};
+}
+
+void moe_gate_out(const at::Tensor &logits, const std::optional<at::Tensor> &bias,
+                  const at::Tensor &weights, const at::Tensor &ids,
+                  const std::optional<at::Tensor> &scores, int64_t top_k, int64_t n_group,
+                  int64_t topk_group, int64_t score_func, int64_t group_score, bool renormalize,
+                  double routed_scaling_factor, bool apply_routed_scaling, double eps,
+                  int64_t n_shared_experts) {
+    gate_out_impl(logits, bias, weights, ids, scores, top_k, n_group, topk_group, score_func,
+                  group_score, renormalize, routed_scaling_factor, apply_routed_scaling, eps,
+                  n_shared_experts);
+}
+
+#define KV_IN                                                                                \
+    "Tensor latent, Tensor? w_q, Tensor w_kv, Tensor? positions, Tensor? cos_sin, "         \
+    "Tensor slot_mapping, Tensor(a!) kv_cache, Tensor(b!)? error_count"
+#define KV_P "int q_lora_rank, int kv_lora_rank, int rope_dim, float eps_q, float eps_kv, int style"
+#define GATE_P                                                                               \
+    "int top_k, int n_group, int topk_group, int score_func, int group_score, "              \
+    "bool renormalize, float routed_scaling_factor, bool apply_routed_scaling, "             \
+    "float eps, int n_shared_experts"
+
+}  // namespace
+
+TORCH_LIBRARY(mlafuse, m) {
+    m.def("split_qk_norm(Tensor latent, Tensor? w_q, Tensor w_kv, int q_lora_rank, "
+          "int kv_lora_rank, int rope_dim, float eps_q, float eps_kv, bool return_k_pe=True) "
+          "-> (Tensor, Tensor, Tensor)");
+    m.def("split_qk_norm_out(Tensor latent, Tensor? w_q, Tensor w_kv, Tensor(a!)? q, "
+          "Tensor(b!) k_nope, Tensor(c!)? k_pe, int q_lora_rank, int kv_lora_rank, "
+          "int rope_dim, float eps_q, float eps_kv) -> ()");
+    m.def("split_qk_norm_inplace(Tensor(a!) latent, Tensor? w_q, Tensor w_kv, "
+          "int q_lora_rank, int kv_lora_rank, int rope_dim, float eps_q, float eps_kv) -> ()");
+    m.def("mla_kv_cache(" KV_IN ", " KV_P ", bool return_k_nope=False, "
+          "bool return_k_pe=False) -> (Tensor, Tensor, Tensor)");
+    m.def("mla_kv_cache_out(" KV_IN ", Tensor(c!)? q, Tensor(d!)? k_nope, Tensor(e!)? k_pe, " KV_P
+          ") -> ()");
+    m.def("rope_q(Tensor(a!) q, Tensor positions, Tensor cos_sin, int rope_dim, int style, "
+          "Tensor(b!)? error_count=None) -> ()");
+    m.def("moe_gate(Tensor logits, Tensor? bias, " GATE_P ", bool return_scores=False, "
+          "ScalarType? weights_dtype=None) -> (Tensor, Tensor, Tensor)");
+    m.def("moe_gate_out(Tensor logits, Tensor? bias, Tensor(a!) weights, Tensor(b!) ids, "
+          "Tensor(c!)? scores, " GATE_P ") -> ()");
+}
+
+// One kernel for both devices: the backend follows the tensors' device.
+#define MLAFUSE_IMPLS(m)                                       \
+    m.impl("split_qk_norm", &split_qk_norm);                   \
+    m.impl("split_qk_norm_out", &split_qk_norm_out);           \
+    m.impl("split_qk_norm_inplace", &split_qk_norm_inplace);   \
+    m.impl("mla_kv_cache", &mla_kv_cache);                     \
+    m.impl("mla_kv_cache_out", &mla_kv_cache_out);             \
+    m.impl("rope_q", &rope_q);                                 \
+    m.impl("moe_gate", &moe_gate);                             \
+    m.impl("moe_gate_out", &moe_gate_out)
+
+TORCH_LIBRARY_IMPL(mlafuse, CPU, m) { MLAFUSE_IMPLS(m); }
+TORCH_LIBRARY_IMPL(mlafuse, CUDA, m) { MLAFUSE_IMPLS(m); }
+
+// ---- C entry points for python/mlafuse (ctypes) ------------------------------------------
+
+// Takes the entry points from the libmlafuse at `path` (the one the ctypes binding loaded:
+// dlopen returns that same instance). Returns 0, or 1 with a message in err.
+MLAFUSE_TORCH_EXPORT int mlafuse_torch_init(const char *path, char *err, size_t err_cap) {
+    std::lock_guard<std::mutex> lock(init_mutex);
+    auto say = [&](const std::string &s) {
+        if (err && err_cap) std::snprintf(err, err_cap, "%s", s.c_str());
+        return 1;
+    };
+    if (api_ready.load()) return 0;
+    void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (!h) return say(std::string("dlopen: ") + dlerror());
+    Api a;
+    const char *missing = nullptr;
+#define MLAF_SYM(field, name)                                             \
+    a.field = reinterpret_cast<decltype(a.field)>(dlsym(h, #name));       \
+    if (!a.field && !missing) missing = #name;
+    MLAF_SYM(version_number, mlaf_version_number)
+    MLAF_SYM(status_name, mlaf_status_name)
+    MLAF_SYM(status_message, mlaf_status_message)
+    MLAF_SYM(backend_name, mlaf_backend_name)
+    MLAF_SYM(context_create, mlaf_context_create)
+    MLAF_SYM(context_free, mlaf_context_free)
+    MLAF_SYM(context_set_threads, mlaf_context_set_threads)
+    MLAF_SYM(context_set_cuda_device, mlaf_context_set_cuda_device)
+    MLAF_SYM(context_set_cuda_stream, mlaf_context_set_cuda_stream)
+    MLAF_SYM(context_last_error, mlaf_context_last_error)
+    MLAF_SYM(split_qk_norm, mlaf_split_qk_norm)
+    MLAF_SYM(mla_kv_cache, mlaf_mla_kv_cache)
+    MLAF_SYM(rope_q, mlaf_rope_q)
+    MLAF_SYM(moe_gate, mlaf_moe_gate)
+#undef MLAF_SYM
+    if (missing) return say(std::string(path) + " has no symbol " + missing);
+    if (a.version_number() != MLAF_VERSION_NUMBER)
+        return say(std::string(path) + " is version " + std::to_string(a.version_number()) +
+                   ", the torch extension was built for " + std::to_string(MLAF_VERSION_NUMBER));
+    api = a;
+    api_ready.store(true, std::memory_order_release);
+    return 0;
+}
+
+// CPU threads for every later CPU call of every thread (0 = all cores); < 0 is ignored
+// (mlafuse.set_num_threads rejects it first).
+MLAFUSE_TORCH_EXPORT void mlafuse_torch_set_cpu_threads(int n) {
+    if (n >= 0) cpu_threads.store(n, std::memory_order_relaxed);
+}
+
+// MLAF_VERSION_NUMBER of the header the extension was built with.
+MLAFUSE_TORCH_EXPORT unsigned mlafuse_torch_abi_version(void) { return MLAF_VERSION_NUMBER; }
