@@ -413,6 +413,7 @@ MLAF_API mlaf_status mlaf_mla_kv_cache(mlaf_context *ctx, const mlaf_mla_kv_cach
  *   error_count [1]      optional i32, as in mla_kv_cache: a token whose position is outside
  *                        [0, max_pos) is left unrotated and counted (saturating at
  *                        INT32_MAX).
+ * T = 0 or H = 0 is a valid no-op: nothing is rotated, read or counted.
  * ------------------------------------------------------------------------------------- */
 MLAF_API mlaf_status mlaf_rope_q(mlaf_context *ctx, const mlaf_rope_params *p,
                                  const mlaf_tensor *q, const mlaf_tensor *positions,
