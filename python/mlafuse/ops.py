@@ -209,13 +209,20 @@ _YARN_KEYS = ("factor", "original_max_position_embeddings", "beta_fast", "beta_s
               "mscale_all_dim", "attention_factor", "truncate")
 
 
-def _rope_scaling(scaling):
-    """A Hugging Face ``rope_scaling`` dict as the library's mlaf_rope_scaling, or None for
+def _rope_scaling(scaling, base):
+    """A Hugging Face ``rope_scaling`` dict (or transformers' newer ``rope_parameters``, whose
+    rope_theta must then agree with ``base``) as the library's mlaf_rope_scaling, or None for
     plain RoPE. Unknown types and keys are errors, never ignored."""
     if scaling is None:
         return None
     if not isinstance(scaling, dict):
         raise TypeError(f"scaling is a {type(scaling).__name__}, expected a rope_scaling dict or None")
+    if "rope_theta" in scaling:
+        if float(scaling["rope_theta"]) != float(base):
+            raise MlafError(L.ERR_INVALID_ARGUMENT,
+                            f"scaling['rope_theta'] = {scaling['rope_theta']} but base = {base}: "
+                            "pass base=rope_theta")
+        scaling = {k: v for k, v in scaling.items() if k != "rope_theta"}
     kind = scaling.get("rope_type", scaling.get("type"))
     if kind in (None, "default"):
         extra = sorted(k for k in scaling if k not in ("rope_type", "type"))
@@ -273,7 +280,7 @@ def rope_table(max_pos: int, rope_dim: int, base: float = 10000.0, *, device=Non
     if max_pos < 1 or rope_dim <= 0 or rope_dim % 2 or not (base > 1.0):
         raise MlafError(L.ERR_INVALID_ARGUMENT,
                         f"{what}: expected max_pos >= 1, rope_dim > 0 and even, finite base > 1")
-    sc = _rope_scaling(scaling)
+    sc = _rope_scaling(scaling, base)
     table = np.empty((max_pos, rope_dim), np.float32)
     if sc is None:
         st = L.mlaf_rope_table_init(table.ctypes.data, max_pos, rope_dim, float(base))

@@ -199,6 +199,12 @@ def test_rope_table_scaling_none_and_errors():
         mlafuse.rope_table(32, 64, scaling=dict(DEEPSEEK_V3_YARN, factor=0.5))
     with pytest.raises(TypeError):
         mlafuse.rope_table(32, 64, scaling="yarn")
+    # transformers' newer rope_parameters carry rope_theta: it must agree with base
+    params = dict(DEEPSEEK_V3_YARN, rope_theta=10000.0)
+    assert np.array_equal(mlafuse.rope_table(64, 64, 10000.0, scaling=params),
+                          mlafuse.rope_table(64, 64, 10000.0, scaling=DEEPSEEK_V3_YARN))
+    with pytest.raises(mlafuse.MlafError, match="pass base=rope_theta"):
+        mlafuse.rope_table(64, 64, 50000.0, scaling=params)
 
 
 # ---- mla_kv_cache --------------------------------------------------------------------------
