@@ -144,6 +144,31 @@ def test_compile_writes_caches_in_place(device):
     assert not counters["graph_break"]
 
 
+@pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device visible to torch (or a CPU-only "
+                    "library)")
+def test_compiled_follows_the_current_stream():
+    """A compiled function run on a side stream, queued behind a long kernel that fills its
+    input there, sees the filled input: the op reads torch's current stream on every call,
+    also from compiled code."""
+    torch._dynamo.reset()
+    compiled = torch.compile(_step, fullgraph=True)
+    a, b = _step_args("cuda", 4), _step_args("cuda", 4)
+    compiled(**_step_args("cuda", 5))  # compile outside the timed part
+    want = _step(**a)
+    src = b["latent"].clone()
+    b["latent"].zero_()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        torch.cuda._sleep(50_000_000)
+        b["latent"].copy_(src)
+        got = compiled(**b)
+    s.synchronize()
+    for x, y in zip(want, got):
+        assert torch.equal(x, y)
+    assert torch.equal(a["caches"], b["caches"])
+
+
 # ---- the overhead benchmark ----------------------------------------------------------------
 def test_bench_overhead_runs():
     cmd = [sys.executable, "-m", "mlafuse.bench_overhead", "--device", "cpu", "--iters", "20",
