@@ -230,7 +230,8 @@ static void test_convert(const table *tb, int nt) {
                 for (int kind = 0; kind < 3; kind++) {
                     fill_row(&rng, v, MLAF_F32, n, kind);
                     for (int variant = 0; variant < 4; variant++) {
-                        const int stream = variant & 1, off = (variant & 2) ? 6 : 0;
+                        /* off: an element-aligned address that is not a line's start */
+                        const int stream = variant & 1, off = (variant & 2) ? 3 * (int)mlaf_dtype_size(dts[d]) : 0;
                         const size_t b = (size_t)n * mlaf_dtype_size(dts[d]);
                         memset(ref, GUARD, b + off + PAD);
                         memset(got, GUARD, b + off + PAD);
