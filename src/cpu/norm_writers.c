@@ -39,3 +39,18 @@ mlaf_cpu_writer mlaf_cpu_writer_paged(const mlaf_norm_kern *k, const mlaf_kv_cac
     mlaf_cpu_writer w = {paged_put, NULL, k, job};
     return w;
 }
+
+/* ---- rstd (diagnostic) ----------------------------------------------------------------- */
+static void rstd_put(const mlaf_cpu_writer *w, const mlaf_cpu_row *r, mlaf_row_part part, int64_t i0, int64_t n,
+                     const float *v) {
+    (void)w, (void)r, (void)part, (void)i0, (void)n, (void)v;
+}
+static void rstd_finish(const mlaf_cpu_writer *w, const mlaf_cpu_row *r) {
+    float *o = (float *)w->state + 2 * r->t;
+    o[0] = r->rstd_q, o[1] = r->rstd_kv;
+}
+
+mlaf_cpu_writer mlaf_cpu_writer_rstd(const mlaf_norm_kern *k, float *out) {
+    mlaf_cpu_writer w = {rstd_put, rstd_finish, k, out};
+    return w;
+}

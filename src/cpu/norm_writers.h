@@ -47,4 +47,7 @@ mlaf_cpu_writer mlaf_cpu_writer_dense(const mlaf_norm_kern *k, const mlaf_norm_j
 /* The plain paged cache row [k_nope | rope(k_pe)] of the token's slot, in the cache dtype. */
 mlaf_cpu_writer mlaf_cpu_writer_paged(const mlaf_norm_kern *k, const mlaf_kv_cache_job *job);
 
+/* Each row's two rstd values as f32 out[2 t], out[2 t + 1] (q, kv): a diagnostic writer, for tests. */
+mlaf_cpu_writer mlaf_cpu_writer_rstd(const mlaf_norm_kern *k, float *out);
+
 #endif

@@ -117,6 +117,20 @@ template <typename T> struct mlaf_wr_paged : mlaf_wr_base {
     }
 };
 
+/* Each row's two rstd values as f32 [T, 2] (q, kv): a diagnostic writer, for tests. */
+template <typename T> struct mlaf_wr_rstd : mlaf_wr_base {
+    struct params {
+        float *out;
+    };
+    float *p_;
+    __device__ __forceinline__ mlaf_wr_rstd(const params &p, const mlaf_row_args &, int64_t t,
+                                            const mlaf_token_info &)
+        : p_(p.out + 2 * t) {}
+    __device__ __forceinline__ void finish(float rq, float rkv, bool leader) {
+        if (leader) p_[0] = rq, p_[1] = rkv;
+    }
+};
+
 /* Two writers, each receiving every vector. */
 template <class A, class B> struct mlaf_wr_pair {
     struct params {

@@ -7,7 +7,8 @@
  * every shape gives the generic shape's outputs: q and k_nope within one unit in the last place
  * (their sums run in another order), roped k_pe, the cache and the error count exactly, and
  * cache rows no slot names untouched. The generic shape itself is checked against the float64
- * oracle by the op tests.
+ * oracle by the op tests. A third writer, mlaf_wr_rstd, stores each row's two rstd values, which
+ * are checked against float64 in every shape.
  */
 #include "cuda/row_launch.cuh"
 
@@ -66,6 +67,7 @@ static double ulps(double a, double b, mlaf_dtype dt) {
 
 struct bufs {
     std::vector<unsigned char> q, k, p, cache;
+    std::vector<float> rstd;
     int32_t err;
 };
 
@@ -74,11 +76,13 @@ static bufs run(int Q, int C, int R, int64_t T_, bool neox, bool rope, mlaf_dtyp
                 const std::vector<unsigned char> &lat, const std::vector<unsigned char> &w, const std::vector<int32_t> &pos,
                 const std::vector<int32_t> &slots, const std::vector<float> &cs, int64_t nblk, int64_t bs, int cc,
                 int sms, bool *took) {
-    typedef mlaf_wr_pair<mlaf_wr_dense<T>, mlaf_wr_paged<T>> Wr;
+    typedef mlaf_wr_pair<mlaf_wr_pair<mlaf_wr_dense<T>, mlaf_wr_paged<T>>, mlaf_wr_rstd<T>> Wr;
+    typedef mlaf_wr_pair<mlaf_wr_dense<T>, mlaf_wr_rstd<T>> Ws;
     const int64_t es = sizeof(T), ces = mlaf_dtype_size(cdt), Wd = Q + C + R, ls = Wd + 16;
     unsigned char *dl, *dw, *dq, *dk, *dp, *dc;
     int32_t *dpos, *dsl, *derr;
-    float *dcs;
+    float *dcs, *drs;
+    CK(cudaMalloc(&drs, (size_t)(T_ * 2 * 4)));
     const size_t cache_bytes = (size_t)(nblk * bs * (C + R) * ces);
     CK(cudaMalloc(&dl, lat.size()));
     CK(cudaMalloc(&dw, w.size()));
@@ -110,12 +114,15 @@ static bufs run(int Q, int C, int R, int64_t T_, bool neox, bool rope, mlaf_dtyp
         a.slots = dsl, a.n_slots = nblk * bs, a.block_size = bs, a.err = derr;
     }
     typename Wr::params wp;
-    wp.a.q = Q ? dq : nullptr, wp.a.qs = Q, wp.a.k_nope = dk, wp.a.ks = C, wp.a.k_pe = R ? dp : nullptr, wp.a.ps = R;
-    wp.a.pe_raw = !rope;
-    wp.b.cache = rope ? dc : nullptr, wp.b.dt = cdt, wp.b.s0 = bs * (C + R), wp.b.s1 = C + R;
+    wp.a.a.q = Q ? dq : nullptr, wp.a.a.qs = Q, wp.a.a.k_nope = dk, wp.a.a.ks = C, wp.a.a.k_pe = R ? dp : nullptr;
+    wp.a.a.ps = R, wp.a.a.pe_raw = !rope;
+    wp.a.b.cache = rope ? dc : nullptr, wp.a.b.dt = cdt, wp.a.b.s0 = bs * (C + R), wp.a.b.s1 = C + R;
+    wp.b.out = drs;
+    typename Ws::params ws;
+    ws.a = wp.a.a, ws.b = wp.b;
     cudaError_t e;
     if (rope) e = mlaf_row_launch<T, true, Wr>(a, wp, true, sms, cc, 0, shape);
-    else e = mlaf_row_launch<T, false, mlaf_wr_dense<T>>(a, wp.a, true, sms, cc, 0, shape);
+    else e = mlaf_row_launch<T, false, Ws>(a, ws, true, sms, cc, 0, shape);
     CK(e);
     CK(cudaDeviceSynchronize());
     *took = true;
@@ -127,6 +134,9 @@ static bufs run(int Q, int C, int R, int64_t T_, bool neox, bool rope, mlaf_dtyp
     if (R) CK(cudaMemcpy(b.p.data(), dp, b.p.size(), cudaMemcpyDeviceToHost));
     CK(cudaMemcpy(b.cache.data(), dc, cache_bytes, cudaMemcpyDeviceToHost));
     CK(cudaMemcpy(&b.err, derr, 4, cudaMemcpyDeviceToHost));
+    b.rstd.resize((size_t)(T_ * 2));
+    CK(cudaMemcpy(b.rstd.data(), drs, b.rstd.size() * 4, cudaMemcpyDeviceToHost));
+    cudaFree(drs);
     cudaFree(dl), cudaFree(dw), cudaFree(dq), cudaFree(dk), cudaFree(dp), cudaFree(dc), cudaFree(dpos), cudaFree(dsl),
         cudaFree(derr), cudaFree(dcs);
     return b;
@@ -176,6 +186,18 @@ static void one(const char *model, int Q, int C, int R, bool neox, bool rope, ml
     std::vector<float> cs((size_t)(max_pos * (R ? R : 1)));
     for (auto &x : cs) x = rndf();
 
+    /* the rstd values in float64, from the stored inputs */
+    std::vector<double> rs((size_t)(T_ * 2));
+    for (int64_t t = 0; t < T_; t++) {
+        double sq = 0, skv = 0;
+        for (int i = 0; i < Q + C; i++) {
+            const double x = from(&lat[(size_t)((t * ls + i) * es)], dt);
+            if (i < Q) sq += x * x;
+            else skv += x * x;
+        }
+        rs[(size_t)(2 * t)] = Q ? 1.0 / sqrt(sq / Q + 1e-6f) : 0.0;
+        rs[(size_t)(2 * t + 1)] = 1.0 / sqrt(skv / C + 1e-5f);
+    }
     bool took;
     const bufs ref = run<T>(Q, C, R, T_, neox, rope, cdt, MLAF_ROW_GENERIC, lat, w, pos, slots, cs, nblk, bs, cc, sms, &took);
     static const mlaf_row_shape shapes[] = {MLAF_ROW_BLOCK, MLAF_ROW_WARP, MLAF_ROW_BULK};
@@ -193,12 +215,18 @@ static void one(const char *model, int Q, int C, int R, bool neox, bool rope, ml
         const double uq = worst_ulps(b.q, ref.q, dt), uk = worst_ulps(b.k, ref.k, dt);
         const double uc = worst_ulps(b.cache, ref.cache, cdt);
         const bool pe_same = b.p == ref.p, err_same = b.err == ref.err;
+        double ur = 0; /* relative error of the rstd values */
+        for (size_t i = 0; i < rs.size(); i++) {
+            const double u = rs[i] ? fabs(b.rstd[i] - rs[i]) / rs[i] : fabs(b.rstd[i]);
+            if (!(u <= ur)) ur = u;
+        }
         /* sums in another order: f32 values within SPEC §7's 1e-5 relative (about 84 ulp), 16-bit
          * ones within one rounding */
         const double tol = dt == MLAF_F32 ? 84 : 1, cache_tol = cdt == MLAF_F32 ? 84 : 1;
-        tl_case(uq <= tol && uk <= tol && uc <= cache_tol && pe_same && err_same && (!rope || ref.err == (R > 0 ? 3 : 1)), name,
-                "q %.1f ulp, k_nope %.1f ulp, cache %.1f ulp, k_pe %s, error count %d vs %d", uq, uk, uc,
-                pe_same ? "same" : "differs", b.err, ref.err);
+        tl_case(uq <= tol && uk <= tol && uc <= cache_tol && pe_same && err_same && (!rope || ref.err == (R > 0 ? 3 : 1)) &&
+                    ur <= 1e-5,
+                name, "q %.1f ulp, k_nope %.1f ulp, cache %.1f ulp, k_pe %s, error count %d vs %d, rstd %.2g", uq, uk,
+                uc, pe_same ? "same" : "differs", b.err, ref.err, ur);
     }
 }
 
