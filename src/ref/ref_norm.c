@@ -2,7 +2,7 @@
  * ref_norm.c — the float64 oracle of split_qk_norm, mla_kv_cache and rope_q (SPEC §2, §3).
  *
  * Plain loops, one step at a time, no fusion: read the inputs of a validated job (host
- * memory), compute in double, write dense unrounded results. The checks (verify_norm.c)
+ * memory), compute in double, write dense unrounded results. The checks (verify_*.c, verify_case.h)
  * round them once to the output dtype.
  */
 #include <math.h>
