@@ -107,15 +107,7 @@
  */
 #pragma once
 
-#include "cuda/cuda_common.cuh"
-
-#include <type_traits>
-
-/* The mlaf_dtype of a kernel element type. */
-template <typename T> constexpr mlaf_dtype mlaf_dtype_of() {
-    return sizeof(T) == 4 ? MLAF_F32 : std::is_same<T, __half>::value ? MLAF_F16 : MLAF_BF16;
-}
-
+#include "cuda/row_vec.cuh" /* the vectors and conversions are the library's */
 
 /* Everything the row kernel needs, by value (one kernel argument block). */
 struct mlaf_row_args {
@@ -158,110 +150,6 @@ struct mlaf_row_args {
 #endif
 #define MLAF_ROW_NV_MAX 24
 #define MLAF_ROW_PE_STAGE_MAX 1024
-
-/* ---- vector <-> fp32 by dtype ---------------------------------------------------------- */
-template <typename T> struct mlaf_vec;
-template <> struct mlaf_vec<float> {
-    static constexpr int W = 4;
-    static __device__ __forceinline__ void unpack(const uint4 &v, float *f) {
-        f[0] = __uint_as_float(v.x);
-        f[1] = __uint_as_float(v.y);
-        f[2] = __uint_as_float(v.z);
-        f[3] = __uint_as_float(v.w);
-    }
-    static __device__ __forceinline__ uint4 pack(const float *f) {
-        return make_uint4(__float_as_uint(f[0]), __float_as_uint(f[1]), __float_as_uint(f[2]),
-                          __float_as_uint(f[3]));
-    }
-};
-template <> struct mlaf_vec<__nv_bfloat16> {
-    static constexpr int W = 8;
-    static __device__ __forceinline__ float lo(uint32_t u) { return __uint_as_float(u << 16); }
-    static __device__ __forceinline__ float hi(uint32_t u) { return __uint_as_float(u & 0xffff0000u); }
-    static __device__ __forceinline__ void unpack(const uint4 &v, float *f) {
-        f[0] = lo(v.x), f[1] = hi(v.x), f[2] = lo(v.y), f[3] = hi(v.y);
-        f[4] = lo(v.z), f[5] = hi(v.z), f[6] = lo(v.w), f[7] = hi(v.w);
-    }
-    static __device__ __forceinline__ uint32_t pack2(float a, float b) {
-        __nv_bfloat162 h = __floats2bfloat162_rn(a, b); /* .x = a (low half) */
-        return *reinterpret_cast<uint32_t *>(&h);
-    }
-    static __device__ __forceinline__ uint4 pack(const float *f) {
-        return make_uint4(pack2(f[0], f[1]), pack2(f[2], f[3]), pack2(f[4], f[5]), pack2(f[6], f[7]));
-    }
-};
-template <> struct mlaf_vec<__half> {
-    static constexpr int W = 8;
-    static __device__ __forceinline__ void unpack2(uint32_t u, float *f) {
-        __half2 h = *reinterpret_cast<__half2 *>(&u);
-        float2 p = __half22float2(h);
-        f[0] = p.x;
-        f[1] = p.y;
-    }
-    static __device__ __forceinline__ void unpack(const uint4 &v, float *f) {
-        unpack2(v.x, f), unpack2(v.y, f + 2), unpack2(v.z, f + 4), unpack2(v.w, f + 6);
-    }
-    static __device__ __forceinline__ uint32_t pack2(float a, float b) {
-        __half2 h = __floats2half2_rn(a, b);
-        return *reinterpret_cast<uint32_t *>(&h);
-    }
-    static __device__ __forceinline__ uint4 pack(const float *f) {
-        return make_uint4(pack2(f[0], f[1]), pack2(f[2], f[3]), pack2(f[4], f[5]), pack2(f[6], f[7]));
-    }
-};
-
-/* W consecutive weights starting at element i (a multiple of W), stored as T or f32; the
- * base is 16-byte aligned on the fast path. Weights are read-only for the whole kernel. */
-template <typename T>
-__device__ __forceinline__ void mlaf_ld_weights_vec(const void *w, bool f32, int64_t i, float *f) {
-    constexpr int W = mlaf_vec<T>::W;
-    if (f32) {
-        const float4 *p = reinterpret_cast<const float4 *>(static_cast<const float *>(w) + i);
-#pragma unroll
-        for (int k = 0; k < W / 4; k++) {
-            float4 x = __ldg(p + k);
-            f[4 * k] = x.x, f[4 * k + 1] = x.y, f[4 * k + 2] = x.z, f[4 * k + 3] = x.w;
-        }
-    } else {
-        uint4 x = __ldg(reinterpret_cast<const uint4 *>(static_cast<const T *>(w) + i));
-        mlaf_vec<T>::unpack(x, f);
-    }
-}
-
-/* One value into a buffer of run-time dtype dt (the cache), rounded once. */
-__device__ __forceinline__ void mlaf_st_dt(void *base, mlaf_dtype dt, int64_t i, float v) {
-    if (dt == MLAF_F32)
-        static_cast<float *>(base)[i] = v;
-    else if (dt == MLAF_BF16)
-        static_cast<__nv_bfloat16 *>(base)[i] = __float2bfloat16_rn(v);
-    else
-        static_cast<__half *>(base)[i] = __float2half_rn(v);
-}
-
-/* W values (W = 4 or 8) into the cache at element i; the address is aligned to
- * min(16, W * element size) bytes on the fast path. */
-template <int W>
-__device__ __forceinline__ void mlaf_st_dt_vec(void *base, mlaf_dtype dt, int64_t i, const float *f) {
-    /* plain stores: streaming (evict-first) ones were 1-3% slower at T >= 32768 on the H200
-     * (mlafuse bench, same call: GLM-4.7-Flash T = 131072 202.9 vs 197.3 us) */
-    if (dt == MLAF_F32) {
-        float4 *p = reinterpret_cast<float4 *>(static_cast<float *>(base) + i);
-#pragma unroll
-        for (int k = 0; k < W / 4; k++)
-            p[k] = make_float4(f[4 * k], f[4 * k + 1], f[4 * k + 2], f[4 * k + 3]);
-    } else {
-        uint32_t u[W / 2];
-#pragma unroll
-        for (int k = 0; k < W / 2; k++)
-            u[k] = dt == MLAF_BF16 ? mlaf_vec<__nv_bfloat16>::pack2(f[2 * k], f[2 * k + 1])
-                                   : mlaf_vec<__half>::pack2(f[2 * k], f[2 * k + 1]);
-        uint16_t *p = static_cast<uint16_t *>(base) + i;
-        if constexpr (W == 8)
-            *reinterpret_cast<uint4 *>(p) = make_uint4(u[0], u[1], u[2], u[3]);
-        else
-            *reinterpret_cast<uint2 *>(p) = make_uint2(u[0], u[1]);
-    }
-}
 
 /* Sum of squares of one vector's W values, in the one order every launch mode uses. */
 template <int W> __device__ __forceinline__ float mlaf_sumsq(const float *f) {
@@ -359,14 +247,6 @@ __device__ __forceinline__ void mlaf_rope_store(float x0, float x1, float co, fl
     if (cache) mlaf_st_dt(cache, cdt, cidx + i0, y0), mlaf_st_dt(cache, cdt, cidx + i1, y1);
 }
 
-/* Two adjacent values y0, y1 as one store (element i even; the fast path's rows start on a
- * vector boundary, so the pair is aligned to its size). */
-template <typename T> __device__ __forceinline__ void mlaf_st2(T *p, float y0, float y1) {
-    if constexpr (sizeof(T) == 4)
-        *reinterpret_cast<float2 *>(p) = make_float2(y0, y1);
-    else
-        *reinterpret_cast<uint32_t *>(p) = mlaf_vec<T>::pack2(y0, y1);
-}
 __device__ __forceinline__ void mlaf_st2_dt(void *base, mlaf_dtype dt, int64_t i, float y0, float y1) {
     if (dt == MLAF_F32) mlaf_st2(static_cast<float *>(base) + i, y0, y1);
     else if (dt == MLAF_BF16) mlaf_st2(static_cast<__nv_bfloat16 *>(base) + i, y0, y1);
@@ -1200,11 +1080,6 @@ mlaf_row_blockr_kernel(const mlaf_row_args a) {
 }
 
 /* ---- generic path ---------------------------------------------------------------------- */
-template <typename T> struct mlaf_bits; /* same-size integer: the k_pe copy is bit-exact */
-template <> struct mlaf_bits<float> { typedef uint32_t type; };
-template <> struct mlaf_bits<__half> { typedef uint16_t type; };
-template <> struct mlaf_bits<__nv_bfloat16> { typedef uint16_t type; };
-
 template <typename T, bool KV>
 __global__ void __launch_bounds__(MLAF_ROW_WARPS * 32)
 mlaf_row_generic_kernel(const mlaf_row_args a) {
