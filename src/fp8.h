@@ -1,0 +1,66 @@
+/*
+ * fp8.h — the fp8 numerics every fp8 cache writer shares (SPEC §9), for host code: e4m3
+ * conversion, its decoding, and the power-of-two (UE8M0) scale exponent. Bit-level, so results
+ * do not depend on compiler flags or the host's FP environment; the CUDA writers use
+ * __nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3), which this conversion reproduces.
+ */
+#ifndef MLAF_FP8_H
+#define MLAF_FP8_H
+
+#include <stdint.h>
+
+#include "half.h"
+
+/* f32 -> e4m3 (bias 7, 3 mantissa bits, no infinities, 0x7F / 0xFF NaN): round to nearest even;
+ * |x| >= 464 and +-inf give +-448 (0x7E / 0xFE); NaN of either sign gives 0x7F; |x| <= 2^-10
+ * gives a signed zero. */
+static inline uint8_t mlaf_f32_to_e4m3(float x) {
+    const uint32_t u = mlaf_f32_bits(x), a = u & 0x7fffffffu;
+    const uint8_t sign = (uint8_t)((u >> 24) & 0x80u);
+    if (a > 0x7f800000u) return 0x7f;
+    if (a >= 0x43e80000u) return (uint8_t)(sign | 0x7e); /* 464 = 1.8125 * 2^8 and above */
+    const int e = (int)(a >> 23) - 127;
+    if (e < -10) return sign; /* below 2^-10: rounds to zero */
+    /* the significand with its hidden bit, in units of 2^(e - 23); keep 3 fraction bits (normal,
+     * e >= -6) or fewer (subnormal: units of 2^-9) */
+    const uint32_t m = (a & 0x7fffffu) | 0x800000u;
+    const int shift = e >= -6 ? 20 : 20 + (-6 - e);
+    uint32_t q = m >> shift;
+    const uint32_t rem = m & ((1u << shift) - 1u), half = 1u << (shift - 1);
+    if (rem > half || (rem == half && (q & 1u))) q++;
+    if (e < -6) return (uint8_t)(sign | q); /* q <= 8; 8 is the smallest normal, 2^-6 */
+    uint32_t ef = (uint32_t)(e + 7);
+    if (q == 16) q = 8, ef++; /* rounded up to the next power of two */
+    return (uint8_t)(sign | (ef << 3) | (q & 7u));
+}
+
+/* e4m3 -> f32, exact (0x7F / 0xFF: NaN). */
+static inline float mlaf_e4m3_to_f32(uint8_t b) {
+    const uint32_t sign = (uint32_t)(b & 0x80u) << 24, ef = (b >> 3) & 0xfu, mt = b & 7u;
+    if (ef == 0xf && mt == 7) return mlaf_bits_f32(sign | 0x7fc00000u);
+    if (ef == 0) { /* subnormal: mt * 2^-9 */
+        if (mt == 0) return mlaf_bits_f32(sign);
+        int k = 0;
+        uint32_t m = mt;
+        while (!(m & 8u)) m <<= 1, k++; /* normalize: m * 2^-9 = (m << k) * 2^(-9 - k) */
+        return mlaf_bits_f32(sign | ((uint32_t)(127 - 6 - k) << 23) | ((m & 7u) << 20));
+    }
+    return mlaf_bits_f32(sign | ((ef - 7u + 127u) << 23) | (mt << 20));
+}
+
+/* ceil(log2(v)) of a positive normal f32 from its bits (SPEC §9): exponent - 127, plus 1 when the
+ * mantissa is not zero; +inf gives 128. */
+static inline int mlaf_ceil_log2_f32(float v) {
+    const uint32_t u = mlaf_f32_bits(v);
+    if ((u & 0x7fffffffu) == 0x7f800000u) return 128;
+    return (int)((u >> 23) & 0xffu) - 127 + ((u & 0x7fffffu) != 0);
+}
+
+/* The UE8M0 exponent of an amax (DeepSeek's act_quant): ceil_log2(max(amax, 1e-4) / 448), the
+ * division correctly rounded. The scale is 2^that. */
+static inline int mlaf_ue8m0_exponent(float amax) {
+    const float floor = 1e-4f, a = amax > floor ? amax : floor; /* NaN amax: the floor */
+    return mlaf_ceil_log2_f32(a / 448.0f);
+}
+
+#endif /* MLAF_FP8_H */
