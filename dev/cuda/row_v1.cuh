@@ -107,7 +107,7 @@
  */
 #pragma once
 
-#include "cuda/row_vec.cuh" /* the vectors and conversions are the library's */
+#include "cuda/row_math.cuh" /* the vectors, conversions and row arithmetic are the library's */
 
 /* Everything the row kernel needs, by value (one kernel argument block). */
 struct mlaf_row_args {
@@ -150,38 +150,6 @@ struct mlaf_row_args {
 #endif
 #define MLAF_ROW_NV_MAX 24
 #define MLAF_ROW_PE_STAGE_MAX 1024
-
-/* Sum of squares of one vector's W values, in the one order every launch mode uses. */
-template <int W> __device__ __forceinline__ float mlaf_sumsq(const float *f) {
-    float acc = 0.0f;
-#pragma unroll
-    for (int k = 0; k < W; k++) acc = fmaf(f[k], f[k], acc);
-    return acc;
-}
-
-__device__ __forceinline__ float mlaf_warp_sum(float v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
-/* 1 / sqrt(mean + eps) with correctly rounded sqrt and division. */
-__device__ __forceinline__ float mlaf_rstd(float sumsq, int32_t n, float eps) {
-    return __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(sumsq, (float)n), eps)));
-}
-
-/* The rotation shared by keys and queries: no contraction into FMA, so every caller gets the
- * same bits. first = 1 for x0 of a pair (x0*c - x1*s), 0 for x1 (x1*c + x0*s). */
-__device__ __forceinline__ float mlaf_rope_x0(float x0, float x1, float c, float s) {
-    return __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
-}
-__device__ __forceinline__ float mlaf_rope_x1(float x0, float x1, float c, float s) {
-    return __fadd_rn(__fmul_rn(x1, c), __fmul_rn(x0, s));
-}
-
-__device__ __forceinline__ int64_t mlaf_ld_index(const void *p, int32_t is64, int64_t t) {
-    return is64 ? static_cast<const int64_t *>(p)[t] : (int64_t) static_cast<const int32_t *>(p)[t];
-}
 
 /* The raw per-token indices of mla_kv_cache, loaded early (with the row) so that their
  * latency overlaps the row's instead of preceding it. */

@@ -26,7 +26,7 @@
  * which is what keeps HBM busy when only the R rope columns of each head are touched (the
  * nope columns never are). Offsets are 64-bit; per-block indices are 32-bit.
  */
-#include "row_core.cuh"
+#include "row_math.cuh"
 
 struct mlaf_rope_q_args {
     void *q;
