@@ -241,6 +241,13 @@ typedef struct mlaf_model_config {
     float rms_norm_eps;
     int32_t n_shared_experts;
     mlaf_rope_style rope_style;
+    /* DSA lightning indexer (SPEC §1, §10: GLM-5, DeepSeek-V3.2); index_n_heads 0: none. Its key
+     * and query rotate dims [0, 64) of each 128-wide head in index_rope_style (interleaved for
+     * GLM-5, NeoX for DeepSeek-V3.2: a config's indexer_rope_interleave, absent = NeoX). */
+    int32_t index_n_heads;
+    int32_t index_head_dim;
+    int32_t index_topk;
+    mlaf_rope_style index_rope_style;
 } mlaf_model_config;
 
 MLAF_API int mlaf_preset_count(void);

@@ -638,14 +638,26 @@ static void context_cases(void) {
         {"glm-4.7-flash", 768, 512, 64, 64, 4}, {"deepseek-v3", 1536, 512, 64, 256, 8},
         {"deepseek-v2", 1536, 512, 64, 160, 6}, {"deepseek-v2-lite", 0, 512, 64, 64, 6},
         {"kimi-k2", 1536, 512, 64, 384, 8}};
-    int presets_ok = mlaf_preset_count() == 5 && !strcmp(mlaf_preset_at(0)->name, "glm-4.7-flash");
+    int presets_ok = mlaf_preset_count() == 7 && !strcmp(mlaf_preset_at(0)->name, "glm-4.7-flash");
     for (int i = 0; i < 5; i++) {
         const mlaf_model_config *m = mlaf_preset_find(want[i].name);
         presets_ok = presets_ok && m && m->q_lora_rank == want[i].Q && m->kv_lora_rank == want[i].C &&
                      m->qk_rope_head_dim == want[i].R && m->n_routed_experts == want[i].E && m->top_k == want[i].k &&
-                     m->rope_style == MLAF_ROPE_INTERLEAVED;
+                     m->rope_style == MLAF_ROPE_INTERLEAVED && m->index_n_heads == 0;
     }
     CASE(presets_ok, "presets match SPEC table");
+    /* the DSA presets: MLA RoPE interleaved in both; the indexer's interleaved for GLM-5 and NeoX
+     * for DeepSeek-V3.2 (getting it wrong was a real accuracy bug in three engines) */
+    const mlaf_model_config *g5 = mlaf_preset_find("glm-5"), *v32 = mlaf_preset_find("deepseek-v3.2");
+    CASE(g5 && g5->q_lora_rank == 2048 && g5->kv_lora_rank == 512 && g5->qk_rope_head_dim == 64 && g5->num_heads == 64 &&
+             g5->n_routed_experts == 256 && g5->top_k == 8 && g5->n_group == 1 && g5->routed_scaling_factor == 2.5f &&
+             g5->rms_norm_eps == 1e-5f && g5->rope_style == MLAF_ROPE_INTERLEAVED && g5->index_n_heads == 32 &&
+             g5->index_head_dim == 128 && g5->index_topk == 2048 && g5->index_rope_style == MLAF_ROPE_INTERLEAVED,
+         "preset glm-5 (indexer 32 x 128, interleaved)");
+    CASE(v32 && v32->q_lora_rank == 1536 && v32->n_group == 8 && v32->topk_group == 4 && v32->rms_norm_eps == 1e-6f &&
+             v32->rope_style == MLAF_ROPE_INTERLEAVED && v32->index_n_heads == 64 && v32->index_head_dim == 128 &&
+             v32->index_topk == 2048 && v32->index_rope_style == MLAF_ROPE_NEOX,
+         "preset deepseek-v3.2 (indexer 64 x 128, NeoX)");
     CASE(mlaf_preset_find(NULL) == NULL && mlaf_preset_find("no-such-model") == NULL && mlaf_preset_find("") == NULL &&
              mlaf_preset_find("glm-4.7") == NULL, "preset_find,unknown");
     CASE(mlaf_preset_find("GLM-4.7-Flash") == mlaf_preset_at(0) && mlaf_preset_find("DeepSeek-R1") == mlaf_preset_find("deepseek-v3"),

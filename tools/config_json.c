@@ -331,6 +331,25 @@ static int parse_config(const cJSON *root, const char *path, mlaf_model_config *
         }
     }
 
+    /* DSA indexer (glm_moe_dsa, deepseek_v32): index_n_heads, index_head_dim [128], index_topk
+     * [2048], indexer_rope_interleave [false: NeoX] */
+    if (get_int(root, "index_n_heads", path, 0, 0, 0, 1024, &cfg->index_n_heads)) return -1;
+    if (get_int(root, "index_head_dim", path, 0, cfg->index_n_heads ? 128 : 0, 0, BIG, &cfg->index_head_dim))
+        return -1;
+    if (get_int(root, "index_topk", path, 0, cfg->index_n_heads ? 2048 : 0, 0, BIG, &cfg->index_topk)) return -1;
+    if (get_bool(root, "indexer_rope_interleave", path, 0, &b)) return -1;
+    cfg->index_rope_style = b ? MLAF_ROPE_INTERLEAVED : MLAF_ROPE_NEOX;
+    const char *mt = get_string(root, "model_type");
+    if (mt && (!strcmp(mt, "glm_moe_dsa") || !strcmp(mt, "deepseek_v32")) && cfg->index_n_heads == 0) {
+        fprintf(stderr, "mlafuse: %s: model_type \"%s\" is a DSA model but has no \"index_n_heads\"\n", path, mt);
+        return -1;
+    }
+    if (cfg->index_n_heads && cfg->index_head_dim < 64) {
+        fprintf(stderr, "mlafuse: %s: \"index_head_dim\" = %d, expected at least 64 (RoPE on dims [0, 64))\n", path,
+                cfg->index_head_dim);
+        return -1;
+    }
+
     /* The router's limits (SPEC §4), reported by key name rather than by parameter. */
     if (cfg->n_routed_experts % cfg->n_group) {
         fprintf(stderr, "mlafuse: %s: \"n_group\" = %d does not divide \"n_routed_experts\" = %d\n",

@@ -18,21 +18,25 @@ static void help(void) {
 }
 
 static void header(void) {
-    printf("%-22s %6s %7s %5s %5s %6s %5s %5s %5s %8s %-13s %-6s %5s %7s %7s %6s %-11s\n",
+    printf("%-22s %6s %7s %5s %5s %6s %5s %5s %5s %8s %-13s %-6s %5s %7s %7s %6s %-11s %s\n",
            "preset", "q_lora", "kv_lora", "rope", "nope", "v_head", "heads", "E", "top_k",
-           "groups", "score", "group", "norm", "scaling", "eps", "shared", "rope_style");
+           "groups", "score", "group", "norm", "scaling", "eps", "shared", "rope_style", "indexer");
 }
 
 static void row(const mlaf_model_config *c) {
     char groups[32];
     snprintf(groups, sizeof groups, "%d/%d", c->n_group, c->topk_group);
-    printf("%-22s %6d %7d %5d %5d %6d %5d %5d %5d %8s %-13s %-6s %5s %7g %7g %6d %-11s\n",
+    char idx[64] = "-";
+    if (c->index_n_heads)
+        snprintf(idx, sizeof idx, "%dx%d top-%d %s", c->index_n_heads, c->index_head_dim, c->index_topk,
+                 c->index_rope_style == MLAF_ROPE_NEOX ? "neox" : "interleaved");
+    printf("%-22s %6d %7d %5d %5d %6d %5d %5d %5d %8s %-13s %-6s %5s %7g %7g %6d %-11s %s\n",
            c->name, c->q_lora_rank, c->kv_lora_rank, c->qk_rope_head_dim, c->qk_nope_head_dim,
            c->v_head_dim, c->num_heads, c->n_routed_experts, c->top_k, groups, cli_score_text(c),
            c->n_group > 1 ? (c->group_score == MLAF_GROUP_MAX ? "max" : "top2") : "-",
            c->norm_topk_prob ? "true" : "false", (double)c->routed_scaling_factor,
            (double)c->rms_norm_eps, c->n_shared_experts,
-           c->rope_style == MLAF_ROPE_NEOX ? "neox" : "interleaved");
+           c->rope_style == MLAF_ROPE_NEOX ? "neox" : "interleaved", idx);
 }
 
 /* The RoPE table the config asks for, as mlaf_rope_table_init_scaled builds it. */

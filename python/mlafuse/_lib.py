@@ -67,6 +67,10 @@ class ModelConfig(ctypes.Structure):
         ("rms_norm_eps", ctypes.c_float),
         ("n_shared_experts", ctypes.c_int32),
         ("rope_style", ctypes.c_int),
+        ("index_n_heads", ctypes.c_int32),
+        ("index_head_dim", ctypes.c_int32),
+        ("index_topk", ctypes.c_int32),
+        ("index_rope_style", ctypes.c_int),
     ]
 
 

@@ -147,6 +147,10 @@ class Preset:
     rms_norm_eps: float
     n_shared_experts: int
     rope_style: str          # "interleaved" | "neox"
+    index_n_heads: int = 0   # DSA lightning indexer (GLM-5, DeepSeek-V3.2); 0: none
+    index_head_dim: int = 0
+    index_topk: int = 0
+    index_rope_style: str = "interleaved"  # GLM-5 interleaved, DeepSeek-V3.2 "neox"
 
     def moe_gate_kwargs(self) -> dict:
         """The router parameters of this model, as keyword arguments of moe_gate (the same
@@ -180,7 +184,9 @@ def _preset_from_c(cp) -> Preset:
         has_score_bias=bool(c.has_score_bias), norm_topk_prob=bool(c.norm_topk_prob),
         routed_scaling_factor=_f32(c.routed_scaling_factor),
         apply_routed_scaling=bool(c.apply_routed_scaling), rms_norm_eps=_f32(c.rms_norm_eps),
-        n_shared_experts=c.n_shared_experts, rope_style=_name_of(c.rope_style, _STYLES))
+        n_shared_experts=c.n_shared_experts, rope_style=_name_of(c.rope_style, _STYLES),
+        index_n_heads=c.index_n_heads, index_head_dim=c.index_head_dim, index_topk=c.index_topk,
+        index_rope_style=_name_of(c.index_rope_style, _STYLES))
 
 
 _PRESETS = tuple(_preset_from_c(L.mlaf_preset_at(i)) for i in range(L.mlaf_preset_count()))

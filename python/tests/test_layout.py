@@ -8,8 +8,9 @@ from mlafuse import _lib as L
 
 EXPECTED = {
     L.Tensor: (80, {"data": 0, "dtype": 8, "ndim": 12, "shape": 16, "stride": 48}),
-    L.ModelConfig: (140, {"q_lora_rank": 64, "score_func": 104, "routed_scaling_factor": 120,
-                          "rms_norm_eps": 128, "n_shared_experts": 132, "rope_style": 136}),
+    L.ModelConfig: (156, {"q_lora_rank": 64, "score_func": 104, "routed_scaling_factor": 120,
+                          "rms_norm_eps": 128, "n_shared_experts": 132, "rope_style": 136,
+                          "index_n_heads": 140, "index_rope_style": 152}),
     L.SplitQkNormParams: (20, {"eps_q": 12, "eps_kv": 16}),
     L.RopeParams: (8, {"style": 4}),
     L.MlaKvCacheParams: (24, {"eps_kv": 16, "style": 20}),
