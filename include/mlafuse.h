@@ -111,11 +111,13 @@ typedef enum mlaf_dtype {
     MLAF_BF16 = 2,
     MLAF_I32 = 3,
     MLAF_I64 = 4,
+    MLAF_U8 = 5,       /* bytes: fp8 cache records (mla_kv_cache's cache formats) */
+    MLAF_FP8_E4M3 = 6, /* e4m3 bytes (torch.float8_e4m3fn); caches only */
     MLAF_DTYPE_COUNT_
 } mlaf_dtype;
 
 MLAF_API size_t mlaf_dtype_size(mlaf_dtype t);      /* 0 for an unknown dtype */
-MLAF_API const char *mlaf_dtype_name(mlaf_dtype t); /* "f32", "f16", "bf16", "i32", "i64" */
+MLAF_API const char *mlaf_dtype_name(mlaf_dtype t); /* "f32", "f16", "bf16", "i32", "i64", "u8", "fp8_e4m3" */
 
 #define MLAF_MAX_DIMS 4
 /* The most bytes one view may span, and the most one stride may step (see Conventions). */
@@ -377,7 +379,8 @@ MLAF_API mlaf_status mlaf_rope_table_init_scaled(float *table, int64_t max_pos, 
  *   latent, w_q, w_kv, q       as split_qk_norm (q is the dense q_norm output)
  *   positions [T]              i32 | i64
  *   cos_sin   [max_pos, R]     f32
- *   slot_mapping [T]           i32 | i64; slot = block * block_size + offset; < 0 = skip token
+ *   slot_mapping [N]           i32 | i64, N <= T (rows t >= N: slot -1); slot = block *
+ *                              block_size + offset; < 0 = skip token
  *   kv_cache  [num_blocks, block_size, C + R]   f32 | f16 | bf16, strides (s0, s1, 1) any
  *                              that do not make rows overlap; need not match latent's dtype
  *   k_nope    [T, C]  optional dense output (normalized), latent's dtype
@@ -410,6 +413,85 @@ MLAF_API mlaf_status mlaf_mla_kv_cache(mlaf_context *ctx, const mlaf_mla_kv_cach
                                        const mlaf_tensor *kv_cache, const mlaf_tensor *q,
                                        const mlaf_tensor *k_nope, const mlaf_tensor *k_pe,
                                        const mlaf_tensor *error_count);
+
+/* ---------------------------------------------------------------------------------------
+ * mla_kv_cache into a cache format (SPEC §9): the same op, its cache in any format an MLA
+ * decode kernel reads, quantized in the same pass
+ *
+ * mlaf_mla_kv_cache_fmt takes mlaf_mla_kv_cache's arguments with the cache described by a
+ * mlaf_kv_cache_desc; mlaf_mla_kv_cache(..., kv_cache, ...) is format PLAIN, cache = kv_cache.
+ *
+ *   PLAIN       cache [num_blocks, block_size, C + R] f32 | f16 | bf16; or, with kpe given,
+ *               cache [.., .., C] and kpe [num_blocks, block_size, R] (FlashInfer / TRT-LLM's
+ *               separate ckv / kpe arrays; the same dtype and block count, any strides each).
+ *   FP8         the same shapes in e4m3 bytes (dtype fp8_e4m3 or u8): k_nope_norm and the roped
+ *               k_pe both quantized with ONE scale, scale [1] f32 (on CUDA in device memory,
+ *               read by the kernel, so a captured graph follows its changes):
+ *                 conv MLAF_FP8_DIV  e4m3(x / scale)   (vLLM's k_scale)
+ *                 conv MLAF_FP8_MUL  e4m3(x * scale)   (FlashInfer's / TRT-LLM's quant_scale)
+ *               amax_out [1] f32, optional: raised to the max |x| of every row written to the
+ *               cache (the caller zeroes it; NaN ignored), for calibration.
+ *   FP8_DS_MLA  cache [num_blocks, block_size, C + C/32 + 2 R] bytes (u8 or fp8_e4m3), per token
+ *               [C e4m3 | C/128 little-endian f32 tile scales | R bf16 rope(k_pe)] (656 B for
+ *               C = 512, R = 64; FlashMLA's sparse decode reads block_size 64). Needs a bf16
+ *               latent, C % 128 == 0, both cache strides multiples of 16 bytes. Tile t is values
+ *               [128 t, 128 t + 128); its scale s by tile_scale, then e4m3(x / s):
+ *                 MLAF_TILE_AMAX                max(amax / 448, FLT_MIN)            (vLLM)
+ *                 MLAF_TILE_UE8M0               2^ceil_log2(max(amax, 1e-4) / 448)  (DeepSeek)
+ *                 MLAF_TILE_UE8M0_FLOOR_SCALED  2^ceil_log2(max(amax / 448, 1e-4))  (FlashMLA's
+ *                                               test quantizer)
+ *               (an infinite amax gives ceil_log2 = 128: s = +inf).
+ *
+ * Every fp8 value x is the value the op stores densely, rounded to the latent dtype first, so
+ * the fused bytes equal the unfused pipeline's; amax is over those values (NaN ignored). e4m3:
+ * round to nearest even, |x| >= 464 and +-inf give +-448 (0x7E / 0xFE), NaN gives 0x7F.
+ * Divisions are IEEE f32 divisions. In the fp8 formats two tokens naming one slot leave that
+ * slot's record undefined. Every other rule of mla_kv_cache holds (skipped and counted tokens,
+ * untouched rows, strided caches, any block_size).
+ * slot_mapping may have N <= T entries (engines pad the latent for graphs): rows t >= N take
+ * slot -1 (no cache row; q and the dense outputs are written). This holds for
+ * mlaf_mla_kv_cache too.
+ * ------------------------------------------------------------------------------------- */
+typedef enum mlaf_kv_format {
+    MLAF_KV_PLAIN = 0,
+    MLAF_KV_FP8 = 1,
+    MLAF_KV_FP8_DS_MLA = 2,
+    MLAF_KV_FORMAT_COUNT_
+} mlaf_kv_format;
+
+typedef enum mlaf_fp8_conv { MLAF_FP8_DIV = 0, MLAF_FP8_MUL = 1 } mlaf_fp8_conv;
+
+typedef enum mlaf_tile_scale {
+    MLAF_TILE_AMAX = 0,
+    MLAF_TILE_UE8M0 = 1,
+    MLAF_TILE_UE8M0_FLOOR_SCALED = 2
+} mlaf_tile_scale;
+
+typedef struct mlaf_kv_cache_desc {
+    mlaf_kv_format format;
+    const mlaf_tensor *cache;    /* required */
+    const mlaf_tensor *kpe;      /* PLAIN / FP8: optional separate rope array; else NULL */
+    const mlaf_tensor *scale;    /* FP8: [1] f32, required; else NULL */
+    const mlaf_tensor *amax_out; /* FP8: [1] f32, optional; else NULL */
+    mlaf_fp8_conv conv;          /* FP8 */
+    mlaf_tile_scale tile_scale;  /* FP8_DS_MLA */
+} mlaf_kv_cache_desc;
+
+/* "plain", "fp8", "fp8_ds_mla"; "unknown" otherwise. */
+MLAF_API const char *mlaf_kv_format_name(mlaf_kv_format f);
+/* Bytes of one token's cache record in a format (PLAIN: (C + R) * the dtype's size), 0 when
+ * the format, dtype or dims are not valid for it. */
+MLAF_API int64_t mlaf_kv_record_bytes(mlaf_kv_format f, mlaf_dtype cache_dtype, int32_t kv_lora_rank,
+                                      int32_t rope_dim);
+
+MLAF_API mlaf_status mlaf_mla_kv_cache_fmt(mlaf_context *ctx, const mlaf_mla_kv_cache_params *p,
+                                           const mlaf_tensor *latent, const mlaf_tensor *w_q,
+                                           const mlaf_tensor *w_kv, const mlaf_tensor *positions,
+                                           const mlaf_tensor *cos_sin,
+                                           const mlaf_tensor *slot_mapping,
+                                           const mlaf_kv_cache_desc *cache, const mlaf_tensor *q,
+                                           const mlaf_tensor *k_nope, const mlaf_tensor *k_pe,
+                                           const mlaf_tensor *error_count);
 
 /* ---------------------------------------------------------------------------------------
  * rope_q (SPEC §3): RoPE in place on the last R columns of q viewed as [T, H, D]

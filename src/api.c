@@ -39,6 +39,22 @@ mlaf_status mlaf_split_qk_norm(mlaf_context *ctx, const mlaf_split_qk_norm_param
     DISPATCH(ctx, split_qk_norm, MLAF_OP_SPLIT_QK_NORM, job.T, &job);
 }
 
+mlaf_status mlaf_mla_kv_cache_fmt(mlaf_context *ctx, const mlaf_mla_kv_cache_params *p,
+                                  const mlaf_tensor *latent, const mlaf_tensor *w_q,
+                                  const mlaf_tensor *w_kv, const mlaf_tensor *positions,
+                                  const mlaf_tensor *cos_sin, const mlaf_tensor *slot_mapping,
+                                  const mlaf_kv_cache_desc *cache, const mlaf_tensor *q,
+                                  const mlaf_tensor *k_nope, const mlaf_tensor *k_pe,
+                                  const mlaf_tensor *error_count) {
+    if (!ctx) return MLAF_ERR_NULL_POINTER;
+    mlaf_kv_cache_job job;
+    mlaf_status st = mlaf_check_mla_kv_cache(ctx, p, latent, w_q, w_kv, positions, cos_sin,
+                                             slot_mapping, cache, q, k_nope, k_pe,
+                                             error_count, &job);
+    if (st != MLAF_OK) return st;
+    DISPATCH(ctx, mla_kv_cache, MLAF_OP_MLA_KV_CACHE, job.norm.T, &job);
+}
+
 mlaf_status mlaf_mla_kv_cache(mlaf_context *ctx, const mlaf_mla_kv_cache_params *p,
                               const mlaf_tensor *latent, const mlaf_tensor *w_q,
                               const mlaf_tensor *w_kv, const mlaf_tensor *positions,
@@ -46,13 +62,12 @@ mlaf_status mlaf_mla_kv_cache(mlaf_context *ctx, const mlaf_mla_kv_cache_params 
                               const mlaf_tensor *kv_cache, const mlaf_tensor *q,
                               const mlaf_tensor *k_nope, const mlaf_tensor *k_pe,
                               const mlaf_tensor *error_count) {
-    if (!ctx) return MLAF_ERR_NULL_POINTER;
-    mlaf_kv_cache_job job;
-    mlaf_status st = mlaf_check_mla_kv_cache(ctx, p, latent, w_q, w_kv, positions, cos_sin,
-                                             slot_mapping, kv_cache, q, k_nope, k_pe,
-                                             error_count, &job);
-    if (st != MLAF_OK) return st;
-    DISPATCH(ctx, mla_kv_cache, MLAF_OP_MLA_KV_CACHE, job.norm.T, &job);
+    mlaf_kv_cache_desc d;
+    memset(&d, 0, sizeof d);
+    d.format = MLAF_KV_PLAIN;
+    d.cache = kv_cache;
+    return mlaf_mla_kv_cache_fmt(ctx, p, latent, w_q, w_kv, positions, cos_sin, slot_mapping, &d, q,
+                                 k_nope, k_pe, error_count);
 }
 
 mlaf_status mlaf_rope_q(mlaf_context *ctx, const mlaf_rope_params *p, const mlaf_tensor *q,

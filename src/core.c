@@ -53,13 +53,20 @@ size_t mlaf_dtype_size(mlaf_dtype t) {
     case MLAF_BF16: return 2;
     case MLAF_I32: return 4;
     case MLAF_I64: return 8;
+    case MLAF_U8: return 1;
+    case MLAF_FP8_E4M3: return 1;
     default: return 0;
     }
 }
 
 const char *mlaf_dtype_name(mlaf_dtype t) {
-    static const char *const names[] = {"f32", "f16", "bf16", "i32", "i64"};
+    static const char *const names[] = {"f32", "f16", "bf16", "i32", "i64", "u8", "fp8_e4m3"};
     return (unsigned)t < MLAF_DTYPE_COUNT_ ? names[t] : "unknown";
+}
+
+const char *mlaf_kv_format_name(mlaf_kv_format f) {
+    static const char *const names[] = {"plain", "fp8", "fp8_ds_mla"};
+    return (unsigned)f < MLAF_KV_FORMAT_COUNT_ ? names[f] : "unknown";
 }
 
 const char *mlaf_backend_name(mlaf_backend b) {

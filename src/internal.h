@@ -74,12 +74,21 @@ typedef struct mlaf_rope_job {
 typedef struct mlaf_kv_cache_job {
     mlaf_norm_job norm;      /* k_nope / k_pe are the optional dense outputs (k_pe roped) */
     mlaf_rope_job rope;
-    const void *slots;       /* [T] */
+    const void *slots;       /* [n_map] */
     mlaf_dtype slot_dt;      /* I32 or I64 */
-    void *cache;             /* [num_blocks, block_size, C+R] */
-    mlaf_dtype cache_dt;
+    int64_t n_map;           /* slot_mapping entries, <= T: rows t >= n_map take slot -1 */
+    mlaf_kv_format format;
+    void *cache;             /* [num_blocks, block_size, record]: record C + R values (plain /
+                                fp8; C with kpe), or the fp8_ds_mla bytes */
+    mlaf_dtype cache_dt;     /* plain: F32 / F16 / BF16; fp8 formats: U8 or FP8_E4M3 */
     int64_t num_blocks, block_size;
     int64_t cache_s0, cache_s1;
+    void *kpe;               /* plain / fp8: the rope part's own [num_blocks, block_size, R], or NULL */
+    int64_t kpe_s0, kpe_s1;
+    const float *scale;      /* fp8: [1] */
+    mlaf_fp8_conv conv;      /* fp8 */
+    float *amax_out;         /* fp8: [1] or NULL */
+    mlaf_tile_scale tile_scale; /* fp8_ds_mla */
     int32_t *error_count;    /* or NULL */
 } mlaf_kv_cache_job;
 
@@ -126,9 +135,14 @@ mlaf_status mlaf_check_mla_kv_cache(mlaf_context *ctx, const mlaf_mla_kv_cache_p
                                     const mlaf_tensor *latent, const mlaf_tensor *w_q,
                                     const mlaf_tensor *w_kv, const mlaf_tensor *positions,
                                     const mlaf_tensor *cos_sin, const mlaf_tensor *slot_mapping,
-                                    const mlaf_tensor *kv_cache, const mlaf_tensor *q,
+                                    const mlaf_kv_cache_desc *cache, const mlaf_tensor *q,
                                     const mlaf_tensor *k_nope, const mlaf_tensor *k_pe,
                                     const mlaf_tensor *error_count, mlaf_kv_cache_job *job);
+/* The plain cache description of mlaf_mla_kv_cache's kv_cache. */
+static inline mlaf_kv_cache_desc mlaf_kv_desc_plain(const mlaf_tensor *kv_cache) {
+    mlaf_kv_cache_desc d = {MLAF_KV_PLAIN, kv_cache, NULL, NULL, NULL, MLAF_FP8_DIV, MLAF_TILE_AMAX};
+    return d;
+}
 mlaf_status mlaf_check_rope_q(mlaf_context *ctx, const mlaf_rope_params *p, const mlaf_tensor *q,
                               const mlaf_tensor *positions, const mlaf_tensor *cos_sin,
                               const mlaf_tensor *error_count, mlaf_rope_q_job *job);

@@ -379,11 +379,123 @@ static mlaf_status check_error_count(mlaf_context *ctx, const mlaf_tensor *ec) {
 
 /* ---- mla_kv_cache ---------------------------------------------------------------------- */
 
+/* One [num_blocks, block_size, width] cache view of dtypes `dts` (width < 0: any). */
+static mlaf_status check_cache_view(mlaf_context *ctx, const mlaf_tensor *t, const char *name, unsigned dts,
+                                    int64_t width, const char *width_expr) {
+    const char *const expr[3] = {NULL, NULL, width_expr};
+    int64_t w[3] = {-1, -1, width};
+    TRY(check_tensor(ctx, t, name, dts, 3, w, expr));
+    if (t->shape[1] < 1)
+        return mlaf_fail(ctx, MLAF_ERR_SHAPE, "%s.shape[1] = %lld, expected >= 1 (block_size)", name,
+                         (long long)t->shape[1]);
+    return MLAF_OK;
+}
+
+static mlaf_status check_scalar_f32(mlaf_context *ctx, const mlaf_tensor *t, const char *name) {
+    int64_t w[1] = {1};
+    return check_tensor(ctx, t, name, DT_(MLAF_F32), 1, w, NULL);
+}
+
+int64_t mlaf_kv_record_bytes(mlaf_kv_format f, mlaf_dtype dt, int32_t C, int32_t R) {
+    if (C <= 0 || R < 0 || R % 2 != 0 || (int64_t)C + R > ((int64_t)1 << 20)) return 0;
+    switch (f) {
+    case MLAF_KV_PLAIN:
+        return (dt == MLAF_F32 || dt == MLAF_F16 || dt == MLAF_BF16) ? ((int64_t)C + R) * (int64_t)mlaf_dtype_size(dt) : 0;
+    case MLAF_KV_FP8: return (dt == MLAF_U8 || dt == MLAF_FP8_E4M3) ? (int64_t)C + R : 0;
+    case MLAF_KV_FP8_DS_MLA:
+        return (dt == MLAF_U8 || dt == MLAF_FP8_E4M3) && C % 128 == 0 ? (int64_t)C + C / 32 + 2 * (int64_t)R : 0;
+    default: return 0;
+    }
+}
+
+/* The cache description of mla_kv_cache (SPEC §9), into the job. */
+static mlaf_status check_cache_desc(mlaf_context *ctx, const mlaf_kv_cache_desc *d, int32_t C, int32_t R,
+                                    mlaf_dtype latent_dt, mlaf_kv_cache_job *j) {
+    if (!d) return mlaf_fail(ctx, MLAF_ERR_NULL_POINTER, "cache (the cache description) is NULL (required)");
+    const unsigned DT_BYTES = DT_(MLAF_U8) | DT_(MLAF_FP8_E4M3);
+    char wexpr[96];
+    const mlaf_kv_format f = d->format;
+    if ((unsigned)f >= MLAF_KV_FORMAT_COUNT_)
+        return mlaf_fail(ctx, MLAF_ERR_INVALID_ARGUMENT,
+                         "cache.format = %d, expected 0 (plain), 1 (fp8) or 2 (fp8_ds_mla)", (int)f);
+    const char *fn = mlaf_kv_format_name(f);
+    if (f != MLAF_KV_FP8 && d->scale)
+        return mlaf_fail(ctx, MLAF_ERR_INVALID_ARGUMENT, "cache.scale is given, but format %s takes none", fn);
+    if (f != MLAF_KV_FP8 && d->amax_out)
+        return mlaf_fail(ctx, MLAF_ERR_INVALID_ARGUMENT, "cache.amax_out is given, but format %s takes none", fn);
+    if (f == MLAF_KV_FP8_DS_MLA && d->kpe)
+        return mlaf_fail(ctx, MLAF_ERR_INVALID_ARGUMENT,
+                         "cache.kpe is given, but fp8_ds_mla keeps the rope part inside its record");
+    if (d->kpe && R == 0)
+        return mlaf_fail(ctx, MLAF_ERR_INVALID_ARGUMENT, "cache.kpe is given, but rope_dim = 0");
+    const unsigned dts = f == MLAF_KV_PLAIN ? DT_FLOAT : DT_BYTES;
+    if (f == MLAF_KV_FP8_DS_MLA) {
+        if (latent_dt != MLAF_BF16)
+            return mlaf_fail(ctx, MLAF_ERR_DTYPE, "latent.dtype = %s, expected bf16 for cache format fp8_ds_mla",
+                             mlaf_dtype_name(latent_dt));
+        if (C % 128 != 0)
+            return mlaf_fail(ctx, MLAF_ERR_INVALID_ARGUMENT,
+                             "kv_lora_rank = %d, expected a multiple of 128 for cache format fp8_ds_mla "
+                             "(one scale per 128 values)", C);
+        snprintf(wexpr, sizeof wexpr, "fp8_ds_mla record bytes kv_lora_rank + kv_lora_rank / 32 + 2 rope_dim");
+        TRY(check_cache_view(ctx, d->cache, "kv_cache", dts, (int64_t)C + C / 32 + 2 * (int64_t)R, wexpr));
+        const mlaf_tensor *c = d->cache;
+        if ((uintptr_t)c->data % 16 || c->stride[0] % 16 || c->stride[1] % 16)
+            return mlaf_fail(ctx, MLAF_ERR_STRIDE,
+                             "kv_cache: data = %p, strides (%lld, %lld) bytes, expected 16-byte aligned data "
+                             "and strides multiples of 16 for fp8_ds_mla",
+                             c->data, (long long)c->stride[0], (long long)c->stride[1]);
+    } else {
+        const char *what = f == MLAF_KV_PLAIN ? "" : "fp8 bytes ";
+        snprintf(wexpr, sizeof wexpr, "%s%s", what, d->kpe ? "kv_lora_rank (rope part in kpe)" : "kv_lora_rank + rope_dim");
+        TRY(check_cache_view(ctx, d->cache, "kv_cache", dts, d->kpe ? C : (int64_t)C + R, wexpr));
+    }
+    if (d->kpe) {
+        TRY(check_cache_view(ctx, d->kpe, "kpe", dts, R, "rope_dim"));
+        if (d->kpe->dtype != d->cache->dtype)
+            return mlaf_fail(ctx, MLAF_ERR_DTYPE, "kpe.dtype = %s, expected kv_cache's dtype %s",
+                             mlaf_dtype_name(d->kpe->dtype), mlaf_dtype_name(d->cache->dtype));
+        for (int i = 0; i < 2; i++)
+            if (d->kpe->shape[i] != d->cache->shape[i])
+                return mlaf_fail(ctx, MLAF_ERR_SHAPE, "kpe.shape[%d] = %lld, expected kv_cache.shape[%d] = %lld", i,
+                                 (long long)d->kpe->shape[i], i, (long long)d->cache->shape[i]);
+    }
+    if (f == MLAF_KV_FP8) {
+        if (!d->scale)
+            return mlaf_fail(ctx, MLAF_ERR_NULL_POINTER, "cache.scale is NULL (required by format fp8: [1] f32)");
+        TRY(check_scalar_f32(ctx, d->scale, "scale"));
+        if (d->conv != MLAF_FP8_DIV && d->conv != MLAF_FP8_MUL)
+            return mlaf_fail(ctx, MLAF_ERR_INVALID_ARGUMENT,
+                             "cache.conv = %d, expected 0 (divide by scale) or 1 (multiply by scale)", (int)d->conv);
+        if (d->amax_out) TRY(check_scalar_f32(ctx, d->amax_out, "amax_out"));
+    }
+    if (f == MLAF_KV_FP8_DS_MLA && (unsigned)d->tile_scale > MLAF_TILE_UE8M0_FLOOR_SCALED)
+        return mlaf_fail(ctx, MLAF_ERR_INVALID_ARGUMENT,
+                         "cache.tile_scale = %d, expected 0 (amax), 1 (ue8m0) or 2 (ue8m0_floor_scaled)",
+                         (int)d->tile_scale);
+    const mlaf_tensor *c = d->cache;
+    j->format = f;
+    j->cache = c->data;
+    j->cache_dt = c->dtype;
+    j->num_blocks = c->shape[0];
+    j->block_size = c->shape[1];
+    j->cache_s0 = c->stride[0];
+    j->cache_s1 = c->stride[1];
+    j->kpe = d->kpe ? d->kpe->data : NULL;
+    j->kpe_s0 = d->kpe ? d->kpe->stride[0] : 0;
+    j->kpe_s1 = d->kpe ? d->kpe->stride[1] : 0;
+    j->scale = f == MLAF_KV_FP8 ? (const float *)d->scale->data : NULL;
+    j->conv = f == MLAF_KV_FP8 ? d->conv : MLAF_FP8_DIV;
+    j->amax_out = f == MLAF_KV_FP8 && d->amax_out ? (float *)d->amax_out->data : NULL;
+    j->tile_scale = f == MLAF_KV_FP8_DS_MLA ? d->tile_scale : MLAF_TILE_AMAX;
+    return MLAF_OK;
+}
+
 mlaf_status mlaf_check_mla_kv_cache(mlaf_context *ctx, const mlaf_mla_kv_cache_params *p,
                                     const mlaf_tensor *latent, const mlaf_tensor *w_q,
                                     const mlaf_tensor *w_kv, const mlaf_tensor *positions,
                                     const mlaf_tensor *cos_sin, const mlaf_tensor *slot_mapping,
-                                    const mlaf_tensor *kv_cache, const mlaf_tensor *q,
+                                    const mlaf_kv_cache_desc *cache, const mlaf_tensor *q,
                                     const mlaf_tensor *k_nope, const mlaf_tensor *k_pe,
                                     const mlaf_tensor *error_count, mlaf_kv_cache_job *job) {
     if (!p) return mlaf_fail(ctx, MLAF_ERR_NULL_POINTER, "params is NULL (required)");
@@ -402,38 +514,33 @@ mlaf_status mlaf_check_mla_kv_cache(mlaf_context *ctx, const mlaf_mla_kv_cache_p
                              (int)p->style);
         j.rope.style = p->style;
     }
-    static const char *const slot_expr[1] = {"latent.shape[0]"};
-    int64_t ws[1] = {T};
-    TRY(check_tensor(ctx, slot_mapping, "slot_mapping", DT_INDEX, 1, ws, slot_expr));
-    static const char *const cache_expr[3] = {NULL, NULL, "kv_lora_rank + rope_dim"};
-    int64_t wc[3] = {-1, -1, (int64_t)C + R};
-    TRY(check_tensor(ctx, kv_cache, "kv_cache", DT_FLOAT, 3, wc, cache_expr));
-    if (kv_cache->shape[1] < 1)
-        return mlaf_fail(ctx, MLAF_ERR_SHAPE, "kv_cache.shape[1] = %lld, expected >= 1 (block_size)",
-                         (long long)kv_cache->shape[1]);
+    TRY(check_tensor(ctx, slot_mapping, "slot_mapping", DT_INDEX, 1, NULL, NULL));
+    if (slot_mapping->shape[0] > T)
+        return mlaf_fail(ctx, MLAF_ERR_SHAPE,
+                         "slot_mapping.shape[0] = %lld, expected <= latent.shape[0] = %lld (rows past "
+                         "slot_mapping's end take slot -1)",
+                         (long long)slot_mapping->shape[0], (long long)T);
+    TRY(check_cache_desc(ctx, cache, C, R, latent->dtype, &j));
     TRY(check_error_count(ctx, error_count));
 
-    /* Outputs: q, k_nope, k_pe (checked against the latent above), cache, error_count. */
-    const mlaf_tensor *ins[6] = {latent, w_q, w_kv, positions, cos_sin, slot_mapping};
-    const char *in_names[6] = {"latent", "w_q", "w_kv", "positions", "cos_sin", "slot_mapping"};
-    const mlaf_tensor *outs[5] = {q, k_nope, k_pe, kv_cache, error_count};
-    const char *out_names[5] = {"q", "k_nope", "k_pe", "kv_cache", "error_count"};
-    for (int i = 0; i < 5; i++) {
+    /* Outputs: q, k_nope, k_pe (checked against the latent above), the cache arrays,
+     * amax_out, error_count; inputs: the latent, weights, positions, cos_sin, slot_mapping,
+     * the fp8 scale. */
+    const mlaf_tensor *ins[7] = {latent, w_q, w_kv, positions, cos_sin, slot_mapping, cache->scale};
+    const char *in_names[7] = {"latent", "w_q", "w_kv", "positions", "cos_sin", "slot_mapping", "scale"};
+    const mlaf_tensor *outs[7] = {q, k_nope, k_pe, cache->cache, cache->kpe, cache->amax_out, error_count};
+    const char *out_names[7] = {"q", "k_nope", "k_pe", "kv_cache", "kpe", "amax_out", "error_count"};
+    for (int i = 0; i < 7; i++) {
         if (!outs[i]) continue;
-        for (int k = (i < 3 ? 3 : 0); k < 6; k++) /* q/k_nope/k_pe vs latent/weights done */
+        for (int k = (i < 3 ? 3 : 0); k < 7; k++) /* q/k_nope/k_pe vs latent/weights done */
             if (R > 0 || (k != 3 && k != 4)) TRY(no_overlap(ctx, outs[i], out_names[i], ins[k], in_names[k]));
-        for (int k = (i < 3 ? 3 : i + 1); k < 5; k++)
+        for (int k = (i < 3 ? 3 : i + 1); k < 7; k++)
             if (outs[k]) TRY(no_overlap(ctx, outs[i], out_names[i], outs[k], out_names[k]));
     }
 
     j.slots = slot_mapping->data;
     j.slot_dt = slot_mapping->dtype;
-    j.cache = kv_cache->data;
-    j.cache_dt = kv_cache->dtype;
-    j.num_blocks = kv_cache->shape[0];
-    j.block_size = kv_cache->shape[1];
-    j.cache_s0 = kv_cache->stride[0];
-    j.cache_s1 = kv_cache->stride[1];
+    j.n_map = slot_mapping->shape[0];
     j.error_count = error_count ? (int32_t *)error_count->data : NULL;
     *job = j;
     return MLAF_OK;

@@ -227,8 +227,8 @@ static void kv_cases(void) {
     expect("mla_kv_cache,cos_sin.shape[1]", KV(&p, &L, &WQ, &WK, &PS, &x, &SL, &CA, &QO, &KN, &KP, &EC), MLAF_ERR_SHAPE, "cos_sin.shape[1] = 32, expected rope_dim = 64");
     x = CS, x.shape[0] = 0;
     expect("mla_kv_cache,cos_sin.shape[0]=0", KV(&p, &L, &WQ, &WK, &PS, &x, &SL, &CA, &QO, &KN, &KP, &EC), MLAF_ERR_SHAPE, "cos_sin.shape[0] = 0, expected >= 1");
-    x = SL, x.dtype = MLAF_I32, x.shape[0] = T - 1;
-    expect("mla_kv_cache,slot_mapping.shape[0]", KV(&p, &L, &WQ, &WK, &PS, &CS, &x, &CA, &QO, &KN, &KP, &EC), MLAF_ERR_SHAPE, "slot_mapping.shape[0] = 4, expected latent.shape[0] = 5");
+    x = SL, x.dtype = MLAF_I32, x.shape[0] = T + 1;
+    expect("mla_kv_cache,slot_mapping.shape[0]", KV(&p, &L, &WQ, &WK, &PS, &CS, &x, &CA, &QO, &KN, &KP, &EC), MLAF_ERR_SHAPE, "slot_mapping.shape[0] = 6, expected <= latent.shape[0] = 5");
     x = SL, x.dtype = MLAF_BF16;
     expect("mla_kv_cache,slot_mapping.dtype=bf16", KV(&p, &L, &WQ, &WK, &PS, &CS, &x, &CA, &QO, &KN, &KP, &EC), MLAF_ERR_DTYPE, "slot_mapping.dtype = bf16, expected i32 or i64");
     pb = p, pb.style = (mlaf_rope_style)5;

@@ -68,6 +68,7 @@ typedef struct fz_t {
     mlaf_tensor t;       /* dtype, rank, shape and strides; data set per side */
     unsigned dtypes;     /* the dtypes the op accepts here (a mutation picks another) */
     unsigned fixed;      /* bit i: shape[i] is fixed by the parameters or another tensor */
+    int64_t max0;        /* > 0: shape[0] may be anything up to this (slot_mapping: N <= T) */
     int required, output, checked; /* checked: the op validates it (kv's rope inputs at R = 0 are not) */
     int touched;                   /* a mutation changed it: no second one, and no alias onto it */
 } fz_t;
@@ -411,6 +412,7 @@ static int mutate_once(fz *f, param_mutator pm, void *params, const fz_t *lat, i
         while (!(x->fixed & (1u << d)));
         int64_t v = x->t.shape[d] + (CHANCE(&f->r, 0.5) ? 1 : -1) * RANGE(&f->r, 1, 3);
         if (v < 0) v = x->t.shape[d] + 1;
+        if (x->max0 && d == 0) v = x->max0 + RANGE(&f->r, 1, 3); /* only longer than max0 is wrong */
         x->t.shape[d] = v;
         note(f, " %s.shape[%d]=%lld", x->name, d, (long long)v);
         f->must_fail = 1;
@@ -698,7 +700,10 @@ static int fuzz_norm(fz *f, int kv) {
             int64_t sh[3] = {nb, bs, w}, st[3] = {s0, s1, 1};
             fz_tensor(f, &cache, "kv_cache", FLOAT_DT(r), 3, sh, st, 1, 1.0, DT_FLOATS, 4u, 1, 1);
         }
-        fz_1d(f, &slot, "slot_mapping", INDEX_DT(r), T, 0, 0, DT_INDEX, 1u, 1, 0);
+        /* N <= T entries: the rows past them take slot -1 */
+        const int64_t N = CHANCE(r, 0.2) && T > 0 ? T - RANGE(r, 0, T < 3 ? T : 3) : T;
+        fz_1d(f, &slot, "slot_mapping", INDEX_DT(r), N, 0, 0, DT_INDEX, 1u, 1, 0);
+        slot.max0 = T;
         if (CHANCE(r, 0.7)) {
             fz_1d(f, &ec, "error_count", MLAF_I32, 1, 0, 0, DTM(MLAF_I32), 1u, 0, 1);
             int32_t start = (int32_t)U(r, 1000);
@@ -721,6 +726,7 @@ static int fuzz_norm(fz *f, int kv) {
             double u = mlaf_rng_uniform(r);
             int64_t s = u < 0.12 ? -RANGE(r, 1, 1000) : u < 0.2 ? nslots + (int64_t)U(r, 4) : (next < nslots ? perm[next++] : -1);
             if (u >= 0.12 && u < 0.2 && slot.t.dtype == MLAF_I64 && CHANCE(r, 0.3)) s = ((int64_t)1 << 40) + (int64_t)U(r, 9);
+            if (t >= N) continue;
             if (slot.t.dtype == MLAF_I32) { int32_t v = (int32_t)s; memcpy(f->b[slot.buf].init + slot.boff + 4 * t, &v, 4); }
             else memcpy(f->b[slot.buf].init + slot.boff + 8 * t, &s, 8);
         }
@@ -750,10 +756,11 @@ static int fuzz_norm(fz *f, int kv) {
     /* The oracle over the host images, through a job validated from the same views. */
     mlaf_norm_job nj;
     mlaf_kv_cache_job kj;
+    const mlaf_kv_cache_desc hcd = mlaf_kv_desc_plain(HOST(f, &cache));
     mlaf_status hs = !kv ? mlaf_check_split_qk_norm(f->host, &nc.sp, HOST(f, &lat), wq_arg ? HOST(f, wq_arg) : NULL, HOST(f, &wkv),
                                                      q_arg ? HOST(f, q_arg) : NULL, HOST(f, &kn), HOST(f, &kp), &nj)
                          : mlaf_check_mla_kv_cache(f->host, &nc.kp, HOST(f, &lat), wq_arg ? HOST(f, wq_arg) : NULL, HOST(f, &wkv),
-                                                   HOST(f, &pos), HOST(f, &cs), HOST(f, &slot), HOST(f, &cache),
+                                                   HOST(f, &pos), HOST(f, &cs), HOST(f, &slot), &hcd,
                                                    q_arg ? HOST(f, q_arg) : NULL, HOST(f, &kn), HOST(f, &kp), HOST(f, &ec), &kj);
     if (hs != MLAF_OK) {
         fail(f, "the device call passed but the same views over host memory gave %s: %s", mlaf_status_name(hs),

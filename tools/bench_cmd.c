@@ -465,9 +465,10 @@ static int call_unfused(void *arg, int set, char *err, size_t cap) {
         mlaf_mla_kv_cache_params p = {(int32_t)o->Q, (int32_t)o->C, (int32_t)o->R,
                                       o->cfg.rms_norm_eps, o->cfg.rms_norm_eps, o->cfg.rope_style};
         mlaf_kv_cache_job j;
+        const mlaf_kv_cache_desc cd = mlaf_kv_desc_plain(&v.cache);
         if (api_err(o, mlaf_check_mla_kv_cache(o->ctx, &p, &v.latent, hasq ? &v.w_q : NULL, &v.w_kv,
                                                hasr ? &v.pos : NULL, hasr ? &v.cos_sin : NULL,
-                                               &v.slots, &v.cache, hasq ? &v.q : NULL, NULL, NULL,
+                                               &v.slots, &cd, hasq ? &v.q : NULL, NULL, NULL,
                                                NULL, &j),
                     "unfused mla_kv_cache", err, cap))
             return -1;

@@ -309,7 +309,7 @@ static int64_t norm_rows(const mlaf_norm_kern *k, const mlaf_norm_job *j, const 
                             xpe, stream};
         const float *cs = NULL;
         if (kv) {
-            row.slot = mlaf_load_index(kv->slots, kv->slot_dt, t);
+            row.slot = t < kv->n_map ? mlaf_load_index(kv->slots, kv->slot_dt, t) : -1;
             if (R > 0) {
                 const int64_t pos = mlaf_load_index(kv->rope.positions, kv->rope.pos_dt, t);
                 if (pos < 0 || pos >= kv->rope.max_pos) row.ok = 0;
@@ -357,6 +357,9 @@ mlaf_status mlaf_cpu_split_qk_norm(mlaf_context *ctx, const mlaf_norm_job *job) 
 }
 
 mlaf_status mlaf_cpu_mla_kv_cache(mlaf_context *ctx, const mlaf_kv_cache_job *job) {
+    if (job->format != MLAF_KV_PLAIN || job->kpe)
+        return mlaf_fail(ctx, MLAF_ERR_UNSUPPORTED, "mla_kv_cache: cache format %s is not implemented on the cpu backend",
+                         job->kpe ? "plain with kpe" : mlaf_kv_format_name(job->format));
     const mlaf_norm_kern *k = kern_for(ctx);
     const mlaf_cpu_writer wr[2] = {mlaf_cpu_writer_dense(k, &job->norm), mlaf_cpu_writer_paged(k, job)};
     int64_t errors = mlaf_cpu_norm_run(ctx, &job->norm, job, wr, 2);

@@ -17,6 +17,7 @@ template <typename T> static cudaError_t kv_launch(const mlaf_context *ctx, cons
     a.max_pos = job->rope.max_pos;
     a.slots = job->slots;
     a.slot64 = job->slot_dt == MLAF_I64;
+    a.n_map = job->n_map;
     a.n_slots = job->num_blocks * job->block_size;
     a.block_size = job->block_size;
     a.err = job->error_count;
@@ -33,6 +34,9 @@ template <typename T> static cudaError_t kv_launch(const mlaf_context *ctx, cons
 }
 
 extern "C" mlaf_status mlaf_cuda_mla_kv_cache(mlaf_context *ctx, const mlaf_kv_cache_job *job) {
+    if (job->format != MLAF_KV_PLAIN || job->kpe)
+        return mlaf_fail(ctx, MLAF_ERR_UNSUPPORTED, "mla_kv_cache: cache format %s is not implemented on the cuda backend",
+                         job->kpe ? "plain with kpe" : mlaf_kv_format_name(job->format));
     if (job->norm.T == 0) return MLAF_OK;
     mlaf_cuda_device_guard guard(ctx);
     const cudaError_t e = job->norm.dt == MLAF_F32   ? kv_launch<float>(ctx, job)

@@ -41,6 +41,7 @@ struct mlaf_row_args {
     int64_t cs_stride, max_pos;
     const void *slots;
     int32_t slot64;
+    int64_t n_map;    /* slot_mapping entries: rows t >= n_map take slot -1 */
     int64_t n_slots, block_size;
     uint64_t bs_mul;  /* slot / block_size = (slot * bs_mul) >> bs_shift for slot, block_size */
     int32_t bs_shift; /* below 2^31 (mlaf_div_magic) */
@@ -69,7 +70,7 @@ struct mlaf_token_idx {
 
 __device__ __forceinline__ mlaf_token_idx mlaf_token_load(const mlaf_row_args &a, int64_t t) {
     mlaf_token_idx ix;
-    ix.slot = mlaf_ld_index(a.slots, a.slot64, t);
+    ix.slot = t < a.n_map ? mlaf_ld_index(a.slots, a.slot64, t) : -1;
     ix.pos = a.R > 0 ? mlaf_ld_index(a.pos, a.pos64, t) : 0;
     return ix;
 }

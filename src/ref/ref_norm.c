@@ -71,7 +71,7 @@ void mlaf_ref_mla_kv_cache(const mlaf_kv_cache_job *job, double *q, double *k_no
         mlaf_ref_split_qk_norm(&one, q ? q + t * n->Q : NULL, k_nope + t * C, NULL);
         /* 2. which tokens write: slot < 0 skips, a slot past the cache or an unusable position
          * is an error (counted, nothing of the rope part written) */
-        int64_t slot = mlaf_load_index(job->slots, job->slot_dt, t);
+        int64_t slot = t < job->n_map ? mlaf_load_index(job->slots, job->slot_dt, t) : -1;
         int64_t pos = 0;
         int bad = slot >= slots_in_cache || (R > 0 && !position_ok(&job->rope, t, &pos));
         status[t] = bad ? -1 : (slot < 0 ? 0 : 1);

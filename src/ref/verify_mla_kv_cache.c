@@ -49,6 +49,7 @@ static void mla_chunk(const void *arg, void *scratch, int64_t t0, int64_t n, jud
     hj.rope.max_pos = VERIFY_MAX_POS;
     hj.slots = a->slot_b->init + (size_t)t0 * mlaf_dtype_size(c->index_dtype);
     hj.slot_dt = c->index_dtype;
+    hj.n_map = n;
     hj.cache_dt = c->cache_dtype;
     hj.num_blocks = a->num_blocks;
     hj.block_size = bs;

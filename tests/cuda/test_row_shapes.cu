@@ -111,7 +111,7 @@ static bufs run(int Q, int C, int R, int64_t T_, bool neox, bool rope, mlaf_dtyp
     a.w_q = dw, a.w_kv = dw + (size_t)Q * es;
     if (rope) {
         a.pos = dpos, a.neox = neox, a.cos_sin = dcs, a.cs_stride = R, a.max_pos = (int64_t)cs.size() / (R ? R : 1);
-        a.slots = dsl, a.n_slots = nblk * bs, a.block_size = bs, a.err = derr;
+        a.slots = dsl, a.n_map = T, a.n_slots = nblk * bs, a.block_size = bs, a.err = derr;
     }
     typename Wr::params wp;
     wp.a.a.q = Q ? dq : nullptr, wp.a.a.qs = Q, wp.a.a.k_nope = dk, wp.a.a.ks = C, wp.a.a.k_pe = R ? dp : nullptr;
