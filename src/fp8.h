@@ -63,4 +63,22 @@ static inline int mlaf_ue8m0_exponent(float amax) {
     return mlaf_ceil_log2_f32(a / 448.0f);
 }
 
+/* The scale of an fp8_ds_mla tile from its amax (SPEC §9), mode an mlaf_tile_scale:
+ * AMAX max(amax / 448, FLT_MIN); UE8M0 2^ceil_log2(max(amax, 1e-4) / 448); UE8M0_FLOOR_SCALED
+ * 2^ceil_log2(max(amax / 448, 1e-4)). amax is NaN-free (a NaN-ignoring max). */
+static inline float mlaf_tile_scale_of(float amax, int mode) {
+    if (mode == 0) {
+        const float s = amax / 448.0f, lo = 1.17549435e-38f;
+        return s > lo ? s : lo;
+    }
+    int e;
+    if (mode == 1) {
+        e = mlaf_ue8m0_exponent(amax);
+    } else {
+        const float s = amax / 448.0f, lo = 1e-4f;
+        e = mlaf_ceil_log2_f32(s > lo ? s : lo);
+    }
+    return mlaf_bits_f32((uint32_t)(e + 127) << 23); /* e in [-22, 128]: 2^128 is +inf */
+}
+
 #endif /* MLAF_FP8_H */

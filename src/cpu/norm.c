@@ -357,11 +357,11 @@ mlaf_status mlaf_cpu_split_qk_norm(mlaf_context *ctx, const mlaf_norm_job *job) 
 }
 
 mlaf_status mlaf_cpu_mla_kv_cache(mlaf_context *ctx, const mlaf_kv_cache_job *job) {
-    if (job->format != MLAF_KV_PLAIN || job->kpe)
-        return mlaf_fail(ctx, MLAF_ERR_UNSUPPORTED, "mla_kv_cache: cache format %s is not implemented on the cpu backend",
-                         job->kpe ? "plain with kpe" : mlaf_kv_format_name(job->format));
     const mlaf_norm_kern *k = kern_for(ctx);
-    const mlaf_cpu_writer wr[2] = {mlaf_cpu_writer_dense(k, &job->norm), mlaf_cpu_writer_paged(k, job)};
+    const mlaf_cpu_writer wr[2] = {mlaf_cpu_writer_dense(k, &job->norm),
+                                   job->format == MLAF_KV_FP8          ? mlaf_cpu_writer_fp8(k, job)
+                                   : job->format == MLAF_KV_FP8_DS_MLA ? mlaf_cpu_writer_ds_mla(k, job)
+                                                                       : mlaf_cpu_writer_paged(k, job)};
     int64_t errors = mlaf_cpu_norm_run(ctx, &job->norm, job, wr, 2);
     mlaf_error_count_add(job->error_count, errors);
     return MLAF_OK;

@@ -1,7 +1,17 @@
 /*
  * norm_writers.c — the CPU writers of split_qk_norm and mla_kv_cache (norm_writers.h).
  */
+#include <math.h>
+#include <string.h>
+
+#include "../fp8.h"
 #include "norm_writers.h"
+
+/* Element offset of the cache record of a valid slot (cache = 0) or of its kpe row (1). */
+static int64_t slot_row(const mlaf_kv_cache_job *kv, int64_t slot, int kpe) {
+    const int64_t b = slot / kv->block_size, o = slot % kv->block_size;
+    return kpe ? b * kv->kpe_s0 + o * kv->kpe_s1 : b * kv->cache_s0 + o * kv->cache_s1;
+}
 
 /* ---- dense outputs --------------------------------------------------------------------- */
 static void dense_put(const mlaf_cpu_writer *w, const mlaf_cpu_row *r, mlaf_row_part part, int64_t i0, int64_t n,
@@ -30,13 +40,88 @@ static void paged_put(const mlaf_cpu_writer *w, const mlaf_cpu_row *r, mlaf_row_
     const mlaf_kv_cache_job *kv = (const mlaf_kv_cache_job *)w->state;
     if (part == MLAF_PART_Q || !r->ok || r->slot < 0) return;
     const int64_t ces = (int64_t)mlaf_dtype_size(kv->cache_dt);
-    const int64_t e = (r->slot / kv->block_size) * kv->cache_s0 + (r->slot % kv->block_size) * kv->cache_s1 +
-                      (part == MLAF_PART_PE ? kv->norm.C : 0) + i0;
-    w->k->convert(v, n, (char *)kv->cache + e * ces, kv->cache_dt, r->stream);
+    const int sep = part == MLAF_PART_PE && kv->kpe;
+    const int64_t e = slot_row(kv, r->slot, sep) + (part == MLAF_PART_PE && !sep ? kv->norm.C : 0) + i0;
+    w->k->convert(v, n, (char *)(sep ? kv->kpe : kv->cache) + e * ces, kv->cache_dt, r->stream);
 }
 
 mlaf_cpu_writer mlaf_cpu_writer_paged(const mlaf_norm_kern *k, const mlaf_kv_cache_job *job) {
     mlaf_cpu_writer w = {paged_put, NULL, k, job};
+    return w;
+}
+
+/* ---- fp8 formats ----------------------------------------------------------------------- */
+
+/* v rounded to the latent dtype dt (the dense output's value). */
+static float rounded(float v, mlaf_dtype dt) {
+    if (dt == MLAF_BF16) return mlaf_bf16_to_f32(mlaf_f32_to_bf16(v));
+    if (dt == MLAF_F16) return mlaf_f16_to_f32(mlaf_f32_to_f16(v));
+    return v;
+}
+
+/* *m = max(*m, a) for a >= 0, across threads: non-negative floats order as their bits. */
+static void atomic_max_nonneg(float *m, float a) {
+    uint32_t *p = (uint32_t *)m, want = mlaf_f32_bits(a), cur = __atomic_load_n(p, __ATOMIC_RELAXED);
+    while ((int32_t)cur < (int32_t)want &&
+           !__atomic_compare_exchange_n(p, &cur, want, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+    }
+}
+
+static void fp8_put(const mlaf_cpu_writer *w, const mlaf_cpu_row *r, mlaf_row_part part, int64_t i0, int64_t n,
+                    const float *v) {
+    const mlaf_kv_cache_job *kv = (const mlaf_kv_cache_job *)w->state;
+    if (part == MLAF_PART_Q || !r->ok || r->slot < 0) return;
+    const int sep = part == MLAF_PART_PE && kv->kpe;
+    const int64_t e = slot_row(kv, r->slot, sep) + (part == MLAF_PART_PE && !sep ? kv->norm.C : 0) + i0;
+    uint8_t *out = (uint8_t *)(sep ? kv->kpe : kv->cache) + e;
+    const float s = *kv->scale;
+    const mlaf_dtype dt = kv->norm.dt;
+    float amax = 0.0f;
+    for (int64_t i = 0; i < n; i++) {
+        const float x = rounded(v[i], dt), a = fabsf(x);
+        out[i] = mlaf_f32_to_e4m3(kv->conv == MLAF_FP8_DIV ? x / s : x * s);
+        if (a > amax) amax = a; /* NaN ignored */
+    }
+    if (kv->amax_out) atomic_max_nonneg(kv->amax_out, amax);
+}
+
+mlaf_cpu_writer mlaf_cpu_writer_fp8(const mlaf_norm_kern *k, const mlaf_kv_cache_job *job) {
+    mlaf_cpu_writer w = {fp8_put, NULL, k, job};
+    return w;
+}
+
+/* fp8_ds_mla: the kv part arrives in whole tiles (chunks are multiples of 128 values). */
+static void ds_mla_put(const mlaf_cpu_writer *w, const mlaf_cpu_row *r, mlaf_row_part part, int64_t i0, int64_t n,
+                       const float *v) {
+    const mlaf_kv_cache_job *kv = (const mlaf_kv_cache_job *)w->state;
+    if (part == MLAF_PART_Q || !r->ok || r->slot < 0) return;
+    const int64_t C = kv->norm.C;
+    uint8_t *rec = (uint8_t *)kv->cache + slot_row(kv, r->slot, 0);
+    if (part == MLAF_PART_PE) {
+        uint8_t *pe = rec + C + C / 32 + 2 * i0;
+        for (int64_t i = 0; i < n; i++) {
+            const uint16_t b = mlaf_f32_to_bf16(v[i]);
+            pe[2 * i] = (uint8_t)b, pe[2 * i + 1] = (uint8_t)(b >> 8);
+        }
+        return;
+    }
+    for (int64_t t0 = 0; t0 < n; t0 += 128) {
+        float x[128], amax = 0.0f;
+        for (int i = 0; i < 128; i++) {
+            x[i] = mlaf_bf16_to_f32(mlaf_f32_to_bf16(v[t0 + i]));
+            const float a = fabsf(x[i]);
+            if (a > amax) amax = a;
+        }
+        const float s = mlaf_tile_scale_of(amax, (int)kv->tile_scale);
+        for (int i = 0; i < 128; i++) rec[i0 + t0 + i] = mlaf_f32_to_e4m3(x[i] / s);
+        const uint32_t sb = mlaf_f32_bits(s);
+        uint8_t *sp = rec + C + 4 * ((i0 + t0) / 128);
+        sp[0] = (uint8_t)sb, sp[1] = (uint8_t)(sb >> 8), sp[2] = (uint8_t)(sb >> 16), sp[3] = (uint8_t)(sb >> 24);
+    }
+}
+
+mlaf_cpu_writer mlaf_cpu_writer_ds_mla(const mlaf_norm_kern *k, const mlaf_kv_cache_job *job) {
+    mlaf_cpu_writer w = {ds_mla_put, NULL, k, job};
     return w;
 }
 

@@ -47,6 +47,12 @@ mlaf_cpu_writer mlaf_cpu_writer_dense(const mlaf_norm_kern *k, const mlaf_norm_j
 /* The plain paged cache row [k_nope | rope(k_pe)] of the token's slot, in the cache dtype. */
 mlaf_cpu_writer mlaf_cpu_writer_paged(const mlaf_norm_kern *k, const mlaf_kv_cache_job *job);
 
+/* The fp8 formats (SPEC §9): per-tensor e4m3 with one scale (and the optional amax_out), or the
+ * fp8_ds_mla record (e4m3 tiles of 128 with their f32 scales, then the bf16 rope part). Every
+ * value is first rounded to the latent dtype (the value the op stores densely). */
+mlaf_cpu_writer mlaf_cpu_writer_fp8(const mlaf_norm_kern *k, const mlaf_kv_cache_job *job);
+mlaf_cpu_writer mlaf_cpu_writer_ds_mla(const mlaf_norm_kern *k, const mlaf_kv_cache_job *job);
+
 /* Each row's two rstd values as f32 out[2 t], out[2 t + 1] (q, kv): a diagnostic writer, for tests. */
 mlaf_cpu_writer mlaf_cpu_writer_rstd(const mlaf_norm_kern *k, float *out);
 
