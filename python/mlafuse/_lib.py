@@ -11,12 +11,15 @@ import glob
 import os
 
 # ---- enums of include/mlafuse.h (append-only there, so the numbers are stable) ----------
-F32, F16, BF16, I32, I64 = 0, 1, 2, 3, 4
+F32, F16, BF16, I32, I64, U8, FP8_E4M3 = 0, 1, 2, 3, 4, 5, 6
 BACKEND_CPU, BACKEND_CUDA = 0, 1
 OP_SPLIT_QK_NORM, OP_MLA_KV_CACHE, OP_ROPE_Q, OP_MOE_GATE = 0, 1, 2, 3
 SCORE_SIGMOID, SCORE_SOFTMAX = 0, 1
 GROUP_TOP2_SUM, GROUP_MAX = 0, 1
 ROPE_INTERLEAVED, ROPE_NEOX = 0, 1
+KV_PLAIN, KV_FP8, KV_FP8_DS_MLA = 0, 1, 2       # mlaf_kv_format
+FP8_DIV, FP8_MUL = 0, 1                         # mlaf_fp8_conv
+TILE_AMAX, TILE_UE8M0, TILE_UE8M0_FLOOR_SCALED = 0, 1, 2  # mlaf_tile_scale
 MAX_DIMS = 4
 
 OK = 0
@@ -109,6 +112,20 @@ class MlaKvCacheParams(ctypes.Structure):
         ("eps_q", ctypes.c_float),
         ("eps_kv", ctypes.c_float),
         ("style", ctypes.c_int),
+    ]
+
+
+class KvCacheDesc(ctypes.Structure):
+    """mlaf_kv_cache_desc: the cache of mla_kv_cache in one of its formats (SPEC §9)."""
+
+    _fields_ = [
+        ("format", ctypes.c_int),
+        ("cache", ctypes.POINTER(Tensor)),
+        ("kpe", ctypes.POINTER(Tensor)),
+        ("scale", ctypes.POINTER(Tensor)),
+        ("amax_out", ctypes.POINTER(Tensor)),
+        ("conv", ctypes.c_int),
+        ("tile_scale", ctypes.c_int),
     ]
 
 
@@ -230,6 +247,11 @@ mlaf_split_qk_norm = _proto("mlaf_split_qk_norm", ctypes.c_int, _ctx_p, _P(Split
                             _T, _T, _T, _T, _T, _T)
 mlaf_mla_kv_cache = _proto("mlaf_mla_kv_cache", ctypes.c_int, _ctx_p, _P(MlaKvCacheParams),
                            _T, _T, _T, _T, _T, _T, _T, _T, _T, _T, _T)
+mlaf_mla_kv_cache_fmt = _proto("mlaf_mla_kv_cache_fmt", ctypes.c_int, _ctx_p, _P(MlaKvCacheParams),
+                               _T, _T, _T, _T, _T, _T, _P(KvCacheDesc), _T, _T, _T, _T)
+mlaf_kv_format_name = _proto("mlaf_kv_format_name", ctypes.c_char_p, ctypes.c_int)
+mlaf_kv_record_bytes = _proto("mlaf_kv_record_bytes", ctypes.c_int64, ctypes.c_int, ctypes.c_int,
+                              ctypes.c_int32, ctypes.c_int32)
 mlaf_rope_q = _proto("mlaf_rope_q", ctypes.c_int, _ctx_p, _P(RopeParams), _T, _T, _T, _T)
 mlaf_moe_gate = _proto("mlaf_moe_gate", ctypes.c_int, _ctx_p, _P(MoeGateParams),
                        _T, _T, _T, _T, _T)

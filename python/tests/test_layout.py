@@ -1,6 +1,11 @@
 """The ctypes mirrors of the C structs: sizes and offsets as a C compiler lays them out on
-LP64 (values printed by a small C program with sizeof / offsetof over include/mlafuse.h)."""
+LP64 (values printed by a small C program with sizeof / offsetof over include/mlafuse.h; where
+a C compiler and the repository's header are present, a test compiles that program and
+compares every field of every mirrored struct)."""
 import ctypes
+import os
+import shutil
+import subprocess
 
 import pytest
 
@@ -16,6 +21,8 @@ EXPECTED = {
     L.MlaKvCacheParams: (24, {"eps_kv": 16, "style": 20}),
     L.MoeGateParams: (40, {"score_func": 12, "group_score": 16, "routed_scaling_factor": 24,
                            "eps": 32, "n_shared_experts": 36}),
+    L.KvCacheDesc: (48, {"format": 0, "cache": 8, "kpe": 16, "scale": 24, "amax_out": 32,
+                         "conv": 40, "tile_scale": 44}),
 }
 
 
@@ -26,6 +33,67 @@ def test_struct_layout(struct):
     assert ctypes.sizeof(struct) == size
     for field, off in offsets.items():
         assert getattr(struct, field).offset == off, field
+
+
+C_NAMES = {L.Tensor: "mlaf_tensor", L.ModelConfig: "mlaf_model_config",
+           L.SplitQkNormParams: "mlaf_split_qk_norm_params", L.RopeParams: "mlaf_rope_params",
+           L.RopeScaling: "mlaf_rope_scaling", L.MlaKvCacheParams: "mlaf_mla_kv_cache_params",
+           L.KvCacheDesc: "mlaf_kv_cache_desc", L.MoeGateParams: "mlaf_moe_gate_params"}
+HEADER_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__)))), "include")
+CC = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc") or shutil.which("clang")
+
+
+@pytest.mark.skipif(CC is None, reason="no C compiler")
+@pytest.mark.skipif(not os.path.exists(os.path.join(HEADER_DIR, "mlafuse.h")),
+                    reason="not a source checkout (no include/mlafuse.h)")
+def test_struct_layout_matches_the_c_compiler(tmp_path):
+    lines = ["#include <stddef.h>", "#include <stdio.h>", '#include "mlafuse.h"',
+             "int main(void) {"]
+    want = []
+    for struct, cname in C_NAMES.items():
+        lines.append(f'    printf("%zu\\n", sizeof({cname}));')
+        want.append((cname, "sizeof", ctypes.sizeof(struct)))
+        for field, *_ in struct._fields_:
+            lines.append(f'    printf("%zu\\n", offsetof({cname}, {field}));')
+            want.append((cname, field, getattr(struct, field).offset))
+    lines += ["    return 0;", "}"]
+    src = tmp_path / "layout.c"
+    src.write_text("\n".join(lines) + "\n")
+    exe = tmp_path / "layout"
+    subprocess.run([CC, "-I", HEADER_DIR, str(src), "-o", str(exe)], check=True,
+                   capture_output=True, text=True)
+    got = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout.split()
+    assert len(got) == len(want)
+    for (cname, field, value), g in zip(want, got):
+        assert int(g) == value, f"{cname}.{field}: C says {g}, the ctypes mirror {value}"
+
+
+def test_enums_and_names():
+    """The enum numbers of the mirror (as in mlafuse.h) agree with the library's own names."""
+    names = {L.F32: "f32", L.F16: "f16", L.BF16: "bf16", L.I32: "i32", L.I64: "i64",
+             L.U8: "u8", L.FP8_E4M3: "fp8_e4m3"}
+    assert (L.U8, L.FP8_E4M3) == (5, 6)
+    for code, name in names.items():
+        assert L.mlaf_dtype_name(code).decode() == name
+    assert L.mlaf_dtype_size(L.U8) == 1 and L.mlaf_dtype_size(L.FP8_E4M3) == 1
+    assert (L.KV_PLAIN, L.KV_FP8, L.KV_FP8_DS_MLA) == (0, 1, 2)
+    assert (L.FP8_DIV, L.FP8_MUL) == (0, 1)
+    assert (L.TILE_AMAX, L.TILE_UE8M0, L.TILE_UE8M0_FLOOR_SCALED) == (0, 1, 2)
+    for code, name in ((L.KV_PLAIN, "plain"), (L.KV_FP8, "fp8"), (L.KV_FP8_DS_MLA, "fp8_ds_mla"),
+                       (3, "unknown"), (-1, "unknown")):
+        assert L.mlaf_kv_format_name(code).decode() == name
+
+
+def test_kv_record_bytes():
+    rb = L.mlaf_kv_record_bytes
+    assert rb(L.KV_PLAIN, L.BF16, 512, 64) == 1152 and rb(L.KV_PLAIN, L.F32, 512, 64) == 2304
+    assert rb(L.KV_FP8, L.U8, 512, 64) == 576 and rb(L.KV_FP8, L.FP8_E4M3, 512, 64) == 576
+    assert rb(L.KV_FP8_DS_MLA, L.U8, 512, 64) == 656  # FlashMLA's sparse record
+    assert rb(L.KV_FP8_DS_MLA, L.FP8_E4M3, 512, 64) == 656
+    assert rb(L.KV_FP8_DS_MLA, L.U8, 96, 64) == 0     # C not a multiple of 128
+    assert rb(L.KV_FP8, L.BF16, 512, 64) == 0 and rb(L.KV_PLAIN, L.U8, 512, 64) == 0
+    assert rb(3, L.U8, 512, 64) == 0
 
 
 def test_moe_params_from_config_matches_python_mirror():
