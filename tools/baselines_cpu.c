@@ -7,7 +7,8 @@
  *                  2. RMSNorm q   (read q_dense, write q)
  *                  3. RMSNorm kv  (read kv_dense, write k_nope); k_pe is the copied tensor
  *   mla_kv_cache   the library's split_qk_norm, then blc_rope_rows on k_pe, then
- *                  blc_cache_write (composed by the driver)
+ *                  blc_cache_write (plain cache) or blc_cache_write_fp8 (fp8 formats: the
+ *                  separate quantize-and-write pass), composed by the driver
  *   rope_q         1. gather the rope columns into [T*H, R]  2. rotate  3. scatter back
  *   moe_gate       1. score  2. + bias  3. group scores  4. group mask  5. top-k
  *                  6. gather weights  7. normalize  8. scale (+ shared-expert slots)
@@ -15,10 +16,12 @@
  * Arithmetic matches the fused ops (fp32, one rounding per store, no contraction of the
  * RoPE products), so the driver can check the outputs against each other.
  */
+#include <float.h>
 #include <math.h>
 #include <string.h>
 
 #include "bench.h"
+#include "fp8.h"
 #include "half.h"
 
 #define ROW(p, dt, t, stride) ((char *)(p) + (size_t)(t) * (size_t)(stride) * mlaf_dtype_size(dt))
@@ -127,7 +130,7 @@ int blc_cache_write(const mlaf_kv_cache_job *j, const void *k_nope, const void *
 #pragma omp parallel for num_threads(threads) schedule(static)
 #endif
     for (int64_t t = 0; t < j->norm.T; t++) {
-        int64_t slot = mlaf_load_index(j->slots, j->slot_dt, t);
+        int64_t slot = t < j->n_map ? mlaf_load_index(j->slots, j->slot_dt, t) : -1;
         if (slot < 0 || slot >= nslots) continue;
         char *dst = (char *)j->cache +
                     (size_t)((slot / j->block_size) * j->cache_s0 + (slot % j->block_size) * j->cache_s1) * ces;
@@ -139,6 +142,69 @@ int blc_cache_write(const mlaf_kv_cache_job *j, const void *k_nope, const void *
             for (int32_t i = 0; i < C; i++) mlaf_store_f32(dst, cdt, i, mlaf_load_f32(kn, dt, i));
             for (int32_t i = 0; i < R; i++) mlaf_store_f32(dst, cdt, C + i, mlaf_load_f32(kp, dt, i));
         }
+    }
+    return 0;
+}
+
+/* The scale of an fp8_ds_mla tile from its (NaN-free) amax, per mode (SPEC §9): amax
+ * max(amax / 448, FLT_MIN); ue8m0 2^ceil_log2(max(amax, 1e-4) / 448); ue8m0_floor_scaled
+ * 2^ceil_log2(max(amax / 448, 1e-4)). The power of two is built from its exponent bits
+ * (ceil_log2 of +inf is 128, whose 2^128 is +inf). */
+static float tile_scale(float amax, mlaf_tile_scale mode) {
+    if (mode == MLAF_TILE_AMAX) return fmaxf(amax / 448.0f, FLT_MIN);
+    const float v = mode == MLAF_TILE_UE8M0 ? fmaxf(amax, 1e-4f) / 448.0f : fmaxf(amax / 448.0f, 1e-4f);
+    return mlaf_bits_f32((uint32_t)(mlaf_ceil_log2_f32(v) + 127) << 23);
+}
+
+/* Per-tensor fp8 of n values of a dense row: e4m3(x / scale) or e4m3(x * scale). */
+static void fp8_row(const void *src, mlaf_dtype dt, int32_t n, uint8_t *dst, float scale, int mul) {
+    for (int32_t i = 0; i < n; i++) {
+        const float x = mlaf_load_f32(src, dt, i);
+        dst[i] = mlaf_f32_to_e4m3(mul ? x * scale : x / scale);
+    }
+}
+
+int blc_cache_write_fp8(const mlaf_kv_cache_job *j, const void *k_nope, const void *k_pe,
+                        int threads) {
+    const mlaf_dtype dt = j->norm.dt;
+    const size_t es = mlaf_dtype_size(dt);
+    const int32_t C = j->norm.C, R = j->norm.R;
+    const int64_t nslots = j->num_blocks * j->block_size;
+    const int ds = j->format == MLAF_KV_FP8_DS_MLA;
+    if (j->format != MLAF_KV_FP8 && !ds) return -1;
+    /* the CPU backend's memory is host memory: the scale is read here, once per call */
+    const float scale = ds ? 1.0f : *j->scale;
+    const int mul = j->conv == MLAF_FP8_MUL;
+    threads = team(j->norm.T, C + R, threads);
+#ifdef _OPENMP
+#pragma omp parallel for num_threads(threads) schedule(static)
+#endif
+    for (int64_t t = 0; t < j->norm.T; t++) {
+        const int64_t slot = t < j->n_map ? mlaf_load_index(j->slots, j->slot_dt, t) : -1;
+        if (slot < 0 || slot >= nslots) continue;
+        const int64_t blk = slot / j->block_size, off = slot % j->block_size;
+        /* cache dtypes u8 / fp8_e4m3: strides in elements are strides in bytes */
+        uint8_t *dst = (uint8_t *)j->cache + blk * j->cache_s0 + off * j->cache_s1;
+        const char *kn = CROW(k_nope, dt, t, C), *kp = CROW(k_pe, dt, t, R);
+        if (!ds) {
+            fp8_row(kn, dt, C, dst, scale, mul);
+            if (R > 0)
+                fp8_row(kp, dt, R, j->kpe ? (uint8_t *)j->kpe + blk * j->kpe_s0 + off * j->kpe_s1 : dst + C,
+                        scale, mul);
+            continue;
+        }
+        /* fp8_ds_mla (bf16 rows): [C e4m3 | C/128 f32 scales | R bf16 rope values] */
+        for (int32_t tile = 0; tile < C / 128; tile++) {
+            float amax = 0.0f;
+            for (int32_t i = 128 * tile; i < 128 * tile + 128; i++)
+                amax = fmaxf(amax, fabsf(mlaf_load_f32(kn, dt, i))); /* NaN ignored */
+            const float s = tile_scale(amax, j->tile_scale);
+            for (int32_t i = 128 * tile; i < 128 * tile + 128; i++)
+                dst[i] = mlaf_f32_to_e4m3(mlaf_load_f32(kn, dt, i) / s);
+            const uint32_t sb = mlaf_f32_bits(s);
+            for (int k = 0; k < 4; k++) dst[C + 4 * tile + k] = (uint8_t)(sb >> (8 * k)); /* little-endian */
+        }
+        if (R > 0) memcpy(dst + C + C / 32, kp, (size_t)R * es);
     }
     return 0;
 }
