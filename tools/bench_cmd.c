@@ -14,6 +14,9 @@
  *    once), GB/s, % of the copy bandwidth, unfused time and speed-up; a table or --json.
  *    CUDA rows add a copy of the op's own bytes timed the same way (flush, events or graph):
  *    at mid T the 1 GB copy's bandwidth is out of reach even for the copy itself.
+ * --cache fp8 | fp8_ds_mla: mla_kv_cache writes that cache format (fp8's scale lives in backend
+ * memory, so graph replays read it like engines' k_scale); the unfused chain ends with a
+ * separate quantize-and-write pass, and the check compares the two caches byte for byte.
  */
 #define _POSIX_C_SOURCE 200809L /* strcasecmp */
 #include <math.h>
@@ -53,6 +56,15 @@ static void help(void) {
         "                       them out), ordered (block i for tokens 64 i .. 64 i + 63),\n"
         "                       page-local (shuffled within each 2 MB of cache), page-groups\n"
         "                       (2 MB runs of blocks in order, the runs shuffled)\n"
+        "  --cache FORMAT       mla_kv_cache's cache format: plain (default: the latent dtype),\n"
+        "                       fp8 (per-tensor e4m3, e4m3(x / scale), one f32 scale in backend\n"
+        "                       memory), fp8_ds_mla (FlashMLA's record: C e4m3 bytes, C/128 f32 tile\n"
+        "                       scales, R bf16 rope values; --dtype bf16). The unfused chain ends\n"
+        "                       with a separate quantize-and-write pass; its cache bytes are checked\n"
+        "                       against the fused op's\n"
+        "  --tile-scale MODE    fp8_ds_mla tile scales: amax (default: amax / 448), ue8m0,\n"
+        "                       ue8m0_floor_scaled\n"
+        "  --kv-scale X         fp8: the scale (default 1, what engines run without calibration)\n"
         "\n"
         "Bytes are the op's minimum: inputs read once + outputs written once (see docs/cli.md).\n"
         "CUDA rows also time a device-to-device copy of those same bytes the same way (copy_us;\n"
@@ -64,7 +76,7 @@ static void help(void) {
 /* ---- buffers ----------------------------------------------------------------------------- */
 enum {
     B_LATENT, B_WQ, B_WKV, B_Q, B_KNOPE, B_KPE, B_POS, B_COSSIN, B_SLOTS, B_CACHE, B_QH,
-    B_LOGITS, B_BIAS, B_WEIGHTS, B_IDS,
+    B_LOGITS, B_BIAS, B_WEIGHTS, B_IDS, B_SCALE,
     S_QD, S_KVD, S_KN, S_KP, S_GATHER, S_S, S_C, S_G, S_M, S_W,
     B_COUNT
 };
@@ -89,6 +101,11 @@ typedef struct bench_op {
     mlaf_moe_gate_params moe;
     int has_bias;
     int cache_order; /* cache_order_names */
+    mlaf_kv_format kv_fmt;      /* mla_kv_cache's cache format (--cache) */
+    mlaf_tile_scale tile_scale; /* fp8_ds_mla */
+    float kv_scale;             /* fp8 */
+    mlaf_dtype cache_dt;        /* the latent dtype (plain), fp8_e4m3 (fp8) or u8 (fp8_ds_mla) */
+    int64_t rec_bytes;          /* bytes of one token's cache record */
     bbuf b[B_COUNT];
     double bytes;
 } bench_op;
@@ -96,6 +113,10 @@ typedef struct bench_op {
 /* --cache-order: how the paged cache's blocks are handed to the tokens (mla_kv_cache) */
 enum { CO_SHUFFLED, CO_ORDERED, CO_PAGE_LOCAL, CO_PAGE_GROUPS, CO_COUNT };
 static const char *const cache_order_names[CO_COUNT] = {"shuffled", "ordered", "page-local", "page-groups"};
+
+/* --cache and --tile-scale: the formats the bench runs and their names */
+static const mlaf_kv_format bench_formats[3] = {MLAF_KV_PLAIN, MLAF_KV_FP8, MLAF_KV_FP8_DS_MLA};
+static const char *const tile_scale_names[3] = {"amax", "ue8m0", "ue8m0_floor_scaled"};
 
 /* Fisher-Yates over p[0 .. n-1]. */
 static void shuffle_i64(int64_t *p, int64_t n, mlaf_rng *rng) {
@@ -231,12 +252,24 @@ static int setup(bench_op *o, size_t llc, char *err, size_t cap) {
     const int64_t W = o->Q + o->C + o->R;
     mlaf_rng rng;
     mlaf_rng_seed(&rng, 0x6d6c6166ull + (uint64_t)T);
+    o->cache_dt = o->kv_fmt == MLAF_KV_PLAIN ? dt : o->kv_fmt == MLAF_KV_FP8 ? MLAF_FP8_E4M3 : MLAF_U8;
+    o->rec_bytes = (o->C + o->R) * (int64_t)es;
+    if (o->op == MLAF_OP_MLA_KV_CACHE && o->kv_fmt != MLAF_KV_PLAIN) {
+        o->rec_bytes = mlaf_kv_record_bytes(o->kv_fmt, o->cache_dt, (int32_t)o->C, (int32_t)o->R);
+        if (o->rec_bytes <= 0) {
+            snprintf(err, cap, "cache format %s does not take kv_lora_rank = %lld, rope_dim = %lld%s",
+                     mlaf_kv_format_name(o->kv_fmt), (long long)o->C, (long long)o->R,
+                     o->kv_fmt == MLAF_KV_FP8_DS_MLA ? " (needs kv_lora_rank % 128 == 0, rope_dim even)"
+                                                     : " (needs rope_dim even)");
+            return -1;
+        }
+    }
 
     /* Bytes of one input/output set, for the rotation count. */
     double set_bytes = 0;
     switch (o->op) {
     case MLAF_OP_SPLIT_QK_NORM: set_bytes = 2.0 * (double)T * W * es; break;
-    case MLAF_OP_MLA_KV_CACHE: set_bytes = (double)T * (W + o->Q + o->C + o->R) * es + T * 16.0; break;
+    case MLAF_OP_MLA_KV_CACHE: set_bytes = (double)T * (W + o->Q) * es + (double)T * o->rec_bytes + T * 16.0; break;
     case MLAF_OP_ROPE_Q: set_bytes = (double)T * o->H * o->D * es; break;
     default: set_bytes = (double)T * o->E * es + T * o->K * 8.0; break;
     }
@@ -288,7 +321,7 @@ static int setup(bench_op *o, size_t llc, char *err, size_t cap) {
         int64_t *slots = (int64_t *)malloc(sizeof(int64_t) * (size_t)(T > 0 ? T : 1));
         NEED(perm);
         NEED(slots);
-        const int64_t page_blocks = (int64_t)(((size_t)2 << 20) / ((size_t)o->block_size * (size_t)(o->C + o->R) * es));
+        const int64_t page_blocks = (int64_t)(((size_t)2 << 20) / ((size_t)o->block_size * (size_t)o->rec_bytes));
         const int co = cache_block_order(perm, o->num_blocks, page_blocks > 0 ? page_blocks : 1, o->cache_order, &rng);
         if (co) {
             free(perm);
@@ -301,13 +334,19 @@ static int setup(bench_op *o, size_t llc, char *err, size_t cap) {
             slots[t] = perm[t / o->block_size] * o->block_size + t % o->block_size;
         free(perm);
         if (buf_alloc(o, B_SLOTS, sizeof(int64_t) * (size_t)T, 1, slots, err, cap)) return -1;
-        size_t cache_bytes = (size_t)(o->num_blocks * o->block_size * (o->C + o->R)) * es;
+        size_t cache_bytes = (size_t)(o->num_blocks * o->block_size * o->rec_bytes);
         if (buf_alloc(o, B_CACHE, cache_bytes, 1, NULL, err, cap)) return -1;
+        if (o->kv_fmt == MLAF_KV_FP8) { /* the scale in backend memory, as engines keep k_scale */
+            float *sc = (float *)malloc(sizeof(float));
+            NEED(sc);
+            *sc = o->kv_scale;
+            if (buf_alloc(o, B_SCALE, sizeof(float), 0, sc, err, cap)) return -1;
+        }
         if (buf_alloc(o, S_KN, (size_t)(T * o->C) * es, 0, NULL, err, cap)) return -1;
         if (o->R > 0 && buf_alloc(o, S_KP, (size_t)(T * o->R) * es, 0, NULL, err, cap)) return -1;
         o->bytes = (double)T * W * es + (double)(o->Q + o->C) * es + (o->R > 0 ? T * 8.0 : 0) +
                    T * 8.0 + (double)T * o->R * 4.0 + (double)T * o->Q * es +
-                   (double)T * (o->C + o->R) * es;
+                   (double)T * (double)o->rec_bytes + (o->kv_fmt == MLAF_KV_FP8 ? 4.0 : 0.0);
     }
     if (o->op == MLAF_OP_ROPE_Q) {
         size_t n = (size_t)(T * o->H * o->D);
@@ -343,7 +382,8 @@ static int setup(bench_op *o, size_t llc, char *err, size_t cap) {
 /* ---- the calls ----------------------------------------------------------------------------- */
 typedef struct views {
     mlaf_tensor latent, w_q, w_kv, q, k_nope, k_pe, pos, cos_sin, slots, cache, qh, logits, bias,
-        weights, ids, kn_s, kp_s;
+        weights, ids, kn_s, kp_s, scale;
+    mlaf_kv_cache_desc cd; /* the cache in its format (mla_kv_cache) */
 } views;
 
 static void make_views(bench_op *o, int set, views *v) {
@@ -359,8 +399,15 @@ static void make_views(bench_op *o, int set, views *v) {
     v->pos = mlaf_tensor_1d(P(o, B_POS, set), MLAF_I64, T);
     v->cos_sin = mlaf_tensor_2d(P(o, B_COSSIN, set), MLAF_F32, o->max_pos, o->R, o->R);
     v->slots = mlaf_tensor_1d(P(o, B_SLOTS, set), MLAF_I64, T);
-    v->cache = mlaf_tensor_3d(P(o, B_CACHE, set), dt, o->num_blocks, o->block_size, o->C + o->R,
-                              o->block_size * (o->C + o->R), o->C + o->R);
+    const int64_t rec = o->rec_bytes / (int64_t)mlaf_dtype_size(o->cache_dt); /* record, in elements */
+    v->cache = mlaf_tensor_3d(P(o, B_CACHE, set), o->cache_dt, o->num_blocks, o->block_size, rec,
+                              o->block_size * rec, rec);
+    v->scale = mlaf_tensor_1d(P(o, B_SCALE, set), MLAF_F32, 1);
+    v->cd = mlaf_kv_desc_plain(&v->cache);
+    v->cd.format = o->kv_fmt;
+    v->cd.scale = o->kv_fmt == MLAF_KV_FP8 ? &v->scale : NULL;
+    v->cd.conv = MLAF_FP8_DIV;
+    v->cd.tile_scale = o->kv_fmt == MLAF_KV_FP8_DS_MLA ? o->tile_scale : MLAF_TILE_AMAX;
     v->qh = mlaf_tensor_3d(P(o, B_QH, set), dt, T, o->H, o->D, o->H * o->D, o->D);
     v->logits = mlaf_tensor_2d(P(o, B_LOGITS, set), dt, T, o->E, o->E);
     v->bias = mlaf_tensor_1d(P(o, B_BIAS, set), MLAF_F32, o->E);
@@ -395,9 +442,14 @@ static int call_fused(void *arg, int set, char *err, size_t cap) {
     case MLAF_OP_MLA_KV_CACHE: {
         mlaf_mla_kv_cache_params p = {(int32_t)o->Q, (int32_t)o->C, (int32_t)o->R,
                                       o->cfg.rms_norm_eps, o->cfg.rms_norm_eps, o->cfg.rope_style};
-        st = mlaf_mla_kv_cache(o->ctx, &p, &v.latent, hasq ? &v.w_q : NULL, &v.w_kv,
-                               hasr ? &v.pos : NULL, hasr ? &v.cos_sin : NULL, &v.slots, &v.cache,
-                               hasq ? &v.q : NULL, NULL, NULL, NULL);
+        if (o->kv_fmt == MLAF_KV_PLAIN)
+            st = mlaf_mla_kv_cache(o->ctx, &p, &v.latent, hasq ? &v.w_q : NULL, &v.w_kv,
+                                   hasr ? &v.pos : NULL, hasr ? &v.cos_sin : NULL, &v.slots, &v.cache,
+                                   hasq ? &v.q : NULL, NULL, NULL, NULL);
+        else
+            st = mlaf_mla_kv_cache_fmt(o->ctx, &p, &v.latent, hasq ? &v.w_q : NULL, &v.w_kv,
+                                       hasr ? &v.pos : NULL, hasr ? &v.cos_sin : NULL, &v.slots, &v.cd,
+                                       hasq ? &v.q : NULL, NULL, NULL, NULL);
         break;
     }
     case MLAF_OP_ROPE_Q: {
@@ -455,7 +507,8 @@ static int call_unfused(void *arg, int set, char *err, size_t cap) {
         return baseline_err(r, "split_qk_norm", err, cap);
     }
     case MLAF_OP_MLA_KV_CACHE: {
-        /* The library's split + norms into dense tensors, then RoPE, then the cache write. */
+        /* The library's split + norms into dense tensors, then RoPE, then the cache write (plain)
+         * or the separate quantize-and-write pass (fp8 formats). */
         mlaf_split_qk_norm_params sp = {(int32_t)o->Q, (int32_t)o->C, (int32_t)o->R,
                                         o->cfg.rms_norm_eps, o->cfg.rms_norm_eps};
         if (api_err(o, mlaf_split_qk_norm(o->ctx, &sp, &v.latent, hasq ? &v.w_q : NULL, &v.w_kv,
@@ -465,22 +518,23 @@ static int call_unfused(void *arg, int set, char *err, size_t cap) {
         mlaf_mla_kv_cache_params p = {(int32_t)o->Q, (int32_t)o->C, (int32_t)o->R,
                                       o->cfg.rms_norm_eps, o->cfg.rms_norm_eps, o->cfg.rope_style};
         mlaf_kv_cache_job j;
-        const mlaf_kv_cache_desc cd = mlaf_kv_desc_plain(&v.cache);
         if (api_err(o, mlaf_check_mla_kv_cache(o->ctx, &p, &v.latent, hasq ? &v.w_q : NULL, &v.w_kv,
                                                hasr ? &v.pos : NULL, hasr ? &v.cos_sin : NULL,
-                                               &v.slots, &cd, hasq ? &v.q : NULL, NULL, NULL,
+                                               &v.slots, &v.cd, hasq ? &v.q : NULL, NULL, NULL,
                                                NULL, &j),
                     "unfused mla_kv_cache", err, cap))
             return -1;
         if (j.norm.T == 0) return 0;
         if (cpu) {
             if (hasr) r = blc_rope_rows(v.kp_s.data, o->dt, o->T, o->R, &j.rope, o->threads);
-            if (!r) r = blc_cache_write(&j, v.kn_s.data, v.kp_s.data, o->threads);
+            if (!r) r = o->kv_fmt == MLAF_KV_PLAIN ? blc_cache_write(&j, v.kn_s.data, v.kp_s.data, o->threads)
+                                                   : blc_cache_write_fp8(&j, v.kn_s.data, v.kp_s.data, o->threads);
         }
 #ifdef MLAF_WITH_CUDA
         else {
             if (hasr) r = blg_rope_rows(v.kp_s.data, o->dt, o->T, o->R, &j.rope, stream);
-            if (!r) r = blg_cache_write(&j, v.kn_s.data, v.kp_s.data, stream);
+            if (!r) r = o->kv_fmt == MLAF_KV_PLAIN ? blg_cache_write(&j, v.kn_s.data, v.kp_s.data, stream)
+                                                   : blg_cache_write_fp8(&j, v.kn_s.data, v.kp_s.data, stream);
         }
 #endif
         return baseline_err(r, "mla_kv_cache", err, cap);
@@ -542,6 +596,23 @@ static void *download(bench_op *o, int id) {
     return h;
 }
 
+/* Fills the outputs of set 0 with one byte pattern, so that the check sees only what a call wrote
+ * (the fused and the unfused call then start from the same bytes: rows neither names stay
+ * equal). Mutable inputs are reset by reset_inputs instead. */
+static int poison_outputs(bench_op *o, const int *ids, int n) {
+    for (int i = 0; i < n; i++) {
+        bbuf *b = &o->b[ids[i]];
+        if (!b->dev || !b->bytes || b->mutable_input) continue;
+        void *h = malloc(b->bytes);
+        if (!h) return -1;
+        memset(h, 0xA5, b->bytes);
+        const mlaf_status st = mlaf_mem_upload(o->be, b->dev, h, b->bytes);
+        free(h);
+        if (st != MLAF_OK) return -1;
+    }
+    return 0;
+}
+
 static int reset_inputs(bench_op *o) {
     for (int i = 0; i < B_COUNT; i++)
         if (o->b[i].mutable_input && o->b[i].dev && o->b[i].bytes &&
@@ -592,12 +663,20 @@ static int check_baseline(bench_op *o, char *check, size_t ccap, char *err, size
     void *a[4] = {0}, *b[4] = {0};
     int rc = -1;
     snprintf(check, ccap, "ok");
+    if (poison_outputs(o, outs, n)) {
+        snprintf(err, cap, "cannot fill the outputs before the check");
+        goto done;
+    }
     if (reset_inputs(o) || call_fused(o, 0, err, cap) || sync_backend(o, err, cap)) goto done;
     for (int i = 0; i < n; i++)
         if (!(a[i] = download(o, outs[i]))) {
             snprintf(err, cap, "download of the fused outputs failed");
             goto done;
         }
+    if (poison_outputs(o, outs, n)) {
+        snprintf(err, cap, "cannot fill the outputs before the check");
+        goto done;
+    }
     if (reset_inputs(o) || call_unfused(o, 0, err, cap) || sync_backend(o, err, cap)) {
         snprintf(check, ccap, "baseline failed");
         goto done;
@@ -702,6 +781,24 @@ static int check_baseline(bench_op *o, char *check, size_t ccap, char *err, size
     }
     for (int i = 0; i < n; i++) {
         const bbuf *bb = &o->b[outs[i]];
+        if (outs[i] == B_CACHE && o->kv_fmt != MLAF_KV_PLAIN) {
+            /* an fp8 record is bytes (e4m3 values, f32 scales, bf16 rope values): the chain
+             * must write exactly the fused op's bytes (SPEC §9's rounded-first rule) */
+            const unsigned char *ca = (const unsigned char *)a[i], *cb = (const unsigned char *)b[i];
+            int64_t nbad = 0, first = -1;
+            for (size_t k = 0; k < bb->bytes; k++)
+                if (ca[k] != cb[k]) {
+                    if (first < 0) first = (int64_t)k;
+                    nbad++;
+                }
+            if (nbad) {
+                const int64_t slot = first / o->rec_bytes, at = first % o->rec_bytes;
+                snprintf(check, ccap, "MISMATCH in kv_cache (%s): %lld bytes differ, first at slot %lld byte %lld",
+                         mlaf_kv_format_name(o->kv_fmt), (long long)nbad, (long long)slot, (long long)at);
+                break;
+            }
+            continue;
+        }
         size_t count = bb->bytes / mlaf_dtype_size(o->dt);
         double worst = 0.0;
         int64_t nbad = 0;
@@ -737,6 +834,7 @@ typedef struct row {
     char model[64];
     int64_t T;
     const char *mode; /* "stream", "graph", "wall" */
+    const char *cache; /* mla_kv_cache rows under --cache: the format's name; else NULL */
     int have_fused, have_unfused, have_scopy, have_kcopy;
     bench_stats fused, unfused, scopy; /* scopy: CUDA, a copy of the op's bytes timed alike */
     bench_stats kcopy;                 /* kcopy: CUDA stream rows, SM copy kernels of those bytes */
@@ -768,9 +866,17 @@ static void json_num(const char *key, double v, int comma) {
     if (comma) printf(", ");
 }
 
+/* --cache as given (show == 0: absent, and the output is what it was before the option). */
+typedef struct cache_opt {
+    int show;
+    mlaf_kv_format fmt;
+    mlaf_tile_scale tile_scale;
+    double kv_scale;
+} cache_opt;
+
 static void print_json(const char *backend, const char *device, int threads, const char *model,
-                       mlaf_dtype dt, int cache_order, double copy_gbps, double copy_bytes,
-                       const row *rows, int nrows) {
+                       mlaf_dtype dt, int cache_order, const cache_opt *co, double copy_gbps,
+                       double copy_bytes, const row *rows, int nrows) {
     printf("{\"tool\": \"mlafuse bench\", \"version\": \"%s\", \"backend\": ", mlaf_version_string());
     json_str(backend);
     printf(", \"device\": ");
@@ -787,6 +893,16 @@ static void print_json(const char *backend, const char *device, int threads, con
         printf("%s\n  {\"op\": \"%s\", \"preset\": ", i ? "," : "", mlaf_op_name(r->op));
         json_str(r->model);
         printf(", \"T\": %lld, \"mode\": \"%s\", ", (long long)r->T, r->mode);
+        if (co->show) { /* the cache format of mla_kv_cache rows; null on the other ops' rows */
+            printf("\"cache\": ");
+            if (r->cache) json_str(r->cache);
+            else printf("null");
+            printf(", \"tile_scale\": ");
+            if (r->cache && co->fmt == MLAF_KV_FP8_DS_MLA) json_str(tile_scale_names[co->tile_scale]);
+            else printf("null");
+            printf(", ");
+            json_num("kv_scale", r->cache && co->fmt == MLAF_KV_FP8 ? co->kv_scale : NAN, 1);
+        }
         json_num("calls_per_sample", r->have_fused ? r->fused.calls_per_sample : nan, 1);
         json_num("samples", r->have_fused ? r->fused.samples : nan, 1);
         json_num("fused_us", r->have_fused ? r->fused.median_us : nan, 1);
@@ -818,13 +934,15 @@ static void print_json(const char *backend, const char *device, int threads, con
     printf("\n]}\n");
 }
 
-static void print_header(void) {
-    printf("%-14s %-18s %8s %-6s %10s %21s %9s %8s %6s %9s %6s %9s %6s %11s %8s  %s\n", "op",
+static void print_header(int show_cache) {
+    if (show_cache) printf("%-14s %-10s ", "op", "cache");
+    else printf("%-14s ", "op");
+    printf("%-18s %8s %-6s %10s %21s %9s %8s %6s %9s %6s %9s %6s %11s %8s  %s\n",
            "preset", "T", "mode", "fused_us", "(p10 .. p90)", "MB", "GB/s", "%copy", "copy_us",
            "%cpy=", "kcopy_us", "%kcpy=", "unfused_us", "speedup", "check");
 }
 
-static void print_row(const row *r) {
+static void print_row(const row *r, int show_cache) {
     char f[16] = "-", band[32] = "", mb[16], gb[16] = "-", pc[16] = "-", uf[16] = "-", sp[16] = "-";
     char cu[16] = "-", cp[16] = "-", ku[16] = "-", kp[16] = "-";
     if (r->have_scopy) snprintf(cu, sizeof cu, "%.2f", r->scopy.median_us);
@@ -840,8 +958,10 @@ static void print_row(const row *r) {
     if (isfinite(r->pct)) snprintf(pc, sizeof pc, "%.0f%%", r->pct);
     if (r->have_unfused) snprintf(uf, sizeof uf, "%.2f", r->unfused.median_us);
     if (isfinite(r->speedup)) snprintf(sp, sizeof sp, "%.2fx", r->speedup);
-    printf("%-14s %-18s %8lld %-6s %10s %21s %9s %8s %6s %9s %6s %9s %6s %11s %8s  %s%s%s\n",
-           mlaf_op_name(r->op), r->model, (long long)r->T, r->mode, f, band, mb, gb, pc, cu, cp, ku,
+    if (show_cache) printf("%-14s %-10s ", mlaf_op_name(r->op), r->cache ? r->cache : "-");
+    else printf("%-14s ", mlaf_op_name(r->op));
+    printf("%-18s %8lld %-6s %10s %21s %9s %8s %6s %9s %6s %9s %6s %11s %8s  %s%s%s\n",
+           r->model, (long long)r->T, r->mode, f, band, mb, gb, pc, cu, cp, ku,
            kp, uf, sp, r->check,
            r->error[0] ? "  error: " : "", r->error);
     fflush(stdout);
@@ -858,6 +978,8 @@ int cmd_bench(int argc, char **argv) {
     int ntok = 0;
     long long threads = 0, reps = 0;
     int graph = 0, json = 0, cache_order = CO_SHUFFLED, sweep = 0;
+    cache_opt co = {0, MLAF_KV_PLAIN, MLAF_TILE_AMAX, 1.0};
+    int tile_set = 0, kv_scale_set = 0;
 
     for (int i = 1; i < argc; i++) {
         const char *v;
@@ -900,12 +1022,44 @@ int cmd_bench(int argc, char **argv) {
                 if (!strcmp(v, cache_order_names[cache_order])) break;
             if (cache_order == CO_COUNT)
                 return cli_usage_error("bench", "--cache-order '%s': expected shuffled, ordered, page-local or page-groups", v);
+        } else if ((r = cli_take_value(argc, argv, &i, "--cache", &v)) != 0) {
+            if (r < 0) return CLI_EXIT_USAGE;
+            int f = 0;
+            while (f < 3 && strcmp(v, mlaf_kv_format_name(bench_formats[f]))) f++;
+            if (f == 3) return cli_usage_error("bench", "--cache '%s': expected plain, fp8 or fp8_ds_mla", v);
+            co.show = 1;
+            co.fmt = bench_formats[f];
+        } else if ((r = cli_take_value(argc, argv, &i, "--tile-scale", &v)) != 0) {
+            if (r < 0) return CLI_EXIT_USAGE;
+            int m = 0;
+            while (m < 3 && strcmp(v, tile_scale_names[m])) m++;
+            if (m == 3)
+                return cli_usage_error("bench", "--tile-scale '%s': expected amax, ue8m0 or ue8m0_floor_scaled", v);
+            co.tile_scale = (mlaf_tile_scale)m;
+            tile_set = 1;
+        } else if ((r = cli_take_value(argc, argv, &i, "--kv-scale", &v)) != 0) {
+            if (r < 0) return CLI_EXIT_USAGE;
+            char *end = NULL;
+            const double x = strtod(v, &end);
+            if (end == v || *end || !(x > 0.0) || !isfinite((float)x))
+                return cli_usage_error("bench", "--kv-scale '%s': expected a positive finite number", v);
+            co.kv_scale = (float)x;
+            kv_scale_set = 1;
         } else {
             return cli_usage_error("bench", "unknown option '%s' (see mlafuse bench --help)", argv[i]);
         }
     }
     if (preset && config)
         return cli_usage_error("bench", "--preset and --config are exclusive (pick one model source)");
+    if (co.fmt == MLAF_KV_FP8_DS_MLA && dt != MLAF_BF16 && want_op[MLAF_OP_MLA_KV_CACHE])
+        return cli_usage_error("bench", "--cache fp8_ds_mla needs --dtype bf16 (its rope values are bf16; got %s)",
+                               mlaf_dtype_name(dt));
+    if (co.show && !want_op[MLAF_OP_MLA_KV_CACHE])
+        fprintf(stderr, "mlafuse bench: note: --cache applies to --op mla_kv_cache only; ignored\n");
+    if (tile_set && co.fmt != MLAF_KV_FP8_DS_MLA)
+        fprintf(stderr, "mlafuse bench: note: --tile-scale applies to --cache fp8_ds_mla only; ignored\n");
+    if (kv_scale_set && co.fmt != MLAF_KV_FP8)
+        fprintf(stderr, "mlafuse bench: note: --kv-scale applies to --cache fp8 only; ignored\n");
 
     if (!backend_set) be = mlaf_backend_available(MLAF_BACKEND_CUDA) ? MLAF_BACKEND_CUDA : MLAF_BACKEND_CPU;
     if (be == MLAF_BACKEND_CUDA && !mlaf_backend_available(MLAF_BACKEND_CUDA)) {
@@ -998,6 +1152,14 @@ int cmd_bench(int argc, char **argv) {
         printf("# copy reference: %.1f GB/s (%s, %.0f MB read + written)\n", copy_gbps,
                be == MLAF_BACKEND_CUDA ? "cudaMemcpyAsync device to device" : "memcpy, all threads",
                copy_bytes / 1e6);
+        if (co.show && co.fmt == MLAF_KV_FP8)
+            printf("# cache: fp8 (per-tensor e4m3 bytes, C + R per token: e4m3(x / scale), scale %g in %s memory)\n",
+                   co.kv_scale, mlaf_backend_name(be));
+        else if (co.show && co.fmt == MLAF_KV_FP8_DS_MLA)
+            printf("# cache: fp8_ds_mla (per token C e4m3 bytes + C/128 f32 tile scales (%s) + R bf16 rope values)\n",
+                   tile_scale_names[co.tile_scale]);
+        else if (co.show)
+            printf("# cache: plain (%s, C + R values per token)\n", mlaf_dtype_name(dt));
         printf("# reproduce: mlafuse bench --backend %s --dtype %s --reps %lld", mlaf_backend_name(be),
                mlaf_dtype_name(dt), reps);
         if (config) printf(" --config %s", config);
@@ -1005,6 +1167,10 @@ int cmd_bench(int argc, char **argv) {
         if (be == MLAF_BACKEND_CPU) printf(" --threads %lld", threads);
         if (graph) printf(" --graph");
         if (cache_order != CO_SHUFFLED) printf(" --cache-order %s", cache_order_names[cache_order]);
+        if (co.show) printf(" --cache %s", mlaf_kv_format_name(co.fmt));
+        if (co.show && co.fmt == MLAF_KV_FP8_DS_MLA && co.tile_scale != MLAF_TILE_AMAX)
+            printf(" --tile-scale %s", tile_scale_names[co.tile_scale]);
+        if (co.show && co.fmt == MLAF_KV_FP8 && co.kv_scale != 1.0) printf(" --kv-scale %g", co.kv_scale);
         printf(" --tokens ");
         for (int t = 0; t < ntok; t++) printf("%s%lld", t ? "," : "", (long long)tokens[t]);
         int nops = 0;
@@ -1013,7 +1179,7 @@ int cmd_bench(int argc, char **argv) {
             for (int o = 0; o < MLAF_OP_COUNT_; o++)
                 if (want_op[o]) printf(" --op %s", mlaf_op_name((mlaf_op)o));
         printf("\n");
-        print_header();
+        print_header(co.show);
     }
 
     int cap_rows = MLAF_OP_COUNT_ * ntok * nmodels;
@@ -1033,6 +1199,7 @@ int cmd_bench(int argc, char **argv) {
                 r->op = (mlaf_op)oi;
                 snprintf(r->model, sizeof r->model, "%.63s", models[m].name);
                 r->T = tokens[ti];
+                if (co.show && r->op == MLAF_OP_MLA_KV_CACHE) r->cache = mlaf_kv_format_name(co.fmt);
                 r->gbps = r->pct = r->speedup = r->pct_scopy = r->pct_kcopy = NAN;
                 snprintf(r->check, sizeof r->check, "-");
                 int graph_calls = 0;
@@ -1045,13 +1212,13 @@ int cmd_bench(int argc, char **argv) {
                     snprintf(r->check, sizeof r->check, "skipped");
                     snprintf(r->error, sizeof r->error, "%s is not supported by the %s backend",
                              mlaf_op_name(r->op), mlaf_backend_name(be));
-                    if (!json) print_row(r);
+                    if (!json) print_row(r, co.show);
                     continue;
                 }
                 if (r->op == MLAF_OP_ROPE_Q && models[m].qk_rope_head_dim <= 0) {
                     snprintf(r->check, sizeof r->check, "skipped");
                     snprintf(r->error, sizeof r->error, "qk_rope_head_dim = 0: nothing to rotate");
-                    if (!json) print_row(r);
+                    if (!json) print_row(r, co.show);
                     continue;
                 }
                 bench_op o;
@@ -1064,12 +1231,15 @@ int cmd_bench(int argc, char **argv) {
                 o.T = r->T;
                 o.threads = (int)(threads > 0 ? threads : 1);
                 o.cache_order = cache_order;
+                o.kv_fmt = r->op == MLAF_OP_MLA_KV_CACHE ? co.fmt : MLAF_KV_PLAIN;
+                o.tile_scale = co.tile_scale;
+                o.kv_scale = (float)co.kv_scale;
                 err[0] = '\0';
                 if (setup(&o, llc, err, sizeof err)) {
                     snprintf(r->error, sizeof r->error, "setup: %s", err);
                     any_error = 1;
                     op_free(&o);
-                    if (!json) print_row(r);
+                    if (!json) print_row(r, co.show);
                     continue;
                 }
                 r->bytes = o.bytes;
@@ -1137,10 +1307,10 @@ int cmd_bench(int argc, char **argv) {
                     if (r->have_kcopy) r->pct_kcopy = 100.0 * r->kcopy.median_us / r->fused.median_us;
                 }
                 op_free(&o);
-                if (!json) print_row(r);
+                if (!json) print_row(r, co.show);
             }
         }
-    if (json) print_json(mlaf_backend_name(be), device, (int)threads, model_list, dt, cache_order, copy_gbps,
+    if (json) print_json(mlaf_backend_name(be), device, (int)threads, model_list, dt, cache_order, &co, copy_gbps,
                          copy_bytes, rows, nrows);
     free(rows);
 #ifdef MLAF_WITH_CUDA
