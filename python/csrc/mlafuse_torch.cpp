@@ -30,6 +30,7 @@
 #include <dlfcn.h>
 
 #include <atomic>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <mutex>
@@ -57,7 +58,7 @@ struct Api {
     decltype(&mlaf_context_set_cuda_stream) context_set_cuda_stream;
     decltype(&mlaf_context_last_error) context_last_error;
     decltype(&mlaf_split_qk_norm) split_qk_norm;
-    decltype(&mlaf_mla_kv_cache) mla_kv_cache;
+    decltype(&mlaf_mla_kv_cache_fmt) mla_kv_cache_fmt;
     decltype(&mlaf_rope_q) rope_q;
     decltype(&mlaf_moe_gate) moe_gate;
 };
@@ -164,6 +165,8 @@ const char *torch_dtype_name(c10::ScalarType s) {
     case c10::ScalarType::Char: return "torch.int8";
     case c10::ScalarType::Byte: return "torch.uint8";
     case c10::ScalarType::Bool: return "torch.bool";
+    case c10::ScalarType::Float8_e4m3fn: return "torch.float8_e4m3fn";
+    case c10::ScalarType::Float8_e5m2: return "torch.float8_e5m2";
     default: return c10::toString(s);
     }
 }
@@ -175,9 +178,12 @@ inline mlaf_dtype dtype_of(const at::Tensor &t, const char *name) {
     case c10::ScalarType::BFloat16: return MLAF_BF16;
     case c10::ScalarType::Int: return MLAF_I32;
     case c10::ScalarType::Long: return MLAF_I64;
+    case c10::ScalarType::Byte: return MLAF_U8;
+    case c10::ScalarType::Float8_e4m3fn: return MLAF_FP8_E4M3;
     default:
         fail(MLAF_ERR_DTYPE, std::string(name) + ".dtype = " + torch_dtype_name(t.scalar_type()) +
-                                 ", expected float32, float16, bfloat16, int32 or int64");
+                                 ", expected float32, float16, bfloat16, int32, int64, uint8 or "
+                                 "float8_e4m3fn");
     }
 }
 
@@ -307,13 +313,35 @@ void split_qk_norm_inplace(const at::Tensor &latent, const std::optional<at::Ten
 }
 
 // ---- mla_kv_cache ------------------------------------------------------------------------
+// The cache-format arguments (SPEC §9) come last with the plain call's defaults: cache_format
+// an mlaf_kv_format, scale [1] f32 (fp8; the kernel reads it, on CUDA from the device),
+// fp8_conv an mlaf_fp8_conv, amax_out [1] f32 (fp8, optional), tile_scale an mlaf_tile_scale
+// (fp8_ds_mla), kpe_cache the separate rope array (plain and fp8). The library checks them all.
+struct KvFormat {
+    int64_t format = MLAF_KV_PLAIN;
+    std::optional<at::Tensor> scale;
+    int64_t conv = MLAF_FP8_DIV;
+    std::optional<at::Tensor> amax_out;
+    int64_t tile_scale = MLAF_TILE_AMAX;
+    std::optional<at::Tensor> kpe;
+};
+
+// An enum argument as the int the library takes; a value outside int32 is refused here (it
+// would wrap into a valid one), others reach the library, which names a bad one.
+int enum_arg(int64_t v, const char *name) {
+    if (v < INT32_MIN || v > INT32_MAX)
+        fail(MLAF_ERR_INVALID_ARGUMENT, std::string(name) + " = " + std::to_string(v) +
+                                            ", expected a small non-negative number");
+    return (int)v;
+}
+
 void kv_out_impl(const at::Tensor &latent, const std::optional<at::Tensor> &w_q,
                  const at::Tensor &w_kv, const std::optional<at::Tensor> &positions,
                  const std::optional<at::Tensor> &cos_sin, const at::Tensor &slot_mapping,
                  const at::Tensor &kv_cache, const std::optional<at::Tensor> &error_count,
                  const std::optional<at::Tensor> &q, const std::optional<at::Tensor> &k_nope,
                  const std::optional<at::Tensor> &k_pe, int64_t Q, int64_t C, int64_t R,
-                 double eps_q, double eps_kv, int64_t style) {
+                 double eps_q, double eps_kv, int64_t style, const KvFormat &f) {
     need_api();
     const c10::Device d = latent.device();
     mlaf_context *ctx = context_for(d);
@@ -321,11 +349,34 @@ void kv_out_impl(const at::Tensor &latent, const std::optional<at::Tensor> &w_q,
         vpos(positions, "positions", d, false), vcs(cos_sin, "cos_sin", d, false),
         vslot(slot_mapping, "slot_mapping", d, false), vcache(kv_cache, "kv_cache", d, true),
         vq(q, "q", d, true), vk(k_nope, "k_nope", d, true), vp(k_pe, "k_pe", d, true),
-        verr(error_count, "error_count", d, true);
+        verr(error_count, "error_count", d, true), vscale(f.scale, "scale", d, false),
+        vamax(f.amax_out, "amax_out", d, true), vkpe(f.kpe, "kpe_cache", d, true);
     const mlaf_mla_kv_cache_params p = {(int32_t)Q,    (int32_t)C,      (int32_t)R,
                                         (float)eps_q,  (float)eps_kv,   (mlaf_rope_style)style};
-    check(ctx, api.mla_kv_cache(ctx, &p, vl.p, vwq.p, vwkv.p, vpos.p, vcs.p, vslot.p, vcache.p,
-                                vq.p, vk.p, vp.p, verr.p));
+    mlaf_kv_cache_desc desc;
+    std::memset(&desc, 0, sizeof desc);
+    desc.format = (mlaf_kv_format)enum_arg(f.format, "cache_format");
+    desc.cache = vcache.p;
+    desc.kpe = vkpe.p;
+    desc.scale = vscale.p;
+    desc.amax_out = vamax.p;
+    desc.conv = (mlaf_fp8_conv)enum_arg(f.conv, "fp8_conv");
+    desc.tile_scale = (mlaf_tile_scale)enum_arg(f.tile_scale, "tile_scale");
+    check(ctx, api.mla_kv_cache_fmt(ctx, &p, vl.p, vwq.p, vwkv.p, vpos.p, vcs.p, vslot.p, &desc,
+                                    vq.p, vk.p, vp.p, verr.p));
+}
+
+KvFormat kv_format(int64_t cache_format, const std::optional<at::Tensor> &scale, int64_t fp8_conv,
+                   const std::optional<at::Tensor> &amax_out, int64_t tile_scale,
+                   const std::optional<at::Tensor> &kpe_cache) {
+    KvFormat f;
+    f.format = cache_format;
+    f.scale = scale;
+    f.conv = fp8_conv;
+    f.amax_out = amax_out;
+    f.tile_scale = tile_scale;
+    f.kpe = kpe_cache;
+    return f;
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> mla_kv_cache(
@@ -333,7 +384,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> mla_kv_cache(
     const std::optional<at::Tensor> &positions, const std::optional<at::Tensor> &cos_sin,
     const at::Tensor &slot_mapping, const at::Tensor &kv_cache,
     const std::optional<at::Tensor> &error_count, int64_t Q, int64_t C, int64_t R,
-    double eps_q, double eps_kv, int64_t style, bool return_k_nope, bool return_k_pe) {
+    double eps_q, double eps_kv, int64_t style, bool return_k_nope, bool return_k_pe,
+    int64_t cache_format, const std::optional<at::Tensor> &scale, int64_t fp8_conv,
+    const std::optional<at::Tensor> &amax_out, int64_t tile_scale,
+    const std::optional<at::Tensor> &kpe_cache) {
     const int64_t T = rows_of(latent);
     at::Tensor q = alloc(latent, T, nonneg(Q)), k = alloc(latent, T, return_k_nope ? nonneg(C) : 0),
                pe = alloc(latent, T, return_k_pe ? nonneg(R) : 0);
@@ -341,7 +395,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> mla_kv_cache(
                 Q > 0 ? std::optional<at::Tensor>(q) : std::nullopt,
                 return_k_nope ? std::optional<at::Tensor>(k) : std::nullopt,
                 return_k_pe ? std::optional<at::Tensor>(pe) : std::nullopt, Q, C, R, eps_q,
-                eps_kv, style);
+                eps_kv, style, kv_format(cache_format, scale, fp8_conv, amax_out, tile_scale, kpe_cache));
     return {q, k, pe};
 }
 
@@ -351,9 +405,13 @@ void mla_kv_cache_out(const at::Tensor &latent, const std::optional<at::Tensor> 
                       const at::Tensor &kv_cache, const std::optional<at::Tensor> &error_count,
                       const std::optional<at::Tensor> &q, const std::optional<at::Tensor> &k_nope,
                       const std::optional<at::Tensor> &k_pe, int64_t Q, int64_t C, int64_t R,
-                      double eps_q, double eps_kv, int64_t style) {
+                      double eps_q, double eps_kv, int64_t style, int64_t cache_format,
+                      const std::optional<at::Tensor> &scale, int64_t fp8_conv,
+                      const std::optional<at::Tensor> &amax_out, int64_t tile_scale,
+                      const std::optional<at::Tensor> &kpe_cache) {
     kv_out_impl(latent, w_q, w_kv, positions, cos_sin, slot_mapping, kv_cache, error_count, q,
-                k_nope, k_pe, Q, C, R, eps_q, eps_kv, style);
+                k_nope, k_pe, Q, C, R, eps_q, eps_kv, style,
+                kv_format(cache_format, scale, fp8_conv, amax_out, tile_scale, kpe_cache));
 }
 
 // ---- rope_q ------------------------------------------------------------------------------
@@ -425,6 +483,9 @@ void moe_gate_out(const at::Tensor &logits, const std::optional<at::Tensor> &bia
     "Tensor latent, Tensor? w_q, Tensor w_kv, Tensor? positions, Tensor? cos_sin, "         \
     "Tensor slot_mapping, Tensor(a!) kv_cache, Tensor(b!)? error_count"
 #define KV_P "int q_lora_rank, int kv_lora_rank, int rope_dim, float eps_q, float eps_kv, int style"
+#define KV_FMT(amax, kpe)                                                                    \
+    "int cache_format=0, Tensor? scale=None, int fp8_conv=0, Tensor(" amax "!)? "            \
+    "amax_out=None, int tile_scale=0, Tensor(" kpe "!)? kpe_cache=None"
 #define GATE_P                                                                               \
     "int top_k, int n_group, int topk_group, int score_func, int group_score, "              \
     "bool renormalize, float routed_scaling_factor, bool apply_routed_scaling, "             \
@@ -442,9 +503,9 @@ TORCH_LIBRARY(mlafuse, m) {
     m.def("split_qk_norm_inplace(Tensor(a!) latent, Tensor? w_q, Tensor w_kv, "
           "int q_lora_rank, int kv_lora_rank, int rope_dim, float eps_q, float eps_kv) -> ()");
     m.def("mla_kv_cache(" KV_IN ", " KV_P ", bool return_k_nope=False, "
-          "bool return_k_pe=False) -> (Tensor, Tensor, Tensor)");
+          "bool return_k_pe=False, " KV_FMT("c", "d") ") -> (Tensor, Tensor, Tensor)");
     m.def("mla_kv_cache_out(" KV_IN ", Tensor(c!)? q, Tensor(d!)? k_nope, Tensor(e!)? k_pe, " KV_P
-          ") -> ()");
+          ", " KV_FMT("f", "g") ") -> ()");
     m.def("rope_q(Tensor(a!) q, Tensor positions, Tensor cos_sin, int rope_dim, int style, "
           "Tensor(b!)? error_count=None) -> ()");
     m.def("moe_gate(Tensor logits, Tensor? bias, " GATE_P ", bool return_scores=False, "
@@ -496,7 +557,7 @@ MLAFUSE_TORCH_EXPORT int mlafuse_torch_init(const char *path, char *err, size_t 
     MLAF_SYM(context_set_cuda_stream, mlaf_context_set_cuda_stream)
     MLAF_SYM(context_last_error, mlaf_context_last_error)
     MLAF_SYM(split_qk_norm, mlaf_split_qk_norm)
-    MLAF_SYM(mla_kv_cache, mlaf_mla_kv_cache)
+    MLAF_SYM(mla_kv_cache_fmt, mlaf_mla_kv_cache_fmt)
     MLAF_SYM(rope_q, mlaf_rope_q)
     MLAF_SYM(moe_gate, mlaf_moe_gate)
 #undef MLAF_SYM

@@ -122,12 +122,14 @@ def _numpy():
 
         _np = numpy
         _NP_DT.update({numpy.dtype(numpy.float32): L.F32, numpy.dtype(numpy.float16): L.F16,
-                       numpy.dtype(numpy.int32): L.I32, numpy.dtype(numpy.int64): L.I64})
-        try:  # numpy has no bfloat16; ml_dtypes supplies one when installed
+                       numpy.dtype(numpy.int32): L.I32, numpy.dtype(numpy.int64): L.I64,
+                       numpy.dtype(numpy.uint8): L.U8})
+        try:  # numpy has no bfloat16 or fp8; ml_dtypes supplies them when installed
             import ml_dtypes
 
             _NP_DT[numpy.dtype(ml_dtypes.bfloat16)] = L.BF16
-        except ImportError:
+            _NP_DT[numpy.dtype(ml_dtypes.float8_e4m3fn)] = L.FP8_E4M3
+        except (ImportError, AttributeError):
             pass
     return _np
 
@@ -148,7 +150,8 @@ def view_numpy(a, name: str, writable: bool = False):
     code = _NP_DT.get(a.dtype)
     if code is None:
         raise MlafError(L.ERR_DTYPE, f"{name}.dtype = {a.dtype}, expected float32, float16, "
-                                     "bfloat16 (ml_dtypes), int32 or int64 in native byte order")
+                                     "bfloat16 (ml_dtypes), int32 or int64 in native byte "
+                                     "order, or uint8 / float8_e4m3fn (ml_dtypes; fp8 caches)")
     if writable and not a.flags.writeable:
         raise ValueError(f"{name} is read-only; it is an output of this call")
     item = a.itemsize
@@ -174,13 +177,35 @@ def run_split_qk_norm(ctx, Q, C, R, eps_q, eps_kv, latent, w_q, w_kv, q, k_nope,
                                    byref(w_kv), byref(q), byref(k_nope), byref(k_pe)))
 
 
+def _enum_arg(v, name: str) -> int:
+    """An enum argument as the int the library takes; a value outside int32 is refused here
+    (ctypes would wrap it into a valid one), others reach the library, which names a bad one."""
+    v = int(v)
+    if not -2 ** 31 <= v < 2 ** 31:
+        raise MlafError(L.ERR_INVALID_ARGUMENT, f"{name} = {v}, expected a small non-negative number")
+    return v
+
+
 def run_mla_kv_cache(ctx, Q, C, R, eps_q, eps_kv, style, latent, w_q, w_kv, positions,
-                     cos_sin, slot_mapping, kv_cache, q, k_nope, k_pe, error_count):
+                     cos_sin, slot_mapping, kv_cache, q, k_nope, k_pe, error_count,
+                     cache_format=L.KV_PLAIN, scale=None, fp8_conv=L.FP8_DIV, amax_out=None,
+                     tile_scale=L.TILE_AMAX, kpe_cache=None):
+    """mlaf_mla_kv_cache_fmt with the cache described by its parts (format PLAIN, no kpe:
+    exactly mlaf_mla_kv_cache)."""
     p = L.MlaKvCacheParams(int(Q), int(C), int(R), float(eps_q), float(eps_kv), int(style))
-    ctx.check(L.mlaf_mla_kv_cache(ctx.ptr, ctypes.byref(p), byref(latent), byref(w_q),
-                                  byref(w_kv), byref(positions), byref(cos_sin),
-                                  byref(slot_mapping), byref(kv_cache), byref(q),
-                                  byref(k_nope), byref(k_pe), byref(error_count)))
+    d = L.KvCacheDesc()
+    d.format = _enum_arg(cache_format, "cache_format")
+    d.conv = _enum_arg(fp8_conv, "fp8_conv")
+    d.tile_scale = _enum_arg(tile_scale, "tile_scale")
+    # ctypes.pointer keeps each view alive as long as the description
+    for field, v in (("cache", kv_cache), ("kpe", kpe_cache), ("scale", scale),
+                     ("amax_out", amax_out)):
+        if v is not None:
+            setattr(d, field, ctypes.pointer(v))
+    ctx.check(L.mlaf_mla_kv_cache_fmt(ctx.ptr, ctypes.byref(p), byref(latent), byref(w_q),
+                                      byref(w_kv), byref(positions), byref(cos_sin),
+                                      byref(slot_mapping), ctypes.byref(d), byref(q),
+                                      byref(k_nope), byref(k_pe), byref(error_count)))
 
 
 def run_rope_q(ctx, R, style, q, positions, cos_sin, error_count):

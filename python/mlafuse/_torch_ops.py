@@ -20,14 +20,18 @@ capture-safe. Their schemas are the same strings (SCHEMAS; a test compares them)
 compiled graphs do not depend on which one is loaded.
 
 Ops (all arguments of the C ops; int enums: style 0 interleaved / 1 neox, score_func 0
-sigmoid / 1 softmax, group_score 0 top-2 sum / 1 max):
+sigmoid / 1 softmax, group_score 0 top-2 sum / 1 max, and mla_kv_cache's cache_format 0 plain /
+1 fp8 / 2 fp8_ds_mla, fp8_conv 0 divide / 1 multiply, tile_scale 0 amax / 1 ue8m0 / 2
+ue8m0_floor_scaled):
   split_qk_norm          -> (q [T,Q], k_nope [T,C], k_pe [T,R] or [T,0])   functional
   split_qk_norm_out      writes q, k_nope, k_pe                            mutates outputs
   split_qk_norm_inplace  latent row -> [q_norm | k_nope_norm | k_pe]       mutates latent
   mla_kv_cache           -> (q, k_nope or [T,0], k_pe or [T,0])            mutates kv_cache,
-                                                                           error_count
+                                                                           error_count, amax_out,
+                                                                           kpe_cache
   mla_kv_cache_out       writes q, k_nope, k_pe                            mutates kv_cache,
-                                                                           error_count, outputs
+                                                                           error_count, amax_out,
+                                                                           kpe_cache, outputs
   rope_q                 rotates q                                         mutates q, error_count
   moe_gate               -> (weights, ids, scores or [T,0])                functional
   moe_gate_out           writes weights, ids, scores                       mutates outputs
@@ -52,7 +56,8 @@ from . import _lib as L
 from ._lib import MlafError
 
 _DT = {torch.float32: L.F32, torch.float16: L.F16, torch.bfloat16: L.BF16,
-       torch.int32: L.I32, torch.int64: L.I64}
+       torch.int32: L.I32, torch.int64: L.I64, torch.uint8: L.U8,
+       torch.float8_e4m3fn: L.FP8_E4M3}
 
 
 def _view(t, name, device):
@@ -65,7 +70,7 @@ def _view(t, name, device):
     code = _DT.get(t.dtype)
     if code is None:
         raise MlafError(L.ERR_DTYPE, f"{name}.dtype = {t.dtype}, expected float32, float16, "
-                                     "bfloat16, int32 or int64")
+                                     "bfloat16, int32, int64, uint8 or float8_e4m3fn")
     return _core._view(name, t.data_ptr(), code, t.shape, t.stride())
 
 
@@ -166,15 +171,23 @@ _register("split_qk_norm_inplace(Tensor(a!) latent, Tensor? w_q, Tensor w_kv, "
 
 
 # ---- mla_kv_cache --------------------------------------------------------------------------
+# The cache-format arguments (SPEC §9) come last, with defaults that make the plain call:
+# cache_format 0 plain / 1 fp8 / 2 fp8_ds_mla; scale [1] f32 (fp8; read on the device by the
+# kernel); fp8_conv 0 x / scale, 1 x * scale; amax_out [1] f32 (fp8, optional, max-accumulated);
+# tile_scale 0 amax / 1 ue8m0 / 2 ue8m0_floor_scaled (fp8_ds_mla); kpe_cache the separate rope
+# array (plain and fp8).
 def _kv_out(latent, w_q, w_kv, positions, cos_sin, slot_mapping, kv_cache, error_count, q,
-            k_nope, k_pe, Q, C, R, eps_q, eps_kv, style):
+            k_nope, k_pe, Q, C, R, eps_q, eps_kv, style, cache_format=0, scale=None, fp8_conv=0,
+            amax_out=None, tile_scale=0, kpe_cache=None):
     d = latent.device
     _core.run_mla_kv_cache(
         _context(d), Q, C, R, eps_q, eps_kv, style, _view(latent, "latent", d),
         _view(w_q, "w_q", d), _view(w_kv, "w_kv", d), _view(positions, "positions", d),
         _view(cos_sin, "cos_sin", d), _view(slot_mapping, "slot_mapping", d),
         _view(kv_cache, "kv_cache", d), _view(q, "q", d), _view(k_nope, "k_nope", d),
-        _view(k_pe, "k_pe", d), _view(error_count, "error_count", d))
+        _view(k_pe, "k_pe", d), _view(error_count, "error_count", d), cache_format,
+        _view(scale, "scale", d), fp8_conv, _view(amax_out, "amax_out", d), tile_scale,
+        _view(kpe_cache, "kpe_cache", d))
 
 
 def _kv_alloc(latent, Q, C, R, return_k_nope, return_k_pe):
@@ -185,26 +198,37 @@ def _kv_alloc(latent, Q, C, R, return_k_nope, return_k_pe):
 
 
 def _kv_impl(latent, w_q, w_kv, positions, cos_sin, slot_mapping, kv_cache, error_count, Q, C,
-             R, eps_q, eps_kv, style, return_k_nope=False, return_k_pe=False):
+             R, eps_q, eps_kv, style, return_k_nope=False, return_k_pe=False, cache_format=0,
+             scale=None, fp8_conv=0, amax_out=None, tile_scale=0, kpe_cache=None):
     q, k_nope, k_pe = _kv_alloc(latent, Q, C, R, return_k_nope, return_k_pe)
     _kv_out(latent, w_q, w_kv, positions, cos_sin, slot_mapping, kv_cache, error_count,
             q if Q > 0 else None, k_nope if return_k_nope else None,
-            k_pe if return_k_pe else None, Q, C, R, eps_q, eps_kv, style)
+            k_pe if return_k_pe else None, Q, C, R, eps_q, eps_kv, style, cache_format, scale,
+            fp8_conv, amax_out, tile_scale, kpe_cache)
     return q, k_nope, k_pe
 
 
 def _kv_fake(latent, w_q, w_kv, positions, cos_sin, slot_mapping, kv_cache, error_count, Q, C,
-             R, eps_q, eps_kv, style, return_k_nope=False, return_k_pe=False):
+             R, eps_q, eps_kv, style, return_k_nope=False, return_k_pe=False, cache_format=0,
+             scale=None, fp8_conv=0, amax_out=None, tile_scale=0, kpe_cache=None):
     return _kv_alloc(latent, Q, C, R, return_k_nope, return_k_pe)
 
 
 _KV_IN = ("Tensor latent, Tensor? w_q, Tensor w_kv, Tensor? positions, Tensor? cos_sin, "
           "Tensor slot_mapping, Tensor(a!) kv_cache, Tensor(b!)? error_count")
 _KV_P = "int q_lora_rank, int kv_lora_rank, int rope_dim, float eps_q, float eps_kv, int style"
+
+
+def _kv_fmt(amax, kpe):
+    return (f"int cache_format=0, Tensor? scale=None, int fp8_conv=0, Tensor({amax}!)? "
+            f"amax_out=None, int tile_scale=0, Tensor({kpe}!)? kpe_cache=None")
+
+
 _register(f"mla_kv_cache({_KV_IN}, {_KV_P}, bool return_k_nope=False, "
-          "bool return_k_pe=False) -> (Tensor, Tensor, Tensor)", _kv_impl, _kv_fake)
+          f"bool return_k_pe=False, {_kv_fmt('c', 'd')}) -> (Tensor, Tensor, Tensor)",
+          _kv_impl, _kv_fake)
 _register(f"mla_kv_cache_out({_KV_IN}, Tensor(c!)? q, Tensor(d!)? k_nope, Tensor(e!)? k_pe, "
-          f"{_KV_P}) -> ()", _kv_out, _nothing)
+          f"{_KV_P}, {_kv_fmt('f', 'g')}) -> ()", _kv_out, _nothing)
 
 
 # ---- rope_q --------------------------------------------------------------------------------
