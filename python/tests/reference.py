@@ -137,3 +137,94 @@ def assert_gate_ids(ids, c, ref_ids, top_k, E, rel=1e-6):
     close = np.abs(got_c - ref_c) <= rel * np.maximum(np.abs(ref_c), 1e-30)
     bad = ~(same | close)
     assert not bad.any(), f"ids differ at {np.argwhere(bad)[:5].tolist()}"
+
+
+# ---- fp8 cache formats (SPEC §9), from the formats' definitions ---------------------------
+def _e4m3_table():
+    """The non-negative finite e4m3 values by code 0x00..0x7E: bias 7, 3 mantissa bits,
+    subnormals m * 2^-9 (0x7F is NaN)."""
+    v = []
+    for code in range(0x7F):
+        e, m = code >> 3, code & 7
+        v.append(m * 2.0 ** -9 if e == 0 else (1 + m / 8) * 2.0 ** (e - 7))
+    return np.array(v)
+
+
+E4M3_VALUES = _e4m3_table()
+FLT_MIN = np.float32(2.0 ** -126)
+
+
+def e4m3(y):
+    """f32 values -> e4m3 bytes as SPEC §9 converts: the nearest value, ties to the even code,
+    magnitudes past 448 (and infinities) to +-448, NaN of either sign to 0x7F, the sign kept
+    on zero."""
+    y = np.asarray(y, np.float32)
+    a = np.abs(y.astype(np.float64))
+    nan = np.isnan(a)
+    a = np.where(nan, 0.0, np.minimum(a, 448.0))
+    hi = np.minimum(np.searchsorted(E4M3_VALUES, a, side="left"), 0x7E)  # first value >= a
+    lo = np.maximum(hi - 1, 0)
+    d_lo, d_hi = a - E4M3_VALUES[lo], E4M3_VALUES[hi] - a
+    code = np.where((d_hi < d_lo) | ((d_hi == d_lo) & (hi % 2 == 0)), hi, lo)
+    out = code.astype(np.uint8) | (np.signbit(y).astype(np.uint8) << 7)
+    return np.where(nan, np.uint8(0x7F), out).astype(np.uint8)
+
+
+def e4m3_decode(b):
+    """e4m3 bytes -> float64 (0x7F / 0xFF: NaN)."""
+    b = np.asarray(b, np.uint8)
+    mag = np.append(E4M3_VALUES, np.nan)[b & 0x7F]
+    return np.where(b & 0x80, -mag, mag)
+
+
+def ceil_log2(v):
+    """ceil(log2 v) of positive normal f32 values from their bits (SPEC §9); +inf gives 128."""
+    v = np.asarray(v, np.float32)
+    bits = v.view(np.uint32)
+    e = ((bits >> 23) & 0xFF).astype(np.int64) - 127 + ((bits & 0x7FFFFF) != 0)
+    return np.where(np.isinf(v), 128, e)
+
+
+def nan_amax(x, axis=-1):
+    """max |x| ignoring NaN; 0 where every value is NaN (or there are none)."""
+    a = np.abs(np.asarray(x, np.float32))
+    return np.where(np.isnan(a), np.float32(0), a).max(axis=axis, initial=np.float32(0))
+
+
+def tile_scale(amax, mode):
+    """fp8_ds_mla's f32 scale of a tile from its amax (SPEC §9), all arithmetic in f32."""
+    amax = np.asarray(amax, np.float32)
+    if mode == "amax":
+        return np.maximum(amax / np.float32(448), FLT_MIN)
+    if mode == "ue8m0":
+        e = ceil_log2(np.maximum(amax, np.float32(1e-4)) / np.float32(448))
+    elif mode == "ue8m0_floor_scaled":
+        e = ceil_log2(np.maximum(amax / np.float32(448), np.float32(1e-4)))
+    else:
+        raise ValueError(mode)
+    return np.where(e >= 128, np.float32(np.inf),
+                    np.ldexp(1.0, np.minimum(e, 127))).astype(np.float32)
+
+
+def fp8_record(row, scale, conv):
+    """The fp8 (per-tensor) bytes of dense rows [n, W] (f32 values): e4m3(x / scale) for
+    conv "div" (vLLM's k_scale), e4m3(x * scale) for "mul" (quant_scale)."""
+    row, s = np.asarray(row, np.float32), np.float32(scale)
+    with np.errstate(all="ignore"):
+        return e4m3(row / s if conv == "div" else row * s)
+
+
+def ds_mla_record(k_nope, k_pe_bf16_bits, mode):
+    """fp8_ds_mla records [n, C + C/32 + 2R] bytes of dense rows: k_nope [n, C] f32 values of
+    the bf16 row, k_pe_bf16_bits [n, R] the roped k_pe's bf16 bit patterns (uint16).
+    Bytes [0, C) e4m3(x / s_tile), [C, C + 4 C/128) the tile scales as little-endian f32, then
+    the R bf16 values."""
+    x = np.asarray(k_nope, np.float32)
+    n, C = x.shape
+    tiles = x.reshape(n, C // 128, 128)
+    with np.errstate(all="ignore"):
+        s = tile_scale(nan_amax(tiles), mode)                   # [n, C/128]
+        q = e4m3(tiles / s[:, :, None]).reshape(n, C)
+    scales = np.ascontiguousarray(s.astype("<f4")).view(np.uint8).reshape(n, -1)
+    pe = np.ascontiguousarray(np.asarray(k_pe_bf16_bits).astype("<u2")).view(np.uint8)
+    return np.concatenate([q, scales, pe.reshape(n, -1)], axis=1)
