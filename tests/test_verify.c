@@ -4,7 +4,8 @@
  * Every op's check runs its tokens on all threads and reports the first failing token. Here
  * each check gets a correct run with values altered afterwards (mlaf_verify_case.corrupt_from:
  * one token, then every 500th after it, so several chunks fail on different threads): the
- * check must fail, name the first altered token, and pass the same case unaltered. CPU backend
+ * check must fail, name the first altered token, and pass the same case unaltered (for the fp8
+ * cache formats the altered value is a byte of the token's cache record). CPU backend
  * only; the harness code is the same for every backend.
  */
 #include <stdio.h>
@@ -52,6 +53,19 @@ int main(void) {
            mlaf_verify_case_default(lite, MLAF_F32, 4099, 4), 777, "[t=%lld,");
     expect(ctx, "mla_kv_cache", mlaf_verify_mla_kv_cache,
            mlaf_verify_case_default(dsv3, MLAF_BF16, 4099, 5), 1234, "[t=%lld,");
+    {
+        /* the fp8 formats: a record byte altered; t = 1235 writes a cache row (a valid slot and
+         * position) */
+        mlaf_verify_case c = mlaf_verify_case_default(glm, MLAF_BF16, 4099, 8);
+        c.kv_format = MLAF_KV_FP8;
+        c.want_amax = 1;
+        expect(ctx, "mla_kv_cache,cache=fp8", mlaf_verify_mla_kv_cache, c, 1235, "[t=%lld,");
+        c = mlaf_verify_case_default(dsv3, MLAF_BF16, 4099, 9);
+        c.kv_format = MLAF_KV_FP8_DS_MLA;
+        c.tile_scale = MLAF_TILE_UE8M0;
+        c.block_size = 64;
+        expect(ctx, "mla_kv_cache,cache=fp8_ds_mla", mlaf_verify_mla_kv_cache, c, 1235, "[t=%lld,");
+    }
     {
         mlaf_verify_case c = mlaf_verify_case_default(glm, MLAF_F16, 1500, 6);
         c.strided = 1;

@@ -103,8 +103,22 @@ typedef struct mlaf_verify_case {
     /* mla_kv_cache / rope_q */
     mlaf_rope_style rope_style;
     int64_t block_size;        /* >= 1 */
-    mlaf_dtype cache_dtype;
+    mlaf_dtype cache_dtype;    /* plain: the cache's dtype; fp8 formats: U8 or FP8_E4M3 (any
+                                  other value: FP8_E4M3) */
     mlaf_dtype index_dtype;    /* positions and slot_mapping: I32 or I64 */
+    int64_t map_short;         /* mla_kv_cache: slot_mapping has max(T - map_short, 0) entries
+                                  (rows past its end take slot -1); 0: T entries */
+    /* mla_kv_cache cache format (SPEC §9); the zeroed default is plain */
+    mlaf_kv_format kv_format;
+    mlaf_fp8_conv fp8_conv;    /* fp8 */
+    float fp8_scale;           /* fp8: > 0 the scale itself; 0: fitted so that the largest |x|
+                                  of the rows written maps near 300 (DIV scale amax / 300, MUL
+                                  300 / amax); < 0: fitted so that it maps near -fp8_scale (e.g.
+                                  -4000: the top values saturate) */
+    int want_amax;             /* fp8: pass amax_out (starting at amax_init) and check it */
+    float amax_init;
+    int kpe_separate;          /* plain / fp8: the rope part in its own kpe array */
+    mlaf_tile_scale tile_scale; /* fp8_ds_mla */
     /* moe_gate */
     int moe_override;          /* 1: use `moe` and `experts` below instead of cfg's router */
     mlaf_moe_gate_params moe;
@@ -113,9 +127,9 @@ typedef struct mlaf_verify_case {
     int nonfinite;             /* moe_gate: put NaN / +-inf into some logits */
     int want_scores;           /* moe_gate: request the score matrix */
     /* The harness's own test: 1 + t of a token whose first output value (q, or k_nope without
-     * q; rope_q's first rotated value; moe_gate's first weight) is altered after the run, and
-     * every 500th token after it; 0 (the default) for none. The check must then fail and name
-     * that first token. */
+     * q; rope_q's first rotated value; moe_gate's first weight; with an fp8 cache format, byte 0
+     * of its cache record, when it writes one) is altered after the run, and every 500th token
+     * after it; 0 (the default) for none. The check must then fail and name that first token. */
     int64_t corrupt_from;
 } mlaf_verify_case;
 
@@ -143,6 +157,32 @@ mlaf_status mlaf_verify_moe_gate(mlaf_context *ctx, const mlaf_verify_case *c,
 /* Dispatch by op. */
 mlaf_status mlaf_verify_op(mlaf_context *ctx, mlaf_op op, const mlaf_verify_case *c,
                            mlaf_verify_result *r);
+
+/* ---- cache formats (SPEC §9): the reference encoder (ref_kv_format.c) --------------------- */
+typedef struct mlaf_kv_encoding {
+    mlaf_kv_format format;      /* FP8 or FP8_DS_MLA */
+    mlaf_fp8_conv conv;         /* FP8 */
+    float scale;                /* FP8: the scale's value */
+    mlaf_tile_scale tile_scale; /* FP8_DS_MLA */
+    int32_t C, R;
+} mlaf_kv_encoding;
+/* One token's record from its dense row as the op stored it: nope[C] = k_nope_norm, pe[R] = the
+ * roped k_pe, each value already in the latent dtype. Writes mlaf_kv_record_bytes(format, U8,
+ * C, R) bytes to rec (FP8: C + R e4m3 bytes, the rope part at [C, C + R) also when the cache
+ * keeps it in a separate array) and, for FP8_DS_MLA when tile_scales is not NULL, the C / 128
+ * tile scales. Returns the row's NaN-ignoring max |x| over nope and pe (what FP8's amax_out
+ * takes). */
+float mlaf_ref_kv_encode(const mlaf_kv_encoding *e, const float *nope, const float *pe,
+                         uint8_t *rec, float *tile_scales);
+/* A ds_mla tile's scale from its amax, by mode. */
+float mlaf_ref_tile_scale(mlaf_tile_scale mode, float amax);
+/* e4m3(x / scale) (DIV) or e4m3(x * scale) (MUL). */
+uint8_t mlaf_ref_fp8_quantize(float x, float scale, mlaf_fp8_conv conv);
+/* SPEC §9 (d) for one value: e4m3 byte b decoded (b * scale, or b / scale for MUL) is within
+ * half an e4m3 ulp of x, widened by the f32 rounding of x / scale (x * scale). 1 within, 0
+ * not, -1 not judged (x or its quantized value not finite, or saturated: |y| >= 464). *ratio:
+ * the error over the bound. */
+int mlaf_ref_fp8_decode_check(uint8_t b, float x, float scale, mlaf_fp8_conv conv, double *ratio);
 
 /* ---- the oracle (float64, plain loops) ------------------------------------------------- */
 /* Dense outputs: q [T,Q] (NULL when Q == 0), k_nope [T,C], k_pe [T,R] (may be NULL). */

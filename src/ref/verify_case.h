@@ -21,7 +21,9 @@
  * weight_dtype, T, strided (padded rows, odd element offsets, misaligned bases), in_place
  * (dense outputs are the latent's own columns), no_k_pe (1: omit the dense k_pe output; 2,
  * mla_kv_cache only: omit both dense k_nope and k_pe — the cache-only call), seed, rope_style,
- * block_size, cache_dtype, index_dtype.
+ * block_size, cache_dtype, index_dtype; mla_kv_cache also map_short and the cache format
+ * (kv_format, fp8_conv, fp8_scale, want_amax, amax_init, kpe_separate, tile_scale: how its
+ * records are judged is in verify_mla_kv_cache.c).
  */
 #ifndef MLAF_VERIFY_CASE_H
 #define MLAF_VERIFY_CASE_H
