@@ -12,6 +12,8 @@
  *   mla_kv_cache   {contiguous (block 16, i64 indices) | strided (flat block 1, i32 indices,
  *                  cache in another dtype) | in place (block 64)} x {interleaved, neox}
  *   rope_q         {contiguous (i64) | strided (i32)} x {interleaved, neox}
+ *   mla_kv_cache with --cache: the cache formats of SPEC §9 instead, each x block size
+ *                  {1, 16, 64} x {contiguous, strided} (below, kv_fmts and run_kv_formats)
  *   moe_gate       contiguous | strided with the score output | NaN / inf logits; with
  *                  --preset all also the router shapes engines get wrong (E = 160 softmax
  *                  group max, E = 384, E = 2048, 64 experts in one group, top_k 16 / 32,
@@ -38,7 +40,11 @@ static void help(void) {
         "  --sweep                  the row layouts of the family instead: q_lora_rank 0 .. 3072 x\n"
         "                           kv_lora_rank 512 x rope 0, 64, from the model given (default the first)\n"
         "  --dtype f32|f16|bf16|all activation dtype (default all)\n"
-        "  --tokens LIST            token counts, e.g. 0,1,7 (default 0,1,2,7,64,257,4096,65537)\n"
+        "  --tokens LIST            token counts, e.g. 0,1,7 (default 0,1,2,7,64,257,4096,65537;\n"
+        "                           with --cache, mla_kv_cache's default is 0,1,7,257,4099,65537)\n"
+        "  --cache LIST             mla_kv_cache's cache formats: plain, fp8, fp8_ds_mla or all\n"
+        "                           (comma-separated), each x block size 1, 16, 64 x contiguous,\n"
+        "                           strided; without it, the plain cache cases above\n"
         "  --seed N                 random seed of the inputs (default 1)\n"
         "\n"
         "Exit status: 0 all passed, 1 a case failed (or a requested backend is missing), 2 usage.\n");
@@ -213,6 +219,130 @@ static void run_op(mlaf_context *ctx, mlaf_op op, const mlaf_model_config *cfg, 
     }
 }
 
+/* --cache: the cache formats of SPEC §9. */
+enum { CACHE_PLAIN = 1, CACHE_FP8 = 2, CACHE_DS = 4, CACHE_ALL = 7 };
+
+typedef struct kv_fmt {
+    const char *label;
+    unsigned group;
+    mlaf_kv_format format;
+    mlaf_fp8_conv conv;
+    mlaf_tile_scale tile;
+    int kpe; /* the rope part in its own array */
+} kv_fmt;
+
+static const kv_fmt kv_fmts[] = {
+    {"plain", CACHE_PLAIN, MLAF_KV_PLAIN, MLAF_FP8_DIV, MLAF_TILE_AMAX, 0},
+    {"plain,kpe", CACHE_PLAIN, MLAF_KV_PLAIN, MLAF_FP8_DIV, MLAF_TILE_AMAX, 1},
+    {"fp8,div", CACHE_FP8, MLAF_KV_FP8, MLAF_FP8_DIV, MLAF_TILE_AMAX, 0},
+    {"fp8,mul", CACHE_FP8, MLAF_KV_FP8, MLAF_FP8_MUL, MLAF_TILE_AMAX, 0},
+    {"fp8,div,kpe", CACHE_FP8, MLAF_KV_FP8, MLAF_FP8_DIV, MLAF_TILE_AMAX, 1},
+    {"fp8,mul,kpe", CACHE_FP8, MLAF_KV_FP8, MLAF_FP8_MUL, MLAF_TILE_AMAX, 1},
+    {"fp8_ds_mla,amax", CACHE_DS, MLAF_KV_FP8_DS_MLA, MLAF_FP8_DIV, MLAF_TILE_AMAX, 0},
+    {"fp8_ds_mla,ue8m0", CACHE_DS, MLAF_KV_FP8_DS_MLA, MLAF_FP8_DIV, MLAF_TILE_UE8M0, 0},
+    {"fp8_ds_mla,ue8m0_floor_scaled", CACHE_DS, MLAF_KV_FP8_DS_MLA, MLAF_FP8_DIV, MLAF_TILE_UE8M0_FLOOR_SCALED, 0},
+};
+
+/* "plain,fp8" -> the groups' bits; -1 after a usage error. */
+static int parse_cache_set(const char *v) {
+    char buf[128];
+    snprintf(buf, sizeof buf, "%s", v);
+    unsigned mask = 0;
+    char *save = NULL;
+    for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        if (!strcasecmp(tok, "all"))
+            mask |= CACHE_ALL;
+        else if (!strcasecmp(tok, "plain"))
+            mask |= CACHE_PLAIN;
+        else if (!strcasecmp(tok, "fp8"))
+            mask |= CACHE_FP8;
+        else if (!strcasecmp(tok, "fp8_ds_mla"))
+            mask |= CACHE_DS;
+        else
+            return cli_usage_error("verify", "--cache: unknown format '%s' (plain, fp8, fp8_ds_mla or all)", tok),
+                   -1;
+    }
+    if (!mask) return cli_usage_error("verify", "--cache: no format given (plain, fp8, fp8_ds_mla or all)"), -1;
+    return (int)mask;
+}
+
+/* mla_kv_cache's cases for --cache, one model and dtype: every chosen format x T x block size
+ * {1, 16, 64} x {contiguous, strided}. The six layouts of a format also take turns at the
+ * other knobs: RoPE style, i32 / i64 indices, and per format
+ *   plain  a cache dtype other than the activations' (layouts 1, 3)
+ *   fp8    the scale fitted to map max |x| near 300, 1.0, or fitted near 4000 (the top values
+ *          saturate), by layout % 3; amax_out on even layouts (starting at 0.25); e4m3 / u8
+ *          cache dtype
+ *   fp8 and fp8_ds_mla  in place (layout 2), cache-only second call (4: no dense k_nope or
+ *          k_pe; 5: no dense k_pe), slot_mapping shorter than T (3: T / 3 rows without a slot)
+ * fp8_ds_mla needs a bf16 latent and kv_lora_rank % 128 == 0: one SKIP line otherwise. */
+static void run_kv_formats(mlaf_context *ctx, unsigned mask, const mlaf_model_config *cfg, mlaf_dtype dt,
+                           const int64_t *tokens, int ntok, uint64_t seed, counters *n) {
+    static const int64_t blocks[3] = {1, 16, 64};
+    for (size_t f = 0; f < sizeof kv_fmts / sizeof kv_fmts[0]; f++) {
+        const kv_fmt *k = &kv_fmts[f];
+        if (!(mask & k->group)) continue;
+        if (k->format == MLAF_KV_FP8_DS_MLA && (dt != MLAF_BF16 || cfg->kv_lora_rank % 128 != 0)) {
+            printf("SKIP: mla_kv_cache cache=%s for preset %s, dtype %s: fp8_ds_mla needs %s\n", k->label,
+                   cfg->name, mlaf_dtype_name(dt),
+                   dt != MLAF_BF16 ? "a bf16 latent (FlashMLA, its reader, pairs it with bf16)"
+                                   : "kv_lora_rank a multiple of 128 (one scale per 128 values)");
+            n->skipped++;
+            continue;
+        }
+        if (k->kpe && cfg->qk_rope_head_dim == 0) {
+            printf("SKIP: mla_kv_cache cache=%s for preset %s: qk_rope_head_dim = 0 (no rope part to keep apart)\n",
+                   k->label, cfg->name);
+            n->skipped++;
+            continue;
+        }
+        for (int t = 0; t < ntok; t++)
+            for (int li = 0; li < 6; li++) {
+                const int st = li % 2;
+                const int64_t bs = blocks[li / 2];
+                mlaf_verify_case c =
+                    mlaf_verify_case_default(cfg, dt, tokens[t], seed + 7919u * (uint64_t)(f * 6 + (size_t)li) + 131u * (uint64_t)t);
+                c.strided = st;
+                c.block_size = bs;
+                c.rope_style = (li / 2 + st) % 2 ? MLAF_ROPE_NEOX : MLAF_ROPE_INTERLEAVED;
+                c.index_dtype = st ? MLAF_I32 : MLAF_I64;
+                c.kv_format = k->format;
+                c.fp8_conv = k->conv;
+                c.tile_scale = k->tile;
+                c.kpe_separate = k->kpe;
+                char label[192], extra[96] = "";
+                size_t el = 0;
+                if (k->format == MLAF_KV_PLAIN) {
+                    if (li == 1 || li == 3) c.cache_dtype = other_dtype(dt);
+                    el += (size_t)snprintf(extra + el, sizeof extra - el, ",%s", mlaf_dtype_name(c.cache_dtype));
+                } else {
+                    if (k->format == MLAF_KV_FP8) {
+                        static const float scales[3] = {0.0f, 1.0f, -4000.0f};
+                        static const char *names[3] = {"fit300", "1", "fit4000"};
+                        c.fp8_scale = scales[li % 3];
+                        c.want_amax = li % 2 == 0;
+                        c.amax_init = 0.25f;
+                        el += (size_t)snprintf(extra + el, sizeof extra - el, ",scale=%s%s", names[li % 3],
+                                               c.want_amax ? ",amax_out" : "");
+                    }
+                    c.cache_dtype = li < 3 ? MLAF_FP8_E4M3 : MLAF_U8;
+                    el += (size_t)snprintf(extra + el, sizeof extra - el, ",%s", mlaf_dtype_name(c.cache_dtype));
+                    if (li == 2) c.in_place = 1;
+                    if (li == 4) c.no_k_pe = 2;
+                    if (li == 5) c.no_k_pe = 1;
+                    if (li == 3) c.map_short = tokens[t] / 3;
+                    el += (size_t)snprintf(extra + el, sizeof extra - el, "%s",
+                                           li == 2 ? ",in-place" : li == 4 ? ",cache-only" : li == 5 ? ",no-k_pe"
+                                                   : li == 3 ? ",slots=T-T/3" : "");
+                }
+                snprintf(label, sizeof label, "cache=%s%s,bs=%lld,%s,%s,%s", k->label, extra, (long long)bs,
+                         st ? "strided" : "contiguous", st ? "i32" : "i64",
+                         c.rope_style == MLAF_ROPE_NEOX ? "neox" : "interleaved");
+                run_case(ctx, MLAF_OP_MLA_KV_CACHE, cfg->name, &c, label, n);
+            }
+    }
+}
+
 int cmd_verify(int argc, char **argv) {
     int want_backend[MLAF_BACKEND_COUNT_] = {1, 1};
     int backend_explicit = 0;
@@ -221,7 +351,9 @@ int cmd_verify(int argc, char **argv) {
     mlaf_dtype dts[3] = {MLAF_F32, MLAF_F16, MLAF_BF16};
     int ndt = 3;
     int64_t tokens[CLI_MAX_LIST] = {0, 1, 2, 7, 64, 257, 4096, 65537};
-    int ntok = 8;
+    int ntok = 8, tokens_given = 0;
+    int64_t cache_tokens[6] = {0, 1, 7, 257, 4099, 65537};
+    int cache_mask = 0;
     long long seed = 1;
     int sweep = 0;
 
@@ -268,6 +400,9 @@ int cmd_verify(int argc, char **argv) {
             if (r < 0) return CLI_EXIT_USAGE;
             ntok = cli_parse_int_list("--tokens", v, 0, tokens, CLI_MAX_LIST);
             if (ntok < 0) return CLI_EXIT_USAGE;
+            tokens_given = 1;
+        } else if ((r = cli_take_value(argc, argv, &i, "--cache", &v)) != 0) {
+            if (r < 0 || (cache_mask = parse_cache_set(v)) < 0) return CLI_EXIT_USAGE;
         } else if ((r = cli_take_value(argc, argv, &i, "--seed", &v)) != 0) {
             if (r < 0) return CLI_EXIT_USAGE;
             if (cli_parse_int("--seed", v, 0, ((long long)1 << 40), &seed)) return CLI_EXIT_USAGE;
@@ -322,6 +457,14 @@ int cmd_verify(int argc, char **argv) {
                 printf("SKIP: %s on the %s backend: not supported by this backend\n",
                        mlaf_op_name(op), mlaf_backend_name(be));
                 n.skipped++;
+                continue;
+            }
+            if (op == MLAF_OP_MLA_KV_CACHE && cache_mask) {
+                for (int m = 0; m < nmodels; m++)
+                    for (int d = 0; d < ndt; d++)
+                        run_kv_formats(ctx, (unsigned)cache_mask, &models[m], dts[d],
+                                       tokens_given ? tokens : cache_tokens, tokens_given ? ntok : 6,
+                                       (uint64_t)seed * 1000003u + (uint64_t)d * 17u + (uint64_t)m * 7u + 0x5eedu, &n);
                 continue;
             }
             for (int m = 0; m < nmodels; m++)
