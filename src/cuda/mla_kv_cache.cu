@@ -1,12 +1,14 @@
 /*
  * mla_kv_cache.cu — CUDA entry of mla_kv_cache (SPEC §3): the row kernel (row_launch.cuh) with
  * the token decision and RoPE, and two writers: the dense outputs (q, optional k_nope and roped
- * k_pe) and the paged cache row [k_nope | rope(k_pe)] at slot_mapping[t].
+ * k_pe) and the cache record at slot_mapping[t] in the call's format: plain [k_nope | rope(k_pe)]
+ * (row_writers.cuh), per-tensor fp8 or fp8_ds_mla (row_writers_fp8.cuh).
  */
 #include "row_launch.cuh"
+#include "row_writers_fp8.cuh"
 
-template <typename T> static cudaError_t kv_launch(const mlaf_context *ctx, const mlaf_kv_cache_job *job) {
-    typedef mlaf_wr_pair<mlaf_wr_dense<T>, mlaf_wr_paged<T>> Wr;
+/* The row arguments of a validated job. */
+static mlaf_row_args kv_args(const mlaf_kv_cache_job *job) {
     mlaf_row_args a;
     mlaf_row_args_from_norm(&a, &job->norm);
     a.pos = job->rope.positions;
@@ -21,22 +23,53 @@ template <typename T> static cudaError_t kv_launch(const mlaf_context *ctx, cons
     a.n_slots = job->num_blocks * job->block_size;
     a.block_size = job->block_size;
     a.err = job->error_count;
+    return a;
+}
+
+/* The cache arrays take a vector of W values of `es` bytes each at every W-th value. */
+static bool kv_cache_vec_ok(const mlaf_kv_cache_job *job, int64_t W, int64_t es) {
+    const int64_t ca = W * es < 16 ? W * es : 16;
+    bool ok = mlaf_aligned(job->cache, job->cache_s0 * es, ca) && (job->cache_s1 * es) % ca == 0;
+    if (job->kpe) ok = ok && mlaf_aligned(job->kpe, job->kpe_s0 * es, ca) && (job->kpe_s1 * es) % ca == 0;
+    return ok;
+}
+
+template <typename T, class Wc>
+static cudaError_t kv_go(const mlaf_context *ctx, const mlaf_kv_cache_job *job, const typename Wc::params &cp,
+                         bool cache_vec_ok) {
+    typedef mlaf_wr_pair<mlaf_wr_dense<T>, Wc> Wr;
     bool vec_ok;
     typename Wr::params wp;
     wp.a = mlaf_row_dense_params<T>(&job->norm, false, &vec_ok);
-    wp.b.cache = job->cache, wp.b.dt = job->cache_dt, wp.b.s0 = job->cache_s0, wp.b.s1 = job->cache_s1;
-    /* the cache rows take the latent's vectors: W values aligned to their size (up to 16 bytes) */
-    const int64_t ces = (int64_t)mlaf_dtype_size(job->cache_dt), W = mlaf_vec<T>::W,
-                  ca = W * ces < 16 ? W * ces : 16;
-    vec_ok = vec_ok && mlaf_aligned(job->cache, job->cache_s0 * ces, ca) && (job->cache_s1 * ces) % ca == 0;
-    return mlaf_row_launch<T, true, Wr>(a, wp, vec_ok, ctx->cuda_sm_count, ctx->cuda_cc,
+    wp.b = cp;
+    return mlaf_row_launch<T, true, Wr>(kv_args(job), wp, vec_ok && cache_vec_ok, ctx->cuda_sm_count, ctx->cuda_cc,
                                         (cudaStream_t)ctx->cuda_stream);
 }
 
+template <typename T> static cudaError_t kv_launch(const mlaf_context *ctx, const mlaf_kv_cache_job *job) {
+    constexpr int W = mlaf_vec<T>::W;
+    if (job->format == MLAF_KV_FP8) {
+        typename mlaf_wr_fp8<T>::params p;
+        p.cache = job->cache, p.kpe = job->kpe;
+        p.s0 = job->cache_s0, p.s1 = job->cache_s1, p.k0 = job->kpe_s0, p.k1 = job->kpe_s1;
+        p.scale = job->scale, p.amax = job->amax_out, p.mul = job->conv == MLAF_FP8_MUL;
+        return kv_go<T, mlaf_wr_fp8<T>>(ctx, job, p, kv_cache_vec_ok(job, W, 1));
+    }
+    if (job->format == MLAF_KV_FP8_DS_MLA) {
+        if constexpr (std::is_same<T, __nv_bfloat16>::value) { /* validation: bf16 latent only */
+            mlaf_wr_ds_mla::params p;
+            p.cache = job->cache, p.s0 = job->cache_s0, p.s1 = job->cache_s1, p.mode = (int32_t)job->tile_scale;
+            return kv_go<T, mlaf_wr_ds_mla>(ctx, job, p, true); /* 16-byte aligned records (validation) */
+        }
+        return cudaErrorInvalidValue;
+    }
+    typename mlaf_wr_paged<T>::params p;
+    p.cache = job->cache, p.kpe = job->kpe, p.dt = job->cache_dt;
+    p.s0 = job->cache_s0, p.s1 = job->cache_s1, p.k0 = job->kpe_s0, p.k1 = job->kpe_s1;
+    return kv_go<T, mlaf_wr_paged<T>>(ctx, job, p, kv_cache_vec_ok(job, W, (int64_t)mlaf_dtype_size(job->cache_dt)));
+}
+
 extern "C" mlaf_status mlaf_cuda_mla_kv_cache(mlaf_context *ctx, const mlaf_kv_cache_job *job) {
-    if (job->format != MLAF_KV_PLAIN || job->kpe)
-        return mlaf_fail(ctx, MLAF_ERR_UNSUPPORTED, "mla_kv_cache: cache format %s is not implemented on the cuda backend",
-                         job->kpe ? "plain with kpe" : mlaf_kv_format_name(job->format));
     if (job->norm.T == 0) return MLAF_OK;
     mlaf_cuda_device_guard guard(ctx);
     const cudaError_t e = job->norm.dt == MLAF_F32   ? kv_launch<float>(ctx, job)

@@ -77,43 +77,44 @@ template <typename T> struct mlaf_wr_dense : mlaf_wr_base {
 };
 
 /* The plain paged cache [num_blocks, block_size, C + R] in bf16 / f16 / f32: the row
- * [k_nope | rope(k_pe)] at the token's slot, from fp32 straight to the cache dtype (the latent
- * dtype's packed vector when they match). Plain stores: streaming ones were slower. */
+ * [k_nope | rope(k_pe)] at the token's slot (or the rope part in a separate kpe array), from
+ * fp32 straight to the cache dtype (the latent dtype's packed vector when they match). Plain
+ * stores: streaming ones were slower. */
 template <typename T> struct mlaf_wr_paged : mlaf_wr_base {
     struct params {
-        void *cache;
+        void *cache, *kpe; /* kpe NULL: the rope part follows the kv part */
         mlaf_dtype dt;
-        int64_t s0, s1; /* elements per block, per slot */
+        int64_t s0, s1, k0, k1; /* elements per block, per slot (cache; kpe) */
     };
-    void *row_;
+    void *kv_, *pe_;
     mlaf_dtype dt_;
-    int32_t C_;
     __device__ __forceinline__ mlaf_wr_paged(const params &p, const mlaf_row_args &a, int64_t,
                                              const mlaf_token_info &ti) {
-        dt_ = p.dt, C_ = a.C;
-        const int64_t e = ti.cache ? mlaf_token_row(a, ti.slot, p.s0, p.s1) : 0;
-        row_ = !ti.cache ? nullptr
-               : p.dt == MLAF_F32 ? static_cast<void *>(static_cast<float *>(p.cache) + e)
-                                  : static_cast<void *>(static_cast<uint16_t *>(p.cache) + e);
+        dt_ = p.dt, kv_ = pe_ = nullptr;
+        if (!ti.cache) return;
+        const int64_t es = p.dt == MLAF_F32 ? 4 : 2;
+        kv_ = static_cast<char *>(p.cache) + mlaf_token_row(a, ti.slot, p.s0, p.s1) * es;
+        pe_ = p.kpe ? static_cast<char *>(p.kpe) + mlaf_token_row(a, ti.slot, p.k0, p.k1) * es
+                    : static_cast<char *>(kv_) + (int64_t)a.C * es;
     }
-    __device__ __forceinline__ void put(int64_t i, const float *f, uint4 v) {
+    __device__ __forceinline__ void put(void *row, int64_t i, const float *f, uint4 v) {
         constexpr int W = mlaf_vec<T>::W;
         if (dt_ == mlaf_dtype_of<T>())
-            *reinterpret_cast<uint4 *>(static_cast<T *>(row_) + i) = v;
+            *reinterpret_cast<uint4 *>(static_cast<T *>(row) + i) = v;
         else
-            mlaf_st_dt_vec<W>(row_, dt_, i, f);
+            mlaf_st_dt_vec<W>(row, dt_, i, f);
     }
     __device__ __forceinline__ void kv(int j, bool ok, const float *f, uint4 v) {
-        if (ok && row_) put((int64_t)j * mlaf_vec<T>::W, f, v);
+        if (ok && kv_) put(kv_, (int64_t)j * mlaf_vec<T>::W, f, v);
     }
     __device__ __forceinline__ void pe(int j, bool ok, const float *f, uint4 v) {
-        if (ok && row_) put((int64_t)C_ + (int64_t)j * mlaf_vec<T>::W, f, v);
+        if (ok && pe_) put(pe_, (int64_t)j * mlaf_vec<T>::W, f, v);
     }
     __device__ __forceinline__ void kv1(int64_t i, float y) {
-        if (row_) mlaf_st_dt(row_, dt_, i, y);
+        if (kv_) mlaf_st_dt(kv_, dt_, i, y);
     }
     __device__ __forceinline__ void pe1(int64_t i, float y, uint32_t) {
-        if (row_) mlaf_st_dt(row_, dt_, (int64_t)C_ + i, y);
+        if (pe_) mlaf_st_dt(pe_, dt_, i, y);
     }
 };
 

@@ -8,9 +8,14 @@
  * (their sums run in another order), roped k_pe, the cache and the error count exactly, and
  * cache rows no slot names untouched. The generic shape itself is checked against the float64
  * oracle by the op tests. A third writer, mlaf_wr_rstd, stores each row's two rstd values, which
- * are checked against float64 in every shape.
+ * are checked against float64 in every shape. The fp8 writers (per-tensor e4m3 by division and by
+ * multiplication with amax_out, fp8_ds_mla with amax and ue8m0 tile scales) run in every shape,
+ * generic included: their records must equal the host encoding (fp8.h) of the same shape's dense
+ * outputs, bit for bit.
  */
 #include "cuda/row_launch.cuh"
+#include "cuda/row_writers_fp8.cuh"
+#include "fp8.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -69,21 +74,37 @@ struct bufs {
     std::vector<unsigned char> q, k, p, cache;
     std::vector<float> rstd;
     int32_t err;
+    float amax;
 };
+
+/* Cache formats the test drives: plain (cache dtype cdt), per-tensor fp8 (x / 0.01; x * 50 with
+ * amax_out), fp8_ds_mla (amax and ue8m0 tile scales; bf16 only). */
+enum { F_PLAIN, F_FP8_DIV, F_FP8_MUL, F_DS_AMAX, F_DS_UE8M0, F_COUNT };
+static const char *const fmt_names[F_COUNT] = {"plain", "fp8-div", "fp8-mul-amax", "fp8_ds_mla-amax", "fp8_ds_mla-ue8m0"};
+static int64_t rec_bytes(int fmt, int C, int R, int64_t ces) {
+    return fmt == F_PLAIN ? (C + R) * ces : fmt <= F_FP8_MUL ? C + R : C + C / 32 + 2 * R;
+}
+static const float FP8_DIV_SCALE = 0.01f, FP8_MUL_SCALE = 50.0f;
 
 template <typename T>
 static bufs run(int Q, int C, int R, int64_t T_, bool neox, bool rope, mlaf_dtype cdt, mlaf_row_shape shape,
                 const std::vector<unsigned char> &lat, const std::vector<unsigned char> &w, const std::vector<int32_t> &pos,
                 const std::vector<int32_t> &slots, const std::vector<float> &cs, int64_t nblk, int64_t bs, int cc,
-                int sms, bool *took) {
+                int sms, bool *took, int fmt = F_PLAIN) {
     typedef mlaf_wr_pair<mlaf_wr_pair<mlaf_wr_dense<T>, mlaf_wr_paged<T>>, mlaf_wr_rstd<T>> Wr;
+    typedef mlaf_wr_pair<mlaf_wr_pair<mlaf_wr_dense<T>, mlaf_wr_fp8<T>>, mlaf_wr_rstd<T>> Wf;
+    typedef mlaf_wr_pair<mlaf_wr_pair<mlaf_wr_dense<T>, mlaf_wr_ds_mla>, mlaf_wr_rstd<T>> Wm;
     typedef mlaf_wr_pair<mlaf_wr_dense<T>, mlaf_wr_rstd<T>> Ws;
     const int64_t es = sizeof(T), ces = mlaf_dtype_size(cdt), Wd = Q + C + R, ls = Wd + 16;
+    const int64_t rec = rec_bytes(fmt, C, R, ces);
     unsigned char *dl, *dw, *dq, *dk, *dp, *dc;
     int32_t *dpos, *dsl, *derr;
-    float *dcs, *drs;
+    float *dcs, *drs, *dsc;
     CK(cudaMalloc(&drs, (size_t)(T_ * 2 * 4)));
-    const size_t cache_bytes = (size_t)(nblk * bs * (C + R) * ces);
+    CK(cudaMalloc(&dsc, 8)); /* the fp8 scale, then amax_out */
+    const float sc[2] = {fmt == F_FP8_MUL ? FP8_MUL_SCALE : FP8_DIV_SCALE, 0.0f};
+    CK(cudaMemcpy(dsc, sc, 8, cudaMemcpyHostToDevice));
+    const size_t cache_bytes = (size_t)(nblk * bs * rec);
     CK(cudaMalloc(&dl, lat.size()));
     CK(cudaMalloc(&dw, w.size()));
     CK(cudaMalloc(&dq, (size_t)(T_ * (Q ? Q : 1) * es)));
@@ -111,18 +132,32 @@ static bufs run(int Q, int C, int R, int64_t T_, bool neox, bool rope, mlaf_dtyp
     a.w_q = dw, a.w_kv = dw + (size_t)Q * es;
     if (rope) {
         a.pos = dpos, a.neox = neox, a.cos_sin = dcs, a.cs_stride = R, a.max_pos = (int64_t)cs.size() / (R ? R : 1);
-        a.slots = dsl, a.n_map = T, a.n_slots = nblk * bs, a.block_size = bs, a.err = derr;
+        a.slots = dsl, a.n_map = T_, a.n_slots = nblk * bs, a.block_size = bs, a.err = derr;
     }
     typename Wr::params wp;
     wp.a.a.q = Q ? dq : nullptr, wp.a.a.qs = Q, wp.a.a.k_nope = dk, wp.a.a.ks = C, wp.a.a.k_pe = R ? dp : nullptr;
     wp.a.a.ps = R, wp.a.a.pe_raw = !rope;
-    wp.a.b.cache = rope ? dc : nullptr, wp.a.b.dt = cdt, wp.a.b.s0 = bs * (C + R), wp.a.b.s1 = C + R;
+    wp.a.b.cache = rope ? dc : nullptr, wp.a.b.kpe = nullptr, wp.a.b.dt = cdt, wp.a.b.s0 = bs * (C + R), wp.a.b.s1 = C + R;
     wp.b.out = drs;
     typename Ws::params ws;
     ws.a = wp.a.a, ws.b = wp.b;
-    cudaError_t e;
-    if (rope) e = mlaf_row_launch<T, true, Wr>(a, wp, true, sms, cc, 0, shape);
-    else e = mlaf_row_launch<T, false, Ws>(a, ws, true, sms, cc, 0, shape);
+    cudaError_t e = cudaSuccess;
+    if (!rope) {
+        e = mlaf_row_launch<T, false, Ws>(a, ws, true, sms, cc, 0, shape);
+    } else if (fmt == F_PLAIN) {
+        e = mlaf_row_launch<T, true, Wr>(a, wp, true, sms, cc, 0, shape);
+    } else if (fmt <= F_FP8_MUL) {
+        typename Wf::params fp;
+        fp.a.a = wp.a.a, fp.b = wp.b;
+        fp.a.b.cache = dc, fp.a.b.kpe = nullptr, fp.a.b.s0 = bs * rec, fp.a.b.s1 = rec, fp.a.b.k0 = fp.a.b.k1 = 0;
+        fp.a.b.scale = dsc, fp.a.b.amax = fmt == F_FP8_MUL ? dsc + 1 : nullptr, fp.a.b.mul = fmt == F_FP8_MUL;
+        e = mlaf_row_launch<T, true, Wf>(a, fp, true, sms, cc, 0, shape);
+    } else if constexpr (std::is_same<T, __nv_bfloat16>::value) {
+        typename Wm::params mp;
+        mp.a.a = wp.a.a, mp.b = wp.b;
+        mp.a.b.cache = dc, mp.a.b.s0 = bs * rec, mp.a.b.s1 = rec, mp.a.b.mode = fmt == F_DS_AMAX ? 0 : 1;
+        e = mlaf_row_launch<T, true, Wm>(a, mp, true, sms, cc, 0, shape);
+    }
     CK(e);
     CK(cudaDeviceSynchronize());
     *took = true;
@@ -136,7 +171,8 @@ static bufs run(int Q, int C, int R, int64_t T_, bool neox, bool rope, mlaf_dtyp
     CK(cudaMemcpy(&b.err, derr, 4, cudaMemcpyDeviceToHost));
     b.rstd.resize((size_t)(T_ * 2));
     CK(cudaMemcpy(b.rstd.data(), drs, b.rstd.size() * 4, cudaMemcpyDeviceToHost));
-    cudaFree(drs);
+    CK(cudaMemcpy(&b.amax, dsc + 1, 4, cudaMemcpyDeviceToHost));
+    cudaFree(drs), cudaFree(dsc);
     cudaFree(dl), cudaFree(dw), cudaFree(dq), cudaFree(dk), cudaFree(dp), cudaFree(dc), cudaFree(dpos), cudaFree(dsl),
         cudaFree(derr), cudaFree(dcs);
     return b;
@@ -230,6 +266,98 @@ static void one(const char *model, int Q, int C, int R, bool neox, bool rope, ml
     }
 }
 
+/* The record bytes of a token in format fmt from the shape's own dense row (k_nope values k,
+ * roped k_pe values p, as stored), by the host's fp8 numerics (fp8.h); *amax raised to its max. */
+static void encode(int fmt, int C, int R, mlaf_dtype dt, const unsigned char *k, const unsigned char *p,
+                   unsigned char *out, float *amax) {
+    const size_t es = mlaf_dtype_size(dt);
+    if (fmt <= F_FP8_MUL) {
+        for (int i = 0; i < C + R; i++) {
+            const float x = (float)(i < C ? from(k + i * es, dt) : from(p + (i - C) * es, dt));
+            out[i] = mlaf_f32_to_e4m3(fmt == F_FP8_MUL ? x * FP8_MUL_SCALE : x / FP8_DIV_SCALE);
+            if (fabsf(x) > *amax) *amax = fabsf(x);
+        }
+        return;
+    }
+    for (int t0 = 0; t0 < C; t0 += 128) {
+        float m = 0.0f;
+        for (int i = t0; i < t0 + 128; i++) m = fmaxf(m, fabsf((float)from(k + i * es, dt)));
+        const float s = mlaf_tile_scale_of(m, fmt == F_DS_AMAX ? 0 : 1);
+        for (int i = t0; i < t0 + 128; i++) out[i] = mlaf_f32_to_e4m3((float)from(k + i * es, dt) / s);
+        memcpy(out + C + 4 * (t0 / 128), &s, 4);
+    }
+    memcpy(out + C + C / 32, p, (size_t)R * 2);
+}
+
+/* Each fp8 writer in every shape: the cache records equal the host encoding of that shape's own
+ * dense outputs, bit for bit; rows no valid slot names keep their bytes; amax_out as the host's. */
+template <typename T>
+static void fp8_one(const char *model, int Q, int C, int R, bool neox, int cc, int sms) {
+    const mlaf_dtype dt = mlaf_dtype_of<T>();
+    const int64_t T_ = 37, es = sizeof(T), Wd = Q + C + R, ls = Wd + 16, nblk = 7, bs = 8, max_pos = 50;
+    std::vector<unsigned char> lat((size_t)(T_ * ls * es)), w((size_t)((Q + C) * es));
+    for (int64_t i = 0; i < T_ * ls; i++) {
+        const float f = 2.0f * rndf();
+        if (dt == MLAF_F32) memcpy(&lat[(size_t)(i * 4)], &f, 4);
+        else {
+            const uint16_t u = to16(f, dt);
+            memcpy(&lat[(size_t)(i * 2)], &u, 2);
+        }
+    }
+    for (int i = 0; i < Q + C; i++) {
+        const float f = 1.0f + 0.5f * rndf();
+        if (dt == MLAF_F32) memcpy(&w[(size_t)i * 4], &f, 4);
+        else {
+            const uint16_t u = to16(f, dt);
+            memcpy(&w[(size_t)i * 2], &u, 2);
+        }
+    }
+    std::vector<int32_t> pos((size_t)T_), slots((size_t)T_);
+    std::vector<int> perm((size_t)(nblk * bs));
+    for (int i = 0; i < nblk * bs; i++) perm[(size_t)i] = i;
+    for (int i = nblk * bs - 1; i > 0; i--) std::swap(perm[(size_t)i], perm[rnd() % (uint32_t)(i + 1)]);
+    for (int64_t t = 0; t < T_; t++) pos[(size_t)t] = (int32_t)(rnd() % max_pos), slots[(size_t)t] = perm[(size_t)t];
+    pos[3] = (int32_t)max_pos, pos[4] = -1, slots[5] = -1, slots[6] = (int32_t)(nblk * bs + 3);
+    std::vector<float> cs((size_t)(max_pos * (R ? R : 1)));
+    for (auto &x : cs) x = rndf();
+    static const mlaf_row_shape shapes[] = {MLAF_ROW_GENERIC, MLAF_ROW_BLOCK, MLAF_ROW_WARP, MLAF_ROW_BULK};
+    static const char *names[] = {"generic", "block", "warp", "bulk"};
+    for (int fmt = F_FP8_DIV; fmt < F_COUNT; fmt++) {
+        if (fmt >= F_DS_AMAX && (dt != MLAF_BF16 || C % 128)) continue;
+        const int64_t rec = rec_bytes(fmt, C, R, 1);
+        for (int k = 0; k < 4; k++) {
+            char name[200];
+            snprintf(name, sizeof name, "ROW_SHAPE(model=%s,Q=%d,R=%d,dtype=%s,op=mla_kv_cache,rope=%s,cache=%s,shape=%s)",
+                     model, Q, R, mlaf_dtype_name(dt), neox ? "neox" : "interleaved", fmt_names[fmt], names[k]);
+            if (shapes[k] == MLAF_ROW_BULK && cc < 90) {
+                tl_skip(name, "bulk shape needs sm_90");
+                continue;
+            }
+            bool took;
+            const bufs b = run<T>(Q, C, R, T_, neox, true, MLAF_BF16, shapes[k], lat, w, pos, slots, cs, nblk, bs, cc,
+                                  sms, &took, fmt);
+            std::vector<unsigned char> want((size_t)(nblk * bs * rec), 0x5a), enc((size_t)rec);
+            float amax = 0.0f;
+            for (int64_t t = 0; t < T_; t++) {
+                const int32_t sl = slots[(size_t)t];
+                const bool ok = sl >= 0 && sl < nblk * bs && (R == 0 || (pos[(size_t)t] >= 0 && pos[(size_t)t] < max_pos));
+                if (!ok) continue;
+                encode(fmt, C, R, dt, &b.k[(size_t)(t * C * es)], &b.p[(size_t)(t * R * es)], enc.data(), &amax);
+                memcpy(&want[(size_t)(sl * rec)], enc.data(), (size_t)rec);
+            }
+            int64_t bad = 0, first = -1;
+            for (size_t i = 0; i < want.size(); i++)
+                if (want[i] != b.cache[i] && bad++ == 0) first = (int64_t)i;
+            const bool amax_ok = fmt != F_FP8_MUL || b.amax == amax;
+            tl_case(bad == 0 && amax_ok && b.err == (R > 0 ? 3 : 1), name,
+                    "%lld cache bytes differ from the encoding of the dense row (first at slot %lld byte %lld), "
+                    "amax %g vs %g, error count %d",
+                    (long long)bad, (long long)(first < 0 ? -1 : first / rec), (long long)(first < 0 ? -1 : first % rec),
+                    (double)b.amax, (double)amax, b.err);
+        }
+    }
+}
+
 int main(void) {
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
@@ -251,6 +379,11 @@ int main(void) {
                 one<__half>(m.name, m.Q, m.C, m.R, neox, rope, MLAF_F16, cc, sms);
                 if (m.Q <= 1536) one<float>(m.name, m.Q, m.C, m.R, neox, rope, MLAF_F32, cc, sms);
                 if (rope && !neox) one<__nv_bfloat16>(m.name, m.Q, m.C, m.R, neox, rope, MLAF_F32, cc, sms);
+                if (rope) {
+                    fp8_one<__nv_bfloat16>(m.name, m.Q, m.C, m.R, neox, cc, sms);
+                    if (!neox) fp8_one<__half>(m.name, m.Q, m.C, m.R, neox, cc, sms);
+                    if (!neox && m.Q <= 1536) fp8_one<float>(m.name, m.Q, m.C, m.R, neox, cc, sms);
+                }
             }
         }
     }
