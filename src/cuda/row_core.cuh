@@ -57,7 +57,8 @@ template <int NQ_, int NC_, int NP_> struct mlaf_row_layout {
 };
 
 /* Resident blocks of 4 warps per SM a warp-per-row kernel of NS slots is compiled for: what the
- * register allocation must allow (the row takes 4 registers a slot). */
+ * register allocation must allow (the row takes 4 registers a slot). The bulk shape keeps its
+ * NQ + NC weight vectors in registers instead, and is compiled for NQ + NC + 1 slots. */
 template <int NS> struct mlaf_row_minb4 {
     static constexpr int value = NS <= 6 ? 8 : NS <= 9 ? 6 : NS <= 11 ? 5 : NS <= 13 ? 4 : NS <= 16 ? 3 : 2;
 };

@@ -196,7 +196,7 @@ __device__ __forceinline__ void mlaf_row_warp_body(const mlaf_row_args &a, const
 }
 
 template <typename T, class L, bool BULK, bool ROPE, class Wr>
-__global__ void __launch_bounds__(MLAF_ROW_WARPS * 32, mlaf_row_minb4<L::NS>::value)
+__global__ void __launch_bounds__(MLAF_ROW_WARPS * 32, mlaf_row_minb4<BULK ? L::NQ + L::NC + 1 : L::NS>::value)
 mlaf_row_warp_kernel(const mlaf_row_args a, const typename Wr::params wp) {
     if constexpr (BULK) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
