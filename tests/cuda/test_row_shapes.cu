@@ -188,39 +188,47 @@ static double worst_ulps(const std::vector<unsigned char> &a, const std::vector<
     return w;
 }
 
+/* A call's inputs: latent values amp * [-2, 2), weights 1 + spread * [-2, 2), positions (two out
+ * of the table: counted when R > 0), distinct slots in random order (one skipped, one past the
+ * cache: counted), a cos/sin table. */
+struct inputs {
+    std::vector<unsigned char> lat, w;
+    std::vector<int32_t> pos, slots;
+    std::vector<float> cs;
+};
+static void put_value(std::vector<unsigned char> &v, int64_t i, float f, mlaf_dtype dt) {
+    if (dt == MLAF_F32) memcpy(&v[(size_t)(i * 4)], &f, 4);
+    else {
+        const uint16_t u = to16(f, dt);
+        memcpy(&v[(size_t)(i * 2)], &u, 2);
+    }
+}
+static inputs make_inputs(mlaf_dtype dt, int Q, int C, int R, int64_t T_, int64_t ls, float amp, float spread,
+                          int64_t nblk, int64_t bs, int64_t max_pos) {
+    const int64_t es = (int64_t)mlaf_dtype_size(dt);
+    inputs in;
+    in.lat.resize((size_t)(T_ * ls * es)), in.w.resize((size_t)((Q + C) * es));
+    for (int64_t i = 0; i < T_ * ls; i++) put_value(in.lat, i, amp * rndf(), dt);
+    for (int i = 0; i < Q + C; i++) put_value(in.w, i, 1.0f + spread * rndf(), dt);
+    in.pos.resize((size_t)T_), in.slots.resize((size_t)T_);
+    std::vector<int> perm((size_t)(nblk * bs));
+    for (int i = 0; i < nblk * bs; i++) perm[(size_t)i] = i;
+    for (int i = nblk * bs - 1; i > 0; i--) std::swap(perm[(size_t)i], perm[rnd() % (uint32_t)(i + 1)]);
+    for (int64_t t = 0; t < T_; t++) in.pos[(size_t)t] = (int32_t)(rnd() % max_pos), in.slots[(size_t)t] = perm[(size_t)t];
+    in.pos[3] = (int32_t)max_pos, in.pos[4] = -1, in.slots[5] = -1, in.slots[6] = (int32_t)(nblk * bs + 3);
+    in.cs.resize((size_t)(max_pos * (R ? R : 1)));
+    for (auto &x : in.cs) x = rndf();
+    return in;
+}
+
 template <typename T>
 static void one(const char *model, int Q, int C, int R, bool neox, bool rope, mlaf_dtype cdt, int cc, int sms) {
     const mlaf_dtype dt = mlaf_dtype_of<T>();
     const int64_t T_ = 37, es = sizeof(T), Wd = Q + C + R, ls = Wd + 16, nblk = 7, bs = 8, max_pos = 50;
-    std::vector<unsigned char> lat((size_t)(T_ * ls * es)), w((size_t)((Q + C) * es));
-    for (int64_t i = 0; i < T_ * ls; i++) {
-        const float f = rndf();
-        if (dt == MLAF_F32) memcpy(&lat[(size_t)(i * 4)], &f, 4);
-        else {
-            const uint16_t u = to16(f, dt);
-            memcpy(&lat[(size_t)(i * 2)], &u, 2);
-        }
-    }
-    for (int i = 0; i < Q + C; i++) {
-        const float f = 1.0f + 0.25f * rndf();
-        if (dt == MLAF_F32) memcpy(&w[(size_t)i * 4], &f, 4);
-        else {
-            const uint16_t u = to16(f, dt);
-            memcpy(&w[(size_t)i * 2], &u, 2);
-        }
-    }
-    std::vector<int32_t> pos((size_t)T_), slots((size_t)T_);
-    std::vector<int> perm((size_t)(nblk * bs));
-    for (int i = 0; i < nblk * bs; i++) perm[(size_t)i] = i;
-    for (int i = nblk * bs - 1; i > 0; i--) std::swap(perm[(size_t)i], perm[rnd() % (uint32_t)(i + 1)]);
-    for (int64_t t = 0; t < T_; t++) {
-        pos[(size_t)t] = (int32_t)(rnd() % max_pos);
-        slots[(size_t)t] = perm[(size_t)t];
-    }
-    pos[3] = (int32_t)max_pos, pos[4] = -1;                    /* bad positions: counted (R > 0) */
-    slots[5] = -1, slots[6] = (int32_t)(nblk * bs + 3);        /* a skip, and past the cache: counted */
-    std::vector<float> cs((size_t)(max_pos * (R ? R : 1)));
-    for (auto &x : cs) x = rndf();
+    const inputs in = make_inputs(dt, Q, C, R, T_, ls, 1.0f, 0.25f, nblk, bs, max_pos);
+    const std::vector<unsigned char> &lat = in.lat, &w = in.w;
+    const std::vector<int32_t> &pos = in.pos, &slots = in.slots;
+    const std::vector<float> &cs = in.cs;
 
     /* the rstd values in float64, from the stored inputs */
     std::vector<double> rs((size_t)(T_ * 2));
@@ -295,31 +303,11 @@ template <typename T>
 static void fp8_one(const char *model, int Q, int C, int R, bool neox, int cc, int sms) {
     const mlaf_dtype dt = mlaf_dtype_of<T>();
     const int64_t T_ = 37, es = sizeof(T), Wd = Q + C + R, ls = Wd + 16, nblk = 7, bs = 8, max_pos = 50;
-    std::vector<unsigned char> lat((size_t)(T_ * ls * es)), w((size_t)((Q + C) * es));
-    for (int64_t i = 0; i < T_ * ls; i++) {
-        const float f = 2.0f * rndf();
-        if (dt == MLAF_F32) memcpy(&lat[(size_t)(i * 4)], &f, 4);
-        else {
-            const uint16_t u = to16(f, dt);
-            memcpy(&lat[(size_t)(i * 2)], &u, 2);
-        }
-    }
-    for (int i = 0; i < Q + C; i++) {
-        const float f = 1.0f + 0.5f * rndf();
-        if (dt == MLAF_F32) memcpy(&w[(size_t)i * 4], &f, 4);
-        else {
-            const uint16_t u = to16(f, dt);
-            memcpy(&w[(size_t)i * 2], &u, 2);
-        }
-    }
-    std::vector<int32_t> pos((size_t)T_), slots((size_t)T_);
-    std::vector<int> perm((size_t)(nblk * bs));
-    for (int i = 0; i < nblk * bs; i++) perm[(size_t)i] = i;
-    for (int i = nblk * bs - 1; i > 0; i--) std::swap(perm[(size_t)i], perm[rnd() % (uint32_t)(i + 1)]);
-    for (int64_t t = 0; t < T_; t++) pos[(size_t)t] = (int32_t)(rnd() % max_pos), slots[(size_t)t] = perm[(size_t)t];
-    pos[3] = (int32_t)max_pos, pos[4] = -1, slots[5] = -1, slots[6] = (int32_t)(nblk * bs + 3);
-    std::vector<float> cs((size_t)(max_pos * (R ? R : 1)));
-    for (auto &x : cs) x = rndf();
+    const inputs in = make_inputs(dt, Q, C, R, T_, ls, 2.0f, 0.5f, nblk, bs, max_pos);
+    const std::vector<unsigned char> &lat = in.lat, &w = in.w;
+    const std::vector<int32_t> &pos = in.pos, &slots = in.slots;
+    const std::vector<float> &cs = in.cs;
+
     static const mlaf_row_shape shapes[] = {MLAF_ROW_GENERIC, MLAF_ROW_BLOCK, MLAF_ROW_WARP, MLAF_ROW_BULK};
     static const char *names[] = {"generic", "block", "warp", "bulk"};
     for (int fmt = F_FP8_DIV; fmt < F_COUNT; fmt++) {
