@@ -15,23 +15,21 @@
  * |x| >= 464 and +-inf give +-448 (0x7E / 0xFE); NaN of either sign gives 0x7F; |x| <= 2^-10
  * gives a signed zero. */
 static inline uint8_t mlaf_f32_to_e4m3(float x) {
-    const uint32_t u = mlaf_f32_bits(x), a = u & 0x7fffffffu;
-    const uint8_t sign = (uint8_t)((u >> 24) & 0x80u);
-    if (a > 0x7f800000u) return 0x7f;
-    if (a >= 0x43e80000u) return (uint8_t)(sign | 0x7e); /* 464 = 1.8125 * 2^8 and above */
-    const int e = (int)(a >> 23) - 127;
-    if (e < -10) return sign; /* below 2^-10: rounds to zero */
-    /* the significand with its hidden bit, in units of 2^(e - 23); keep 3 fraction bits (normal,
-     * e >= -6) or fewer (subnormal: units of 2^-9) */
+    /* Branch-free (selects only: data-dependent branches cost more than the arithmetic in the
+     * CPU writers' loops). The significand m (hidden bit set)
+     * in units of 2^(e - 23) keeps 3 fraction bits from e = -6 up (normal codes) and fewer below
+     * (subnormal codes, units of 2^-9), rounded to nearest even; a normal q of 16 carries into
+     * the exponent by the addition itself. */
+    const uint32_t u = mlaf_f32_bits(x), a = u & 0x7fffffffu, sign = (u >> 24) & 0x80u;
+    const int32_t e = (int32_t)(a >> 23) - 127;
     const uint32_t m = (a & 0x7fffffu) | 0x800000u;
-    const int shift = e >= -6 ? 20 : 20 + (-6 - e);
-    uint32_t q = m >> shift;
-    const uint32_t rem = m & ((1u << shift) - 1u), half = 1u << (shift - 1);
-    if (rem > half || (rem == half && (q & 1u))) q++;
-    if (e < -6) return (uint8_t)(sign | q); /* q <= 8; 8 is the smallest normal, 2^-6 */
-    uint32_t ef = (uint32_t)(e + 7);
-    if (q == 16) q = 8, ef++; /* rounded up to the next power of two */
-    return (uint8_t)(sign | (ef << 3) | (q & 7u));
+    int32_t sh = e >= -6 ? 20 : 14 - e; /* 20 + (-6 - e) */
+    sh = sh < 31 ? sh : 31;
+    const uint32_t q0 = m >> sh, rem = m & ((1u << sh) - 1u), half = 1u << (sh - 1);
+    const uint32_t q = q0 + (uint32_t)((rem > half) | ((rem == half) & (q0 & 1u)));
+    uint32_t code = e >= -6 ? (uint32_t)((e + 7) << 3) + q - 8u : q;
+    code = a >= 0x43e80000u ? 0x7eu : code; /* 464 = 1.8125 * 2^8 and above, +-inf */
+    return (uint8_t)(a > 0x7f800000u ? 0x7fu : (sign | code));
 }
 
 /* e4m3 -> f32, exact (0x7F / 0xFF: NaN). */

@@ -52,12 +52,27 @@ mlaf_cpu_writer mlaf_cpu_writer_paged(const mlaf_norm_kern *k, const mlaf_kv_cac
 
 /* ---- fp8 formats ----------------------------------------------------------------------- */
 
-/* v rounded to the latent dtype dt (the dense output's value). */
-static float rounded(float v, mlaf_dtype dt) {
-    if (dt == MLAF_BF16) return mlaf_bf16_to_f32(mlaf_f32_to_bf16(v));
-    if (dt == MLAF_F16) return mlaf_f16_to_f32(mlaf_f32_to_f16(v));
-    return v;
+/* v[0, n) rounded to the latent dtype dt (the dense output's values) into x. */
+static void rounded(const float *v, int64_t n, mlaf_dtype dt, float *x) {
+    if (dt == MLAF_BF16) {
+        for (int64_t i = 0; i < n; i++) x[i] = mlaf_bf16_to_f32(mlaf_f32_to_bf16(v[i]));
+    } else if (dt == MLAF_F16) {
+        for (int64_t i = 0; i < n; i++) x[i] = mlaf_f16_to_f32(mlaf_f32_to_f16(v[i]));
+    } else {
+        memcpy(x, v, (size_t)n * sizeof(float));
+    }
 }
+
+/* The NaN-ignoring max of |x[0, n)|, from m. */
+static float amax_of(const float *x, int64_t n, float m) {
+    for (int64_t i = 0; i < n; i++) {
+        const float a = fabsf(x[i]);
+        m = a > m ? a : m;
+    }
+    return m;
+}
+
+#define PIECE 256 /* values per pass of the fp8 writers' loops (on the stack) */
 
 /* *m = max(*m, a) for a >= 0, across threads: non-negative floats order as their bits. */
 static void atomic_max_nonneg(float *m, float a) {
@@ -75,12 +90,15 @@ static void fp8_put(const mlaf_cpu_writer *w, const mlaf_cpu_row *r, mlaf_row_pa
     const int64_t e = slot_row(kv, r->slot, sep) + (part == MLAF_PART_PE && !sep ? kv->norm.C : 0) + i0;
     uint8_t *out = (uint8_t *)(sep ? kv->kpe : kv->cache) + e;
     const float s = *kv->scale;
-    const mlaf_dtype dt = kv->norm.dt;
-    float amax = 0.0f;
-    for (int64_t i = 0; i < n; i++) {
-        const float x = rounded(v[i], dt), a = fabsf(x);
-        out[i] = mlaf_f32_to_e4m3(kv->conv == MLAF_FP8_DIV ? x / s : x * s);
-        if (a > amax) amax = a; /* NaN ignored */
+    float x[PIECE], amax = 0.0f;
+    for (int64_t p0 = 0; p0 < n; p0 += PIECE) {
+        const int64_t m = n - p0 < PIECE ? n - p0 : PIECE;
+        rounded(v + p0, m, kv->norm.dt, x);
+        amax = amax_of(x, m, amax);
+        if (kv->conv == MLAF_FP8_DIV)
+            for (int64_t i = 0; i < m; i++) out[p0 + i] = mlaf_f32_to_e4m3(x[i] / s);
+        else
+            for (int64_t i = 0; i < m; i++) out[p0 + i] = mlaf_f32_to_e4m3(x[i] * s);
     }
     if (kv->amax_out) atomic_max_nonneg(kv->amax_out, amax);
 }
@@ -106,14 +124,11 @@ static void ds_mla_put(const mlaf_cpu_writer *w, const mlaf_cpu_row *r, mlaf_row
         return;
     }
     for (int64_t t0 = 0; t0 < n; t0 += 128) {
-        float x[128], amax = 0.0f;
-        for (int i = 0; i < 128; i++) {
-            x[i] = mlaf_bf16_to_f32(mlaf_f32_to_bf16(v[t0 + i]));
-            const float a = fabsf(x[i]);
-            if (a > amax) amax = a;
-        }
-        const float s = mlaf_tile_scale_of(amax, (int)kv->tile_scale);
-        for (int i = 0; i < 128; i++) rec[i0 + t0 + i] = mlaf_f32_to_e4m3(x[i] / s);
+        float x[128];
+        rounded(v + t0, 128, MLAF_BF16, x);
+        const float s = mlaf_tile_scale_of(amax_of(x, 128, 0.0f), (int)kv->tile_scale);
+        uint8_t *q = rec + i0 + t0;
+        for (int i = 0; i < 128; i++) q[i] = mlaf_f32_to_e4m3(x[i] / s);
         const uint32_t sb = mlaf_f32_bits(s);
         uint8_t *sp = rec + C + 4 * ((i0 + t0) / 128);
         sp[0] = (uint8_t)sb, sp[1] = (uint8_t)(sb >> 8), sp[2] = (uint8_t)(sb >> 16), sp[3] = (uint8_t)(sb >> 24);
