@@ -88,6 +88,8 @@ def measure(args) -> dict:
 
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type == "cuda":
+        if device.index is None:  # "cuda": the current device (set_device needs an index)
+            device = torch.device("cuda", torch.cuda.current_device())
         torch.cuda.set_device(device)
         sync = torch.cuda.synchronize
     else:
