@@ -79,24 +79,27 @@ def fused_split_qk_norm(fused_qkv_a_proj_out, q_a_layernorm, kv_a_layernorm, q_l
 def npu_moe_gating_top_k(x, k, *, bias=None, input_ids=None, tid2eid=None, k_group=1,
                          group_count=1, group_select_mode=0, renorm=0, norm_type=0,
                          out_flag=False, routed_scaling_factor=1.0, eps=1e-20):
-    """Ascend ``torch_npu.npu_moe_gating_top_k`` (the op-plugin schema with hash routing,
-    ``input_ids`` / ``tid2eid``, as vLLM-Ascend calls it for DeepSeek-V4; the older schema
-    without them, ``npu_moe_gating_top_k(Tensor x, int k, *, Tensor? bias=None, int k_group=1,
-    int group_count=1, int group_select_mode=0, int renorm=0, int norm_type=1, bool
-    out_flag=False, float routed_scaling_factor=1.0, float eps=1e-20)``, torch_npu 7.0.0, has
-    the same meaning for every shared argument).
+    """Ascend's ``npu_moe_gating_top_k``: the schema with hash routing of the custom op
+    documented as ``custom.npu_moe_gating_top_k(Tensor x, int k, *, Tensor? bias=None, Tensor?
+    input_ids=None, Tensor? tid2eid=None, int k_group=1, int group_count=1, float
+    routed_scaling_factor=1., float eps=1e-20, int group_select_mode=0, int renorm=0, int
+    norm_type=0, bool out_flag=False)`` (vLLM-Ascend's custom ops for DeepSeek-V4; keyword
+    arguments, so their order does not matter). Without input_ids / tid2eid it is torch_npu
+    7.0.0's ``torch_npu.npu_moe_gating_top_k`` (whose norm_type defaults to 1).
 
-    norm_type 0 = softmax, 1 = sigmoid; group_select_mode 0 = group max, 1 = top-2 sum;
-    sigmoid scores are always renormalized, softmax ones when ``renorm`` = 1:
-    ``y = s[ids] / (sum + eps) * routed_scaling_factor``. ``bias`` (x's dtype) only chooses.
+    normOut = softmax(x) (norm_type 0) or sigmoid(x) (1); ``bias`` (x's dtype) is added to
+    choose; groups score by their max (group_select_mode 0) or top-2 sum (1) and the
+    ``k_group`` best of ``group_count`` stay; ``y = normOut[ids] / (sum + eps) *
+    routed_scaling_factor`` (the documented formula, for every norm_type). ``renorm`` must be
+    0 (norm before top-k, the only value documented for this op).
 
     Returns ``(y [T, k] in x's dtype, expert_idx [T, k] int32, norm_out)``: norm_out is the
-    [T, E] float32 score matrix when ``out_flag``, else an empty [T, 0] tensor. ids are sorted
-    by biased score (ties: lower index).
+    [T, E] float32 normOut when ``out_flag``, else an empty [T, 0] tensor. ids are sorted by
+    biased score (ties: lower index).
 
-    Hash routing (input_ids / tid2eid) and the sqrt(softplus) score (norm_type 2, DeepSeek-V4)
-    raise NotImplementedError: they need moe_gate's hash mode and sqrt_softplus score (SPEC
-    §11), which this mlafuse does not have yet.
+    Hash routing (input_ids / tid2eid) and norm_type 2 (softplus scores, DeepSeek-V4) raise
+    NotImplementedError: they need moe_gate's hash mode and sqrt-softplus score (SPEC §11),
+    which this mlafuse does not have yet.
     """
     fn = "npu_moe_gating_top_k"
     torch = _torch(fn)
@@ -107,21 +110,22 @@ def npu_moe_gating_top_k(x, k, *, bias=None, input_ids=None, tid2eid=None, k_gro
             "mlafuse moe_gate's hash-routing mode (SPEC §11), which this mlafuse does not have")
     if norm_type == 2:
         raise NotImplementedError(
-            f"{fn}: norm_type = 2 (sqrt(softplus) scores, DeepSeek-V4) needs mlafuse moe_gate's "
+            f"{fn}: norm_type = 2 (softplus scores, DeepSeek-V4) needs mlafuse moe_gate's "
             "sqrt_softplus score (SPEC §11), which this mlafuse does not have")
     if norm_type not in (0, 1):
         raise ValueError(f"{fn}: norm_type = {norm_type!r}, expected 0 (softmax) or 1 (sigmoid)")
     if group_select_mode not in (0, 1):
         raise ValueError(f"{fn}: group_select_mode = {group_select_mode!r}, expected 0 (group "
                          "max) or 1 (top-2 sum)")
-    if renorm not in (0, 1):
-        raise ValueError(f"{fn}: renorm = {renorm!r}, expected 0 or 1")
+    if renorm != 0:
+        raise ValueError(f"{fn}: renorm = {renorm!r}, expected 0 (the only value the op "
+                         "documents: norm, then top-k)")
     sigmoid = norm_type == 1
     out = _ops.moe_gate(
         x, _f32_bias(bias), top_k=int(k), n_group=int(group_count), topk_group=int(k_group),
         score_func="sigmoid" if sigmoid else "softmax",
         group_score="top2_sum" if group_select_mode == 1 else "max",
-        renormalize=sigmoid or renorm == 1, routed_scaling_factor=float(routed_scaling_factor),
+        renormalize=True, routed_scaling_factor=float(routed_scaling_factor),
         apply_routed_scaling=True, eps=float(eps), return_scores=bool(out_flag),
         weights_dtype=None if x.dtype == torch.float32 else x.dtype)
     if out_flag:

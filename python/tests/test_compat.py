@@ -96,7 +96,7 @@ def test_fused_split_qk_norm_errors():
 
 # ---- npu_moe_gating_top_k --------------------------------------------------------------------
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("case", ["sigmoid_groups", "softmax_renorm", "softmax_plain"])
+@pytest.mark.parametrize("case", ["sigmoid_groups", "softmax_groups", "softmax_plain"])
 def test_npu_moe_gating_top_k(device, case):
     g = gen(2)
     T, E = 41, 256
@@ -104,23 +104,21 @@ def test_npu_moe_gating_top_k(device, case):
     bias = (0.1 * torch.randn(E, generator=g)).to(device)
     kw = dict(sigmoid_groups=dict(k=8, k_group=4, group_count=8, group_select_mode=1,
                                   norm_type=1, routed_scaling_factor=2.5),
-              softmax_renorm=dict(k=6, k_group=3, group_count=8, group_select_mode=0,
-                                  norm_type=0, renorm=1, routed_scaling_factor=1.0),
+              softmax_groups=dict(k=6, k_group=3, group_count=8, group_select_mode=0,
+                                  norm_type=0, routed_scaling_factor=1.0),
               softmax_plain=dict(k=6, norm_type=0, renorm=0, routed_scaling_factor=16.0))[case]
     use_bias = case == "sigmoid_groups"
     k = kw.pop("k")
     y, idx, norm_out = compat.npu_moe_gating_top_k(x, k, bias=bias if use_bias else None,
                                                    out_flag=True, **kw)
     # Ascend's formula: normOut = softmax | sigmoid; + bias to choose; group max | top-2 sum;
-    # y = normOut[ids] (/ (sum + eps) for sigmoid or renorm = 1) * routed_scaling_factor.
+    # y = normOut[ids] / (sum + eps) * routed_scaling_factor.
     sig = kw["norm_type"] == 1
     s, c, ids = ref_route(x, bias if use_bias else None, k, kw.get("group_count", 1),
                           kw.get("k_group", 1), "sigmoid" if sig else "softmax",
                           "top2_sum" if kw.get("group_select_mode", 0) == 1 else "max")
     w = s.gather(1, ids)
-    if sig or kw.get("renorm", 0) == 1:
-        w = w / (w.sum(-1, keepdim=True) + 1e-20)
-    w = w * kw["routed_scaling_factor"]
+    w = w / (w.sum(-1, keepdim=True) + 1e-20) * kw["routed_scaling_factor"]
     assert idx.dtype == torch.int32 and y.dtype == x.dtype
     check_routing(y, idx, w, ids, c, case)
     np.testing.assert_allclose(ref.f64(norm_out), s.numpy(), rtol=1e-5, atol=1e-7)
@@ -139,6 +137,8 @@ def test_npu_moe_gating_top_k_bf16_output_and_unsupported():
         compat.npu_moe_gating_top_k(x, 4, norm_type=2)
     with pytest.raises(ValueError, match="norm_type"):
         compat.npu_moe_gating_top_k(x, 4, norm_type=5)
+    with pytest.raises(ValueError, match="renorm = 1"):
+        compat.npu_moe_gating_top_k(x, 4, renorm=1)
 
 
 # ---- SGLang biased_grouped_topk ---------------------------------------------------------------
