@@ -260,8 +260,9 @@ def _e4m3_bytes(torch, x):
 
 
 def concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale):
-    """vLLM's ``concat_and_cache_mla`` (vllm/_custom_ops.py, the ``_C_cache_ops`` op; commit
-    55681666's tree): write ``[kv_c | k_pe]`` of every token t < N = slot_mapping.size(0) (N <=
+    """vLLM's ``concat_and_cache_mla`` (vllm/_custom_ops.py, the wrapper of
+    ``torch.ops._C_cache_ops.concat_and_cache_mla``; the same signature in every stored
+    version, e.g. commit 0002bde5): write ``[kv_c | k_pe]`` of every token t < N = slot_mapping.size(0) (N <=
     T) into the paged cache ``kv_cache [num_blocks, block_size, W]`` at slot_mapping[t]
     (block = slot // block_size, offset = slot % block_size); a negative slot skips the token
     (a slot past the cache is skipped too). Returns None.
