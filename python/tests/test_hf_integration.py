@@ -187,8 +187,20 @@ def _cfg_model(cfg_cls, model_cls, **kw):
 
 
 @pytest.mark.parametrize("kind", ["rope_linear", "v2_norm_topk_prob", "v2_topk_method",
-                                  "not_mla"])
+                                  "not_mla", "quantized_projection"])
 def test_refused_configs(kind):
+    if kind == "quantized_projection":
+        cfg, cls = _glm()
+        model = cls(cfg)
+
+        class FakeFp8Linear(torch.nn.Linear):
+            pass
+        attn = model.model.layers[1].self_attn
+        attn.kv_a_proj_with_mqa = FakeFp8Linear(64, 48, bias=False)
+        with pytest.raises(UnsupportedModelError, match="FakeFp8Linear"):
+            patch(model)
+        assert not is_patched(model) and "forward" not in vars(model.model.layers[0].self_attn)
+        return
     if kind == "rope_linear":
         cfg, cls = _v3(rope_parameters={"rope_type": "linear", "rope_theta": 10000.0,
                                         "factor": 2.0})

@@ -10,7 +10,8 @@ Covered (transformers 5.x): DeepSeek-V2 / V2-Lite (``deepseek_v2``), DeepSeek-V3
 Kimi-K2 (``deepseek_v3``), GLM-4.7-Flash (``glm4_moe_lite``). ``patch`` replaces, by instance
 attribute, the forward of
 - every MLA attention module: the q-a and kv-a projections become one GEMM (their weights
-  concatenated, rebuilt when a weight changes) whose output goes through ONE
+  concatenated: one extra copy of them, e.g. 30 MB per DeepSeek-V3 layer in bf16; rebuilt
+  when a weight changes) whose output goes through ONE
   ``mlafuse.split_qk_norm`` (both RMSNorms, each with its module's own eps); ``mlafuse.rope_q``
   rotates q_pe and k_pe in place (interleaved or NeoX as the config says) from one cos/sin
   table per device built from the config's rope_theta and rope scaling (default or YaRN);
@@ -34,7 +35,8 @@ a cache filled while patched must not be continued unpatched (or the reverse).
 Refused with UnsupportedModelError: other model types (GLM-5 ``glm_moe_dsa`` and DeepSeek-V3.2
 ``deepseek_v32`` need the DSA indexer ops, DeepSeek-V4 ``deepseek_v4`` its own attention and
 sqrt-softplus / hash router, none of which this mlafuse has), rope types other than default /
-YaRN, partial rotary factors, a DeepSeek-V2 topk_method other than greedy /
+YaRN, partial rotary factors, quantized (non-nn.Linear) q-a / kv-a projections, a
+DeepSeek-V2 topk_method other than greedy /
 group_limited_greedy or with norm_topk_prob (transformers' V2 router ignores it), and module
 classes whose layout differs from the ones this file was written against. Patched models are
 for inference (no autograd through the mlafuse ops).
@@ -303,6 +305,12 @@ def patch(model, *, attention: bool = True, router: bool = True):
                     raise UnsupportedModelError(f"{name} has no {attr!r}: this transformers "
                                                 "version's MLA attention is not the one mlafuse "
                                                 "was written against")
+            for proj in (mod.q_a_proj if mod.q_lora_rank else None, mod.kv_a_proj_with_mqa):
+                if proj is not None and type(proj) is not torch.nn.Linear:
+                    raise UnsupportedModelError(
+                        f"{name}: the q-a / kv-a projection is a {type(proj).__name__}, not a "
+                        "plain torch.nn.Linear (quantized checkpoints are not supported: their "
+                        "weights cannot be concatenated into one GEMM)")
             eager = getattr(sys.modules[type(mod).__module__], "eager_attention_forward", None)
             if eager is None:
                 raise UnsupportedModelError(f"{type(mod).__module__} has no "
