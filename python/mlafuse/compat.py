@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from . import _lib as L
 from . import ops as _ops
-from ._lib import MlafError
 
 __all__ = ["fused_split_qk_norm", "npu_moe_gating_top_k", "biased_grouped_topk", "grouped_topk",
            "fused_topk_deepseek", "concat_and_cache_mla"]
@@ -262,10 +261,11 @@ def _e4m3_bytes(torch, x):
 def concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale):
     """vLLM's ``concat_and_cache_mla`` (vllm/_custom_ops.py, the wrapper of
     ``torch.ops._C_cache_ops.concat_and_cache_mla``; the same signature in every stored
-    version, e.g. commit 0002bde5): write ``[kv_c | k_pe]`` of every token t < N = slot_mapping.size(0) (N <=
-    T) into the paged cache ``kv_cache [num_blocks, block_size, W]`` at slot_mapping[t]
-    (block = slot // block_size, offset = slot % block_size); a negative slot skips the token
-    (a slot past the cache is skipped too). Returns None.
+    version, e.g. commit 0002bde5): write ``[kv_c | k_pe]`` of every token
+    t < N = slot_mapping.size(0) (N <= T) into the paged cache
+    ``kv_cache [num_blocks, block_size, W]`` at slot_mapping[t] (block = slot // block_size,
+    offset = slot % block_size); a negative slot skips the token (a slot past the cache is
+    skipped too). Returns None.
 
     kv_c [T, C] (already normalized), k_pe [T, R] or [T, 1, R] (already roped), rows strided.
     kv_cache_dtype (SPEC §9, same bytes as mlafuse's mla_kv_cache writes for the same dense

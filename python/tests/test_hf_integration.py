@@ -182,10 +182,6 @@ def test_positions_outside_the_table_are_an_error():
         model(ids, position_ids=torch.tensor([[10, 11, 300]]))
 
 
-def _cfg_model(cfg_cls, model_cls, **kw):
-    return model_cls(cfg_cls(**kw))
-
-
 @pytest.mark.parametrize("kind", ["rope_linear", "v2_norm_topk_prob", "v2_topk_method",
                                   "not_mla", "quantized_projection"])
 def test_refused_configs(kind):

@@ -53,7 +53,8 @@ __all__ = ["patch", "unpatch", "is_patched", "UnsupportedModelError", "SUPPORTED
 SUPPORTED_MODEL_TYPES = ("deepseek_v2", "deepseek_v3", "glm4_moe_lite")
 _REFUSED = {
     "glm_moe_dsa": "GLM-5 (glm_moe_dsa) needs the DSA indexer ops (SPEC §10: indexer key "
-                   "LayerNorm + RoPE + fp8 index cache, indexer_q), which this mlafuse does not have",
+                   "LayerNorm + RoPE + fp8 index cache, indexer_q), which this mlafuse does not "
+                   "have",
     "deepseek_v32": "DeepSeek-V3.2 (deepseek_v32) needs the DSA indexer ops (SPEC §10), which "
                     "this mlafuse does not have",
     "deepseek_v4": "DeepSeek-V4 (deepseek_v4) needs its 512-wide kv with a rope tail, per-head q "
