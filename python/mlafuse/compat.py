@@ -1,0 +1,359 @@
+"""Engine-facing adapters (SPEC §13): the functions inference engines already call, with their
+exact signatures, defaults and return conventions, computed by mlafuse.
+
+Each function names the engine and the commit (or release) whose signature it follows. They
+take torch tensors (CPU or CUDA; they run through the same ``mlafuse.*`` calls, so the compiled
+torch binding serves them when it is built). The module imports without torch; a call then
+raises ImportError.
+
+Not here yet (they need ops that are not in this mlafuse): vLLM's
+``indexer_k_quant_and_cache``, ``fused_norm_rope_deepseek_v32`` and
+``fused_deepseek_v4_qnorm_rope_kv_rope_quant_insert``.
+"""
+from __future__ import annotations
+
+from . import _lib as L
+from . import ops as _ops
+
+__all__ = ["fused_split_qk_norm", "npu_moe_gating_top_k", "biased_grouped_topk", "grouped_topk",
+           "fused_topk_deepseek", "concat_and_cache_mla"]
+
+
+def _torch(fn: str):
+    if _ops._torch is None:
+        raise ImportError(f"mlafuse.compat.{fn} needs torch (pip install torch); "
+                          "it takes torch tensors")
+    return _ops._torch
+
+
+def _need_tensor(torch, x, name: str, fn: str):
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{fn}: {name} is a {type(x).__name__}, expected a torch.Tensor")
+
+
+def _f32_bias(bias):
+    """mlafuse takes the correction bias as f32; engines keep it in the logits' dtype."""
+    return bias if bias is None or bias.dtype == _ops._torch.float32 else bias.float()
+
+
+# ---- the seed's fused split + two RMSNorms ---------------------------------------------------
+def fused_split_qk_norm(fused_qkv_a_proj_out, q_a_layernorm, kv_a_layernorm, q_lora_rank,
+                        kv_lora_rank, qk_rope_dim, eps=1e-6):
+    """Split the fused q-a / kv-a projection output and RMS-normalize both parts: the seed
+    kernel's Python entry (SGLang's DeepSeek-V2 attention prepares its latent the same way:
+    ``fused_qkv_a_proj_with_mqa`` output -> ``q_a_layernorm``, ``kv_a_layernorm``; SPEC §13).
+
+    fused_qkv_a_proj_out  [T, q_lora_rank + kv_lora_rank + qk_rope_dim], rows may be strided
+                          (a slice of a wider GEMM output); f32 / f16 / bf16
+    q_a_layernorm, kv_a_layernorm   norm modules (anything with ``.weight``); q_a_layernorm is
+                          None, and q_lora_rank None or 0, for models without q LoRA
+    eps                   used for both norms (the norms' own eps attributes are not read)
+
+    Returns ``(q [T, Q], k_nope [T, 1, C], k_pe [T, 1, R])``: q and k_nope are new tensors in
+    the input's dtype (q is None without q LoRA); k_pe is a view of the input's rope columns
+    (bit-exact, no copy).
+    """
+    fn = "fused_split_qk_norm"
+    torch = _torch(fn)
+    _need_tensor(torch, fused_qkv_a_proj_out, "fused_qkv_a_proj_out", fn)
+    Q = 0 if q_lora_rank is None else int(q_lora_rank)
+    C, R = int(kv_lora_rank), int(qk_rope_dim)
+    if Q > 0 and q_a_layernorm is None:
+        raise ValueError(f"{fn}: q_lora_rank = {Q} but q_a_layernorm is None")
+    if Q == 0 and q_a_layernorm is not None:
+        raise ValueError(f"{fn}: q_a_layernorm is given but q_lora_rank = {q_lora_rank!r} "
+                         "(no q LoRA): pass q_a_layernorm=None")
+    for name, mod in (("q_a_layernorm", q_a_layernorm), ("kv_a_layernorm", kv_a_layernorm)):
+        if mod is not None and not isinstance(getattr(mod, "weight", None), torch.Tensor):
+            raise TypeError(f"{fn}: {name} has no tensor .weight (expected an RMSNorm module)")
+    x = fused_qkv_a_proj_out
+    q, k_nope, _ = _ops.split_qk_norm(
+        x, q_a_layernorm.weight if Q else None, kv_a_layernorm.weight, eps_q=eps, eps_kv=eps,
+        q_lora_rank=Q, kv_lora_rank=C, rope_dim=R, return_k_pe=False)
+    T = x.shape[0]
+    return q, k_nope.view(T, 1, C), x[:, Q + C:Q + C + R].unsqueeze(1)
+
+
+# ---- routers ----------------------------------------------------------------------------------
+def npu_moe_gating_top_k(x, k, *, bias=None, input_ids=None, tid2eid=None, k_group=1,
+                         group_count=1, group_select_mode=0, renorm=0, norm_type=0,
+                         out_flag=False, routed_scaling_factor=1.0, eps=1e-20):
+    """Ascend's ``npu_moe_gating_top_k``: the schema with hash routing of the custom op
+    documented as ``custom.npu_moe_gating_top_k(Tensor x, int k, *, Tensor? bias=None, Tensor?
+    input_ids=None, Tensor? tid2eid=None, int k_group=1, int group_count=1, float
+    routed_scaling_factor=1., float eps=1e-20, int group_select_mode=0, int renorm=0, int
+    norm_type=0, bool out_flag=False)`` (vLLM-Ascend's custom ops for DeepSeek-V4; keyword
+    arguments, so their order does not matter). Without input_ids / tid2eid it is torch_npu
+    7.0.0's ``torch_npu.npu_moe_gating_top_k`` (whose norm_type defaults to 1).
+
+    normOut = softmax(x) (norm_type 0) or sigmoid(x) (1); ``bias`` (x's dtype) is added to
+    choose; groups score by their max (group_select_mode 0) or top-2 sum (1) and the
+    ``k_group`` best of ``group_count`` stay; ``y = normOut[ids] / (sum + eps) *
+    routed_scaling_factor`` (the documented formula, for every norm_type). ``renorm`` must be
+    0 (norm before top-k, the only value documented for this op).
+
+    Returns ``(y [T, k] in x's dtype, expert_idx [T, k] int32, norm_out)``: norm_out is the
+    [T, E] float32 normOut when ``out_flag``, else an empty [T, 0] tensor. ids are sorted by
+    biased score (ties: lower index).
+
+    Hash routing (input_ids / tid2eid) and norm_type 2 (softplus scores, DeepSeek-V4) raise
+    NotImplementedError: they need moe_gate's hash mode and sqrt-softplus score (SPEC §11),
+    which this mlafuse does not have yet.
+    """
+    fn = "npu_moe_gating_top_k"
+    torch = _torch(fn)
+    _need_tensor(torch, x, "x", fn)
+    if input_ids is not None or tid2eid is not None:
+        raise NotImplementedError(
+            f"{fn}: hash routing (input_ids / tid2eid, DeepSeek-V4's first layers) needs "
+            "mlafuse moe_gate's hash-routing mode (SPEC §11), which this mlafuse does not have")
+    if norm_type == 2:
+        raise NotImplementedError(
+            f"{fn}: norm_type = 2 (softplus scores, DeepSeek-V4) needs mlafuse moe_gate's "
+            "sqrt_softplus score (SPEC §11), which this mlafuse does not have")
+    if norm_type not in (0, 1):
+        raise ValueError(f"{fn}: norm_type = {norm_type!r}, expected 0 (softmax) or 1 (sigmoid)")
+    if group_select_mode not in (0, 1):
+        raise ValueError(f"{fn}: group_select_mode = {group_select_mode!r}, expected 0 (group "
+                         "max) or 1 (top-2 sum)")
+    if renorm != 0:
+        raise ValueError(f"{fn}: renorm = {renorm!r}, expected 0 (the only value the op "
+                         "documents: norm, then top-k)")
+    sigmoid = norm_type == 1
+    out = _ops.moe_gate(
+        x, _f32_bias(bias), top_k=int(k), n_group=int(group_count), topk_group=int(k_group),
+        score_func="sigmoid" if sigmoid else "softmax",
+        group_score="top2_sum" if group_select_mode == 1 else "max",
+        renormalize=True, routed_scaling_factor=float(routed_scaling_factor),
+        apply_routed_scaling=True, eps=float(eps), return_scores=bool(out_flag),
+        weights_dtype=None if x.dtype == torch.float32 else x.dtype)
+    if out_flag:
+        return out
+    return out[0], out[1], x.new_empty((x.shape[0], 0), dtype=torch.float32)
+
+
+def biased_grouped_topk(hidden_states, gating_output, correction_bias, topk, renormalize,
+                        num_expert_group=None, topk_group=None, num_fused_shared_experts=0,
+                        routed_scaling_factor=None,
+                        apply_routed_scaling_factor_on_output=False):
+    """SGLang's ``biased_grouped_topk`` (python/sglang/srt/layers/moe/topk.py, commit
+    000328a8; ``biased_grouped_topk_gpu`` and its torch reference ``biased_grouped_topk_impl``).
+
+    Sigmoid scores, ``correction_bias`` added to choose, group score = top-2 sum, the
+    ``topk_group`` best of ``num_expert_group`` groups kept (None: one group). ``topk`` counts
+    the fused shared experts: ``topk - num_fused_shared_experts`` routed experts are chosen and
+    the shared ones fill the last slots with ids E, E+1, ... (SGLang writes E for one shared
+    expert) and weight ``sum(routed scores) / routed_scaling_factor``. With ``renormalize`` the
+    weights are divided by the routed sum (no eps), and then, when
+    ``apply_routed_scaling_factor_on_output``, multiplied by the factor (shared ones included,
+    which then weigh 1), as SGLang does; without ``renormalize`` no factor is applied.
+
+    Returns ``(topk_weights [T, topk] float32, topk_ids [T, topk] int32)``, routed ids sorted by
+    biased score (SGLang leaves their order unspecified).
+    """
+    fn = "biased_grouped_topk"
+    torch = _torch(fn)
+    _need_tensor(torch, gating_output, "gating_output", fn)
+    if hidden_states is not None and hidden_states.shape[0] != gating_output.shape[0]:
+        raise ValueError(f"{fn}: hidden_states.shape[0] = {hidden_states.shape[0]} but "
+                         f"gating_output.shape[0] = {gating_output.shape[0]} (tokens mismatch)")
+    S = int(num_fused_shared_experts)
+    if S < 0 or S >= int(topk):
+        raise ValueError(f"{fn}: num_fused_shared_experts = {S}, expected 0 <= it < topk = {topk}")
+    if S > 0 and routed_scaling_factor is None:
+        raise ValueError(f"{fn}: num_fused_shared_experts = {S} needs routed_scaling_factor "
+                         "(the shared weight is sum / routed_scaling_factor)")
+    factor = 1.0 if routed_scaling_factor is None else float(routed_scaling_factor)
+    apply = bool(renormalize) and bool(apply_routed_scaling_factor_on_output) and \
+        routed_scaling_factor is not None
+    w, ids = _ops.moe_gate(
+        gating_output, _f32_bias(correction_bias), top_k=int(topk) - S,
+        n_group=int(num_expert_group or 1), topk_group=int(topk_group or 1),
+        score_func="sigmoid", group_score="top2_sum", renormalize=bool(renormalize),
+        routed_scaling_factor=factor, apply_routed_scaling=apply, eps=0.0, n_shared_experts=S)
+    if S > 0 and apply:
+        w[:, int(topk) - S:] *= factor  # mlafuse keeps sum / factor there; SGLang scales it too
+    return w, ids
+
+
+def grouped_topk(hidden_states, gating_output, topk, renormalize, num_expert_group=0,
+                 topk_group=0, scoring_func="softmax", routed_scaling_factor=1.0,
+                 e_score_correction_bias=None):
+    """vLLM's ``grouped_topk`` (vllm/model_executor/layers/fused_moe/router/
+    grouped_topk_router.py, commit 55681666), the DeepSeek-V2 / V3 router.
+
+    ``scoring_func`` "softmax" or "sigmoid" (fp32 here; vLLM's torch path scores in the logits'
+    dtype); with ``e_score_correction_bias`` the biased scores choose and the group score is
+    the top-2 sum, without it the group max; the ``topk_group`` best of ``num_expert_group``
+    groups are kept (0: no groups, where vLLM's router falls back to plain top-k); weights are
+    the unbiased scores, divided by their sum (no eps) when ``renormalize``, then multiplied by
+    ``routed_scaling_factor``.
+
+    Returns ``(topk_weights [T, topk] float32, topk_ids [T, topk] int32)``, sorted by the
+    choosing score (vLLM: unspecified order).
+    """
+    fn = "grouped_topk"
+    torch = _torch(fn)
+    _need_tensor(torch, gating_output, "gating_output", fn)
+    if hidden_states is not None and hidden_states.shape[0] != gating_output.shape[0]:
+        raise ValueError(f"{fn}: hidden_states.shape[0] = {hidden_states.shape[0]} but "
+                         f"gating_output.shape[0] = {gating_output.shape[0]} (tokens mismatch)")
+    if scoring_func not in ("softmax", "sigmoid"):
+        raise ValueError(f"{fn}: scoring_func = {scoring_func!r}, expected 'softmax' or "
+                         "'sigmoid' (sqrtsoftplus needs moe_gate's sqrt_softplus score, not in "
+                         "this mlafuse)")
+    groups = int(num_expert_group) if num_expert_group else 1
+    return _ops.moe_gate(
+        gating_output, _f32_bias(e_score_correction_bias), top_k=int(topk), n_group=groups,
+        topk_group=int(topk_group) if groups > 1 else 1, score_func=scoring_func,
+        group_score="top2_sum" if e_score_correction_bias is not None else "max",
+        renormalize=bool(renormalize), routed_scaling_factor=float(routed_scaling_factor),
+        apply_routed_scaling=True, eps=0.0)
+
+
+def fused_topk_deepseek(scores, bias, n_group, topk_group, topk, routed_scaling_factor,
+                        topk_values, topk_indices, launch_with_pdl=True,
+                        routing_replay_out=None):
+    """FlashInfer's ``flashinfer.fused_moe.fused_topk_deepseek`` (flashinfer/fused_moe/
+    fused_routing_dsv3.py, commit 7146f71f), DeepSeek-V3's noaux_tc router.
+
+    ``sigmoid(scores) + bias`` chooses (top-2-sum group score, ``topk_group`` of ``n_group``
+    groups), weights ``sigmoid / sum * routed_scaling_factor`` (the sum with FlashInfer's
+    1e-20). Writes ``topk_values`` [T, topk] (scores' dtype) and ``topk_indices`` [T, topk]
+    int32 in place, and ``routing_replay_out[:T]`` (int16) when given; returns None.
+    ``launch_with_pdl`` is accepted and has no effect. mlafuse does not have FlashInfer's
+    limits (E a power of two, topk <= 8, <= 32 experts per group).
+    """
+    fn = "fused_topk_deepseek"
+    torch = _torch(fn)
+    for name, t in (("scores", scores), ("bias", bias), ("topk_values", topk_values),
+                    ("topk_indices", topk_indices)):
+        _need_tensor(torch, t, name, fn)
+    if topk_values.dtype != scores.dtype:
+        raise ValueError(f"{fn}: topk_values.dtype = {topk_values.dtype}, expected the scores' "
+                         f"dtype {scores.dtype}")
+    _ops.moe_gate(scores, _f32_bias(bias), top_k=int(topk), n_group=int(n_group),
+                  topk_group=int(topk_group), score_func="sigmoid", group_score="top2_sum",
+                  renormalize=True, routed_scaling_factor=float(routed_scaling_factor),
+                  apply_routed_scaling=True, eps=1e-20, weights=topk_values, ids=topk_indices)
+    if routing_replay_out is not None:
+        if routing_replay_out.dtype != torch.int16 or routing_replay_out.dim() != 2 or \
+                routing_replay_out.shape[0] < scores.shape[0] or \
+                routing_replay_out.shape[1] != int(topk):
+            raise ValueError(f"{fn}: routing_replay_out is {tuple(routing_replay_out.shape)} "
+                             f"{routing_replay_out.dtype}, expected int16 [>= {scores.shape[0]}, "
+                             f"{topk}]")
+        routing_replay_out[:scores.shape[0]].copy_(topk_indices)
+    return None
+
+
+# ---- KV-cache write ---------------------------------------------------------------------------
+_E4M3_MAX = 448.0
+
+
+def _e4m3_bytes(torch, x):
+    """f32 -> e4m3 bytes as CUDA's __nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3): round
+    to nearest even, saturate to +-448 (inf included), NaN of either sign -> 0x7F (SPEC §9)."""
+    b = x.clamp(-_E4M3_MAX, _E4M3_MAX).to(torch.float8_e4m3fn).view(torch.uint8)
+    return torch.where(torch.isnan(x), torch.full_like(b, 0x7F), b)
+
+
+def concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale):
+    """vLLM's ``concat_and_cache_mla`` (vllm/_custom_ops.py, the wrapper of
+    ``torch.ops._C_cache_ops.concat_and_cache_mla``; the same signature in every stored
+    version, e.g. commit 0002bde5): write ``[kv_c | k_pe]`` of every token
+    t < N = slot_mapping.size(0) (N <= T) into the paged cache
+    ``kv_cache [num_blocks, block_size, W]`` at slot_mapping[t] (block = slot // block_size,
+    offset = slot % block_size); a negative slot skips the token (a slot past the cache is
+    skipped too). Returns None.
+
+    kv_c [T, C] (already normalized), k_pe [T, R] or [T, 1, R] (already roped), rows strided.
+    kv_cache_dtype (SPEC §9, same bytes as mlafuse's mla_kv_cache writes for the same dense
+    values):
+      "auto"               kv_cache in any float dtype, W = C + R, values cast to it
+      "fp8", "fp8_e4m3"    kv_cache uint8 / float8_e4m3fn, W = C + R, e4m3(x / scale), scale a
+                           1-element f32 tensor
+      "fp8_ds_mla"         kv_cache uint8 / float8_e4m3fn, W = C + 4*C/128 + 2*R (656 for the
+                           V3.2 shapes 512 + 64): C e4m3 bytes with one f32 scale per 128 values
+                           (max(amax / 448, FLT_MIN)), then R bf16 rope values; bf16 kv_c and
+                           k_pe, C % 128 == 0; ``scale`` is not read
+    "fp8_e5m2" and "nvfp4_ds_mla" raise MlafError (MLAF_ERR_UNSUPPORTED).
+
+    mlafuse has no write-only kernel (its fused op, ``mlafuse.mla_kv_cache``, normalizes and
+    ropes on the way): this adapter writes with torch indexing, on the tensors' device.
+    """
+    fn = "concat_and_cache_mla"
+    torch = _torch(fn)
+    for name, t in (("kv_c", kv_c), ("k_pe", k_pe), ("kv_cache", kv_cache),
+                    ("slot_mapping", slot_mapping)):
+        _need_tensor(torch, t, name, fn)
+    if not isinstance(kv_cache_dtype, str):
+        raise TypeError(f"{fn}: kv_cache_dtype is a {type(kv_cache_dtype).__name__}, expected "
+                        "'auto', 'fp8', 'fp8_e4m3' or 'fp8_ds_mla'")
+    fmt = _ops._kv_format_code(kv_cache_dtype)  # unknown and unsupported names raise here
+    if k_pe.dim() == 3:
+        if k_pe.shape[1] != 1:
+            raise ValueError(f"{fn}: k_pe is {tuple(k_pe.shape)}, expected [T, R] or [T, 1, R]")
+        k_pe = k_pe[:, 0]
+    if kv_c.dim() != 2 or k_pe.dim() != 2 or kv_c.shape[0] != k_pe.shape[0]:
+        raise ValueError(f"{fn}: kv_c is {tuple(kv_c.shape)} and k_pe {tuple(k_pe.shape)}, "
+                         "expected [T, C] and [T, R] with the same T")
+    if slot_mapping.dim() != 1 or slot_mapping.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"{fn}: slot_mapping is {tuple(slot_mapping.shape)} "
+                         f"{slot_mapping.dtype}, expected [N] int32 or int64")
+    T, C = kv_c.shape
+    R = k_pe.shape[1]
+    N = slot_mapping.shape[0]
+    if N > T:
+        raise ValueError(f"{fn}: slot_mapping.size(0) = {N} > T = {T} (kv_c.size(0))")
+    if kv_cache.dim() != 3:
+        raise ValueError(f"{fn}: kv_cache is {tuple(kv_cache.shape)}, expected "
+                         "[num_blocks, block_size, W]")
+    nb, bs, W = kv_cache.shape
+    fp8_dtypes = (torch.uint8, torch.float8_e4m3fn)
+    if fmt == L.KV_PLAIN:
+        want = C + R
+        if not kv_cache.dtype.is_floating_point:
+            raise ValueError(f"{fn}: kv_cache.dtype = {kv_cache.dtype}; 'auto' writes floats")
+    elif fmt == L.KV_FP8:
+        want = C + R
+        if kv_cache.dtype not in fp8_dtypes:
+            raise ValueError(f"{fn}: kv_cache.dtype = {kv_cache.dtype}, expected uint8 or "
+                             f"float8_e4m3fn for {kv_cache_dtype!r}")
+        _need_tensor(torch, scale, "scale", fn)
+        if scale.numel() != 1 or scale.dtype != torch.float32:
+            raise ValueError(f"{fn}: scale is {tuple(scale.shape)} {scale.dtype}, expected one "
+                             "float32 value")
+    else:  # fp8_ds_mla
+        want = C + 4 * (C // 128) + 2 * R
+        if kv_cache.dtype not in fp8_dtypes:
+            raise ValueError(f"{fn}: kv_cache.dtype = {kv_cache.dtype}, expected uint8 or "
+                             "float8_e4m3fn for 'fp8_ds_mla'")
+        if C % 128 or kv_c.dtype != torch.bfloat16 or k_pe.dtype != torch.bfloat16:
+            raise ValueError(f"{fn}: 'fp8_ds_mla' needs bf16 kv_c and k_pe and C % 128 == 0 "
+                             f"(got {kv_c.dtype}, {k_pe.dtype}, C = {C})")
+    if W != want:
+        raise ValueError(f"{fn}: kv_cache.shape[2] = {W}, expected {want} for "
+                         f"{kv_cache_dtype!r} with C = {C}, R = {R}")
+    slots = slot_mapping.long()
+    keep = (slots >= 0) & (slots < nb * bs)
+    rows = torch.nonzero(keep).flatten()
+    slots = slots[rows]
+    blk, off = slots // bs, slots % bs
+    kv, pe = kv_c[:N][rows], k_pe[:N][rows]
+    if fmt == L.KV_PLAIN:
+        kv_cache[blk, off] = torch.cat([kv, pe], dim=1).to(kv_cache.dtype)
+        return None
+    dst = kv_cache.view(torch.uint8) if kv_cache.dtype != torch.uint8 else kv_cache
+    if fmt == L.KV_FP8:
+        x = torch.cat([kv, pe], dim=1).float() / scale.reshape(1).to(kv.device)
+        dst[blk, off] = _e4m3_bytes(torch, x)
+        return None
+    x = kv.float().view(-1, C // 128, 128)
+    amax = torch.nan_to_num(x.abs(), nan=0.0).amax(dim=2, keepdim=True)
+    tile = torch.clamp(amax / _E4M3_MAX, min=torch.finfo(torch.float32).tiny)
+    q = _e4m3_bytes(torch, x / tile).view(-1, C)
+    record = torch.cat([q, tile.view(-1, C // 128).contiguous().view(torch.uint8),
+                        pe.contiguous().view(torch.uint8)], dim=1)
+    dst[blk, off] = record
+    return None

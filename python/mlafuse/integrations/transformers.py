@@ -1,0 +1,354 @@
+"""Run a Hugging Face transformers MLA + MoE model's memory-bound steps through mlafuse.
+
+    from mlafuse.integrations.transformers import patch, unpatch
+    model = AutoModelForCausalLM.from_pretrained(...)
+    patch(model)          # in place; returns the model
+    model.generate(...)
+    unpatch(model)        # the original forwards again
+
+Covered (transformers 5.x): DeepSeek-V2 / V2-Lite (``deepseek_v2``), DeepSeek-V3 / R1 and
+Kimi-K2 (``deepseek_v3``), GLM-4.7-Flash (``glm4_moe_lite``). ``patch`` replaces, by instance
+attribute, the forward of
+- every MLA attention module: the q-a and kv-a projections become one GEMM (their weights
+  concatenated: one extra copy of them, e.g. 30 MB per DeepSeek-V3 layer in bf16; rebuilt
+  when a weight changes) whose output goes through ONE
+  ``mlafuse.split_qk_norm`` (both RMSNorms, each with its module's own eps); ``mlafuse.rope_q``
+  rotates q_pe and k_pe in place (interleaved or NeoX as the config says) from one cos/sin
+  table per device built from the config's rope_theta and rope scaling (default or YaRN);
+  the cache update and attention are the model's own;
+- every MoE router: the model's own f32 router logits, then ``mlafuse.moe_gate`` with the
+  config's scoring (V3 / GLM: sigmoid + e_score_correction_bias, n_group / topk_group top-2
+  sum, norm_topk_prob with eps 1e-20, routed_scaling_factor; V2: softmax, greedy or
+  group_limited_greedy (group max), routed_scaling_factor);
+- the model's rotary embedding, only to check once per forward that every position is inside
+  the table (max_position_embeddings rows); the check is skipped while torch.compile traces
+  or a CUDA graph captures.
+
+Numerics: one rounding per RMSNorm output (transformers rounds x * rstd to the model dtype and
+again after the weight) and f32 RoPE from a double-precision table (transformers: f32 angles,
+cos / sin in the model dtype). In f32 the logits agree to about 1e-6; in bf16 the norm and
+RoPE outputs differ by up to 1 bf16 ulp, and the logits typically by a few 1e-3 relative.
+The keys' rope dims are stored in the cache in mlafuse's layout (pairs in place) rather than
+transformers' de-interleaved one; queries use the same layout, so attention is unchanged, but
+a cache filled while patched must not be continued unpatched (or the reverse).
+
+Refused with UnsupportedModelError: other model types (GLM-5 ``glm_moe_dsa`` and DeepSeek-V3.2
+``deepseek_v32`` need the DSA indexer ops, DeepSeek-V4 ``deepseek_v4`` its own attention and
+sqrt-softplus / hash router, none of which this mlafuse has), rope types other than default /
+YaRN, partial rotary factors, quantized (non-nn.Linear) q-a / kv-a projections, a
+DeepSeek-V2 topk_method other than greedy /
+group_limited_greedy or with norm_topk_prob (transformers' V2 router ignores it), and module
+classes whose layout differs from the ones this file was written against. Patched models are
+for inference (no autograd through the mlafuse ops).
+"""
+from __future__ import annotations
+
+import sys
+import types
+
+from .. import ops as _ops
+
+__all__ = ["patch", "unpatch", "is_patched", "UnsupportedModelError", "SUPPORTED_MODEL_TYPES"]
+
+SUPPORTED_MODEL_TYPES = ("deepseek_v2", "deepseek_v3", "glm4_moe_lite")
+_REFUSED = {
+    "glm_moe_dsa": "GLM-5 (glm_moe_dsa) needs the DSA indexer ops (SPEC §10: indexer key "
+                   "LayerNorm + RoPE + fp8 index cache, indexer_q), which this mlafuse does not "
+                   "have",
+    "deepseek_v32": "DeepSeek-V3.2 (deepseek_v32) needs the DSA indexer ops (SPEC §10), which "
+                    "this mlafuse does not have",
+    "deepseek_v4": "DeepSeek-V4 (deepseek_v4) needs its 512-wide kv with a rope tail, per-head q "
+                   "norm and the sqrt-softplus / hash router (SPEC §11), which this mlafuse does "
+                   "not have",
+}
+_ATTN_CLASSES = {"deepseek_v2": "DeepseekV2Attention", "deepseek_v3": "DeepseekV3Attention",
+                 "glm4_moe_lite": "Glm4MoeLiteAttention"}
+_ROUTER_CLASSES = {"deepseek_v2": "DeepseekV2TopkRouter", "deepseek_v3": "DeepseekV3TopkRouter",
+                   "glm4_moe_lite": "Glm4MoeLiteTopkRouter"}
+_STATE = "_mlafuse_state"
+
+
+class UnsupportedModelError(ValueError):
+    """patch() was given a model, config or module layout it does not cover."""
+
+
+def _torch():
+    if _ops._torch is None:
+        raise ImportError("mlafuse.integrations.transformers needs torch and transformers")
+    return _ops._torch
+
+
+def is_patched(model) -> bool:
+    return getattr(model, _STATE, None) is not None
+
+
+# ---- configuration ----------------------------------------------------------------------------
+def _rope_settings(cfg, model_type):
+    """(style, base, scaling dict or None, max_pos) from the config, or UnsupportedModelError."""
+    params = dict(getattr(cfg, "rope_parameters", None) or {})
+    if not params and getattr(cfg, "rope_scaling", None):
+        params = dict(cfg.rope_scaling)
+    base = params.get("rope_theta", getattr(cfg, "rope_theta", None))
+    if base is None:
+        raise UnsupportedModelError(f"{model_type}: the config has no rope_theta")
+    kind = params.get("rope_type", params.get("type", "default"))
+    if kind not in ("default", "yarn"):
+        raise UnsupportedModelError(f"{model_type}: rope type {kind!r} is not supported (mlafuse "
+                                    "builds default and YaRN tables)")
+    if float(params.get("partial_rotary_factor", 1.0)) != 1.0:
+        raise UnsupportedModelError(f"{model_type}: partial_rotary_factor = "
+                                    f"{params['partial_rotary_factor']} is not supported")
+    R = int(cfg.qk_rope_head_dim)
+    if getattr(cfg, "head_dim", R) != R:
+        raise UnsupportedModelError(f"{model_type}: head_dim = {cfg.head_dim} but "
+                                    f"qk_rope_head_dim = {R}; transformers' rotary embedding "
+                                    "would not match the rope columns")
+    scaling = None
+    if kind == "yarn":
+        scaling = {k: v for k, v in params.items()
+                   if k not in ("rope_theta", "partial_rotary_factor") and v is not None}
+        scaling["rope_type"] = "yarn"
+        scaling.pop("type", None)
+        if scaling.get("factor") is None:  # as transformers: the ratio of the context lengths
+            scaling["factor"] = cfg.max_position_embeddings / \
+                scaling["original_max_position_embeddings"]
+    if model_type == "deepseek_v2":
+        style = "interleaved"  # complex multiplication of (2i, 2i+1) pairs
+    else:
+        style = "interleaved" if getattr(cfg, "rope_interleave", True) else "neox"
+    return style, float(base), scaling, int(cfg.max_position_embeddings)
+
+
+def _router_params(cfg, model_type):
+    """moe_gate keyword arguments (without top_k checks: the library validates them)."""
+    if model_type == "deepseek_v2":
+        method = getattr(cfg, "topk_method", "greedy")
+        if method not in ("greedy", "group_limited_greedy"):
+            raise UnsupportedModelError(f"deepseek_v2: topk_method = {method!r} is not supported "
+                                        "(greedy, group_limited_greedy)")
+        if getattr(cfg, "norm_topk_prob", False):
+            raise UnsupportedModelError(
+                "deepseek_v2: norm_topk_prob = True, but transformers' DeepseekV2TopkRouter "
+                "ignores it (DeepSeek's own code renormalizes); refusing rather than choosing")
+        grouped = method == "group_limited_greedy"
+        return dict(top_k=int(cfg.num_experts_per_tok),
+                    n_group=int(cfg.n_group) if grouped else 1,
+                    topk_group=int(cfg.topk_group) if grouped else 1, score_func="softmax",
+                    group_score="max", renormalize=False,
+                    routed_scaling_factor=float(cfg.routed_scaling_factor),
+                    apply_routed_scaling=True, eps=1e-20)
+    score = getattr(cfg, "scoring_func", "sigmoid")
+    if score != "sigmoid":
+        raise UnsupportedModelError(f"{model_type}: scoring_func = {score!r}, but the "
+                                    "transformers router computes sigmoid scores")
+    return dict(top_k=int(cfg.num_experts_per_tok), n_group=int(cfg.n_group or 1),
+                topk_group=int(cfg.topk_group or 1), score_func="sigmoid",
+                group_score="top2_sum", renormalize=bool(cfg.norm_topk_prob),
+                routed_scaling_factor=float(cfg.routed_scaling_factor),
+                apply_routed_scaling=True, eps=1e-20)
+
+
+class _Shared:
+    """Per-model state: the rope settings and one cos/sin table per device."""
+
+    def __init__(self, style, base, scaling, max_pos):
+        self.style, self.base, self.scaling, self.max_pos = style, base, scaling, max_pos
+        self.tables = {}
+
+    def cos_sin(self, device, R):
+        t = self.tables.get(device)
+        if t is None:
+            t = _ops.rope_table(self.max_pos, R, base=self.base, scaling=self.scaling,
+                                device=device)
+            self.tables[device] = t
+        return t
+
+
+# ---- replacement forwards ---------------------------------------------------------------------
+def _fused_a_weight(attn, st):
+    """[q_a_proj; kv_a_proj_with_mqa] weights (and biases) as one matrix, rebuilt when either
+    weight's storage, device, dtype or version changes."""
+    torch = _torch()
+    parts = ([attn.q_a_proj] if attn.q_a_proj is not None else []) + [attn.kv_a_proj_with_mqa]
+    key = tuple((p.weight.data_ptr(), p.weight._version, p.weight.dtype, p.weight.device,
+                 None if p.bias is None else (p.bias.data_ptr(), p.bias._version))
+                for p in parts)
+    if st.get("w_key") != key:
+        with torch.no_grad():
+            st["w_a"] = torch.cat([p.weight for p in parts]) if len(parts) > 1 \
+                else parts[0].weight
+            b = [p.bias for p in parts]
+            st["b_a"] = None if b[0] is None else (torch.cat(b) if len(b) > 1 else b[0])
+        st["w_key"] = key
+    return st["w_a"], st["b_a"]
+
+
+def _mla_attention(self, hidden_states, attention_mask, past_key_values, kwargs):
+    torch = _torch()
+    F = torch.nn.functional
+    st = getattr(self, _STATE)
+    position_ids = kwargs.get("position_ids")
+    if position_ids is None:
+        raise RuntimeError("mlafuse-patched attention needs position_ids (the transformers "
+                           "decoder layer passes them)")
+    B, S = hidden_states.shape[:-1]
+    T = B * S
+    Q = self.q_lora_rank or 0
+    C, R = self.kv_lora_rank, self.qk_rope_head_dim
+    h = hidden_states.reshape(T, hidden_states.shape[-1])
+    w_a, b_a = _fused_a_weight(self, st)
+    latent = F.linear(h, w_a, b_a)                                    # [T, Q + C + R]
+    q_norm, k_nope, _ = _ops.split_qk_norm(
+        latent, self.q_a_layernorm.weight if Q else None, self.kv_a_layernorm.weight,
+        eps_q=float(self.q_a_layernorm.variance_epsilon) if Q else 1e-6,
+        eps_kv=float(self.kv_a_layernorm.variance_epsilon), q_lora_rank=Q, kv_lora_rank=C,
+        rope_dim=R, return_k_pe=False)
+    q = self.q_b_proj(q_norm) if Q else self.q_proj(h)
+    q = q.view(T, -1, self.qk_head_dim)
+    shared = st["shared"]
+    cos_sin = shared.cos_sin(latent.device, R)
+    positions = position_ids.expand(B, S).reshape(T)
+    if R > 0:
+        _ops.rope_q(q, positions, cos_sin, style=shared.style)
+        _ops.rope_q(latent[:, Q + C:].unsqueeze(1), positions, cos_sin, style=shared.style)
+    kv_nope = k_nope.view(B, 1, S, C)
+    k_rot = latent[:, Q + C:].reshape(B, 1, S, R)
+    if past_key_values is not None:
+        kv_nope, k_rot = past_key_values.update(kv_nope, k_rot, self.layer_idx)
+    query_states = q.view(B, S, -1, self.qk_head_dim).transpose(1, 2)
+    key_states, value_states = self.expand_kv(kv_nope, k_rot)
+    attention_interface = st["attention_functions"].get_interface(
+        self.config._attn_implementation, st["eager_attention"])
+    attn_output, attn_weights = attention_interface(
+        self, query_states, key_states, value_states, attention_mask,
+        dropout=0.0 if not self.training else self.attention_dropout, scaling=self.scaling,
+        **kwargs)
+    attn_output = attn_output.reshape(B, S, -1).contiguous()
+    return self.o_proj(attn_output), attn_weights
+
+
+def _forward_v3(self, hidden_states, position_embeddings=None, attention_mask=None,
+                past_key_values=None, **kwargs):
+    """DeepseekV3Attention / Glm4MoeLiteAttention.forward's signature."""
+    return _mla_attention(self, hidden_states, attention_mask, past_key_values, kwargs)
+
+
+def _forward_v2(self, hidden_states, attention_mask=None, past_key_values=None,
+                position_embeddings=None, **kwargs):
+    """DeepseekV2Attention.forward's signature."""
+    return _mla_attention(self, hidden_states, attention_mask, past_key_values, kwargs)
+
+
+def _router_forward(self, hidden_states):
+    """The TopkRouter's contract: (router_logits f32, topk_weights f32, topk_indices int64)."""
+    torch = _torch()
+    st = getattr(self, _STATE)
+    hidden_states = hidden_states.view(-1, self.hidden_dim)
+    logits = torch.nn.functional.linear(hidden_states.type(torch.float32),
+                                        self.weight.type(torch.float32))
+    bias = getattr(self, "e_score_correction_bias", None) if st["biased"] else None
+    if bias is not None and bias.dtype != torch.float32:
+        bias = bias.float()
+    w, ids = _ops.moe_gate(logits, bias, **st["gate"])
+    return logits, w, ids.long()
+
+
+def _rotary_forward(self, x, position_ids):
+    torch = _torch()
+    st = getattr(self, _STATE)
+    capturing = x.is_cuda and torch.cuda.is_current_stream_capturing()
+    if not capturing and not torch.compiler.is_compiling() and position_ids.numel():
+        lo, hi = int(position_ids.min()), int(position_ids.max())
+        if lo < 0 or hi >= st["shared"].max_pos:
+            raise ValueError(f"position_ids span [{lo}, {hi}], outside the mlafuse RoPE table "
+                             f"[0, {st['shared'].max_pos}) (max_position_embeddings)")
+    return type(self).forward(self, x, position_ids)
+
+
+# ---- patch / unpatch --------------------------------------------------------------------------
+def _model_type(model):
+    cfg = getattr(model, "config", None)
+    mt = getattr(cfg, "model_type", None)
+    if mt is None:
+        raise UnsupportedModelError(f"{type(model).__name__} has no config.model_type: not a "
+                                    "transformers model")
+    return cfg, mt
+
+
+def patch(model, *, attention: bool = True, router: bool = True):
+    """Route ``model``'s q-a / kv-a RMSNorms, RoPE (``attention``) and MoE routers (``router``)
+    through mlafuse (see the module docstring). In place; returns the model. Patching a patched
+    model is a no-op (unpatch first to change the choice)."""
+    torch = _torch()
+    if is_patched(model):
+        return model
+    cfg, mt = _model_type(model)
+    if mt in _REFUSED:
+        raise UnsupportedModelError(_REFUSED[mt])
+    if mt not in SUPPORTED_MODEL_TYPES:
+        raise UnsupportedModelError(f"model_type {mt!r} is not covered; mlafuse patches "
+                                    f"{list(SUPPORTED_MODEL_TYPES)}")
+    style, base, scaling, max_pos = _rope_settings(cfg, mt)
+    gate = _router_params(cfg, mt)
+    if scaling is not None:
+        _ops._rope_scaling(scaling, base)  # rejects keys or values the library cannot build
+    shared = _Shared(style, base, scaling, max_pos)
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    attn_name, router_name = _ATTN_CLASSES[mt], _ROUTER_CLASSES[mt]
+    plan = []
+    for mod in model.modules():
+        name = type(mod).__name__
+        if name == attn_name and attention:
+            for attr in ("kv_a_proj_with_mqa", "kv_a_layernorm", "expand_kv", "o_proj",
+                         "q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "qk_head_dim"):
+                if not hasattr(mod, attr):
+                    raise UnsupportedModelError(f"{name} has no {attr!r}: this transformers "
+                                                "version's MLA attention is not the one mlafuse "
+                                                "was written against")
+            for proj in (mod.q_a_proj if mod.q_lora_rank else None, mod.kv_a_proj_with_mqa):
+                if proj is not None and type(proj) is not torch.nn.Linear:
+                    raise UnsupportedModelError(
+                        f"{name}: the q-a / kv-a projection is a {type(proj).__name__}, not a "
+                        "plain torch.nn.Linear (quantized checkpoints are not supported: their "
+                        "weights cannot be concatenated into one GEMM)")
+            eager = getattr(sys.modules[type(mod).__module__], "eager_attention_forward", None)
+            if eager is None:
+                raise UnsupportedModelError(f"{type(mod).__module__} has no "
+                                            "eager_attention_forward")
+            fwd = _forward_v2 if mt == "deepseek_v2" else _forward_v3
+            plan.append((mod, fwd, dict(shared=shared, eager_attention=eager,
+                                        attention_functions=ALL_ATTENTION_FUNCTIONS)))
+        elif name == router_name and router:
+            biased = hasattr(mod, "e_score_correction_bias") and mt != "deepseek_v2"
+            plan.append((mod, _router_forward, dict(gate=gate, biased=biased)))
+    if attention and not any(f in (_forward_v2, _forward_v3) for _, f, _ in plan):
+        raise UnsupportedModelError(f"no {attn_name} module found in {type(model).__name__}")
+    if router and not any(f is _router_forward for _, f, _ in plan) and \
+            getattr(cfg, "n_routed_experts", None):
+        raise UnsupportedModelError(f"no {router_name} module found in {type(model).__name__}")
+    inner = getattr(model, "model", model)
+    rotary = getattr(inner, "rotary_emb", None)
+    if rotary is not None and attention:
+        plan.append((rotary, _rotary_forward, dict(shared=shared)))
+    with torch.no_grad():
+        for mod, fwd, st in plan:
+            setattr(mod, _STATE, st)
+            mod.forward = types.MethodType(fwd, mod)
+    setattr(model, _STATE, [m for m, _, _ in plan])
+    return model
+
+
+def unpatch(model):
+    """Restore the original forwards (and drop mlafuse's fused weights and tables). Returns the
+    model; a model that is not patched is returned unchanged."""
+    mods = getattr(model, _STATE, None)
+    if mods is None:
+        return model
+    for mod in mods:
+        if "forward" in vars(mod):
+            del mod.forward
+        if hasattr(mod, _STATE):
+            delattr(mod, _STATE)
+    delattr(model, _STATE)
+    return model

@@ -1,0 +1,329 @@
+"""mlafuse.compat: each engine adapter against a plain torch transcription (written here, in
+float64) of that engine's reference path: ids identical up to ties, weights 1e-5 relative,
+norms 1 ulp, cache bytes exact. CPU here; CUDA too where a GPU and a CUDA build are present."""
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is not installed (mlafuse.compat takes torch "
+                                            "tensors; the numpy tests still run)")
+
+import mlafuse  # noqa: E402
+import mlafuse.compat as compat  # noqa: E402
+import reference as ref  # noqa: E402
+
+HAS_CUDA = torch.cuda.is_available() and mlafuse.backend_available("cuda")
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not HAS_CUDA, reason="no CUDA device visible to torch, or a CPU-only mlafuse"))]
+DNAME = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
+
+
+def gen(seed):
+    return torch.Generator().manual_seed(seed)
+
+
+def strided(g, T, W, dtype, device, pad=(3, 5)):
+    buf = torch.randn(T, pad[0] + W + pad[1], generator=g).to(device=device, dtype=dtype)
+    return buf[:, pad[0]:pad[0] + W]
+
+
+class Norm(torch.nn.Module):  # an RMSNorm module as the engines hold them: only .weight is read
+    def __init__(self, w):
+        super().__init__()
+        self.weight = torch.nn.Parameter(w, requires_grad=False)
+
+
+# ---- reference routers (torch, float64), transcribed from each engine's torch path ----------
+def ref_route(logits, bias, topk, n_group, topk_group, score, group_score):
+    """Scores, biased choosing scores and the chosen ids (sorted by choosing score), as the
+    engines' torch paths select them: score -> + bias -> group score -> keep groups -> top-k."""
+    x = logits.detach().double().cpu()
+    s = torch.sigmoid(x) if score == "sigmoid" else torch.softmax(x, dim=-1)
+    c = s + (bias.detach().double().cpu() if bias is not None else 0.0)
+    T, E = c.shape
+    grouped = c.view(T, n_group, E // n_group)
+    gs = grouped.topk(2, dim=-1)[0].sum(-1) if group_score == "top2_sum" else grouped.amax(-1)
+    keep = torch.zeros_like(gs).scatter_(1, gs.topk(topk_group, dim=-1)[1], 1.0)
+    mask = keep.unsqueeze(-1).expand(T, n_group, E // n_group).reshape(T, E).bool()
+    ids = c.masked_fill(~mask, float("-inf")).topk(topk, dim=-1, sorted=True)[1]
+    return s, c, ids
+
+
+def check_routing(w, ids, ref_w, ref_ids, c, what):
+    """ids equal up to ties of the choosing score (1e-6 relative); each expert's weight within
+    1e-5 relative of the reference weight of the same expert."""
+    ids64 = ids[:, :ref_ids.shape[1]].long().cpu()
+    T, E = c.shape
+    ref.assert_gate_ids(ids64.numpy(), c.numpy(), ref_ids.numpy(), ref_ids.shape[1], E)
+    got = ref.f64(w[:, :ref_ids.shape[1]])
+    same = (ids64 == ref_ids).numpy()
+    want = ref_w.numpy()
+    err = np.abs(got - want)[same]
+    tol = (1e-5 * np.abs(want) + 1e-30)[same]
+    assert np.all(err <= tol), f"{what}: weights off by up to {np.max(err / tol):.2f} x 1e-5 rel"
+
+
+# ---- fused_split_qk_norm ---------------------------------------------------------------------
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("Q", [96, 0])
+def test_fused_split_qk_norm(device, dtype, Q):
+    g = gen(1)
+    T, C, R, eps = 37, 64, 16, 1e-6
+    latent = strided(g, T, Q + C + R, dtype, device)
+    q_norm = Norm((1 + 0.1 * torch.randn(Q, generator=g)).to(device, dtype)) if Q else None
+    kv_norm = Norm((1 + 0.1 * torch.randn(C, generator=g)).to(device, dtype))
+    q, k_nope, k_pe = compat.fused_split_qk_norm(latent, q_norm, kv_norm, Q or None, C, R, eps)
+    assert k_nope.shape == (T, 1, C) and k_pe.shape == (T, 1, R)
+    # The seed's reference path: split, then RMSNorm(x) = x * rsqrt(mean(x^2) + eps) * w per part.
+    x = latent.double().cpu()
+    rms = lambda v, w: v * torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + eps) * w.double().cpu()
+    if Q:
+        ref.assert_close_ulp(q, rms(x[:, :Q], q_norm.weight), DNAME[dtype], "q")
+    else:
+        assert q is None
+    ref.assert_close_ulp(k_nope[:, 0], rms(x[:, Q:Q + C], kv_norm.weight), DNAME[dtype], "k_nope")
+    assert torch.equal(k_pe[:, 0].cpu(), latent[:, Q + C:].cpu())
+
+
+def test_fused_split_qk_norm_errors():
+    latent = torch.randn(4, 96 + 64 + 16)
+    kv = Norm(torch.ones(64))
+    with pytest.raises(ValueError, match="q_a_layernorm is None"):
+        compat.fused_split_qk_norm(latent, None, kv, 96, 64, 16)
+    with pytest.raises(mlafuse.MlafError, match="latent.shape"):
+        compat.fused_split_qk_norm(latent, Norm(torch.ones(96)), kv, 96, 64, 20)
+
+
+# ---- npu_moe_gating_top_k --------------------------------------------------------------------
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", ["sigmoid_groups", "softmax_groups", "softmax_plain"])
+def test_npu_moe_gating_top_k(device, case):
+    g = gen(2)
+    T, E = 41, 256
+    x = torch.randn(T, E, generator=g).to(device)
+    bias = (0.1 * torch.randn(E, generator=g)).to(device)
+    kw = dict(sigmoid_groups=dict(k=8, k_group=4, group_count=8, group_select_mode=1,
+                                  norm_type=1, routed_scaling_factor=2.5),
+              softmax_groups=dict(k=6, k_group=3, group_count=8, group_select_mode=0,
+                                  norm_type=0, routed_scaling_factor=1.0),
+              softmax_plain=dict(k=6, norm_type=0, renorm=0, routed_scaling_factor=16.0))[case]
+    use_bias = case == "sigmoid_groups"
+    k = kw.pop("k")
+    y, idx, norm_out = compat.npu_moe_gating_top_k(x, k, bias=bias if use_bias else None,
+                                                   out_flag=True, **kw)
+    # Ascend's formula: normOut = softmax | sigmoid; + bias to choose; group max | top-2 sum;
+    # y = normOut[ids] / (sum + eps) * routed_scaling_factor.
+    sig = kw["norm_type"] == 1
+    s, c, ids = ref_route(x, bias if use_bias else None, k, kw.get("group_count", 1),
+                          kw.get("k_group", 1), "sigmoid" if sig else "softmax",
+                          "top2_sum" if kw.get("group_select_mode", 0) == 1 else "max")
+    w = s.gather(1, ids)
+    w = w / (w.sum(-1, keepdim=True) + 1e-20) * kw["routed_scaling_factor"]
+    assert idx.dtype == torch.int32 and y.dtype == x.dtype
+    check_routing(y, idx, w, ids, c, case)
+    np.testing.assert_allclose(ref.f64(norm_out), s.numpy(), rtol=1e-5, atol=1e-7)
+    _, _, empty = compat.npu_moe_gating_top_k(x, k, bias=bias if use_bias else None, **kw)
+    assert empty.shape == (T, 0)
+
+
+def test_npu_moe_gating_top_k_bf16_output_and_unsupported():
+    x = torch.randn(5, 64).bfloat16()
+    y, idx, _ = compat.npu_moe_gating_top_k(x, 4, bias=torch.zeros(64).bfloat16(), norm_type=1)
+    assert y.dtype == torch.bfloat16 and idx.shape == (5, 4)
+    with pytest.raises(NotImplementedError, match="hash-routing"):
+        compat.npu_moe_gating_top_k(x, 4, input_ids=torch.zeros(5, dtype=torch.int64),
+                                    tid2eid=torch.zeros(10, 4, dtype=torch.int32))
+    with pytest.raises(NotImplementedError, match="sqrt_softplus"):
+        compat.npu_moe_gating_top_k(x, 4, norm_type=2)
+    with pytest.raises(ValueError, match="norm_type"):
+        compat.npu_moe_gating_top_k(x, 4, norm_type=5)
+    with pytest.raises(ValueError, match="renorm = 1"):
+        compat.npu_moe_gating_top_k(x, 4, renorm=1)
+
+
+# ---- SGLang biased_grouped_topk ---------------------------------------------------------------
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("E,groups,topk_group,topk,shared,renorm,on_output", [
+    (256, 8, 4, 8, 0, True, False),     # DeepSeek-V3
+    (256, 8, 4, 9, 1, True, True),      # V3 with the shared expert fused, factor on output
+    (256, 8, 4, 9, 1, True, False),
+    (384, None, None, 8, 0, True, True),  # Kimi-K2
+    (64, 1, 1, 4, 0, False, False),     # no renormalization: no factor applied
+])
+def test_biased_grouped_topk(device, E, groups, topk_group, topk, shared, renorm, on_output):
+    g = gen(3)
+    T, factor = 29, 2.5
+    hidden = torch.randn(T, 8).to(device)
+    logits = torch.randn(T, E, generator=g).to(device)
+    bias = (0.05 * torch.randn(E, generator=g)).to(device)
+    w, ids = compat.biased_grouped_topk(hidden, logits, bias, topk, renorm, groups, topk_group,
+                                        num_fused_shared_experts=shared,
+                                        routed_scaling_factor=factor,
+                                        apply_routed_scaling_factor_on_output=on_output)
+    assert w.shape == (T, topk) and ids.dtype == torch.int32
+    # SGLang's biased_grouped_topk_impl: sigmoid, + bias, top-2-sum groups, top-(k - S);
+    # shared weight = sum(routed) / factor before renormalizing; renormalize by the routed
+    # sum; then (only when renormalizing) * factor if applied on output.
+    k = topk - shared
+    s, c, rids = ref_route(logits, bias, k, groups or 1, topk_group or 1, "sigmoid", "top2_sum")
+    rw = s.gather(1, rids)
+    shared_w = rw.sum(-1, keepdim=True) / factor
+    if renorm:
+        total = rw.sum(-1, keepdim=True)
+        rw, shared_w = rw / total, shared_w / total
+        if on_output:
+            rw, shared_w = rw * factor, shared_w * factor
+    check_routing(w, ids, rw, rids, c, "routed")
+    if shared:
+        assert torch.all(ids[:, k:].cpu() == E)
+        np.testing.assert_allclose(ref.f64(w[:, k:]), shared_w.numpy(), rtol=1e-5)
+
+
+def test_biased_grouped_topk_errors():
+    x = torch.randn(3, 64)
+    with pytest.raises(ValueError, match="routed_scaling_factor"):
+        compat.biased_grouped_topk(x, x, torch.zeros(64), 5, True, 1, 1,
+                                   num_fused_shared_experts=1)
+    with pytest.raises(ValueError, match="tokens mismatch"):
+        compat.biased_grouped_topk(x[:2], x, torch.zeros(64), 4, True)
+
+
+# ---- vLLM grouped_topk -----------------------------------------------------------------------
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("E,groups,topk_group,topk,scoring,use_bias,renorm,factor", [
+    (160, 8, 3, 6, "softmax", False, False, 16.0),   # DeepSeek-V2
+    (256, 8, 4, 8, "sigmoid", True, True, 2.5),      # DeepSeek-V3
+    (64, 0, 0, 6, "softmax", False, True, 1.0),      # no groups
+])
+def test_grouped_topk(device, E, groups, topk_group, topk, scoring, use_bias, renorm, factor):
+    g = gen(4)
+    T = 23
+    logits = torch.randn(T, E, generator=g).to(device)
+    bias = (0.05 * torch.randn(E, generator=g)).to(device) if use_bias else None
+    w, ids = compat.grouped_topk(logits, logits, topk, renorm, groups, topk_group, scoring,
+                                 factor, bias)
+    # vLLM's grouped_topk: score; with a bias, biased scores choose and groups score top-2
+    # sums, else group max; weights the unbiased scores, / sum if renormalize, * factor.
+    s, c, rids = ref_route(logits, bias, topk, groups or 1, topk_group or 1, scoring,
+                           "top2_sum" if use_bias else "max")
+    rw = s.gather(1, rids)
+    if renorm:
+        rw = rw / rw.sum(-1, keepdim=True)
+    check_routing(w, ids, rw * factor, rids, c, scoring)
+
+
+# ---- FlashInfer fused_topk_deepseek -----------------------------------------------------------
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_topk_deepseek(device, dtype):
+    g = gen(5)
+    T, E, topk = 31, 256, 8
+    scores = torch.randn(T, E, generator=g).to(device, dtype)
+    bias = (0.05 * torch.randn(E, generator=g)).to(device, dtype)
+    vals = torch.full((T, topk), -1.0, dtype=dtype, device=device)
+    idx = torch.full((T, topk), -1, dtype=torch.int32, device=device)
+    replay = torch.full((T + 3, topk), -7, dtype=torch.int16, device=device)
+    assert compat.fused_topk_deepseek(scores, bias, 8, 4, topk, 2.5, vals, idx,
+                                      routing_replay_out=replay) is None
+    s, c, rids = ref_route(scores, bias, topk, 8, 4, "sigmoid", "top2_sum")
+    rw = s.gather(1, rids)
+    rw = rw / rw.sum(-1, keepdim=True) * 2.5
+    if dtype == torch.float32:
+        check_routing(vals, idx, rw, rids, c, "f32")
+    else:  # bf16 weights: the ids as above, the weights to 1 bf16 ulp
+        ref.assert_gate_ids(idx.long().cpu().numpy(), c.numpy(), rids.numpy(), topk, E)
+        same = idx.long().cpu() == rids
+        ref.assert_close_ulp(vals.cpu()[same], rw[same], "bfloat16", "bf16 weights")
+    assert torch.equal(replay[:T].cpu(), idx.cpu().to(torch.int16))
+    assert torch.all(replay[T:] == -7)
+
+
+# ---- vLLM concat_and_cache_mla ---------------------------------------------------------------
+def _cache_inputs(device, dtype, T=19, N=15, C=512, R=64, nb=6, bs=8, seed=6):
+    g = gen(seed)
+    kv_c = strided(g, T, C, dtype, device)
+    k_pe = strided(g, T, R, dtype, device)
+    slots = torch.randperm(nb * bs, generator=g)[:N]
+    slots[3] = -1
+    slots[5] = nb * bs + 4  # past the cache: skipped
+    return kv_c, k_pe, slots.to(device), nb, bs
+
+
+def _ref_rows(kv_cache, slots, nb, bs, N, records):
+    """The reference cache: the poison everywhere, record t at slot_mapping[t] for valid slots
+    of tokens t < N (vLLM: cache[slot // bs, slot % bs] = [kv_c | k_pe])."""
+    out = kv_cache.clone().cpu()
+    for t in range(N):
+        s = int(slots[t])
+        if 0 <= s < nb * bs:
+            out[s // bs, s % bs] = records[t]
+    return out
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_concat_and_cache_mla_auto(device):
+    kv_c, k_pe, slots, nb, bs = _cache_inputs(device, torch.bfloat16)
+    cache = torch.full((nb, bs, 576), -3584.0, dtype=torch.bfloat16, device=device)
+    want = _ref_rows(cache, slots, nb, bs, 15, torch.cat([kv_c, k_pe], 1).cpu())
+    assert compat.concat_and_cache_mla(kv_c, k_pe.unsqueeze(1), cache, slots, "auto",
+                                       torch.ones(1)) is None
+    assert torch.equal(cache.cpu(), want)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("cache_dtype", [torch.uint8, torch.float8_e4m3fn])
+def test_concat_and_cache_mla_fp8(device, cache_dtype):
+    kv_c, k_pe, slots, nb, bs = _cache_inputs(device, torch.bfloat16)
+    kv_c[0, :4] = torch.tensor([float("nan"), float("inf"), -1e4, 2.0 ** -12])
+    scale = torch.tensor([0.03], device=device)
+    cache = torch.full((nb, bs, 576), 0xA5, dtype=torch.uint8, device=device)
+    rows = ref.fp8_record(ref.f64(torch.cat([kv_c, k_pe], 1)).astype(np.float32), 0.03, "div")
+    want = _ref_rows(cache, slots, nb, bs, 15, torch.from_numpy(rows))
+    compat.concat_and_cache_mla(kv_c, k_pe, cache.view(cache_dtype), slots, "fp8_e4m3", scale)
+    assert torch.equal(cache.cpu(), want)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_concat_and_cache_mla_ds_mla(device):
+    kv_c, k_pe, slots, nb, bs = _cache_inputs(device, torch.bfloat16)
+    cache = torch.full((nb, bs, 656), 0xA5, dtype=torch.uint8, device=device)
+    rows = ref.ds_mla_record(ref.f64(kv_c).astype(np.float32),
+                             k_pe.cpu().view(torch.int16).numpy().view(np.uint16), "amax")
+    want = _ref_rows(cache, slots, nb, bs, 15, torch.from_numpy(rows))
+    compat.concat_and_cache_mla(kv_c, k_pe, cache, slots, "fp8_ds_mla", torch.ones(1))
+    assert torch.equal(cache.cpu(), want)
+
+
+@pytest.mark.parametrize("fmt,width", [("fp8", 576), ("fp8_ds_mla", 656)])
+def test_concat_and_cache_mla_matches_fused_writer(fmt, width):
+    """The bytes equal what mlafuse.mla_kv_cache writes for the same dense rows (its own
+    dense k_nope / roped k_pe fed to the adapter)."""
+    g = gen(7)
+    T, Q, C, R, nb, bs = 13, 32, 512, 64, 4, 8
+    latent = strided(g, T, Q + C + R, torch.bfloat16, "cpu")
+    w_q, w_kv = torch.ones(Q, dtype=torch.bfloat16), torch.ones(C, dtype=torch.bfloat16)
+    pos = torch.arange(T)
+    cos_sin = mlafuse.rope_table(64, R, device="cpu")
+    slots = torch.randperm(nb * bs, generator=g)[:T]
+    fused = torch.zeros(nb, bs, width, dtype=torch.uint8)
+    extra = dict(k_scale=torch.tensor([0.05])) if fmt == "fp8" else {}
+    _, kn, kp = mlafuse.mla_kv_cache(latent, w_q, w_kv, pos, cos_sin, slots, fused,
+                                     return_k_nope=True, return_k_pe=True, cache_format=fmt,
+                                     **extra)
+    mine = torch.zeros_like(fused)
+    compat.concat_and_cache_mla(kn, kp, mine, slots, fmt, torch.tensor([0.05]))
+    assert torch.equal(mine, fused)
+
+
+def test_concat_and_cache_mla_errors():
+    kv_c, k_pe, slots, nb, bs = _cache_inputs("cpu", torch.bfloat16)
+    cache = torch.zeros(nb, bs, 576, dtype=torch.uint8)
+    for name in ("fp8_e5m2", "nvfp4_ds_mla"):
+        with pytest.raises(mlafuse.MlafError, match=name):
+            compat.concat_and_cache_mla(kv_c, k_pe, cache, slots, name, torch.ones(1))
+    with pytest.raises(ValueError, match="slot_mapping.size"):
+        compat.concat_and_cache_mla(kv_c[:4], k_pe[:4], cache, slots, "fp8", torch.ones(1))
+    with pytest.raises(ValueError, match="shape\\[2\\] = 576, expected 656"):
+        compat.concat_and_cache_mla(kv_c, k_pe, cache, slots, "fp8_ds_mla", torch.ones(1))
+    with pytest.raises(ValueError, match="kv_cache_dtype|expected one of"):
+        compat.concat_and_cache_mla(kv_c, k_pe, cache, slots, "int4", torch.ones(1))

@@ -1,0 +1,232 @@
+"""mlafuse.integrations.transformers: tiny random (seeded, 2-layer) DeepSeek-V2 / V3 and
+GLM-4.7-Flash models from the transformers config classes, patched vs unpatched: f32 logits
+within 1e-4 relative, greedy generate of 20 tokens identical, bf16 logits as BF16_* below;
+the mlafuse ops are checked to have run; unsupported models and configs are refused."""
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is not installed (the HF integration needs "
+                                            "torch and transformers)")
+transformers = pytest.importorskip("transformers", reason="transformers is not installed")
+
+import mlafuse  # noqa: E402
+import mlafuse.ops  # noqa: E402
+from mlafuse.integrations.transformers import (  # noqa: E402
+    UnsupportedModelError, is_patched, patch, unpatch)
+
+HAS_CUDA = torch.cuda.is_available() and mlafuse.backend_available("cuda")
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not HAS_CUDA, reason="no CUDA device visible to torch, or a CPU-only mlafuse"))]
+# bf16: transformers rounds each RMSNorm output twice and ropes with bf16 cos / sin, mlafuse
+# rounds once from f32. The 1-ulp differences in q and k move the logits by 5e-4 to 1e-3 of
+# their largest magnitude on average (the routers alone are bit-identical); where they move a
+# later layer's router input across a near-tie between two experts, that token's logits
+# change by up to ~0.1. So: mean difference <= BF16_MEAN_TOL, max <= BF16_MAX_TOL, and at
+# least BF16_ARGMAX_AGREE of the positions keep their argmax.
+BF16_MEAN_TOL = 2e-3
+BF16_MAX_TOL = 0.2
+BF16_ARGMAX_AGREE = 0.9
+F32_TOL = 1e-4
+
+SMALL = dict(vocab_size=160, hidden_size=64, intermediate_size=96, moe_intermediate_size=32,
+             num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
+             max_position_embeddings=256, first_k_dense_replace=1, n_shared_experts=1,
+             tie_word_embeddings=False)
+MLA = dict(kv_lora_rank=32, qk_rope_head_dim=16, qk_nope_head_dim=16, v_head_dim=24)
+
+
+def _v3(**kw):
+    c = dict(SMALL, **MLA, q_lora_rank=48, n_routed_experts=16, num_experts_per_tok=4,
+             n_group=4, topk_group=2, routed_scaling_factor=2.5, norm_topk_prob=True)
+    c.update(kw)
+    return transformers.DeepseekV3Config(**c), transformers.DeepseekV3ForCausalLM
+
+
+def _glm(**kw):
+    c = dict(SMALL, **MLA, q_lora_rank=40, n_routed_experts=16, num_experts_per_tok=4,
+             n_group=1, topk_group=1, routed_scaling_factor=1.8, norm_topk_prob=True,
+             rms_norm_eps=1e-5)
+    c.update(kw)
+    return transformers.Glm4MoeLiteConfig(**c), transformers.Glm4MoeLiteForCausalLM
+
+
+def _v2(**kw):
+    c = dict(SMALL, **MLA, q_lora_rank=None, n_routed_experts=24, num_experts_per_tok=3,
+             topk_method="group_limited_greedy", n_group=4, topk_group=2,
+             routed_scaling_factor=16.0)
+    c.update(kw)
+    return transformers.DeepseekV2Config(**c), transformers.DeepseekV2ForCausalLM
+
+
+YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+        "original_max_position_embeddings": 64, "beta_fast": 32, "beta_slow": 1, "mscale": 1.0,
+        "mscale_all_dim": 1.0}
+MODELS = {
+    "deepseek_v3": lambda: _v3(),
+    "deepseek_v3_yarn": lambda: _v3(rope_parameters=dict(YARN)),
+    "kimi_k2_like": lambda: _v3(n_group=1, topk_group=1, n_routed_experts=24),
+    "glm4_moe_lite": lambda: _glm(),
+    "glm4_moe_lite_neox": lambda: _glm(rope_interleave=False),
+    "deepseek_v2_lite": lambda: _v2(topk_method="greedy", n_group=None, topk_group=None),
+    "deepseek_v2_q_lora": lambda: _v2(q_lora_rank=48),
+}
+
+
+def build(name, device, dtype=torch.float32, seed=0):
+    cfg, cls = MODELS[name]()
+    torch.manual_seed(seed)
+    model = cls(cfg).eval()
+    with torch.no_grad():  # routers start at zero: give them real choices, and the bias a role
+        for mod in model.modules():
+            if hasattr(mod, "e_score_correction_bias"):
+                mod.e_score_correction_bias.normal_(0, 0.02)
+            if type(mod).__name__.endswith("TopkRouter"):
+                mod.weight.normal_(0, 0.3)
+    return model.to(device=device, dtype=dtype)
+
+
+class Counting:
+    """Counts calls of the mlafuse ops the integration must use."""
+
+    NAMES = ("split_qk_norm", "rope_q", "moe_gate")
+
+    def __init__(self, monkeypatch):
+        self.calls = dict.fromkeys(self.NAMES, 0)
+        for n in self.NAMES:
+            real = getattr(mlafuse.ops, n)
+
+            def wrapped(*a, _real=real, _n=n, **k):
+                self.calls[_n] += 1
+                return _real(*a, **k)
+            monkeypatch.setattr(mlafuse.ops, n, wrapped)
+
+
+def rel(a, b):
+    return float((a.float() - b.float()).abs().max() / b.float().abs().max())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", list(MODELS))
+def test_f32_logits_and_greedy_generate(name, device, monkeypatch):
+    model = build(name, device)
+    ids = torch.randint(0, 160, (2, 11), generator=torch.Generator().manual_seed(1)).to(device)
+    with torch.no_grad():
+        want = model(ids).logits
+        gen_want = model.generate(ids, max_new_tokens=20, min_new_tokens=20, do_sample=False)
+        count = Counting(monkeypatch)
+        patch(model)
+        assert is_patched(model)
+        got = model(ids).logits
+        layers = model.config.num_hidden_layers
+        assert count.calls == {"split_qk_norm": layers, "rope_q": 2 * layers, "moe_gate": 1}
+        gen_got = model.generate(ids, max_new_tokens=20, min_new_tokens=20, do_sample=False)
+        unpatch(model)
+        again = model(ids).logits
+    assert rel(got, want) <= F32_TOL, f"{name}: logits differ by {rel(got, want):.2e}"
+    assert gen_got.shape == (2, 31)
+    assert torch.equal(gen_got, gen_want), f"{name}: greedy tokens differ"
+    assert not is_patched(model) and torch.equal(again, want)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", ["deepseek_v3", "glm4_moe_lite", "deepseek_v2_lite"])
+def test_bf16_logits(name, device):
+    model = build(name, device, torch.bfloat16)
+    ids = torch.randint(0, 160, (3, 17), generator=torch.Generator().manual_seed(2)).to(device)
+    with torch.no_grad():
+        want = model(ids).logits
+        patch(model)
+        got = model(ids).logits
+    assert got.dtype == torch.bfloat16
+    got, want = got.float(), want.float()
+    mean = float((got - want).abs().mean() / want.abs().max())
+    agree = float((got.argmax(-1) == want.argmax(-1)).float().mean())
+    assert mean <= BF16_MEAN_TOL, f"{name}: bf16 logits differ by {mean:.2e} on average"
+    assert rel(got, want) <= BF16_MAX_TOL, f"{name}: bf16 logits differ by {rel(got, want):.2e}"
+    assert agree >= BF16_ARGMAX_AGREE, f"{name}: argmax agrees at {agree:.0%} of positions"
+
+
+@pytest.mark.parametrize("name", ["deepseek_v3", "deepseek_v2_lite"])
+def test_bf16_router_alone_is_bit_identical(name, monkeypatch):
+    """The routers take transformers' own f32 logits: patched alone, nothing changes."""
+    model = build(name, "cpu", torch.bfloat16)
+    ids = torch.randint(0, 160, (2, 13), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        want = model(ids).logits
+        count = Counting(monkeypatch)
+        patch(model, attention=False)
+        got = model(ids).logits
+    assert count.calls == {"split_qk_norm": 0, "rope_q": 0, "moe_gate": 1}
+    assert torch.equal(got, want)
+
+
+def test_patch_twice_is_a_noop_and_weights_follow_changes():
+    model = build("deepseek_v3", "cpu")
+    ids = torch.randint(0, 160, (1, 7), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        patch(patch(model))
+        before = model(ids).logits
+        attn = model.model.layers[0].self_attn
+        attn.kv_a_proj_with_mqa.weight.mul_(1.5)  # the fused q-a / kv-a weight must follow
+        got = model(ids).logits
+        unpatch(model)
+        want = model(ids).logits
+    assert not torch.equal(before, got)
+    assert rel(got, want) <= F32_TOL
+
+
+def test_positions_outside_the_table_are_an_error():
+    model = build("glm4_moe_lite", "cpu")
+    patch(model)
+    ids = torch.zeros(1, 3, dtype=torch.long)
+    with torch.no_grad(), pytest.raises(ValueError, match="outside the mlafuse RoPE table"):
+        model(ids, position_ids=torch.tensor([[10, 11, 300]]))
+
+
+@pytest.mark.parametrize("kind", ["rope_linear", "v2_norm_topk_prob", "v2_topk_method",
+                                  "not_mla", "quantized_projection"])
+def test_refused_configs(kind):
+    if kind == "quantized_projection":
+        cfg, cls = _glm()
+        model = cls(cfg)
+
+        class FakeFp8Linear(torch.nn.Linear):
+            pass
+        attn = model.model.layers[1].self_attn
+        attn.kv_a_proj_with_mqa = FakeFp8Linear(64, 48, bias=False)
+        with pytest.raises(UnsupportedModelError, match="FakeFp8Linear"):
+            patch(model)
+        assert not is_patched(model) and "forward" not in vars(model.model.layers[0].self_attn)
+        return
+    if kind == "rope_linear":
+        cfg, cls = _v3(rope_parameters={"rope_type": "linear", "rope_theta": 10000.0,
+                                        "factor": 2.0})
+        match = "rope type 'linear'"
+    elif kind == "v2_norm_topk_prob":
+        cfg, cls = _v2(norm_topk_prob=True)
+        match = "norm_topk_prob"
+    elif kind == "v2_topk_method":
+        cfg, cls = _v2()
+        cfg.topk_method = "noaux_tc"
+        match = "topk_method"
+    else:
+        cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
+                                       num_hidden_layers=1, num_attention_heads=2)
+        cls = transformers.LlamaForCausalLM
+        match = "'llama' is not covered"
+    model = cls(cfg)
+    with pytest.raises(UnsupportedModelError, match=match):
+        patch(model)
+    assert not is_patched(model)
+
+
+@pytest.mark.parametrize("model_type,match", [("glm_moe_dsa", "DSA indexer"),
+                                              ("deepseek_v32", "DSA indexer"),
+                                              ("deepseek_v4", "sqrt-softplus")])
+def test_refused_model_types(model_type, match):
+    """GLM-5, DeepSeek-V3.2 and V4 (present in transformers 5.x) need ops this mlafuse lacks."""
+    cfg = transformers.AutoConfig.for_model(model_type)
+
+    class Stub(torch.nn.Module):  # patch() refuses on the config alone, before any module
+        config = cfg
+    with pytest.raises(UnsupportedModelError, match=match):
+        patch(Stub())
