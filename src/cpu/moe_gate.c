@@ -6,9 +6,9 @@
  *      loop vectorizes) and note which logits are finite.
  *   2. s = sigmoid(x) or softmax over the finite logits, with an exp of our own (range
  *      reduction + degree-7 polynomial, <= 2 ulp) that the compiler vectorizes; libm's expf
- *      does not, and the exp is most of the arithmetic. sqrt_softplus (DeepSeek-V4) calls
- *      libm (expf, log1pf, sqrtf) per expert and is not vectorized: its three ranges need
- *      exp(x / 2) down to subnormal results, which gate_exp's clamp would not give.
+ *      does not, and the exp is most of the arithmetic. sqrt_softplus (DeepSeek-V4): the
+ *      same exp, a branch-free log1p on [0, 1] and sqrt; logits below -20 are redone with
+ *      libm (s = exp(x / 2), down to subnormal results).
  *   3. c = s + bias; every expert gets a 32-bit rank value: the order-preserving integer map
  *      of c when its logit and bias are finite, else 1 (below every finite c, above "not
  *      eligible" = 0). With the index as tie-break this is one total order, the same one the
@@ -50,7 +50,7 @@
 
 /* The selects below (finite / clamp) are plain data flow, but GCC will not if-convert a float
  * compare while FP exceptions may be observed; nothing here reads the FP flags, so let the
- * per-expert loops vectorize. -ffp-contract=off from the build still applies. */
+ * per-expert loops vectorize (CMakeLists.txt adds -fno-math-errno for sqrtf). -ffp-contract=off from the build still applies. */
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC optimize("no-trapping-math")
 #endif
@@ -124,13 +124,39 @@ static void load_row(const void *row, mlaf_dtype dt, int32_t E, float *x) {
     }
 }
 
-/* sqrt(softplus(x)) for finite x, in fp32 without overflow: softplus(x) = x + log1p(exp(-x))
- * is x to fp32 above 20 (the term is < 2.1e-9), and log1p(exp(x)) = exp(x) to fp32 below -20,
- * whose square root is exp(x / 2) (no underflow of exp(x) first). */
-static inline float sqrt_softplus(float x) {
-    if (x > 20.0f) return sqrtf(x);
-    if (x < -20.0f) return expf(0.5f * x);
-    return sqrtf(log1pf(expf(x)));
+/* log1p(u) for u in [0, 1]: log(v), v = 1 + u, as 2 atanh(z) with z = (v - 1) / (v + 1) <= 1/3
+ * (nine odd terms: truncation below 2e-9 relative), times u / (v - 1), which gives back what the
+ * rounding of 1 + u lost (Goldberg's log1p); v - 1 is exact. Branch-free, so it vectorizes. */
+static inline float gate_log1p01(float u) {
+    const float v = 1.0f + u, d = v - 1.0f;
+    const float z = d / (v + 1.0f), z2 = z * z;
+    float p = 1.0f / 17.0f;
+    p = p * z2 + 1.0f / 15.0f;
+    p = p * z2 + 1.0f / 13.0f;
+    p = p * z2 + 1.0f / 11.0f;
+    p = p * z2 + 1.0f / 9.0f;
+    p = p * z2 + 1.0f / 7.0f;
+    p = p * z2 + 1.0f / 5.0f;
+    p = p * z2 + 1.0f / 3.0f;
+    p = p * z2 + 1.0f;
+    const float l = 2.0f * z * p;
+    return d == 0.0f ? u : l * (u / d);
+}
+
+/* sqrt(softplus(x)) of a row of finite values (non-finite entries: anything), in fp32 without
+ * overflow: softplus(x) = max(x, 0) + log1p(exp(-|x|)) with exp(-|x|) in (0, 1] (x + a term
+ * below 2.1e-9 above 20). Below -20 log1p(exp(x)) = exp(x) to fp32, so s = exp(x / 2): a second,
+ * scalar pass with libm's expf for those (rare) experts, which also gives the subnormal values
+ * below -174 that gate_exp's clamp would not. */
+static void sqrt_softplus_row(const float *restrict x, float *restrict s, int32_t E) {
+    for (int32_t e = 0; e < E; e++) {
+        const float xe = is_finite_bits(f32_bits(x[e])) ? x[e] : 0.0f;
+        const float a = bits_f32(f32_bits(xe) & 0x7fffffffu);
+        const float sp = (xe > 0.0f ? xe : 0.0f) + gate_log1p01(gate_exp(-a));
+        s[e] = sqrtf(sp);
+    }
+    for (int32_t e = 0; e < E; e++)
+        if (x[e] < -20.0f) s[e] = expf(0.5f * x[e]);
 }
 
 /* s of a widened row (non-finite logits: any finite value, the callers mark them invalid). */
@@ -142,10 +168,7 @@ static void gate_scores(const mlaf_moe_gate_job *job, const float *restrict x, f
             s[e] = 1.0f / (1.0f + gate_exp(-xe));
         }
     } else if (job->score_func == MLAF_SCORE_SQRT_SOFTPLUS) {
-        for (int32_t e = 0; e < E; e++) {
-            float xe = is_finite_bits(f32_bits(x[e])) ? x[e] : 0.0f;
-            s[e] = sqrt_softplus(xe);
-        }
+        sqrt_softplus_row(x, s, E);
     } else {
         float m = -INFINITY;
         for (int32_t e = 0; e < E; e++) {
@@ -332,9 +355,14 @@ static int hash_token(const mlaf_moe_gate_job *job, int64_t t, gate_scratch *sc)
     const size_t lsz = mlaf_dtype_size(job->logits_dt);
     const void *row = (const char *)job->logits + (size_t)(t * job->logits_stride) * lsz;
     float *x = sc->x, *s = sc->s;
-    load_row(row, job->logits_dt, E, x);
-    gate_scores(job, x, s);
-    for (int32_t e = 0; e < E; e++) s[e] = is_finite_bits(f32_bits(x[e])) ? s[e] : NAN;
+    /* Softmax and the scores output need the whole row; sigmoid and sqrt_softplus only the k
+     * chosen logits (one_score). */
+    const int full = job->score_func == MLAF_SCORE_SOFTMAX || job->scores;
+    if (full) {
+        load_row(row, job->logits_dt, E, x);
+        gate_scores(job, x, s);
+        for (int32_t e = 0; e < E; e++) s[e] = is_finite_bits(f32_bits(x[e])) ? s[e] : NAN;
+    }
 
     const int64_t tok = job->token_ids_dt == MLAF_I32 ? (int64_t)((const int32_t *)job->token_ids)[t]
                                                       : ((const int64_t *)job->token_ids)[t];
@@ -354,7 +382,18 @@ static int hash_token(const mlaf_moe_gate_job *job, int64_t t, gate_scratch *sc)
         }
         seen[e >> 6] |= 1ull << (e & 63);
         id[j] = (int32_t)e;
-        w[j] = isnan(s[e]) ? 0.0f : s[e];
+        float se;
+        if (full) {
+            se = s[e];
+        } else {
+            const float xe = mlaf_load_f32(row, job->logits_dt, e);
+            if (job->score_func == MLAF_SCORE_SIGMOID)
+                se = 1.0f / (1.0f + gate_exp(-(is_finite_bits(f32_bits(xe)) ? xe : 0.0f)));
+            else
+                sqrt_softplus_row(&xe, &se, 1);
+            se = is_finite_bits(f32_bits(xe)) ? se : NAN;
+        }
+        w[j] = isnan(se) ? 0.0f : se;
     }
     if (bad)
         for (int32_t j = 0; j < k; j++) id[j] = j, w[j] = 0.0f;
@@ -373,7 +412,9 @@ static int64_t hash_rows(const mlaf_moe_gate_job *job, int64_t t0, int64_t t1) {
 static mlaf_status cpu_moe_gate_hash(mlaf_context *ctx, const mlaf_moe_gate_job *job) {
     const int64_t T = job->T;
     int threads = ctx->threads;
-    if ((double)T * job->E < 65536.0) threads = 1;
+    /* the work per token: the row for softmax / the scores output, else the k chosen logits */
+    const int full = job->score_func == MLAF_SCORE_SOFTMAX || job->scores;
+    if ((double)T * (full ? job->E : 8 * job->top_k) < 65536.0) threads = 1;
     if (threads > T) threads = (int)T;
     int64_t bad = 0;
 #ifdef _OPENMP
