@@ -11,6 +11,8 @@
  *   mlaf_rope_q          RoPE in place on the rope columns of q [T, H, D]          (SPEC §3)
  *   mlaf_moe_gate        MoE router: scores, bias, group mask, top-k, renormalize,
  *                        scale, fused shared experts                               (SPEC §4)
+ *   mlaf_moe_gate_hash   hash-routed MoE layer: ids from a token -> experts table, weights
+ *                        from the scores at those ids                              (SPEC §11)
  *
  * Conventions shared by every op
  * ------------------------------
@@ -215,7 +217,12 @@ MLAF_API const char *mlaf_context_last_error(const mlaf_context *ctx);
 /* ---------------------------------------------------------------------------------------
  * Model presets (SPEC §1)
  * ------------------------------------------------------------------------------------- */
-typedef enum mlaf_score_func { MLAF_SCORE_SIGMOID = 0, MLAF_SCORE_SOFTMAX = 1 } mlaf_score_func;
+/* SQRT_SOFTPLUS (DeepSeek-V4): s = sqrt(softplus(x)), softplus computed without overflow. */
+typedef enum mlaf_score_func {
+    MLAF_SCORE_SIGMOID = 0,
+    MLAF_SCORE_SOFTMAX = 1,
+    MLAF_SCORE_SQRT_SOFTPLUS = 2
+} mlaf_score_func;
 /* Group score for group-limited routing: sum of the two largest biased scores in the group
  * (DeepSeek-V3 "noaux_tc"), or the group's maximum (DeepSeek-V2 "group_limited_greedy"). */
 typedef enum mlaf_group_score { MLAF_GROUP_TOP2_SUM = 0, MLAF_GROUP_MAX = 1 } mlaf_group_score;
@@ -250,6 +257,12 @@ typedef struct mlaf_model_config {
     int32_t index_head_dim;
     int32_t index_topk;
     mlaf_rope_style index_rope_style;
+    /* DeepSeek-V4 (SPEC §1, §11). kv_rope_tail: 0 for every MLA model; r > 0: the latent is
+     * [Q | C] (qk_rope_head_dim = 0) and RoPE rotates the normalized kv values [C - r, C)
+     * (V4: 64 of 512). n_hash_layers: the first n MoE layers route by mlaf_moe_gate_hash
+     * (V4: 3), the others by mlaf_moe_gate. */
+    int32_t kv_rope_tail;
+    int32_t n_hash_layers;
 } mlaf_model_config;
 
 MLAF_API int mlaf_preset_count(void);
@@ -517,7 +530,7 @@ MLAF_API mlaf_status mlaf_rope_q(mlaf_context *ctx, const mlaf_rope_params *p,
  *   ids     [T, k + S]   output, i32
  *   scores  [T, E]       optional output, f32: the scores s (before bias)
  *
- * Per token: s = sigmoid(logits) | softmax(logits); c = s + bias; if n_group > 1 keep the
+ * Per token: s = sigmoid(logits) | softmax(logits) | sqrt(softplus(logits)); c = s + bias; if n_group > 1 keep the
  * topk_group best groups by group score (top-2 sum of c, or max of c); choose top_k experts by
  * c among kept groups, ids ordered by c descending, ties to the lower index; w = s[id];
  * if renormalize: w /= sum(w) + eps; if apply_routed_scaling: w *= routed_scaling_factor.
@@ -549,6 +562,10 @@ MLAF_API mlaf_status mlaf_rope_q(mlaf_context *ctx, const mlaf_rope_params *p,
  * apply_routed_scaling = 1; HF V2: scaling applies only when not renormalizing; SGLang
  * renormalizes without eps (eps = 0 matches it).
  *
+ * sqrt_softplus (DeepSeek-V4, SPEC §11): s = sqrt(softplus(x)) in fp32 with softplus(x) =
+ * log1p(exp(x)), taken as x above 20 and s = exp(x / 2) below -20 (both exact to fp32 there),
+ * so no logit overflows; the same NaN policy as sigmoid.
+ *
  * Limits: 1 <= E <= 2048; 1 <= n_group <= 64, E % n_group == 0; 1 <= topk_group <= n_group;
  * 1 <= top_k <= min(E, 64) and top_k <= topk_group * E / n_group; the top-2 group score needs
  * E / n_group >= 2 (when n_group > 1); S >= 0 and S <= 64; routed_scaling_factor finite and
@@ -574,6 +591,36 @@ MLAF_API mlaf_status mlaf_moe_gate(mlaf_context *ctx, const mlaf_moe_gate_params
                                    const mlaf_tensor *logits, const mlaf_tensor *bias,
                                    const mlaf_tensor *weights, const mlaf_tensor *ids,
                                    const mlaf_tensor *scores);
+
+/* ---------------------------------------------------------------------------------------
+ * moe_gate_hash (SPEC §11): DeepSeek-V4's hash-routed layers
+ *
+ *   logits    [T, E]          f32 | f16 | bf16, rows strided
+ *   tid2eid   [vocab, top_k]  i32 | i64, rows strided: the experts of each token id
+ *   token_ids [T]             i32 | i64
+ *   weights   [T, k + S]      output, f32 or the logits' dtype
+ *   ids       [T, k + S]      output, i32
+ *   scores    [T, E]          optional output, f32: s of every expert
+ *   error_count [1]           optional i32: +1 per bad row (saturating at INT32_MAX;
+ *                             atomically on CUDA)
+ *
+ * Per token: ids = tid2eid[token_ids[t]], in the table's order (not sorted); s = the score
+ * function of p (sigmoid, softmax over the row, or sqrt_softplus for V4); w = s[ids] (0 for a
+ * non-finite logit, as in moe_gate); renormalize / scale / shared experts exactly as
+ * moe_gate. There is no selection, so there is no bias argument (V4's hash layers have none)
+ * and no group limit.
+ * Bad rows: a token id outside [0, vocab), or a table row with an entry outside [0, E) or an
+ * entry repeated, is counted in error_count and gets ids 0 .. k-1 with weight 0 (shared slots:
+ * ids E .. E+S-1, weight 0), so ids are always k distinct valid experts. Its scores are still
+ * written.
+ * Parameters: p->top_k must equal tid2eid.shape[1]; p->n_group and p->topk_group must be 1;
+ * the other limits and checks are moe_gate's. T = 0 is a valid no-op (nothing read).
+ * ------------------------------------------------------------------------------------- */
+MLAF_API mlaf_status mlaf_moe_gate_hash(mlaf_context *ctx, const mlaf_moe_gate_params *p,
+                                        const mlaf_tensor *logits, const mlaf_tensor *tid2eid,
+                                        const mlaf_tensor *token_ids, const mlaf_tensor *weights,
+                                        const mlaf_tensor *ids, const mlaf_tensor *scores,
+                                        const mlaf_tensor *error_count);
 
 #ifdef __cplusplus
 }

@@ -91,6 +91,19 @@ mlaf_status mlaf_moe_gate(mlaf_context *ctx, const mlaf_moe_gate_params *p,
     DISPATCH(ctx, moe_gate, MLAF_OP_MOE_GATE, job.T, &job);
 }
 
+mlaf_status mlaf_moe_gate_hash(mlaf_context *ctx, const mlaf_moe_gate_params *p,
+                               const mlaf_tensor *logits, const mlaf_tensor *tid2eid,
+                               const mlaf_tensor *token_ids, const mlaf_tensor *weights,
+                               const mlaf_tensor *ids, const mlaf_tensor *scores,
+                               const mlaf_tensor *error_count) {
+    if (!ctx) return MLAF_ERR_NULL_POINTER;
+    mlaf_moe_gate_job job;
+    mlaf_status st = mlaf_check_moe_gate_hash(ctx, p, logits, tid2eid, token_ids, weights, ids,
+                                              scores, error_count, &job);
+    if (st != MLAF_OK) return st;
+    DISPATCH(ctx, moe_gate, MLAF_OP_MOE_GATE, job.T, &job);
+}
+
 mlaf_status mlaf_rope_table_init(float *table, int64_t max_pos, int32_t rope_dim, double base) {
     if (!table) return MLAF_ERR_NULL_POINTER;
     if (max_pos < 1 || rope_dim <= 0 || rope_dim % 2 != 0 || !(base > 1.0) || !isfinite(base))

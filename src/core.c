@@ -233,24 +233,33 @@ const char *mlaf_context_last_error(const mlaf_context *ctx) {
 /* ---- presets (SPEC §1) ----------------------------------------------------------------- */
 static const mlaf_model_config presets[] = {
     /* name, Q, C, R, nope, v, heads, E, top_k, n_group, topk_group, score, group score, bias,
-     * norm_topk_prob, scaling, apply scaling, eps, shared, rope style[, indexer] */
+     * norm_topk_prob, scaling, apply scaling, eps, shared, rope style, indexer (heads, head dim,
+     * top-k, rope style), kv_rope_tail, n_hash_layers */
     {"glm-4.7-flash", 768, 512, 64, 192, 256, 20, 64, 4, 1, 1, MLAF_SCORE_SIGMOID,
-     MLAF_GROUP_TOP2_SUM, 1, 1, 1.8f, 1, 1e-5f, 1, MLAF_ROPE_INTERLEAVED, 0, 0, 0, MLAF_ROPE_INTERLEAVED},
+     MLAF_GROUP_TOP2_SUM, 1, 1, 1.8f, 1, 1e-5f, 1, MLAF_ROPE_INTERLEAVED, 0, 0, 0, MLAF_ROPE_INTERLEAVED, 0, 0},
     {"deepseek-v3", 1536, 512, 64, 128, 128, 128, 256, 8, 8, 4, MLAF_SCORE_SIGMOID,
-     MLAF_GROUP_TOP2_SUM, 1, 1, 2.5f, 1, 1e-6f, 1, MLAF_ROPE_INTERLEAVED, 0, 0, 0, MLAF_ROPE_INTERLEAVED},
+     MLAF_GROUP_TOP2_SUM, 1, 1, 2.5f, 1, 1e-6f, 1, MLAF_ROPE_INTERLEAVED, 0, 0, 0, MLAF_ROPE_INTERLEAVED, 0, 0},
     {"deepseek-v2", 1536, 512, 64, 128, 128, 128, 160, 6, 8, 3, MLAF_SCORE_SOFTMAX,
-     MLAF_GROUP_MAX, 0, 0, 16.0f, 1, 1e-6f, 2, MLAF_ROPE_INTERLEAVED, 0, 0, 0, MLAF_ROPE_INTERLEAVED},
+     MLAF_GROUP_MAX, 0, 0, 16.0f, 1, 1e-6f, 2, MLAF_ROPE_INTERLEAVED, 0, 0, 0, MLAF_ROPE_INTERLEAVED, 0, 0},
     {"deepseek-v2-lite", 0, 512, 64, 128, 128, 16, 64, 6, 1, 1, MLAF_SCORE_SOFTMAX,
-     MLAF_GROUP_MAX, 0, 0, 1.0f, 1, 1e-6f, 2, MLAF_ROPE_INTERLEAVED, 0, 0, 0, MLAF_ROPE_INTERLEAVED},
+     MLAF_GROUP_MAX, 0, 0, 1.0f, 1, 1e-6f, 2, MLAF_ROPE_INTERLEAVED, 0, 0, 0, MLAF_ROPE_INTERLEAVED, 0, 0},
     {"kimi-k2", 1536, 512, 64, 128, 128, 64, 384, 8, 1, 1, MLAF_SCORE_SIGMOID,
-     MLAF_GROUP_TOP2_SUM, 1, 1, 2.827f, 1, 1e-6f, 1, MLAF_ROPE_INTERLEAVED, 0, 0, 0, MLAF_ROPE_INTERLEAVED},
+     MLAF_GROUP_TOP2_SUM, 1, 1, 2.827f, 1, 1e-6f, 1, MLAF_ROPE_INTERLEAVED, 0, 0, 0, MLAF_ROPE_INTERLEAVED, 0, 0},
     /* DSA models: then index heads, head dim, top-k, indexer RoPE style. GLM-5's eps is its
      * config's (vLLM and SGLang use it; transformers builds both norms with 1e-6). */
     {"glm-5", 2048, 512, 64, 192, 256, 64, 256, 8, 1, 1, MLAF_SCORE_SIGMOID,
      MLAF_GROUP_TOP2_SUM, 1, 1, 2.5f, 1, 1e-5f, 1, MLAF_ROPE_INTERLEAVED, 32, 128, 2048,
-     MLAF_ROPE_INTERLEAVED},
+     MLAF_ROPE_INTERLEAVED, 0, 0},
     {"deepseek-v3.2", 1536, 512, 64, 128, 128, 128, 256, 8, 8, 4, MLAF_SCORE_SIGMOID,
-     MLAF_GROUP_TOP2_SUM, 1, 1, 2.5f, 1, 1e-6f, 1, MLAF_ROPE_INTERLEAVED, 64, 128, 2048, MLAF_ROPE_NEOX},
+     MLAF_GROUP_TOP2_SUM, 1, 1, 2.5f, 1, 1e-6f, 1, MLAF_ROPE_INTERLEAVED, 64, 128, 2048, MLAF_ROPE_NEOX, 0, 0},
+    /* DeepSeek-V4-Flash (SPEC §1, §11): the latent is [1024 | 512] with no separate rope part
+     * (R = 0); RoPE rotates the last 64 of the 512 normalized kv values (kv_rope_tail), and the
+     * q heads' last 64 of 512. Router: sqrt(softplus) + bias, top-6 of 256, no groups,
+     * renormalized, x 1.5; its first 3 MoE layers are hash-routed. Its indexer (pooled keys) is
+     * not SPEC §10's, so the index fields stay 0. */
+    {"deepseek-v4-flash", 1024, 512, 0, 448, 512, 64, 256, 6, 1, 1, MLAF_SCORE_SQRT_SOFTPLUS,
+     MLAF_GROUP_TOP2_SUM, 1, 1, 1.5f, 1, 1e-6f, 1, MLAF_ROPE_INTERLEAVED, 0, 0, 0, MLAF_ROPE_INTERLEAVED,
+     64, 3},
 };
 
 int mlaf_preset_count(void) { return (int)(sizeof presets / sizeof presets[0]); }

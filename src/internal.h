@@ -122,6 +122,14 @@ typedef struct mlaf_moe_gate_job {
     int64_t ids_stride;
     float *scores;           /* [T, E] or NULL */
     int64_t scores_stride;
+    /* mlaf_moe_gate_hash only (tid2eid NULL for mlaf_moe_gate; bias is NULL then) */
+    const void *tid2eid;     /* [vocab, top_k] */
+    mlaf_dtype tid2eid_dt;   /* I32 or I64 */
+    int64_t tid2eid_stride;
+    int64_t vocab;           /* >= 1 */
+    const void *token_ids;   /* [T] */
+    mlaf_dtype token_ids_dt; /* I32 or I64 */
+    int32_t *error_count;    /* or NULL */
 } mlaf_moe_gate_job;
 
 /* ---- validation (validate.c): the one layer every backend goes through -------------------
@@ -150,12 +158,18 @@ mlaf_status mlaf_check_moe_gate(mlaf_context *ctx, const mlaf_moe_gate_params *p
                                 const mlaf_tensor *logits, const mlaf_tensor *bias,
                                 const mlaf_tensor *weights, const mlaf_tensor *ids,
                                 const mlaf_tensor *scores, mlaf_moe_gate_job *job);
+mlaf_status mlaf_check_moe_gate_hash(mlaf_context *ctx, const mlaf_moe_gate_params *p,
+                                     const mlaf_tensor *logits, const mlaf_tensor *tid2eid,
+                                     const mlaf_tensor *token_ids, const mlaf_tensor *weights,
+                                     const mlaf_tensor *ids, const mlaf_tensor *scores,
+                                     const mlaf_tensor *error_count, mlaf_moe_gate_job *job);
 
 /* ---- backends -------------------------------------------------------------------------- */
 typedef struct mlaf_backend_iface {
     mlaf_status (*split_qk_norm)(mlaf_context *ctx, const mlaf_norm_job *job);
     mlaf_status (*mla_kv_cache)(mlaf_context *ctx, const mlaf_kv_cache_job *job);
     mlaf_status (*rope_q)(mlaf_context *ctx, const mlaf_rope_q_job *job);
+    /* both mlaf_moe_gate and mlaf_moe_gate_hash (job->tid2eid set) */
     mlaf_status (*moe_gate)(mlaf_context *ctx, const mlaf_moe_gate_job *job);
 } mlaf_backend_iface;
 

@@ -638,12 +638,13 @@ static void context_cases(void) {
         {"glm-4.7-flash", 768, 512, 64, 64, 4}, {"deepseek-v3", 1536, 512, 64, 256, 8},
         {"deepseek-v2", 1536, 512, 64, 160, 6}, {"deepseek-v2-lite", 0, 512, 64, 64, 6},
         {"kimi-k2", 1536, 512, 64, 384, 8}};
-    int presets_ok = mlaf_preset_count() == 7 && !strcmp(mlaf_preset_at(0)->name, "glm-4.7-flash");
+    int presets_ok = mlaf_preset_count() == 8 && !strcmp(mlaf_preset_at(0)->name, "glm-4.7-flash");
     for (int i = 0; i < 5; i++) {
         const mlaf_model_config *m = mlaf_preset_find(want[i].name);
         presets_ok = presets_ok && m && m->q_lora_rank == want[i].Q && m->kv_lora_rank == want[i].C &&
                      m->qk_rope_head_dim == want[i].R && m->n_routed_experts == want[i].E && m->top_k == want[i].k &&
-                     m->rope_style == MLAF_ROPE_INTERLEAVED && m->index_n_heads == 0;
+                     m->rope_style == MLAF_ROPE_INTERLEAVED && m->index_n_heads == 0 && m->kv_rope_tail == 0 &&
+                     m->n_hash_layers == 0;
     }
     CASE(presets_ok, "presets match SPEC table");
     /* the DSA presets: MLA RoPE interleaved in both; the indexer's interleaved for GLM-5 and NeoX
@@ -658,6 +659,19 @@ static void context_cases(void) {
              v32->rope_style == MLAF_ROPE_INTERLEAVED && v32->index_n_heads == 64 && v32->index_head_dim == 128 &&
              v32->index_topk == 2048 && v32->index_rope_style == MLAF_ROPE_NEOX,
          "preset deepseek-v3.2 (indexer 64 x 128, NeoX)");
+    /* DeepSeek-V4-Flash: [1024 | 512] latent with RoPE on the last 64 kv values, sqrt(softplus)
+     * router, the first 3 layers hash-routed (SPEC §1, §11) */
+    const mlaf_model_config *v4 = mlaf_preset_find("deepseek-v4-flash");
+    mlaf_moe_gate_params v4p = mlaf_moe_gate_params_from_config(v4);
+    CASE(v4 && v4->q_lora_rank == 1024 && v4->kv_lora_rank == 512 && v4->qk_rope_head_dim == 0 &&
+             v4->kv_rope_tail == 64 && v4->qk_nope_head_dim == 448 && v4->v_head_dim == 512 && v4->num_heads == 64 &&
+             v4->n_routed_experts == 256 && v4->top_k == 6 && v4->n_group == 1 && v4->topk_group == 1 &&
+             v4->score_func == MLAF_SCORE_SQRT_SOFTPLUS && v4->has_score_bias && v4->norm_topk_prob &&
+             v4->routed_scaling_factor == 1.5f && v4->apply_routed_scaling && v4->rms_norm_eps == 1e-6f &&
+             v4->n_shared_experts == 1 && v4->n_hash_layers == 3 && v4->index_n_heads == 0 &&
+             v4p.score_func == MLAF_SCORE_SQRT_SOFTPLUS && v4p.top_k == 6 && v4p.renormalize && v4p.eps == 1e-20f &&
+             v4p.routed_scaling_factor == 1.5f,
+         "preset deepseek-v4-flash (kv_rope_tail 64, sqrt_softplus, 3 hash layers)");
     CASE(mlaf_preset_find(NULL) == NULL && mlaf_preset_find("no-such-model") == NULL && mlaf_preset_find("") == NULL &&
              mlaf_preset_find("glm-4.7") == NULL, "preset_find,unknown");
     CASE(mlaf_preset_find("GLM-4.7-Flash") == mlaf_preset_at(0) && mlaf_preset_find("DeepSeek-R1") == mlaf_preset_find("deepseek-v3"),

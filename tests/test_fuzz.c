@@ -929,7 +929,7 @@ static int gate_params_mutate(fz *f, void *vp) {
         note(f, " eps=%g", (double)p->eps);
         return 1;
     }
-    case 6: p->score_func = (mlaf_score_func)(CHANCE(r, 0.5) ? -1 : RANGE(r, 2, 5)); note(f, " score_func=%d", (int)p->score_func); return 1;
+    case 6: p->score_func = (mlaf_score_func)(CHANCE(r, 0.5) ? -1 : RANGE(r, 3, 6)); note(f, " score_func=%d", (int)p->score_func); return 1;
     case 7: p->group_score = (mlaf_group_score)(CHANCE(r, 0.5) ? -1 : RANGE(r, 2, 5)); note(f, " group_score=%d", (int)p->group_score); return 1;
     default: return 0;
     }
@@ -953,7 +953,7 @@ static int fuzz_gate(fz *f) {
     int32_t kmax = E < 64 ? E : 64;
     if (kmax > p.topk_group * per) kmax = p.topk_group * per;
     p.top_k = (int32_t)RANGE(r, 1, kmax);
-    p.score_func = CHANCE(r, 0.5) ? MLAF_SCORE_SIGMOID : MLAF_SCORE_SOFTMAX;
+    p.score_func = (mlaf_score_func)U(r, 3); /* sigmoid, softmax, sqrt_softplus */
     p.renormalize = CHANCE(r, 0.6);
     p.apply_routed_scaling = CHANCE(r, 0.5);
     p.routed_scaling_factor = (float)(0.5 + 2.5 * mlaf_rng_uniform(r));

@@ -154,6 +154,30 @@ static void test_shapes(mlaf_context *ctx) {
         c.nonfinite = 1;
         c.moe.n_shared_experts = 3;
         run_case(ctx, "E=2048,groups=64/16,top_k=64,S=3,nonfinite", &c);
+        /* sqrt_softplus (DeepSeek-V4) beyond its preset: large |logits| across its three
+         * formulas, groups, other widths, the score output, strided rows, NaN / inf */
+        c = custom(256, 6, 1, 1, MLAF_SCORE_SQRT_SOFTPLUS, MLAF_GROUP_TOP2_SUM, 1, dt, 1025, 51);
+        c.moe.routed_scaling_factor = 1.5f;
+        c.moe_wide = 1;
+        c.want_scores = 1;
+        run_case(ctx, "E=256,sqrt_softplus,wide,scores", &c);
+        c.strided = 1;
+        c.nonfinite = 1;
+        c.moe.n_shared_experts = 1;
+        c.weight_dtype = dt;
+        run_case(ctx, "E=256,sqrt_softplus,wide,nonfinite,S=1,weights=logits dtype,strided", &c);
+        c = custom(384, 8, 8, 4, MLAF_SCORE_SQRT_SOFTPLUS, MLAF_GROUP_TOP2_SUM, 1, dt, 300, 52);
+        c.moe_wide = 1;
+        run_case(ctx, "E=384,sqrt_softplus,groups=8/4,wide", &c);
+        c = custom(2048, 64, 16, 4, MLAF_SCORE_SQRT_SOFTPLUS, MLAF_GROUP_MAX, 0, dt, 100, 53);
+        c.moe_wide = 1;
+        c.nonfinite = 1;
+        c.want_scores = 1;
+        c.moe.renormalize = 0;
+        run_case(ctx, "E=2048,sqrt_softplus,groups=16/4,max,top_k=64,no renorm,wide,nonfinite", &c);
+        c = custom(64, 4, 1, 1, MLAF_SCORE_SQRT_SOFTPLUS, MLAF_GROUP_TOP2_SUM, 1, dt, 33, 54);
+        c.moe_wide = 1;
+        run_case(ctx, "E=64,sqrt_softplus,wide", &c);
     }
 }
 
@@ -461,7 +485,7 @@ static void test_misuse(mlaf_context *ctx) {
     MISUSE("E=0", MLAF_ERR_LIMIT, "logits.shape[1]", m.logits.shape[1] = 0);
     MISUSE("E=2049", MLAF_ERR_LIMIT, "logits.shape[1]",
            (m.logits.shape[0] = 1, m.logits.shape[1] = 2049, m.logits.stride[0] = 2049));
-    MISUSE("score_func=2", MLAF_ERR_INVALID_ARGUMENT, "score_func", m.p.score_func = (mlaf_score_func)2);
+    MISUSE("score_func=3", MLAF_ERR_INVALID_ARGUMENT, "score_func", m.p.score_func = (mlaf_score_func)3);
     MISUSE("group_score=7", MLAF_ERR_INVALID_ARGUMENT, "group_score", m.p.group_score = (mlaf_group_score)7);
     MISUSE("n_group=0", MLAF_ERR_LIMIT, "n_group", m.p.n_group = 0);
     MISUSE("n_group=65", MLAF_ERR_LIMIT, "n_group", m.p.n_group = 65);
@@ -554,6 +578,11 @@ static void test_isas(mlaf_context *ctx) {
         run_case(ctx, label, &c);
         c = custom(2048, 64, 64, 16, MLAF_SCORE_SOFTMAX, MLAF_GROUP_TOP2_SUM, 1, MLAF_F32, 200, 62);
         snprintf(label, sizeof label, "isa=%s,E=2048,groups=64/16,top_k=64", in);
+        run_case(ctx, label, &c);
+        c = mlaf_verify_case_default(mlaf_preset_find("deepseek-v4-flash"), MLAF_BF16, 1025, 63);
+        c.weight_dtype = MLAF_F32;
+        c.moe_wide = c.nonfinite = c.want_scores = 1;
+        snprintf(label, sizeof label, "isa=%s,preset=deepseek-v4-flash,wide,nonfinite,scores", in);
         run_case(ctx, label, &c);
     }
     mlaf_context_set_cpu_isa(ctx, MLAF_CPU_ISA_AUTO);

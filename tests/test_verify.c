@@ -73,6 +73,17 @@ int main(void) {
     }
     expect(ctx, "moe_gate", mlaf_verify_moe_gate,
            mlaf_verify_case_default(dsv3, MLAF_F32, 4099, 7), 2049, "token %lld:");
+    {
+        /* the DeepSeek-V4 router: sqrt_softplus top-k, and hash routing with bad rows */
+        const mlaf_model_config *v4 = mlaf_preset_find("deepseek-v4-flash");
+        mlaf_verify_case c = mlaf_verify_case_default(v4, MLAF_BF16, 3001, 10);
+        c.weight_dtype = MLAF_F32;
+        c.moe_wide = 1;
+        expect(ctx, "moe_gate,sqrt_softplus", mlaf_verify_moe_gate, c, 1500, "token %lld:");
+        c.moe_hash = 2;
+        c.strided = 1;
+        expect(ctx, "moe_gate_hash", mlaf_verify_moe_gate, c, 1500, "token %lld:");
+    }
     mlaf_context_free(ctx);
     return tl_finish();
 }

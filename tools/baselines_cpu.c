@@ -253,10 +253,10 @@ static inline int better(float a, int ia, float b, int ib) {
     return a > b || (a == b && ia < ib);
 }
 
-int blc_moe_gate(const mlaf_moe_gate_job *j, const bench_moe_scratch *sc, int threads) {
+/* moe_gate step 1: the scores s [T, E] of every expert. */
+static void moe_score_pass(const mlaf_moe_gate_job *j, const bench_moe_scratch *sc, int threads) {
     const int64_t T = j->T;
-    const int32_t E = j->E, G = j->n_group, per = E / G, k = j->top_k;
-    threads = team(T, E, threads);
+    const int32_t E = j->E;
     /* 1. score */
 #ifdef _OPENMP
 #pragma omp parallel for num_threads(threads) schedule(static)
@@ -266,6 +266,11 @@ int blc_moe_gate(const mlaf_moe_gate_job *j, const bench_moe_scratch *sc, int th
         float *s = sc->s + t * E;
         if (j->score_func == MLAF_SCORE_SIGMOID) {
             for (int32_t e = 0; e < E; e++) s[e] = 1.0f / (1.0f + expf(-mlaf_load_f32(x, j->logits_dt, e)));
+        } else if (j->score_func == MLAF_SCORE_SQRT_SOFTPLUS) { /* torch: F.softplus(x).sqrt() */
+            for (int32_t e = 0; e < E; e++) {
+                const float v = mlaf_load_f32(x, j->logits_dt, e);
+                s[e] = sqrtf(fmaxf(v, 0.0f) + log1pf(expf(-fabsf(v))));
+            }
         } else {
             float mx = -INFINITY, sum = 0.0f;
             for (int32_t e = 0; e < E; e++) mx = fmaxf(mx, mlaf_load_f32(x, j->logits_dt, e));
@@ -273,6 +278,56 @@ int blc_moe_gate(const mlaf_moe_gate_job *j, const bench_moe_scratch *sc, int th
             for (int32_t e = 0; e < E; e++) s[e] /= sum;
         }
     }
+}
+
+/* moe_gate steps 6-8 from the ids: gather, normalize, scale, shared-expert slots. */
+static void moe_weights_pass(const mlaf_moe_gate_job *j, const bench_moe_scratch *sc, int threads) {
+    const int64_t T = j->T;
+    const int32_t E = j->E, k = j->top_k;
+    /* 6. gather */
+#ifdef _OPENMP
+#pragma omp parallel for num_threads(threads) schedule(static)
+#endif
+    for (int64_t t = 0; t < T; t++)
+        for (int32_t r = 0; r < k; r++) {
+            float v = sc->s[t * E + j->ids[t * j->ids_stride + r]];
+            sc->w[t * k + r] = isfinite(v) ? v : 0.0f;
+        }
+    /* 7. normalize */
+    if (j->renormalize) {
+#ifdef _OPENMP
+#pragma omp parallel for num_threads(threads) schedule(static)
+#endif
+        for (int64_t t = 0; t < T; t++) {
+            float sum = 0.0f;
+            for (int32_t r = 0; r < k; r++) sum += sc->w[t * k + r];
+            for (int32_t r = 0; r < k; r++) sc->w[t * k + r] /= sum + j->eps;
+        }
+    }
+    /* 8. scale, and the shared-expert slots */
+#ifdef _OPENMP
+#pragma omp parallel for num_threads(threads) schedule(static)
+#endif
+    for (int64_t t = 0; t < T; t++) {
+        void *wout = ROW(j->weights, j->weights_dt, t, j->weights_stride);
+        float sum = 0.0f;
+        for (int32_t r = 0; r < k; r++) {
+            float v = sc->w[t * k + r];
+            sum += v;
+            mlaf_store_f32(wout, j->weights_dt, r, j->apply_scaling ? v * j->scaling : v);
+        }
+        for (int32_t r = 0; r < j->n_shared; r++) {
+            j->ids[t * j->ids_stride + k + r] = E + r;
+            mlaf_store_f32(wout, j->weights_dt, k + r, sum / j->scaling);
+        }
+    }
+}
+
+int blc_moe_gate(const mlaf_moe_gate_job *j, const bench_moe_scratch *sc, int threads) {
+    const int64_t T = j->T;
+    const int32_t E = j->E, G = j->n_group, per = E / G, k = j->top_k;
+    threads = team(T, E, threads);
+    moe_score_pass(j, sc, threads);
     /* 2. bias */
 #ifdef _OPENMP
 #pragma omp parallel for num_threads(threads) schedule(static)
@@ -336,42 +391,34 @@ int blc_moe_gate(const mlaf_moe_gate_job *j, const bench_moe_scratch *sc, int th
             ids[r] = best;
         }
     }
-    /* 6. gather */
-#ifdef _OPENMP
-#pragma omp parallel for num_threads(threads) schedule(static)
-#endif
-    for (int64_t t = 0; t < T; t++)
-        for (int32_t r = 0; r < k; r++) {
-            float v = sc->s[t * E + j->ids[t * j->ids_stride + r]];
-            sc->w[t * k + r] = isfinite(v) ? v : 0.0f;
-        }
-    /* 7. normalize */
-    if (j->renormalize) {
-#ifdef _OPENMP
-#pragma omp parallel for num_threads(threads) schedule(static)
-#endif
-        for (int64_t t = 0; t < T; t++) {
-            float sum = 0.0f;
-            for (int32_t r = 0; r < k; r++) sum += sc->w[t * k + r];
-            for (int32_t r = 0; r < k; r++) sc->w[t * k + r] /= sum + j->eps;
-        }
-    }
-    /* 8. scale, and the shared-expert slots */
+    moe_weights_pass(j, sc, threads);
+    return 0;
+}
+
+int blc_moe_gate_hash(const mlaf_moe_gate_job *j, const bench_moe_scratch *sc, int threads) {
+    const int64_t T = j->T;
+    const int32_t E = j->E, k = j->top_k;
+    const int wide = team(T, E, threads);
+    moe_score_pass(j, sc, wide);
+    /* ids = tid2eid[token_ids] (torch indexing; a bad row takes 0 .. k-1, as the fused op) */
+    threads = team(T, k, threads);
 #ifdef _OPENMP
 #pragma omp parallel for num_threads(threads) schedule(static)
 #endif
     for (int64_t t = 0; t < T; t++) {
-        void *wout = ROW(j->weights, j->weights_dt, t, j->weights_stride);
-        float sum = 0.0f;
+        const int64_t tok = j->token_ids_dt == MLAF_I32 ? ((const int32_t *)j->token_ids)[t]
+                                                        : ((const int64_t *)j->token_ids)[t];
+        int32_t *ids = j->ids + t * j->ids_stride;
         for (int32_t r = 0; r < k; r++) {
-            float v = sc->w[t * k + r];
-            sum += v;
-            mlaf_store_f32(wout, j->weights_dt, r, j->apply_scaling ? v * j->scaling : v);
-        }
-        for (int32_t r = 0; r < j->n_shared; r++) {
-            j->ids[t * j->ids_stride + k + r] = E + r;
-            mlaf_store_f32(wout, j->weights_dt, k + r, sum / j->scaling);
+            int64_t e = r;
+            if (tok >= 0 && tok < j->vocab) {
+                const int64_t at = tok * j->tid2eid_stride + r;
+                e = j->tid2eid_dt == MLAF_I32 ? ((const int32_t *)j->tid2eid)[at] : ((const int64_t *)j->tid2eid)[at];
+                if (e < 0 || e >= E) e = r;
+            }
+            ids[r] = (int32_t)e;
         }
     }
+    moe_weights_pass(j, sc, wide);
     return 0;
 }

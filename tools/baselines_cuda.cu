@@ -12,7 +12,7 @@
  *                  concat_and_cache_mla / concat_and_cache_ds_mla)
  *   rope_q         gather the rope columns into [T*H, R], rotate, scatter back (one thread
  *                  per element / pair)
- *   moe_gate       score (sigmoid: per element; softmax: a warp per row), + bias, group
+ *   moe_gate       score (sigmoid, sqrt_softplus: per element; softmax: a warp per row), + bias, group
  *                  scores (a thread per group), group mask (a thread per row), masked fill,
  *                  top-k (a warp per row, k rounds of a warp argmax), gather, normalize,
  *                  scale (a thread per row)
@@ -419,6 +419,36 @@ __global__ void sigmoid_kernel(const T *x, int64_t xs, int32_t E, float *s, int6
 }
 
 template <typename T>
+__global__ void sqrt_softplus_kernel(const T *x, int64_t xs, int32_t E, float *s, int64_t n) {
+    for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < n;
+         idx += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t t = idx / E;
+        const int32_t e = (int32_t)(idx % E);
+        const float v = io<T>::ld(x + t * xs + e); /* torch: F.softplus(x).sqrt() */
+        s[idx] = sqrtf(fmaxf(v, 0.0f) + log1pf(expf(-fabsf(v))));
+    }
+}
+
+/* ids = tid2eid[token_ids] (torch indexing); a bad row takes 0 .. k-1, as the fused op. */
+__global__ void hash_ids_kernel(const void *tab, bool tab_i64, int64_t tab_stride, int64_t vocab,
+                                const void *tok, bool tok_i64, int32_t E, int32_t k, int32_t *ids,
+                                int64_t ids_stride, int64_t n) {
+    for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < n;
+         idx += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t t = idx / k;
+        const int32_t r = (int32_t)(idx % k);
+        const int64_t id = tok_i64 ? static_cast<const int64_t *>(tok)[t] : static_cast<const int32_t *>(tok)[t];
+        int64_t e = r;
+        if (id >= 0 && id < vocab) {
+            const int64_t at = id * tab_stride + r;
+            e = tab_i64 ? static_cast<const int64_t *>(tab)[at] : static_cast<const int32_t *>(tab)[at];
+            if (e < 0 || e >= E) e = r;
+        }
+        ids[t * ids_stride + r] = (int32_t)e;
+    }
+}
+
+template <typename T>
 __global__ void softmax_kernel(const T *x, int64_t xs, int32_t E, float *s, int64_t rows) {
     const int64_t t = (int64_t)blockIdx.x * (blockDim.x / 32) + (threadIdx.x / 32);
     const int lane = threadIdx.x & 31;
@@ -565,21 +595,48 @@ __global__ void scale_kernel(const float *w, int32_t k, int32_t n_shared, int32_
     }
 }
 
+/* moe_gate's first step: s [T, E] */
+template <typename T> void score_pass(const mlaf_moe_gate_job *j, const bench_moe_scratch *sc, cudaStream_t s) {
+    const int64_t rows = j->T, TE = rows * j->E;
+    const unsigned row_blocks = grid_for(rows, kThreads / 32);
+    const T *x = static_cast<const T *>(j->logits);
+    if (j->score_func == MLAF_SCORE_SIGMOID)
+        sigmoid_kernel<T><<<grid_for(TE, kThreads), kThreads, 0, s>>>(x, j->logits_stride, j->E, sc->s, TE);
+    else if (j->score_func == MLAF_SCORE_SQRT_SOFTPLUS)
+        sqrt_softplus_kernel<T><<<grid_for(TE, kThreads), kThreads, 0, s>>>(x, j->logits_stride, j->E, sc->s, TE);
+    else
+        softmax_kernel<T><<<row_blocks, kThreads, 0, s>>>(x, j->logits_stride, j->E, sc->s, rows);
+}
+
+int weights_pass(const mlaf_moe_gate_job *j, const bench_moe_scratch *sc, cudaStream_t s);
+
 template <typename T> int moe_gate(const mlaf_moe_gate_job *j, const bench_moe_scratch *sc, cudaStream_t s) {
     const int64_t rows = j->T, TE = rows * j->E;
     const int warps_per_block = kThreads / 32;
     const unsigned row_blocks = grid_for(rows, warps_per_block);
-    const T *x = static_cast<const T *>(j->logits);
-    if (j->score_func == MLAF_SCORE_SIGMOID)
-        sigmoid_kernel<T><<<grid_for(TE, kThreads), kThreads, 0, s>>>(x, j->logits_stride, j->E, sc->s, TE);
-    else
-        softmax_kernel<T><<<row_blocks, kThreads, 0, s>>>(x, j->logits_stride, j->E, sc->s, rows);
+    score_pass<T>(j, sc, s);
     bias_kernel<<<grid_for(TE, kThreads), kThreads, 0, s>>>(sc->s, j->bias, j->E, sc->c, TE);
     group_score_kernel<<<grid_for(rows * j->n_group, kThreads), kThreads, 0, s>>>(
         sc->c, j->E, j->n_group, j->group_score == MLAF_GROUP_MAX, sc->g, rows * j->n_group);
     group_mask_kernel<<<grid_for(rows, kThreads), kThreads, 0, s>>>(sc->g, j->n_group, j->topk_group, rows);
     masked_fill_kernel<<<grid_for(TE, kThreads), kThreads, 0, s>>>(sc->c, sc->g, j->E, j->n_group, sc->m, TE);
     topk_kernel<<<row_blocks, kThreads, 0, s>>>(sc->m, j->E, j->top_k, j->ids, j->ids_stride, rows);
+    return weights_pass(j, sc, s);
+}
+
+/* hash routing: score -> ids from the table -> gather -> normalize -> scale */
+template <typename T> int moe_gate_hash(const mlaf_moe_gate_job *j, const bench_moe_scratch *sc, cudaStream_t s) {
+    const int64_t rows = j->T;
+    score_pass<T>(j, sc, s);
+    hash_ids_kernel<<<grid_for(rows * j->top_k, kThreads), kThreads, 0, s>>>(
+        j->tid2eid, j->tid2eid_dt == MLAF_I64, j->tid2eid_stride, j->vocab, j->token_ids,
+        j->token_ids_dt == MLAF_I64, j->E, j->top_k, j->ids, j->ids_stride, rows * j->top_k);
+    return weights_pass(j, sc, s);
+}
+
+/* moe_gate's steps after the ids: gather, normalize, scale (and the shared slots). */
+int weights_pass(const mlaf_moe_gate_job *j, const bench_moe_scratch *sc, cudaStream_t s) {
+    const int64_t rows = j->T;
     gather_weights_kernel<<<grid_for(rows * j->top_k, kThreads), kThreads, 0, s>>>(
         sc->s, j->E, j->ids, j->ids_stride, j->top_k, sc->w, rows * j->top_k);
     if (j->renormalize)
@@ -640,6 +697,11 @@ extern "C" int blg_rope_q(const mlaf_rope_q_job *job, void *gather, void *stream
 extern "C" int blg_moe_gate(const mlaf_moe_gate_job *job, const bench_moe_scratch *s, void *stream) {
     if (job->T == 0) return 0;
     return BY_DTYPE(job->logits_dt, moe_gate, job, s, (cudaStream_t)stream);
+}
+
+extern "C" int blg_moe_gate_hash(const mlaf_moe_gate_job *job, const bench_moe_scratch *s, void *stream) {
+    if (job->T == 0) return 0;
+    return BY_DTYPE(job->logits_dt, moe_gate_hash, job, s, (cudaStream_t)stream);
 }
 
 extern "C" const char *blg_error_string(int code) {

@@ -73,6 +73,8 @@ typedef struct bench_moe_scratch {
     float *w;      /* [T, top_k] gathered weights */
 } bench_moe_scratch;
 int blc_moe_gate(const mlaf_moe_gate_job *job, const bench_moe_scratch *s, int threads);
+/* hash routing (job->tid2eid): score -> ids = tid2eid[token_ids] -> gather -> normalize -> scale. */
+int blc_moe_gate_hash(const mlaf_moe_gate_job *job, const bench_moe_scratch *s, int threads);
 
 /* ---- CUDA harness and baselines (bench_cuda.cu, baselines_cuda.cu) ----------------------- */
 #ifdef MLAF_WITH_CUDA
@@ -107,6 +109,7 @@ int blg_cache_write_fp8(const mlaf_kv_cache_job *job, const void *k_nope, const 
                         void *stream);
 int blg_rope_q(const mlaf_rope_q_job *job, void *gather, void *stream);
 int blg_moe_gate(const mlaf_moe_gate_job *job, const bench_moe_scratch *s, void *stream);
+int blg_moe_gate_hash(const mlaf_moe_gate_job *job, const bench_moe_scratch *s, void *stream);
 /* The blg_* functions return 0 or the cudaError_t of a failed launch; its text: */
 const char *blg_error_string(int code);
 #endif

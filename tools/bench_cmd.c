@@ -14,6 +14,10 @@
  *    once), GB/s, % of the copy bandwidth, unfused time and speed-up; a table or --json.
  *    CUDA rows add a copy of the op's own bytes timed the same way (flush, events or graph):
  *    at mid T the 1 GB copy's bandwidth is out of reach even for the copy itself.
+ * --hash: moe_gate rows run the hash-routed router (mlaf_moe_gate_hash: ids from a tid2eid table
+ * of HASH_VOCAB token ids by random token ids) against the unfused chain score -> table lookup ->
+ * gather -> normalize -> scale; its bytes are the token id, the k table entries and the k logits
+ * it reads (the whole row for softmax) plus the outputs.
  * --cache fp8 | fp8_ds_mla: mla_kv_cache writes that cache format (fp8's scale lives in backend
  * memory, so graph replays read it like engines' k_scale); the unfused chain ends with a
  * separate quantize-and-write pass, and the check compares the two caches byte for byte.
@@ -65,6 +69,8 @@ static void help(void) {
         "  --tile-scale MODE    fp8_ds_mla tile scales: amax (default: amax / 448), ue8m0,\n"
         "                       ue8m0_floor_scaled\n"
         "  --kv-scale X         fp8: the scale (default 1, what engines run without calibration)\n"
+        "  --hash               moe_gate: the hash-routed router (mlaf_moe_gate_hash, DeepSeek-V4's\n"
+        "                       first layers) instead of top-k: ids from a [129280, top_k] table\n"
         "\n"
         "Bytes are the op's minimum: inputs read once + outputs written once (see docs/cli.md).\n"
         "CUDA rows also time a device-to-device copy of those same bytes the same way (copy_us;\n"
@@ -73,10 +79,13 @@ static void help(void) {
         "kcopy_us / fused_us): what a kernel with no arithmetic reaches at that size.\n");
 }
 
+/* --hash: token ids of the tid2eid table (a DeepSeek-size vocabulary) */
+#define HASH_VOCAB 129280
+
 /* ---- buffers ----------------------------------------------------------------------------- */
 enum {
     B_LATENT, B_WQ, B_WKV, B_Q, B_KNOPE, B_KPE, B_POS, B_COSSIN, B_SLOTS, B_CACHE, B_QH,
-    B_LOGITS, B_BIAS, B_WEIGHTS, B_IDS, B_SCALE,
+    B_LOGITS, B_BIAS, B_WEIGHTS, B_IDS, B_SCALE, B_TID2EID, B_TOKIDS,
     S_QD, S_KVD, S_KN, S_KP, S_GATHER, S_S, S_C, S_G, S_M, S_W,
     B_COUNT
 };
@@ -100,6 +109,7 @@ typedef struct bench_op {
     int64_t Q, C, R, H, D, max_pos, block_size, num_blocks, E, K, G;
     mlaf_moe_gate_params moe;
     int has_bias;
+    int hash; /* moe_gate: mlaf_moe_gate_hash (--hash) */
     int cache_order; /* cache_order_names */
     mlaf_kv_format kv_fmt;      /* mla_kv_cache's cache format (--cache) */
     mlaf_tile_scale tile_scale; /* fp8_ds_mla */
@@ -375,6 +385,33 @@ static int setup(bench_op *o, size_t llc, char *err, size_t cap) {
             buf_alloc(o, S_W, sizeof(float) * (size_t)(T * o->moe.top_k), 0, NULL, err, cap))
             return -1;
         o->bytes = (double)T * o->E * es + (o->has_bias ? o->E * 4.0 : 0.0) + (double)T * o->K * 8.0;
+        if (o->hash) {
+            const int64_t k = o->moe.top_k;
+            int32_t *tab = (int32_t *)malloc(sizeof(int32_t) * (size_t)(HASH_VOCAB * k));
+            int64_t *tok = (int64_t *)malloc(sizeof(int64_t) * (size_t)(T > 0 ? T : 1));
+            int32_t *perm = (int32_t *)malloc(sizeof(int32_t) * (size_t)o->E);
+            if (!tab || !tok || !perm) {
+                free(tab), free(tok), free(perm);
+                snprintf(err, cap, "out of host memory");
+                return -1;
+            }
+            for (int64_t e = 0; e < o->E; e++) perm[e] = (int32_t)e;
+            for (int64_t v = 0; v < HASH_VOCAB; v++) /* k distinct experts per token id */
+                for (int64_t j = 0; j < k; j++) {
+                    const int64_t r = j + (int64_t)(mlaf_rng_u64(&rng) % (uint64_t)(o->E - j));
+                    const int32_t x = perm[j];
+                    perm[j] = perm[r], perm[r] = x;
+                    tab[v * k + j] = perm[j];
+                }
+            for (int64_t t = 0; t < T; t++) tok[t] = (int64_t)(mlaf_rng_u64(&rng) % HASH_VOCAB);
+            free(perm);
+            /* buf_alloc keeps init (freed with the op) */
+            if (buf_alloc(o, B_TID2EID, sizeof(int32_t) * (size_t)(HASH_VOCAB * k), 0, tab, err, cap) ||
+                buf_alloc(o, B_TOKIDS, sizeof(int64_t) * (size_t)T, 1, tok, err, cap))
+                return -1;
+            o->bytes = (double)T * (8.0 + 4.0 * k + (o->moe.score_func == MLAF_SCORE_SOFTMAX ? o->E : k) * es) +
+                       (double)T * o->K * 8.0;
+        }
     }
     return 0;
 }
@@ -382,7 +419,7 @@ static int setup(bench_op *o, size_t llc, char *err, size_t cap) {
 /* ---- the calls ----------------------------------------------------------------------------- */
 typedef struct views {
     mlaf_tensor latent, w_q, w_kv, q, k_nope, k_pe, pos, cos_sin, slots, cache, qh, logits, bias,
-        weights, ids, kn_s, kp_s, scale;
+        weights, ids, kn_s, kp_s, scale, tid2eid, tok;
     mlaf_kv_cache_desc cd; /* the cache in its format (mla_kv_cache) */
 } views;
 
@@ -413,6 +450,8 @@ static void make_views(bench_op *o, int set, views *v) {
     v->bias = mlaf_tensor_1d(P(o, B_BIAS, set), MLAF_F32, o->E);
     v->weights = mlaf_tensor_2d(P(o, B_WEIGHTS, set), MLAF_F32, T, o->K, o->K);
     v->ids = mlaf_tensor_2d(P(o, B_IDS, set), MLAF_I32, T, o->K, o->K);
+    v->tid2eid = mlaf_tensor_2d(P(o, B_TID2EID, set), MLAF_I32, HASH_VOCAB, o->moe.top_k, o->moe.top_k);
+    v->tok = mlaf_tensor_1d(P(o, B_TOKIDS, set), MLAF_I64, T);
     v->kn_s = mlaf_tensor_2d(P(o, S_KN, set), dt, T, o->C, o->C);
     v->kp_s = mlaf_tensor_2d(P(o, S_KP, set), dt, T, o->R, o->R);
 }
@@ -458,8 +497,12 @@ static int call_fused(void *arg, int set, char *err, size_t cap) {
         break;
     }
     default:
-        st = mlaf_moe_gate(o->ctx, &o->moe, &v.logits, o->has_bias ? &v.bias : NULL, &v.weights,
-                           &v.ids, NULL);
+        if (o->hash)
+            st = mlaf_moe_gate_hash(o->ctx, &o->moe, &v.logits, &v.tid2eid, &v.tok, &v.weights, &v.ids, NULL,
+                                    NULL);
+        else
+            st = mlaf_moe_gate(o->ctx, &o->moe, &v.logits, o->has_bias ? &v.bias : NULL, &v.weights,
+                               &v.ids, NULL);
         break;
     }
     return api_err(o, st, mlaf_op_name(o->op), err, cap);
@@ -556,19 +599,25 @@ static int call_unfused(void *arg, int set, char *err, size_t cap) {
     }
     default: {
         mlaf_moe_gate_job j;
-        if (api_err(o, mlaf_check_moe_gate(o->ctx, &o->moe, &v.logits, o->has_bias ? &v.bias : NULL,
-                                           &v.weights, &v.ids, NULL, &j),
-                    "unfused moe_gate", err, cap))
+        if (o->hash) {
+            if (api_err(o, mlaf_check_moe_gate_hash(o->ctx, &o->moe, &v.logits, &v.tid2eid, &v.tok, &v.weights,
+                                                    &v.ids, NULL, NULL, &j),
+                        "unfused moe_gate_hash", err, cap))
+                return -1;
+        } else if (api_err(o, mlaf_check_moe_gate(o->ctx, &o->moe, &v.logits, o->has_bias ? &v.bias : NULL,
+                                                  &v.weights, &v.ids, NULL, &j),
+                           "unfused moe_gate", err, cap)) {
             return -1;
+        }
         if (j.T == 0) return 0;
         bench_moe_scratch s = {(float *)P(o, S_S, set), (float *)P(o, S_C, set),
                                (float *)P(o, S_G, set), (float *)P(o, S_M, set),
                                (float *)P(o, S_W, set)};
         if (cpu)
-            r = blc_moe_gate(&j, &s, o->threads);
+            r = o->hash ? blc_moe_gate_hash(&j, &s, o->threads) : blc_moe_gate(&j, &s, o->threads);
 #ifdef MLAF_WITH_CUDA
         else
-            r = blg_moe_gate(&j, &s, stream);
+            r = o->hash ? blg_moe_gate_hash(&j, &s, stream) : blg_moe_gate(&j, &s, stream);
 #endif
         return baseline_err(r, "moe_gate", err, cap);
     }
@@ -648,6 +697,9 @@ static double host_sel(const bench_op *o, const void *logits, const float *bias,
     double s;
     if (o->moe.score_func == MLAF_SCORE_SIGMOID) {
         s = 1.0 / (1.0 + exp(-(double)mlaf_load_f32(row, o->dt, e)));
+    } else if (o->moe.score_func == MLAF_SCORE_SQRT_SOFTPLUS) {
+        const double x = mlaf_load_f32(row, o->dt, e);
+        s = sqrt(fmax(x, 0.0) + log1p(exp(-fabs(x))));
     } else {
         double mx = -INFINITY, sum = 0.0;
         for (int64_t i = 0; i < o->E; i++) mx = fmax(mx, mlaf_load_f32(row, o->dt, i));
@@ -717,7 +769,8 @@ static int check_baseline(bench_op *o, char *check, size_t ccap, char *err, size
             for (int64_t k = 0; k < o->K; k++) {
                 int64_t i = t * o->K + k;
                 if (ia[i] != ib[i]) {
-                    int ok = ia[i] >= 0 && ib[i] >= 0 && ia[i] < o->E && ib[i] < o->E;
+                    /* hash routing: the ids come from the table, no near-tie to accept */
+                    int ok = !o->hash && ia[i] >= 0 && ib[i] >= 0 && ia[i] < o->E && ib[i] < o->E;
                     if (ok) {
                         double ca = host_sel(o, o->b[B_LOGITS].init, (const float *)o->b[B_BIAS].init, t, ia[i]);
                         double cb = host_sel(o, o->b[B_LOGITS].init, (const float *)o->b[B_BIAS].init, t, ib[i]);
@@ -733,7 +786,10 @@ static int check_baseline(bench_op *o, char *check, size_t ccap, char *err, size
             /* A near-tie (SPEC §7: either expert is right) swaps one expert for another of a
              * different weight, so renormalization moves every other weight of the row: those
              * are compared only in rows where the ids agree. */
-            if (id_bad) {
+            if (id_bad && o->hash) {
+                bad = 1;
+                snprintf(why, sizeof why, "hash ids differ");
+            } else if (id_bad) {
                 if (mlaf_ref_moe_gate_check_token(&hj, t, ia + t * o->K, why, sizeof why) == NULL)
                     group_rows++;
                 else
@@ -835,6 +891,7 @@ typedef struct row {
     int64_t T;
     const char *mode; /* "stream", "graph", "wall" */
     const char *cache; /* mla_kv_cache rows under --cache: the format's name; else NULL */
+    int hash;          /* moe_gate rows under --hash */
     int have_fused, have_unfused, have_scopy, have_kcopy;
     bench_stats fused, unfused, scopy; /* scopy: CUDA, a copy of the op's bytes timed alike */
     bench_stats kcopy;                 /* kcopy: CUDA stream rows, SM copy kernels of those bytes */
@@ -842,6 +899,11 @@ typedef struct row {
     char check[128];
     char error[512];
 } row;
+
+/* "moe_gate_hash" for --hash rows, else the op's name. */
+static const char *row_op_name(const row *r) {
+    return r->hash && r->op == MLAF_OP_MOE_GATE ? "moe_gate_hash" : mlaf_op_name(r->op);
+}
 
 static void json_str(const char *s) {
     putchar('"');
@@ -890,7 +952,7 @@ static void print_json(const char *backend, const char *device, int threads, con
     for (int i = 0; i < nrows; i++) {
         const row *r = &rows[i];
         double nan = NAN;
-        printf("%s\n  {\"op\": \"%s\", \"preset\": ", i ? "," : "", mlaf_op_name(r->op));
+        printf("%s\n  {\"op\": \"%s\", \"preset\": ", i ? "," : "", row_op_name(r));
         json_str(r->model);
         printf(", \"T\": %lld, \"mode\": \"%s\", ", (long long)r->T, r->mode);
         if (co->show) { /* the cache format of mla_kv_cache rows; null on the other ops' rows */
@@ -958,8 +1020,8 @@ static void print_row(const row *r, int show_cache) {
     if (isfinite(r->pct)) snprintf(pc, sizeof pc, "%.0f%%", r->pct);
     if (r->have_unfused) snprintf(uf, sizeof uf, "%.2f", r->unfused.median_us);
     if (isfinite(r->speedup)) snprintf(sp, sizeof sp, "%.2fx", r->speedup);
-    if (show_cache) printf("%-14s %-10s ", mlaf_op_name(r->op), r->cache ? r->cache : "-");
-    else printf("%-14s ", mlaf_op_name(r->op));
+    if (show_cache) printf("%-14s %-10s ", row_op_name(r), r->cache ? r->cache : "-");
+    else printf("%-14s ", row_op_name(r));
     printf("%-18s %8lld %-6s %10s %21s %9s %8s %6s %9s %6s %9s %6s %11s %8s  %s%s%s\n",
            r->model, (long long)r->T, r->mode, f, band, mb, gb, pc, cu, cp, ku,
            kp, uf, sp, r->check,
@@ -977,7 +1039,7 @@ int cmd_bench(int argc, char **argv) {
     int64_t tokens[CLI_MAX_LIST];
     int ntok = 0;
     long long threads = 0, reps = 0;
-    int graph = 0, json = 0, cache_order = CO_SHUFFLED, sweep = 0;
+    int graph = 0, json = 0, cache_order = CO_SHUFFLED, sweep = 0, hash = 0;
     cache_opt co = {0, MLAF_KV_PLAIN, MLAF_TILE_AMAX, 1.0};
     int tile_set = 0, kv_scale_set = 0;
 
@@ -990,6 +1052,8 @@ int cmd_bench(int argc, char **argv) {
         }
         if (!strcmp(argv[i], "--graph")) {
             graph = 1;
+        } else if (!strcmp(argv[i], "--hash")) {
+            hash = 1;
         } else if (!strcmp(argv[i], "--sweep")) {
             sweep = 1;
         } else if (!strcmp(argv[i], "--json")) {
@@ -1166,6 +1230,7 @@ int cmd_bench(int argc, char **argv) {
         else printf(" --preset %s", preset ? preset : models[0].name);
         if (be == MLAF_BACKEND_CPU) printf(" --threads %lld", threads);
         if (graph) printf(" --graph");
+        if (hash) printf(" --hash");
         if (cache_order != CO_SHUFFLED) printf(" --cache-order %s", cache_order_names[cache_order]);
         if (co.show) printf(" --cache %s", mlaf_kv_format_name(co.fmt));
         if (co.show && co.fmt == MLAF_KV_FP8_DS_MLA && co.tile_scale != MLAF_TILE_AMAX)
@@ -1200,6 +1265,7 @@ int cmd_bench(int argc, char **argv) {
                 snprintf(r->model, sizeof r->model, "%.63s", models[m].name);
                 r->T = tokens[ti];
                 if (co.show && r->op == MLAF_OP_MLA_KV_CACHE) r->cache = mlaf_kv_format_name(co.fmt);
+                r->hash = hash && r->op == MLAF_OP_MOE_GATE;
                 r->gbps = r->pct = r->speedup = r->pct_scopy = r->pct_kcopy = NAN;
                 snprintf(r->check, sizeof r->check, "-");
                 int graph_calls = 0;
@@ -1212,6 +1278,13 @@ int cmd_bench(int argc, char **argv) {
                     snprintf(r->check, sizeof r->check, "skipped");
                     snprintf(r->error, sizeof r->error, "%s is not supported by the %s backend",
                              mlaf_op_name(r->op), mlaf_backend_name(be));
+                    if (!json) print_row(r, co.show);
+                    continue;
+                }
+                if (r->op != MLAF_OP_MOE_GATE && !mlaf_preset_attention_supported(&models[m])) {
+                    snprintf(r->check, sizeof r->check, "skipped");
+                    snprintf(r->error, sizeof r->error, "kv_rope_tail = %d is not in this op yet",
+                             models[m].kv_rope_tail);
                     if (!json) print_row(r, co.show);
                     continue;
                 }
@@ -1231,6 +1304,7 @@ int cmd_bench(int argc, char **argv) {
                 o.T = r->T;
                 o.threads = (int)(threads > 0 ? threads : 1);
                 o.cache_order = cache_order;
+                o.hash = r->hash;
                 o.kv_fmt = r->op == MLAF_OP_MLA_KV_CACHE ? co.fmt : MLAF_KV_PLAIN;
                 o.tile_scale = co.tile_scale;
                 o.kv_scale = (float)co.kv_scale;

@@ -72,6 +72,8 @@ int cli_load_hf_config_rope(const char *path, mlaf_model_config *cfg, cli_rope *
 int cli_sweep_models(const mlaf_model_config *base, mlaf_model_config *out, int cap);
 /* A short text for the router: "sigmoid + bias", "softmax", ... */
 const char *cli_score_text(const mlaf_model_config *cfg);
+/* "sigmoid", "softmax", "sqrt_softplus". */
+const char *cli_score_name(mlaf_score_func f);
 
 /* ---- commands ------------------------------------------------------------------------------ */
 int cmd_presets(int argc, char **argv);

@@ -247,16 +247,40 @@ static int parse_config(const cJSON *root, const char *path, mlaf_model_config *
     memset(cfg, 0, sizeof *cfg);
     const int32_t BIG = 1 << 20;
     if (get_int(root, "q_lora_rank", path, 0, 0, 0, BIG, &cfg->q_lora_rank)) return -1;
-    if (get_int(root, "kv_lora_rank", path, 1, 0, 1, BIG, &cfg->kv_lora_rank)) return -1;
-    if (get_int(root, "qk_rope_head_dim", path, 1, 0, 0, BIG, &cfg->qk_rope_head_dim)) return -1;
-    if (cfg->qk_rope_head_dim % 2) {
-        fprintf(stderr, "mlafuse: %s: \"qk_rope_head_dim\" = %d, expected even\n", path,
-                cfg->qk_rope_head_dim);
-        return -1;
+    const char *mt0 = get_string(root, "model_type");
+    if (mt0 && !strcmp(mt0, "deepseek_v4")) {
+        /* DeepSeek-V4 (SPEC §1, §11): one shared K = V head of head_dim [512] values whose last
+         * qk_rope_head_dim [64] are rotated: the latent is [q_lora | head_dim] with no separate
+         * rope part (R = 0, kv_rope_tail = qk_rope_head_dim). */
+        int32_t hd = 0, rope = 0;
+        if (get_int(root, "head_dim", path, 0, 512, 2, BIG, &hd)) return -1;
+        if (get_int(root, "qk_rope_head_dim", path, 0, 64, 0, BIG, &rope)) return -1;
+        if (rope % 2 || rope > hd) {
+            fprintf(stderr, "mlafuse: %s: \"qk_rope_head_dim\" = %d, expected even and <= \"head_dim\" = %d\n",
+                    path, rope, hd);
+            return -1;
+        }
+        cfg->kv_lora_rank = hd;
+        cfg->qk_rope_head_dim = 0;
+        cfg->kv_rope_tail = rope;
+        cfg->qk_nope_head_dim = hd - rope;
+        cfg->v_head_dim = hd;
+        if (get_int(root, "num_hash_layers", path, 0, 0, 0, BIG, &cfg->n_hash_layers)) return -1;
+        if (cfg->n_hash_layers == 0 &&
+            get_int(root, "n_hash_layers", path, 0, 0, 0, BIG, &cfg->n_hash_layers))
+            return -1;
+    } else {
+        if (get_int(root, "kv_lora_rank", path, 1, 0, 1, BIG, &cfg->kv_lora_rank)) return -1;
+        if (get_int(root, "qk_rope_head_dim", path, 1, 0, 0, BIG, &cfg->qk_rope_head_dim)) return -1;
+        if (cfg->qk_rope_head_dim % 2) {
+            fprintf(stderr, "mlafuse: %s: \"qk_rope_head_dim\" = %d, expected even\n", path,
+                    cfg->qk_rope_head_dim);
+            return -1;
+        }
+        if (get_int(root, "qk_nope_head_dim", path, 1, 0, 0, BIG, &cfg->qk_nope_head_dim)) return -1;
+        if (get_int(root, "v_head_dim", path, 0, cfg->qk_nope_head_dim, 0, BIG, &cfg->v_head_dim))
+            return -1;
     }
-    if (get_int(root, "qk_nope_head_dim", path, 1, 0, 0, BIG, &cfg->qk_nope_head_dim)) return -1;
-    if (get_int(root, "v_head_dim", path, 0, cfg->qk_nope_head_dim, 0, BIG, &cfg->v_head_dim))
-        return -1;
     if (get_int(root, "num_attention_heads", path, 1, 0, 1, BIG, &cfg->num_heads)) return -1;
     if (get_int(root, "n_routed_experts", path, 1, 0, 1, 2048, &cfg->n_routed_experts)) return -1;
     if (get_int(root, "num_experts_per_tok", path, 1, 0, 1, 64, &cfg->top_k)) return -1;
@@ -290,8 +314,11 @@ static int parse_config(const cJSON *root, const char *path, mlaf_model_config *
         cfg->score_func = MLAF_SCORE_SIGMOID;
     else if (!strcasecmp(scoring, "softmax"))
         cfg->score_func = MLAF_SCORE_SOFTMAX;
+    else if (!strcasecmp(scoring, "sqrtsoftplus") || !strcasecmp(scoring, "sqrt_softplus"))
+        cfg->score_func = MLAF_SCORE_SQRT_SOFTPLUS;
     else {
-        fprintf(stderr, "mlafuse: %s: \"scoring_func\" = \"%s\", expected sigmoid or softmax\n",
+        fprintf(stderr,
+                "mlafuse: %s: \"scoring_func\" = \"%s\", expected sigmoid, softmax or sqrtsoftplus\n",
                 path, scoring);
         return -1;
     }
@@ -344,6 +371,8 @@ static int parse_config(const cJSON *root, const char *path, mlaf_model_config *
         fprintf(stderr, "mlafuse: %s: model_type \"%s\" is a DSA model but has no \"index_n_heads\"\n", path, mt);
         return -1;
     }
+    if (mt0 && !strcmp(mt0, "deepseek_v4")) /* its indexer (pooled keys) is not SPEC §10's */
+        cfg->index_n_heads = cfg->index_head_dim = cfg->index_topk = 0;
     if (cfg->index_n_heads && cfg->index_head_dim < 64) {
         fprintf(stderr, "mlafuse: %s: \"index_head_dim\" = %d, expected at least 64 (RoPE on dims [0, 64))\n", path,
                 cfg->index_head_dim);

@@ -30,13 +30,16 @@ static void row(const mlaf_model_config *c) {
     if (c->index_n_heads)
         snprintf(idx, sizeof idx, "%dx%d top-%d %s", c->index_n_heads, c->index_head_dim, c->index_topk,
                  c->index_rope_style == MLAF_ROPE_NEOX ? "neox" : "interleaved");
-    printf("%-22s %6d %7d %5d %5d %6d %5d %5d %5d %8s %-13s %-6s %5s %7g %7g %6d %-11s %s\n",
+    char v4[64] = "";
+    if (c->kv_rope_tail || c->n_hash_layers)
+        snprintf(v4, sizeof v4, " kv_rope_tail=%d hash_layers=%d", c->kv_rope_tail, c->n_hash_layers);
+    printf("%-22s %6d %7d %5d %5d %6d %5d %5d %5d %8s %-13s %-6s %5s %7g %7g %6d %-11s %s%s\n",
            c->name, c->q_lora_rank, c->kv_lora_rank, c->qk_rope_head_dim, c->qk_nope_head_dim,
            c->v_head_dim, c->num_heads, c->n_routed_experts, c->top_k, groups, cli_score_text(c),
            c->n_group > 1 ? (c->group_score == MLAF_GROUP_MAX ? "max" : "top2") : "-",
            c->norm_topk_prob ? "true" : "false", (double)c->routed_scaling_factor,
            (double)c->rms_norm_eps, c->n_shared_experts,
-           c->rope_style == MLAF_ROPE_NEOX ? "neox" : "interleaved", idx);
+           c->rope_style == MLAF_ROPE_NEOX ? "neox" : "interleaved", idx, v4);
 }
 
 /* The RoPE table the config asks for, as mlaf_rope_table_init_scaled builds it. */
@@ -95,6 +98,7 @@ int cmd_presets(int argc, char **argv) {
     header();
     for (int i = 0; i < mlaf_preset_count(); i++) row(mlaf_preset_at(i));
     printf("(deepseek-r1 is an alias of deepseek-v3; groups = n_group/topk_group; group = group "
-           "score when n_group > 1; norm = norm_topk_prob)\n");
+           "score when n_group > 1; norm = norm_topk_prob; kv_rope_tail: RoPE on the last values of\n"
+           "the kv part, no separate rope part; hash_layers: the first MoE layers route by token id)\n");
     return CLI_EXIT_OK;
 }

@@ -18,6 +18,11 @@
  *                  --preset all also the router shapes engines get wrong (E = 160 softmax
  *                  group max, E = 384, E = 2048, 64 experts in one group, top_k 16 / 32,
  *                  no bias).
+ *                  Routers with a sqrt_softplus score (DeepSeek-V4) also get large |logits|
+ *                  (",wide"), and presets with hash-routed layers (n_hash_layers > 0) the hash
+ *                  router: contiguous | strided (i32 / i64 table and ids) with the score output |
+ *                  bad rows of every kind. Their lines name the score and "hash".
+ * The attention ops skip presets their kernels do not cover yet (mlaf_preset_attention_supported).
  */
 #define _POSIX_C_SOURCE 200809L /* strtok_r, strcasecmp */
 #include <stdio.h>
@@ -160,6 +165,12 @@ static void run_op(mlaf_context *ctx, mlaf_op op, const mlaf_model_config *cfg, 
     case MLAF_OP_ROPE_Q: vs = rope_v; nv = (int)(sizeof rope_v / sizeof rope_v[0]); break;
     default: vs = moe_v; nv = (int)(sizeof moe_v / sizeof moe_v[0]); break;
     }
+    if (op != MLAF_OP_MOE_GATE && !mlaf_preset_attention_supported(cfg)) {
+        printf("SKIP: %s for %s: kv_rope_tail = %d is not in this op yet\n", mlaf_op_name(op), cfg->name,
+               cfg->kv_rope_tail);
+        n->skipped++;
+        return;
+    }
     if (op == MLAF_OP_ROPE_Q && cfg->qk_rope_head_dim <= 0) {
         printf("SKIP: rope_q for %s: qk_rope_head_dim = 0 (nothing to rotate)\n", cfg->name);
         n->skipped++;
@@ -179,8 +190,12 @@ static void run_op(mlaf_context *ctx, mlaf_op op, const mlaf_model_config *cfg, 
         if (v->other_cache) c.cache_dtype = other_dtype(dt);
         c.want_scores = v->want_scores;
         c.nonfinite = v->nonfinite;
+        const int sp = op == MLAF_OP_MOE_GATE && cfg->score_func == MLAF_SCORE_SQRT_SOFTPLUS;
+        c.moe_wide = sp && v->strided; /* large |logits| across sqrt_softplus's three ranges */
         char label[96];
-        if (v->style >= 0)
+        if (sp)
+            snprintf(label, sizeof label, "%s%s,score=sqrt_softplus", v->label, c.moe_wide ? ",wide" : "");
+        else if (v->style >= 0)
             snprintf(label, sizeof label, "%s,%s", v->label,
                      v->style == MLAF_ROPE_NEOX ? "neox" : "interleaved");
         else
@@ -193,7 +208,24 @@ static void run_op(mlaf_context *ctx, mlaf_op op, const mlaf_model_config *cfg, 
         }
         run_case(ctx, op, cfg->name, &c, label, n);
     }
-    if (op != MLAF_OP_MOE_GATE || !with_extras) return;
+    if (op != MLAF_OP_MOE_GATE) return;
+    if (cfg->n_hash_layers > 0) {
+        /* the hash-routed layers: {contiguous, i64} | {strided, i32 table, i64 ids, scores} |
+         * {bad rows, i32} */
+        static const char *const hv[3] = {"contiguous", "strided,scores", "bad-rows"};
+        for (int h = 0; h < 3; h++) {
+            mlaf_verify_case c = mlaf_verify_case_default(cfg, dt, T, seed + 7919u * (uint64_t)(h + 16));
+            c.moe_hash = h == 2 ? 2 : 1;
+            c.strided = h == 1;
+            c.want_scores = h == 1;
+            c.moe_wide = h == 1;
+            c.index_dtype = h == 0 ? MLAF_I64 : MLAF_I32;
+            char label[96];
+            snprintf(label, sizeof label, "hash,%s,score=%s", hv[h], cli_score_name(cfg->score_func));
+            run_case(ctx, op, cfg->name, &c, label, n);
+        }
+    }
+    if (!with_extras) return;
     for (size_t e = 0; e < sizeof moe_extras / sizeof moe_extras[0]; e++) {
         const moe_extra *x = &moe_extras[e];
         for (int s = 0; s < 2; s++) {

@@ -61,6 +61,7 @@ struct Api {
     decltype(&mlaf_mla_kv_cache_fmt) mla_kv_cache_fmt;
     decltype(&mlaf_rope_q) rope_q;
     decltype(&mlaf_moe_gate) moe_gate;
+    decltype(&mlaf_moe_gate_hash) moe_gate_hash;
 };
 
 Api api;
@@ -479,6 +480,63 @@ void moe_gate_out(const at::Tensor &logits, const std::optional<at::Tensor> &bia
                   n_shared_experts);
 }
 
+// ---- moe_gate_hash -----------------------------------------------------------------------
+mlaf_moe_gate_params gate_params(int64_t top_k, int64_t n_group, int64_t topk_group,
+                                 int64_t score_func, int64_t group_score, bool renormalize,
+                                 double routed_scaling_factor, bool apply_routed_scaling,
+                                 double eps, int64_t n_shared_experts) {
+    mlaf_moe_gate_params p;
+    p.top_k = (int32_t)top_k;
+    p.n_group = (int32_t)n_group;
+    p.topk_group = (int32_t)topk_group;
+    p.score_func = (mlaf_score_func)score_func;
+    p.group_score = (mlaf_group_score)group_score;
+    p.renormalize = renormalize ? 1 : 0;
+    p.routed_scaling_factor = (float)routed_scaling_factor;
+    p.apply_routed_scaling = apply_routed_scaling ? 1 : 0;
+    p.eps = (float)eps;
+    p.n_shared_experts = (int32_t)n_shared_experts;
+    return p;
+}
+
+void moe_gate_hash_out(const at::Tensor &logits, const at::Tensor &tid2eid,
+                       const at::Tensor &token_ids, const at::Tensor &weights,
+                       const at::Tensor &ids, const std::optional<at::Tensor> &scores,
+                       const std::optional<at::Tensor> &error_count, int64_t top_k,
+                       int64_t n_group, int64_t topk_group, int64_t score_func,
+                       int64_t group_score, bool renormalize, double routed_scaling_factor,
+                       bool apply_routed_scaling, double eps, int64_t n_shared_experts) {
+    need_api();
+    const c10::Device d = logits.device();
+    mlaf_context *ctx = context_for(d);
+    View vl(logits, "logits", d, false), vt(tid2eid, "tid2eid", d, false),
+        vk(token_ids, "token_ids", d, false), vw(weights, "weights", d, true),
+        vi(ids, "ids", d, true), vs(scores, "scores", d, true),
+        verr(error_count, "error_count", d, true);
+    const mlaf_moe_gate_params p =
+        gate_params(top_k, n_group, topk_group, score_func, group_score, renormalize,
+                    routed_scaling_factor, apply_routed_scaling, eps, n_shared_experts);
+    check(ctx, api.moe_gate_hash(ctx, &p, vl.p, vt.p, vk.p, vw.p, vi.p, vs.p, verr.p));
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> moe_gate_hash(
+    const at::Tensor &logits, const at::Tensor &tid2eid, const at::Tensor &token_ids,
+    const std::optional<at::Tensor> &error_count, int64_t top_k, int64_t n_group,
+    int64_t topk_group, int64_t score_func, int64_t group_score, bool renormalize,
+    double routed_scaling_factor, bool apply_routed_scaling, double eps,
+    int64_t n_shared_experts, bool return_scores, std::optional<c10::ScalarType> weights_dtype) {
+    const int64_t T = rows_of(logits), E = logits.dim() >= 2 ? logits.size(1) : 0;
+    const int64_t K = nonneg(top_k + n_shared_experts);
+    at::Tensor w = alloc(logits, T, K, weights_dtype.value_or(c10::ScalarType::Float)),
+               i = alloc(logits, T, K, c10::ScalarType::Int),
+               s = alloc(logits, T, return_scores ? E : 0, c10::ScalarType::Float);
+    moe_gate_hash_out(logits, tid2eid, token_ids, w, i,
+                      return_scores ? std::optional<at::Tensor>(s) : std::nullopt, error_count,
+                      top_k, n_group, topk_group, score_func, group_score, renormalize,
+                      routed_scaling_factor, apply_routed_scaling, eps, n_shared_experts);
+    return {w, i, s};
+}
+
 #define KV_IN                                                                                \
     "Tensor latent, Tensor? w_q, Tensor w_kv, Tensor? positions, Tensor? cos_sin, "         \
     "Tensor slot_mapping, Tensor(a!) kv_cache, Tensor(b!)? error_count"
@@ -512,6 +570,12 @@ TORCH_LIBRARY(mlafuse, m) {
           "ScalarType? weights_dtype=None) -> (Tensor, Tensor, Tensor)");
     m.def("moe_gate_out(Tensor logits, Tensor? bias, Tensor(a!) weights, Tensor(b!) ids, "
           "Tensor(c!)? scores, " GATE_P ") -> ()");
+    m.def("moe_gate_hash(Tensor logits, Tensor tid2eid, Tensor token_ids, "
+          "Tensor(a!)? error_count, " GATE_P ", bool return_scores=False, "
+          "ScalarType? weights_dtype=None) -> (Tensor, Tensor, Tensor)");
+    m.def("moe_gate_hash_out(Tensor logits, Tensor tid2eid, Tensor token_ids, "
+          "Tensor(a!) weights, Tensor(b!) ids, Tensor(c!)? scores, Tensor(d!)? error_count, "
+          GATE_P ") -> ()");
 }
 
 // One kernel for both devices: the backend follows the tensors' device.
@@ -523,7 +587,9 @@ TORCH_LIBRARY(mlafuse, m) {
     m.impl("mla_kv_cache_out", &mla_kv_cache_out);             \
     m.impl("rope_q", &rope_q);                                 \
     m.impl("moe_gate", &moe_gate);                             \
-    m.impl("moe_gate_out", &moe_gate_out)
+    m.impl("moe_gate_out", &moe_gate_out);                     \
+    m.impl("moe_gate_hash", &moe_gate_hash);                   \
+    m.impl("moe_gate_hash_out", &moe_gate_hash_out)
 
 TORCH_LIBRARY_IMPL(mlafuse, CPU, m) { MLAFUSE_IMPLS(m); }
 TORCH_LIBRARY_IMPL(mlafuse, CUDA, m) { MLAFUSE_IMPLS(m); }
@@ -560,6 +626,7 @@ MLAFUSE_TORCH_EXPORT int mlafuse_torch_init(const char *path, char *err, size_t 
     MLAF_SYM(mla_kv_cache_fmt, mlaf_mla_kv_cache_fmt)
     MLAF_SYM(rope_q, mlaf_rope_q)
     MLAF_SYM(moe_gate, mlaf_moe_gate)
+    MLAF_SYM(moe_gate_hash, mlaf_moe_gate_hash)
 #undef MLAF_SYM
     if (missing) return say(std::string(path) + " has no symbol " + missing);
     if (a.version_number() != MLAF_VERSION_NUMBER)

@@ -10,6 +10,7 @@ ctypes (BINDING == "ctypes"); MLAFUSE_BINDING=auto|ext|ctypes chooses.
     mlafuse.mla_kv_cache(latent, w_q, w_kv, positions, cos_sin, slot_mapping, kv_cache)
     mlafuse.rope_q(q.view(T, H, D), positions, cos_sin)
     weights, ids = mlafuse.moe_gate(logits, bias, config="glm-4.7-flash")
+    weights, ids = mlafuse.moe_gate_hash(logits, tid2eid, token_ids, config="deepseek-v4-flash")
 
 numpy arrays run on the CPU backend; torch tensors on the backend of their device (CUDA: the
 tensor's device and torch's current stream there). The library is found at
@@ -26,6 +27,7 @@ from .ops import (
     get_num_threads,
     mla_kv_cache,
     moe_gate,
+    moe_gate_hash,
     presets,
     rope_q,
     rope_table,

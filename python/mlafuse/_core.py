@@ -219,6 +219,12 @@ def run_moe_gate(ctx, params, logits, bias, weights, ids, scores):
                               byref(weights), byref(ids), byref(scores)))
 
 
+def run_moe_gate_hash(ctx, params, logits, tid2eid, token_ids, weights, ids, scores, error_count):
+    ctx.check(L.mlaf_moe_gate_hash(ctx.ptr, ctypes.byref(params), byref(logits), byref(tid2eid),
+                                   byref(token_ids), byref(weights), byref(ids), byref(scores),
+                                   byref(error_count)))
+
+
 def moe_params(top_k, n_group, topk_group, score_func, group_score, renormalize,
                routed_scaling_factor, apply_routed_scaling, eps, n_shared_experts):
     return L.MoeGateParams(int(top_k), int(n_group), int(topk_group), int(score_func),

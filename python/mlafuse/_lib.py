@@ -14,7 +14,7 @@ import os
 F32, F16, BF16, I32, I64, U8, FP8_E4M3 = 0, 1, 2, 3, 4, 5, 6
 BACKEND_CPU, BACKEND_CUDA = 0, 1
 OP_SPLIT_QK_NORM, OP_MLA_KV_CACHE, OP_ROPE_Q, OP_MOE_GATE = 0, 1, 2, 3
-SCORE_SIGMOID, SCORE_SOFTMAX = 0, 1
+SCORE_SIGMOID, SCORE_SOFTMAX, SCORE_SQRT_SOFTPLUS = 0, 1, 2
 GROUP_TOP2_SUM, GROUP_MAX = 0, 1
 ROPE_INTERLEAVED, ROPE_NEOX = 0, 1
 KV_PLAIN, KV_FP8, KV_FP8_DS_MLA = 0, 1, 2       # mlaf_kv_format
@@ -74,6 +74,8 @@ class ModelConfig(ctypes.Structure):
         ("index_head_dim", ctypes.c_int32),
         ("index_topk", ctypes.c_int32),
         ("index_rope_style", ctypes.c_int),
+        ("kv_rope_tail", ctypes.c_int32),
+        ("n_hash_layers", ctypes.c_int32),
     ]
 
 
@@ -255,6 +257,8 @@ mlaf_kv_record_bytes = _proto("mlaf_kv_record_bytes", ctypes.c_int64, ctypes.c_i
 mlaf_rope_q = _proto("mlaf_rope_q", ctypes.c_int, _ctx_p, _P(RopeParams), _T, _T, _T, _T)
 mlaf_moe_gate = _proto("mlaf_moe_gate", ctypes.c_int, _ctx_p, _P(MoeGateParams),
                        _T, _T, _T, _T, _T)
+mlaf_moe_gate_hash = _proto("mlaf_moe_gate_hash", ctypes.c_int, _ctx_p, _P(MoeGateParams),
+                            _T, _T, _T, _T, _T, _T, _T)
 
 
 def _status_name(status: int) -> str:

@@ -20,7 +20,7 @@ capture-safe. Their schemas are the same strings (SCHEMAS; a test compares them)
 compiled graphs do not depend on which one is loaded.
 
 Ops (all arguments of the C ops; int enums: style 0 interleaved / 1 neox, score_func 0
-sigmoid / 1 softmax, group_score 0 top-2 sum / 1 max, and mla_kv_cache's cache_format 0 plain /
+sigmoid / 1 softmax / 2 sqrt_softplus, group_score 0 top-2 sum / 1 max, and mla_kv_cache's cache_format 0 plain /
 1 fp8 / 2 fp8_ds_mla, fp8_conv 0 divide / 1 multiply, tile_scale 0 amax / 1 ue8m0 / 2
 ue8m0_floor_scaled):
   split_qk_norm          -> (q [T,Q], k_nope [T,C], k_pe [T,R] or [T,0])   functional
@@ -35,6 +35,9 @@ ue8m0_floor_scaled):
   rope_q                 rotates q                                         mutates q, error_count
   moe_gate               -> (weights, ids, scores or [T,0])                functional
   moe_gate_out           writes weights, ids, scores                       mutates outputs
+  moe_gate_hash          -> (weights, ids, scores or [T,0])                mutates error_count
+  moe_gate_hash_out      writes weights, ids, scores                       mutates outputs,
+                                                                           error_count
 Not-requested outputs of the functional forms are empty [T, 0] tensors (schemas cannot
 return None); the mlafuse.* Python functions turn them into None.
 Errors: the ctypes binding raises MlafError; the compiled one raises RuntimeError with the text
@@ -288,6 +291,46 @@ _register(f"moe_gate(Tensor logits, Tensor? bias, {_GATE_P}, bool return_scores=
           "ScalarType? weights_dtype=None) -> (Tensor, Tensor, Tensor)", _gate_impl, _gate_fake)
 _register(f"moe_gate_out(Tensor logits, Tensor? bias, Tensor(a!) weights, Tensor(b!) ids, "
           f"Tensor(c!)? scores, {_GATE_P}) -> ()", _gate_out, _nothing)
+
+
+# ---- moe_gate_hash -------------------------------------------------------------------------
+def _gate_hash_out(logits, tid2eid, token_ids, weights, ids, scores, error_count, top_k, n_group,
+                   topk_group, score_func, group_score, renormalize, routed_scaling_factor,
+                   apply_routed_scaling, eps, n_shared_experts):
+    d = logits.device
+    p = _core.moe_params(top_k, n_group, topk_group, score_func, group_score, renormalize,
+                         routed_scaling_factor, apply_routed_scaling, eps, n_shared_experts)
+    _core.run_moe_gate_hash(_context(d), p, _view(logits, "logits", d),
+                            _view(tid2eid, "tid2eid", d), _view(token_ids, "token_ids", d),
+                            _view(weights, "weights", d), _view(ids, "ids", d),
+                            _view(scores, "scores", d), _view(error_count, "error_count", d))
+
+
+def _gate_hash_impl(logits, tid2eid, token_ids, error_count, top_k, n_group, topk_group,
+                    score_func, group_score, renormalize, routed_scaling_factor,
+                    apply_routed_scaling, eps, n_shared_experts, return_scores=False,
+                    weights_dtype=None):
+    w, i, s = _gate_alloc(logits, top_k, n_shared_experts, return_scores, weights_dtype)
+    _gate_hash_out(logits, tid2eid, token_ids, w, i, s if return_scores else None, error_count,
+                   top_k, n_group, topk_group, score_func, group_score, renormalize,
+                   routed_scaling_factor, apply_routed_scaling, eps, n_shared_experts)
+    return w, i, s
+
+
+def _gate_hash_fake(logits, tid2eid, token_ids, error_count, top_k, n_group, topk_group,
+                    score_func, group_score, renormalize, routed_scaling_factor,
+                    apply_routed_scaling, eps, n_shared_experts, return_scores=False,
+                    weights_dtype=None):
+    return _gate_alloc(logits, top_k, n_shared_experts, return_scores, weights_dtype)
+
+
+_register(f"moe_gate_hash(Tensor logits, Tensor tid2eid, Tensor token_ids, "
+          f"Tensor(a!)? error_count, {_GATE_P}, bool return_scores=False, "
+          "ScalarType? weights_dtype=None) -> (Tensor, Tensor, Tensor)", _gate_hash_impl,
+          _gate_hash_fake)
+_register(f"moe_gate_hash_out(Tensor logits, Tensor tid2eid, Tensor token_ids, "
+          f"Tensor(a!) weights, Tensor(b!) ids, Tensor(c!)? scores, Tensor(d!)? error_count, "
+          f"{_GATE_P}) -> ()", _gate_hash_out, _nothing)
 
 
 # ---- choosing and registering a binding ----------------------------------------------------

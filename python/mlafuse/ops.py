@@ -49,6 +49,8 @@ if _torch is not None:
     _op_rope = _torch.ops.mlafuse.rope_q
     _op_gate = _torch.ops.mlafuse.moe_gate
     _op_gate_out = _torch.ops.mlafuse.moe_gate_out
+    _op_gate_hash = _torch.ops.mlafuse.moe_gate_hash
+    _op_gate_hash_out = _torch.ops.mlafuse.moe_gate_hash_out
     _is_compiling = _torch.compiler.is_compiling
 
 
@@ -69,7 +71,8 @@ def _torch_error(e: RuntimeError, **arrays) -> Exception:
 
 # ---- names for enum parameters (ints pass through so the library reports bad values) -----
 _STYLES = {"interleaved": L.ROPE_INTERLEAVED, "gptj": L.ROPE_INTERLEAVED, "neox": L.ROPE_NEOX}
-_SCORES = {"sigmoid": L.SCORE_SIGMOID, "softmax": L.SCORE_SOFTMAX}
+_SCORES = {"sigmoid": L.SCORE_SIGMOID, "softmax": L.SCORE_SOFTMAX,
+           "sqrt_softplus": L.SCORE_SQRT_SOFTPLUS}
 _GROUPS = {"top2_sum": L.GROUP_TOP2_SUM, "max": L.GROUP_MAX}
 
 
@@ -138,7 +141,7 @@ class Preset:
     top_k: int
     n_group: int
     topk_group: int
-    score_func: str          # "sigmoid" | "softmax"
+    score_func: str          # "sigmoid" | "softmax" | "sqrt_softplus" (DeepSeek-V4)
     group_score: str         # "top2_sum" | "max"
     has_score_bias: bool
     norm_topk_prob: bool
@@ -151,6 +154,8 @@ class Preset:
     index_head_dim: int = 0
     index_topk: int = 0
     index_rope_style: str = "interleaved"  # GLM-5 interleaved, DeepSeek-V3.2 "neox"
+    kv_rope_tail: int = 0    # DeepSeek-V4: RoPE on the last 64 of the 512 kv values (R = 0)
+    n_hash_layers: int = 0   # DeepSeek-V4: the first 3 MoE layers route by moe_gate_hash
 
     def moe_gate_kwargs(self) -> dict:
         """The router parameters of this model, as keyword arguments of moe_gate (the same
@@ -186,7 +191,8 @@ def _preset_from_c(cp) -> Preset:
         apply_routed_scaling=bool(c.apply_routed_scaling), rms_norm_eps=_f32(c.rms_norm_eps),
         n_shared_experts=c.n_shared_experts, rope_style=_name_of(c.rope_style, _STYLES),
         index_n_heads=c.index_n_heads, index_head_dim=c.index_head_dim, index_topk=c.index_topk,
-        index_rope_style=_name_of(c.index_rope_style, _STYLES))
+        index_rope_style=_name_of(c.index_rope_style, _STYLES), kv_rope_tail=c.kv_rope_tail,
+        n_hash_layers=c.n_hash_layers)
 
 
 _PRESETS = tuple(_preset_from_c(L.mlaf_preset_at(i)) for i in range(L.mlaf_preset_count()))
@@ -748,4 +754,75 @@ def moe_gate(logits, bias=None, *, config=None, top_k: int | None = None,
                        _np_in(logits, "logits"), _np_in(bias, "bias"),
                        _np_out(weights, "weights"), _np_out(ids, "ids"),
                        _np_out(scores, "scores"))
+    return (weights, ids, scores) if want_scores else (weights, ids)
+
+
+# ---- moe_gate_hash -------------------------------------------------------------------------
+def moe_gate_hash(logits, tid2eid, token_ids, *, config=None, top_k: int | None = None,
+                  score_func=None, renormalize: bool | None = None,
+                  routed_scaling_factor: float | None = None,
+                  apply_routed_scaling: bool | None = None, eps: float | None = None,
+                  n_shared_experts: int | None = None, return_scores: bool = False,
+                  weights_dtype=None, weights=None, ids=None, scores=None, error_count=None):
+    """Hash-routed MoE layer (SPEC §11: DeepSeek-V4's first n_hash_layers layers).
+
+    logits     [T, E]         f32 | f16 | bf16, rows strided; not modified
+    tid2eid    [vocab, top_k] int32 | int64, rows strided: the experts of each token id
+    token_ids  [T]            int32 | int64
+
+    ids = tid2eid[token_ids] in table order; weights = the scores (score_func: "sqrt_softplus"
+    for V4, "sigmoid" or "softmax") at those ids, renormalized and scaled as moe_gate does.
+    There is no bias (nothing is chosen) and no group limit. Parameters as moe_gate (config=
+    a preset name or Preset, keywords override); top_k defaults to tid2eid.shape[1].
+    A row whose token id is outside [0, vocab), or whose table entries are outside [0, E) or
+    repeated, gets ids 0 .. top_k-1 with weight 0 and is counted in ``error_count`` (an int32
+    [1] array / tensor, added to; optional).
+
+    Returns ``(weights, ids)``, or ``(weights, ids, scores)`` when return_scores or scores= is
+    given (weights [T, top_k + S], ids [T, top_k + S] int32, scores [T, E] f32).
+    """
+    if top_k is None and config is None:
+        top_k = _dim(tid2eid, 1)
+    want_scores = return_scores or scores is not None
+    p = _gate_params(config, top_k, 1, 1, score_func, "top2_sum", renormalize,
+                     routed_scaling_factor, apply_routed_scaling, eps, n_shared_experts)
+    p["n_group"], p["topk_group"], p["group_score"] = 1, 1, L.GROUP_TOP2_SUM
+    args = _gate_args(p)
+    if isinstance(logits, _TT):
+        try:
+            if weights is None and ids is None and scores is None:
+                w, i, s = _op_gate_hash(logits, tid2eid, token_ids, error_count, *args,
+                                        want_scores, weights_dtype)
+                return (w, i, s) if want_scores else (w, i)
+            T, E = _dim(logits, 0), _dim(logits, 1)
+            K = int(args[0]) + int(args[9])
+            if weights is None:
+                weights = logits.new_empty((T, max(K, 0)),
+                                           dtype=weights_dtype or _torch.float32)
+            if ids is None:
+                ids = logits.new_empty((T, max(K, 0)), dtype=_torch.int32)
+            if scores is None and want_scores:
+                scores = logits.new_empty((T, E), dtype=_torch.float32)
+            _op_gate_hash_out(logits, tid2eid, token_ids, weights, ids, scores, error_count, *args)
+        except RuntimeError as e:
+            raise _torch_error(e, tid2eid=tid2eid, token_ids=token_ids, weights=weights, ids=ids,
+                               scores=scores, error_count=error_count) from None
+        return (weights, ids, scores) if want_scores else (weights, ids)
+
+    _check_same_kind(False, tid2eid=tid2eid, token_ids=token_ids, weights=weights, ids=ids,
+                     scores=scores, error_count=error_count)
+    T, E = _dim(logits, 0), _dim(logits, 1)
+    K = int(p["top_k"]) + int(p["n_shared_experts"])
+    np = _core._numpy()
+    if weights is None:
+        weights = np.empty((T, max(K, 0)), np.float32 if weights_dtype is None else weights_dtype)
+    if ids is None:
+        ids = np.empty((T, max(K, 0)), np.int32)
+    if scores is None and want_scores:
+        scores = np.empty((T, E), np.float32)
+    _core.run_moe_gate_hash(_core.context(L.BACKEND_CPU), _core.moe_params(*args),
+                            _np_in(logits, "logits"), _np_in(tid2eid, "tid2eid"),
+                            _np_in(token_ids, "token_ids"), _np_out(weights, "weights"),
+                            _np_out(ids, "ids"), _np_out(scores, "scores"),
+                            _np_out(error_count, "error_count"))
     return (weights, ids, scores) if want_scores else (weights, ids)

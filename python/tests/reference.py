@@ -51,11 +51,7 @@ def moe_gate(logits, bias, top_k, n_group=1, topk_group=1, score_func="sigmoid",
     """Returns (s [T,E], c [T,E], ids [T,top_k], weights [T,top_k+S]) in float64."""
     x = f64(logits)
     T, E = x.shape
-    if score_func == "sigmoid":
-        s = 1.0 / (1.0 + np.exp(-x))
-    else:
-        e = np.exp(x - x.max(axis=1, keepdims=True))
-        s = e / e.sum(axis=1, keepdims=True)
+    s = gate_scores(x, score_func)
     c = s + (f64(bias) if bias is not None else 0.0)
     ids = np.zeros((T, top_k), np.int64)
     for t in range(T):
@@ -70,6 +66,52 @@ def moe_gate(logits, bias, top_k, n_group=1, topk_group=1, score_func="sigmoid",
             ct = g.reshape(E)
         ids[t] = np.argsort(-ct, kind="stable")[:top_k]
     return s, c, ids, gate_weights(s, ids, renormalize, scale, apply_scale, eps, n_shared)
+
+
+def gate_scores(x, score_func):
+    """s [T, E] in float64: sigmoid, softmax over the row, or sqrt(softplus) (DeepSeek-V4;
+    softplus(x) = max(x, 0) + log1p(exp(-|x|)), no overflow)."""
+    x = f64(x)
+    if score_func == "sigmoid":
+        with np.errstate(over="ignore"):  # exp(-x) = inf below -709: s = 0, as it should
+            return 1.0 / (1.0 + np.exp(-x))
+    if score_func == "sqrt_softplus":
+        return np.sqrt(np.maximum(x, 0.0) + np.log1p(np.exp(-np.abs(x))))
+    e = np.exp(x - x.max(axis=1, keepdims=True))
+    return e / e.sum(axis=1, keepdims=True)
+
+
+def moe_gate_hash(logits, tid2eid, token_ids, top_k, score_func="sqrt_softplus",
+                  renormalize=True, scale=1.0, apply_scale=True, eps=1e-20, n_shared=0):
+    """Hash routing (SPEC §11). Returns (s [T,E], ids [T,top_k+S], weights [T,top_k+S], bad
+    rows): ids = tid2eid[token_ids] in table order; a token id outside [0, vocab) or a row with
+    an entry outside [0, E) or repeated gets ids 0..k-1 and weight 0."""
+    x = f64(logits)
+    T, E = x.shape
+    s = gate_scores(x, score_func)
+    tab = np.asarray(tid2eid, np.int64)
+    tok = np.asarray(token_ids, np.int64)
+    ids = np.zeros((T, top_k), np.int64)
+    good = np.zeros(T, bool)
+    for t in range(T):
+        if 0 <= tok[t] < tab.shape[0]:
+            row = tab[tok[t], :top_k]
+            if row.min() >= 0 and row.max() < E and len(set(row.tolist())) == top_k:
+                ids[t], good[t] = row, True
+        if not good[t]:
+            ids[t] = np.arange(top_k)
+    w = np.take_along_axis(s, ids, axis=1) * good[:, None]
+    w = np.where(np.isfinite(w), w, 0.0)
+    if renormalize:
+        d = w.sum(axis=1, keepdims=True) + eps
+        w = np.where(d > 0, w / np.where(d > 0, d, 1.0), w)
+    routed_sum = w.sum(axis=1, keepdims=True)
+    if apply_scale:
+        w = w * scale
+    if n_shared:
+        w = np.concatenate([w, np.repeat(routed_sum / scale, n_shared, axis=1)], axis=1)
+        ids = np.concatenate([ids, np.tile(np.arange(E, E + n_shared), (T, 1))], axis=1)
+    return s, ids, w, int((~good).sum())
 
 
 def gate_weights(s, ids, renormalize=True, scale=1.0, apply_scale=True, eps=1e-20, n_shared=0):

@@ -13,9 +13,10 @@ from mlafuse import _lib as L
 
 EXPECTED = {
     L.Tensor: (80, {"data": 0, "dtype": 8, "ndim": 12, "shape": 16, "stride": 48}),
-    L.ModelConfig: (156, {"q_lora_rank": 64, "score_func": 104, "routed_scaling_factor": 120,
+    L.ModelConfig: (164, {"q_lora_rank": 64, "score_func": 104, "routed_scaling_factor": 120,
                           "rms_norm_eps": 128, "n_shared_experts": 132, "rope_style": 136,
-                          "index_n_heads": 140, "index_rope_style": 152}),
+                          "index_n_heads": 140, "index_rope_style": 152, "kv_rope_tail": 156,
+                          "n_hash_layers": 160}),
     L.SplitQkNormParams: (20, {"eps_q": 12, "eps_kv": 16}),
     L.RopeParams: (8, {"style": 4}),
     L.MlaKvCacheParams: (24, {"eps_kv": 16, "style": 20}),
@@ -104,7 +105,7 @@ def test_moe_params_from_config_matches_python_mirror():
         kw = p.moe_gate_kwargs()
         assert c.top_k == kw["top_k"] and c.n_group == kw["n_group"]
         assert c.topk_group == kw["topk_group"]
-        assert c.score_func == {"sigmoid": 0, "softmax": 1}[kw["score_func"]]
+        assert c.score_func == {"sigmoid": 0, "softmax": 1, "sqrt_softplus": 2}[kw["score_func"]]
         assert c.group_score == {"top2_sum": 0, "max": 1}[kw["group_score"]]
         assert bool(c.renormalize) == kw["renormalize"]
         assert c.routed_scaling_factor == pytest.approx(kw["routed_scaling_factor"], rel=1e-7)

@@ -195,6 +195,43 @@ def test_moe_gate(device, dtype, preset, E):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=dname)
+@pytest.mark.parametrize("tab_dtype", [torch.int32, torch.int64], ids=dname)
+def test_moe_gate_v4_router(device, dtype, tab_dtype):
+    """DeepSeek-V4: sqrt_softplus top-k, then hash routing with bad rows and the counter."""
+    g = gen(256)
+    T, E, k, vocab = 41, 256, 6, 30
+    logits = wide_rows(g, T, E, dtype, device) * 4
+    bias = (0.05 * torch.randn(E, generator=g)).to(device)
+    w, ids, s = mlafuse.moe_gate(logits, bias, config="deepseek-v4-flash", return_scores=True)
+    rs, c, rids, _ = ref.moe_gate(logits, bias, k, score_func="sqrt_softplus", scale=1.5)
+    ids_np = ids.cpu().numpy()
+    ref.assert_gate_ids(ids_np, c, rids, k, E)
+    np.testing.assert_allclose(ref.f64(w), ref.gate_weights(rs, ids_np, True, 1.5), rtol=1e-5,
+                               atol=1e-12)
+    np.testing.assert_allclose(ref.f64(s), rs, rtol=1e-5, atol=1e-12)
+    tab = torch.stack([torch.randperm(E, generator=g)[:k] for _ in range(vocab)]).to(tab_dtype)
+    tab[3, 1] = E
+    tab[4, 2] = tab[4, 0]
+    tok = torch.randint(0, vocab, (T,), generator=g)
+    tok[5] = vocab
+    tok[6] = -2
+    tab, tok = tab.to(device), tok.to(device)
+    err = torch.zeros(1, dtype=torch.int32, device=device)
+    w, ids = mlafuse.moe_gate_hash(logits, tab, tok, config="deepseek-v4-flash", error_count=err)
+    rs, rids, rw, bad = ref.moe_gate_hash(logits, tab.cpu().numpy(), tok.cpu().numpy(), k,
+                                          "sqrt_softplus", True, 1.5)
+    assert int(err.item()) == bad and bad >= 2
+    assert np.array_equal(ids.cpu().numpy(), rids)
+    np.testing.assert_allclose(ref.f64(w), rw, rtol=1e-5, atol=1e-12)
+    wo = torch.empty(T, k + 1, device=device)
+    io = torch.empty(T, k + 1, dtype=torch.int32, device=device)
+    mlafuse.moe_gate_hash(logits, tab, tok, config="deepseek-v4-flash", n_shared_experts=1,
+                          weights=wo, ids=io)
+    assert bool((io[:, -1] == E).all()) and torch.equal(io[:, :-1], ids)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_errors(device):
     latent = torch.zeros(4, 1340, device=device)
     with pytest.raises(mlafuse.MlafError) as ei:
@@ -237,6 +274,9 @@ def test_opcheck(device):
     logits = torch.randn(T, 64, device=device)
     bias = torch.randn(64, device=device) * 0.01
     gate_p = (4, 1, 1, 0, 0, True, 1.8, True, 1e-20, 0)
+    hash_p = (4, 1, 1, 2, 0, True, 1.5, True, 1e-20, 0)  # sqrt_softplus
+    tab = ((torch.arange(10)[:, None] * 3 + torch.arange(4)[None, :]) % 64).to(device)
+    tok = (torch.arange(T) % 10).to(device)
     cases = [
         (ops.split_qk_norm, (lat, w_q, w_kv, 32, 64, 16, 1e-5, 1e-5, True)),
         (ops.split_qk_norm_out, (lat, w_q, w_kv, torch.empty(T, 32, dtype=lat.dtype, device=device),
@@ -251,6 +291,12 @@ def test_opcheck(device):
         (ops.moe_gate, (logits, bias) + gate_p + (True, None)),
         (ops.moe_gate_out, (logits, bias, torch.empty(T, 4, device=device),
                             torch.empty(T, 4, dtype=torch.int32, device=device), None) + gate_p),
+        (ops.moe_gate_hash, (logits, tab, tok, torch.zeros(1, dtype=torch.int32, device=device))
+         + hash_p + (True, None)),
+        (ops.moe_gate_hash_out, (logits, tab, tok, torch.empty(T, 4, device=device),
+                                 torch.empty(T, 4, dtype=torch.int32, device=device),
+                                 torch.empty(T, 64, device=device),
+                                 torch.zeros(1, dtype=torch.int32, device=device)) + hash_p),
     ]
     from mlafuse import _torch_ops
 

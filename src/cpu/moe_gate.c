@@ -6,7 +6,9 @@
  *      loop vectorizes) and note which logits are finite.
  *   2. s = sigmoid(x) or softmax over the finite logits, with an exp of our own (range
  *      reduction + degree-7 polynomial, <= 2 ulp) that the compiler vectorizes; libm's expf
- *      does not, and the exp is most of the arithmetic.
+ *      does not, and the exp is most of the arithmetic. sqrt_softplus (DeepSeek-V4): the
+ *      same exp, a branch-free log1p on [0, 1] and sqrt; logits below -20 are redone with
+ *      libm (s = exp(x / 2), down to subnormal results).
  *   3. c = s + bias; every expert gets a 32-bit rank value: the order-preserving integer map
  *      of c when its logit and bias are finite, else 1 (below every finite c, above "not
  *      eligible" = 0). With the index as tie-break this is one total order, the same one the
@@ -17,6 +19,9 @@
  *      (rank value << 32 | ~index); after the first few experts almost every candidate is
  *      rejected by one compare, so this is O(E) per token.
  *   6. Weights, renormalization (skipped when sum + eps is 0), scaling, shared experts.
+ *
+ * Hash routing (mlaf_moe_gate_hash, job->tid2eid set): the same scores, then ids from the
+ * table and weights gathered at them (hash_token, portable build only: no top-k to speed up).
  *
  * Threads: OpenMP over tokens, ctx->threads, static schedule (every token costs the same);
  * small calls run on the calling thread, where starting a team costs more than the work.
@@ -45,7 +50,7 @@
 
 /* The selects below (finite / clamp) are plain data flow, but GCC will not if-convert a float
  * compare while FP exceptions may be observed; nothing here reads the FP flags, so let the
- * per-expert loops vectorize. -ffp-contract=off from the build still applies. */
+ * per-expert loops vectorize (CMakeLists.txt adds -fno-math-errno for sqrtf). -ffp-contract=off from the build still applies. */
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC optimize("no-trapping-math")
 #endif
@@ -119,26 +124,51 @@ static void load_row(const void *row, mlaf_dtype dt, int32_t E, float *x) {
     }
 }
 
-typedef struct gate_scratch {
-    float x[GATE_MAX_E];
-    float s[GATE_MAX_E];
-    uint32_t v[GATE_MAX_E]; /* rank value: ord32(c) if valid, else 1 */
-} gate_scratch;
+/* log1p(u) for u in [0, 1]: log(v), v = 1 + u, as 2 atanh(z) with z = (v - 1) / (v + 1) <= 1/3
+ * (nine odd terms: truncation below 2e-9 relative), times u / (v - 1), which gives back what the
+ * rounding of 1 + u lost (Goldberg's log1p); v - 1 is exact. Branch-free, so it vectorizes. */
+static inline float gate_log1p01(float u) {
+    const float v = 1.0f + u, d = v - 1.0f;
+    const float z = d / (v + 1.0f), z2 = z * z;
+    float p = 1.0f / 17.0f;
+    p = p * z2 + 1.0f / 15.0f;
+    p = p * z2 + 1.0f / 13.0f;
+    p = p * z2 + 1.0f / 11.0f;
+    p = p * z2 + 1.0f / 9.0f;
+    p = p * z2 + 1.0f / 7.0f;
+    p = p * z2 + 1.0f / 5.0f;
+    p = p * z2 + 1.0f / 3.0f;
+    p = p * z2 + 1.0f;
+    const float l = 2.0f * z * p;
+    return d == 0.0f ? u : l * (u / d);
+}
 
-static void gate_token(const mlaf_moe_gate_job *job, int64_t t, gate_scratch *sc) {
-    const int32_t E = job->E, G = job->n_group, P = E / G, k = job->top_k;
-    const size_t lsz = mlaf_dtype_size(job->logits_dt);
-    const void *row = (const char *)job->logits + (size_t)(t * job->logits_stride) * lsz;
-    float *restrict x = sc->x, *restrict s = sc->s;
-    uint32_t *restrict v = sc->v;
+/* sqrt(softplus(x)) of a row of finite values (non-finite entries: anything), in fp32 without
+ * overflow: softplus(x) = max(x, 0) + log1p(exp(-|x|)) with exp(-|x|) in (0, 1] (x + a term
+ * below 2.1e-9 above 20). Below -20 log1p(exp(x)) = exp(x) to fp32, so s = exp(x / 2): a second,
+ * scalar pass with libm's expf for those (rare) experts, which also gives the subnormal values
+ * below -174 that gate_exp's clamp would not. */
+static void sqrt_softplus_row(const float *restrict x, float *restrict s, int32_t E) {
+    for (int32_t e = 0; e < E; e++) {
+        const float xe = is_finite_bits(f32_bits(x[e])) ? x[e] : 0.0f;
+        const float a = bits_f32(f32_bits(xe) & 0x7fffffffu);
+        const float sp = (xe > 0.0f ? xe : 0.0f) + gate_log1p01(gate_exp(-a));
+        s[e] = sqrtf(sp);
+    }
+    for (int32_t e = 0; e < E; e++)
+        if (x[e] < -20.0f) s[e] = expf(0.5f * x[e]);
+}
 
-    /* 1-2. scores */
-    load_row(row, job->logits_dt, E, x);
+/* s of a widened row (non-finite logits: any finite value, the callers mark them invalid). */
+static void gate_scores(const mlaf_moe_gate_job *job, const float *restrict x, float *restrict s) {
+    const int32_t E = job->E;
     if (job->score_func == MLAF_SCORE_SIGMOID) {
         for (int32_t e = 0; e < E; e++) {
             float xe = is_finite_bits(f32_bits(x[e])) ? x[e] : 0.0f;
             s[e] = 1.0f / (1.0f + gate_exp(-xe));
         }
+    } else if (job->score_func == MLAF_SCORE_SQRT_SOFTPLUS) {
+        sqrt_softplus_row(x, s, E);
     } else {
         float m = -INFINITY;
         for (int32_t e = 0; e < E; e++) {
@@ -169,6 +199,58 @@ static void gate_token(const mlaf_moe_gate_job *job, int64_t t, gate_scratch *sc
         float inv_ok = sum > 0.0f ? sum : 1.0f;
         for (e = 0; e < E; e++) s[e] = s[e] / inv_ok;
     }
+}
+
+typedef struct gate_scratch {
+    float x[GATE_MAX_E];
+    float s[GATE_MAX_E];
+    uint32_t v[GATE_MAX_E]; /* rank value: ord32(c) if valid, else 1 */
+} gate_scratch;
+
+/* 6. From the k routed ids and their unnormalized weights w (0 for invalid experts):
+ * renormalization (skipped when sum + eps is 0), scaling, shared experts, and the stores of
+ * ids, weights and the scores row s. id and w have room for 128 entries. */
+static void gate_finish(const mlaf_moe_gate_job *job, int64_t t, int32_t *id, float *w,
+                        const float *s) {
+    const int32_t k = job->top_k, E = job->E;
+    float sum = 0.0f;
+    for (int32_t j = 0; j < k; j++) sum += w[j];
+    float routed = sum;
+    if (job->renormalize) {
+        float denom = sum + job->eps;
+        routed = 0.0f;
+        for (int32_t j = 0; j < k; j++) {
+            if (denom > 0.0f) w[j] = w[j] / denom;
+            routed += w[j];
+        }
+    }
+    if (job->apply_scaling)
+        for (int32_t j = 0; j < k; j++) w[j] *= job->scaling;
+    for (int32_t j = 0; j < job->n_shared; j++) {
+        id[k + j] = E + j;
+        w[k + j] = routed / job->scaling;
+    }
+
+    int32_t *ids = job->ids + t * job->ids_stride;
+    memcpy(ids, id, sizeof(int32_t) * (size_t)job->K);
+    void *wrow = (char *)job->weights + (size_t)(t * job->weights_stride) * mlaf_dtype_size(job->weights_dt);
+    if (job->weights_dt == MLAF_F32)
+        memcpy(wrow, w, sizeof(float) * (size_t)job->K);
+    else
+        for (int32_t j = 0; j < job->K; j++) mlaf_store_f32(wrow, job->weights_dt, j, w[j]);
+    if (job->scores) memcpy(job->scores + t * job->scores_stride, s, sizeof(float) * (size_t)E);
+}
+
+static void gate_token(const mlaf_moe_gate_job *job, int64_t t, gate_scratch *sc) {
+    const int32_t E = job->E, G = job->n_group, P = E / G, k = job->top_k;
+    const size_t lsz = mlaf_dtype_size(job->logits_dt);
+    const void *row = (const char *)job->logits + (size_t)(t * job->logits_stride) * lsz;
+    float *restrict x = sc->x, *restrict s = sc->s;
+    uint32_t *restrict v = sc->v;
+
+    /* 1-2. scores */
+    load_row(row, job->logits_dt, E, x);
+    gate_scores(job, x, s);
 
     /* 3. selection values */
     /* Two loops rather than "bias ? bias[e] : 0", which the compiler may not speculate. */
@@ -250,37 +332,12 @@ static void gate_token(const mlaf_moe_gate_job *job, int64_t t, gate_scratch *sc
     /* 6. weights */
     float w[128];
     int32_t id[128];
-    float sum = 0.0f;
     for (int32_t j = 0; j < k; j++) {
         int32_t e = (int32_t)(0xFFFFFFFFu - (uint32_t)best[j]);
         id[j] = e;
         w[j] = (best[j] >> 32) > 1 ? s[e] : 0.0f;
-        sum += w[j];
     }
-    float routed = sum;
-    if (job->renormalize) {
-        float denom = sum + job->eps;
-        routed = 0.0f;
-        for (int32_t j = 0; j < k; j++) {
-            if (denom > 0.0f) w[j] = w[j] / denom;
-            routed += w[j];
-        }
-    }
-    if (job->apply_scaling)
-        for (int32_t j = 0; j < k; j++) w[j] *= job->scaling;
-    for (int32_t j = 0; j < job->n_shared; j++) {
-        id[k + j] = E + j;
-        w[k + j] = routed / job->scaling;
-    }
-
-    int32_t *ids = job->ids + t * job->ids_stride;
-    memcpy(ids, id, sizeof(int32_t) * (size_t)job->K);
-    void *wrow = (char *)job->weights + (size_t)(t * job->weights_stride) * mlaf_dtype_size(job->weights_dt);
-    if (job->weights_dt == MLAF_F32)
-        memcpy(wrow, w, sizeof(float) * (size_t)job->K);
-    else
-        for (int32_t j = 0; j < job->K; j++) mlaf_store_f32(wrow, job->weights_dt, j, w[j]);
-    if (job->scores) memcpy(job->scores + t * job->scores_stride, s, sizeof(float) * (size_t)E);
+    gate_finish(job, t, id, w, s);
 }
 
 void GATE_ROWS(const mlaf_moe_gate_job *job, int64_t t0, int64_t t1);
@@ -290,6 +347,90 @@ void GATE_ROWS(const mlaf_moe_gate_job *job, int64_t t0, int64_t t1) {
 }
 
 #ifdef GATE_MAIN
+/* Hash routing, token t: ids from the table row of token_ids[t]; returns 1 for a bad row
+ * (token id outside [0, vocab), an entry outside [0, E) or repeated), which gets ids
+ * 0 .. k-1 with weight 0. */
+static int hash_token(const mlaf_moe_gate_job *job, int64_t t, gate_scratch *sc) {
+    const int32_t E = job->E, k = job->top_k;
+    const size_t lsz = mlaf_dtype_size(job->logits_dt);
+    const void *row = (const char *)job->logits + (size_t)(t * job->logits_stride) * lsz;
+    float *x = sc->x, *s = sc->s;
+    /* Softmax and the scores output need the whole row; sigmoid and sqrt_softplus only the k
+     * chosen logits (one_score). */
+    const int full = job->score_func == MLAF_SCORE_SOFTMAX || job->scores;
+    if (full) {
+        load_row(row, job->logits_dt, E, x);
+        gate_scores(job, x, s);
+        for (int32_t e = 0; e < E; e++) s[e] = is_finite_bits(f32_bits(x[e])) ? s[e] : NAN;
+    }
+
+    const int64_t tok = job->token_ids_dt == MLAF_I32 ? (int64_t)((const int32_t *)job->token_ids)[t]
+                                                      : ((const int64_t *)job->token_ids)[t];
+    int bad = tok < 0 || tok >= job->vocab;
+    int32_t id[128];
+    float w[128];
+    /* seen: one bit per expert, to find repeats in O(k) */
+    uint64_t seen[GATE_MAX_E / 64];
+    memset(seen, 0, sizeof seen);
+    for (int32_t j = 0; j < k && !bad; j++) {
+        const int64_t at = tok * job->tid2eid_stride + j;
+        const int64_t e = job->tid2eid_dt == MLAF_I32 ? (int64_t)((const int32_t *)job->tid2eid)[at]
+                                                      : ((const int64_t *)job->tid2eid)[at];
+        if (e < 0 || e >= E || ((seen[e >> 6] >> (e & 63)) & 1u)) {
+            bad = 1;
+            break;
+        }
+        seen[e >> 6] |= 1ull << (e & 63);
+        id[j] = (int32_t)e;
+        float se;
+        if (full) {
+            se = s[e];
+        } else {
+            const float xe = mlaf_load_f32(row, job->logits_dt, e);
+            if (job->score_func == MLAF_SCORE_SIGMOID)
+                se = 1.0f / (1.0f + gate_exp(-(is_finite_bits(f32_bits(xe)) ? xe : 0.0f)));
+            else
+                sqrt_softplus_row(&xe, &se, 1);
+            se = is_finite_bits(f32_bits(xe)) ? se : NAN;
+        }
+        w[j] = isnan(se) ? 0.0f : se;
+    }
+    if (bad)
+        for (int32_t j = 0; j < k; j++) id[j] = j, w[j] = 0.0f;
+    gate_finish(job, t, id, w, s);
+    return bad;
+}
+
+static int64_t hash_rows(const mlaf_moe_gate_job *job, int64_t t0, int64_t t1) {
+    gate_scratch sc;
+    int64_t bad = 0;
+    for (int64_t t = t0; t < t1; t++) bad += hash_token(job, t, &sc);
+    return bad;
+}
+
+/* Hash routing over all tokens; bad rows counted once per call into job->error_count. */
+static mlaf_status cpu_moe_gate_hash(mlaf_context *ctx, const mlaf_moe_gate_job *job) {
+    const int64_t T = job->T;
+    int threads = ctx->threads;
+    /* the work per token: the row for softmax / the scores output, else the k chosen logits */
+    const int full = job->score_func == MLAF_SCORE_SOFTMAX || job->scores;
+    if ((double)T * (full ? job->E : 8 * job->top_k) < 65536.0) threads = 1;
+    if (threads > T) threads = (int)T;
+    int64_t bad = 0;
+#ifdef _OPENMP
+    if (threads > 1) {
+#pragma omp parallel num_threads(threads) reduction(+ : bad)
+        {
+            int64_t n = omp_get_num_threads(), i = omp_get_thread_num();
+            bad += hash_rows(job, T * i / n, T * (i + 1) / n);
+        }
+    } else
+#endif
+        bad = hash_rows(job, 0, T);
+    mlaf_error_count_add(job->error_count, bad);
+    return MLAF_OK;
+}
+
 typedef void (*gate_rows_fn)(const mlaf_moe_gate_job *job, int64_t t0, int64_t t1);
 #ifdef MLAF_HAVE_X86_PATHS
 void mlaf_cpu_moe_gate_rows_avx2(const mlaf_moe_gate_job *job, int64_t t0, int64_t t1);
@@ -297,6 +438,7 @@ void mlaf_cpu_moe_gate_rows_avx512(const mlaf_moe_gate_job *job, int64_t t0, int
 #endif
 
 mlaf_status mlaf_cpu_moe_gate(mlaf_context *ctx, const mlaf_moe_gate_job *job) {
+    if (job->tid2eid) return cpu_moe_gate_hash(ctx, job);
     gate_rows_fn rows = mlaf_cpu_moe_gate_rows_portable;
 #ifdef MLAF_HAVE_X86_PATHS
     if (ctx->isa == MLAF_CPU_ISA_AVX512) rows = mlaf_cpu_moe_gate_rows_avx512;

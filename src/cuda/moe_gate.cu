@@ -16,11 +16,16 @@
  *      then the 32-lane shapes, which alone serve smaller T (the shortest chain per token);
  *   7. everything else: the general kernel (moe_gate_warp.cuh), E up to 2048, any stride or
  *      alignment.
+ * sqrt_softplus routers (DeepSeek-V4) go straight to the general kernel, the one kernel that
+ * computes that score (its libm-grade expf / log1pf / sqrtf would cost the specialized kernels
+ * registers they tune for; their ex2.approx sigmoid has no counterpart). Hash routing
+ * (mlaf_moe_gate_hash, job->tid2eid set) has its own warp-per-token kernel (moe_gate_hash.cuh).
  * The figures behind these thresholds are in dev/moe_gate/README.md.
  * Never allocates or synchronizes; graph-capturable.
  */
 #include "moe_gate_common.cuh"
 #include "moe_gate_fast.cuh"
+#include "moe_gate_hash.cuh"
 #include "moe_gate_solo.cuh"
 #include "moe_gate_team.cuh"
 #include "moe_gate_tiny.cuh"
@@ -38,6 +43,7 @@ constexpr int64_t kSoloFromT = 1024;
 
 template <typename T>
 bool try_team(const GateArgs &a, int sm_count, cudaStream_t stream) {
+    if (a.sqrt_softplus) return false; /* the general kernel alone computes it */
     if (a.T >= kSoloFromT && try_solo<T>(a, sm_count, stream)) return true;
     if (a.T <= kTinyMaxT && try_tiny<T>(a, sm_count, stream)) return true;
     if (a.E <= 64 && a.T <= 64) return false; /* shorter chain in the general kernel */
@@ -87,6 +93,7 @@ extern "C" mlaf_status mlaf_cuda_moe_gate(mlaf_context *ctx, const mlaf_moe_gate
     a.P = job->E / job->n_group;
     a.P_magic = a.P == 1 ? 0u : (uint32_t)((0x100000000ull + (uint64_t)a.P - 1) / (uint64_t)a.P);
     a.softmax = job->score_func == MLAF_SCORE_SOFTMAX;
+    a.sqrt_softplus = job->score_func == MLAF_SCORE_SQRT_SOFTPLUS;
     a.group_max = job->group_score == MLAF_GROUP_MAX;
     a.renormalize = job->renormalize;
     a.apply_scaling = job->apply_scaling;
@@ -102,8 +109,25 @@ extern "C" mlaf_status mlaf_cuda_moe_gate(mlaf_context *ctx, const mlaf_moe_gate
     a.ids_stride = job->ids_stride;
     a.scores = job->scores;
     a.scores_stride = job->scores_stride;
+    a.tid2eid = job->tid2eid;
+    a.tid2eid_i64 = job->tid2eid_dt == MLAF_I64;
+    a.tid2eid_stride = job->tid2eid_stride;
+    a.vocab = job->vocab;
+    a.token_ids = job->token_ids;
+    a.token_ids_i64 = job->token_ids_dt == MLAF_I64;
+    a.error_count = job->error_count;
     cudaStream_t stream = (cudaStream_t)ctx->cuda_stream;
     const int sm = ctx->cuda_sm_count;
+    if (job->tid2eid) {
+        switch (job->logits_dt) {
+        case MLAF_F32: launch_hash<float>(a, sm, stream); break;
+        case MLAF_F16: launch_hash<__half>(a, sm, stream); break;
+        case MLAF_BF16: launch_hash<__nv_bfloat16>(a, sm, stream); break;
+        default: return mlaf_fail(ctx, MLAF_ERR_DTYPE, "logits.dtype = %s, expected f32, f16 or bf16",
+                                  mlaf_dtype_name(job->logits_dt));
+        }
+        return mlaf_cuda_check_launch(ctx, "moe_gate_hash");
+    }
     switch (job->logits_dt) {
     case MLAF_F32:
         if (!try_team<float>(a, sm, stream)) launch_dt<float>(a, sm, stream);

@@ -42,6 +42,15 @@ struct GateArgs {
     int64_t ids_stride;
     float *scores;
     int64_t scores_stride;
+    /* sqrt_softplus score (DeepSeek-V4): only the general kernel computes it (moe_gate.cu routes
+     * it there); softmax is 0 then. */
+    int32_t sqrt_softplus;
+    /* hash routing (moe_gate_hash.cuh) */
+    const void *tid2eid;
+    int32_t tid2eid_i64, token_ids_i64;
+    int64_t tid2eid_stride, vocab;
+    const void *token_ids;
+    int32_t *error_count;
 };
 
 /* Weight j of token t, in the weights' dtype (f32 or the logits' T), rounded once. */
@@ -139,6 +148,15 @@ __device__ __forceinline__ float sigmoid_fast(float x) {
     asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(x * -1.4426950408889634f));
     asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(1.0f + e));
     return r;
+}
+
+/* sqrt(softplus(x)) for finite x, without overflow (SPEC §11): x to fp32 above 20, exp(x / 2)
+ * below -20 (log1p(exp(x)) = exp(x) to fp32 there, and exp(x) alone would underflow first);
+ * accurate libdevice forms, as the CPU's libm ones. */
+__device__ __forceinline__ float sqrt_softplus_f(float x) {
+    if (x > 20.0f) return sqrtf(x);
+    if (x < -20.0f) return expf(0.5f * x);
+    return sqrtf(log1pf(expf(x)));
 }
 
 /* Group selection for a team: every lane holds the best two c of its experts; a group is Lg

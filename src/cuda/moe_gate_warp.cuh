@@ -3,7 +3,7 @@
  * other kernel takes. One warp per token; lane l holds experts e = 32 i + l, i < NMAX:
  *   1. Load the logits row (one coalesced element load per slot; for E <= 512 the next
  *      token's row is loaded before this one is processed, so two rows per warp are in flight).
- *   2. s = sigmoid(x), or softmax over the finite logits (warp max by redux on ord32 of the
+ *   2. s = sigmoid(x), sqrt_softplus(x) (the only kernel with that score), or softmax over the finite logits (warp max by redux on ord32 of the
  *      float, warp sum by an xor butterfly, so every lane sees the same bits). c = s + bias.
  *   3. Every slot gets its rank value v = ord32(c); 1 for an invalid expert, 0 for padding.
  *   4. Groups (n_group > 1): c goes to shared memory (skewed by one word per 32 so the group
@@ -92,7 +92,10 @@ moe_gate_warp_kernel(const GateArgs a) {
         bool ok[NMAX];
 #pragma unroll
         for (int i = 0; i < NMAX; i++) ok[i] = (i * 32 + lane < E) && isfinite(x[i]);
-        if (!a.softmax) {
+        if (a.sqrt_softplus) {
+#pragma unroll
+            for (int i = 0; i < NMAX; i++) s[i] = sqrt_softplus_f(ok[i] ? x[i] : 0.0f);
+        } else if (!a.softmax) {
 #pragma unroll
             for (int i = 0; i < NMAX; i++) s[i] = 1.0f / (1.0f + expf(-(ok[i] ? x[i] : 0.0f)));
         } else {

@@ -3,8 +3,8 @@
  * backend with it (SPEC §7).
  *
  * The oracle follows the header's text step by step, with plain loops and no cleverness:
- *   1. s = sigmoid(x) or softmax over the valid logits; an expert is "valid" when its logit
- *      and its bias entry (if any) are finite.
+ *   1. s = sigmoid(x), softmax over the valid logits or sqrt(softplus(x)); an expert is
+ *      "valid" when its logit and its bias entry (if any) are finite.
  *   2. c = s + bias.
  *   3. group scores over valid experts only (top-2 sum or max); keep the topk_group best
  *      (valid groups first, then score descending, then lower group index).
@@ -74,32 +74,45 @@ static void ref_select(const mlaf_moe_gate_job *job, const ref_token *r, const i
     }
 }
 
-static void ref_token_run(const mlaf_moe_gate_job *job, int64_t t, ref_token *r) {
-    const int32_t E = job->E, G = job->n_group, P = E / G;
+/* sqrt(softplus(x)) in float64: softplus(x) = max(x, 0) + log1p(exp(-|x|)), no overflow. */
+static double ref_sqrt_softplus(double x) {
+    return sqrt(fmax(x, 0.0) + log1p(exp(-fabs(x))));
+}
+
+void mlaf_ref_moe_scores(const mlaf_moe_gate_job *job, int64_t t, double *s) {
+    const int32_t E = job->E;
     const char *row = (const char *)job->logits +
                       (size_t)(t * job->logits_stride) * mlaf_dtype_size(job->logits_dt);
-    /* 1. scores */
-    double x[REF_MAX_E];
-    int xok[REF_MAX_E];
-    double xmax = -INFINITY;
+    double xmax = -INFINITY, sum = 0.0;
     for (int32_t e = 0; e < E; e++) {
-        x[e] = mlaf_load_f32(row, job->logits_dt, e);
-        xok[e] = isfinite(x[e]);
-        if (xok[e] && x[e] > xmax) xmax = x[e];
+        double x = mlaf_load_f32(row, job->logits_dt, e);
+        if (isfinite(x) && x > xmax) xmax = x;
     }
-    double sum = 0.0;
     if (job->score_func == MLAF_SCORE_SOFTMAX)
-        for (int32_t e = 0; e < E; e++)
-            if (xok[e]) sum += exp(x[e] - xmax);
+        for (int32_t e = 0; e < E; e++) {
+            double x = mlaf_load_f32(row, job->logits_dt, e);
+            if (isfinite(x)) sum += exp(x - xmax);
+        }
     for (int32_t e = 0; e < E; e++) {
-        if (!xok[e])
-            r->s[e] = NAN;
+        double x = mlaf_load_f32(row, job->logits_dt, e);
+        if (!isfinite(x))
+            s[e] = NAN;
         else if (job->score_func == MLAF_SCORE_SIGMOID)
-            r->s[e] = 1.0 / (1.0 + exp(-x[e]));
+            s[e] = 1.0 / (1.0 + exp(-x));
+        else if (job->score_func == MLAF_SCORE_SQRT_SOFTPLUS)
+            s[e] = ref_sqrt_softplus(x);
         else
-            r->s[e] = exp(x[e] - xmax) / sum;
+            s[e] = exp(x - xmax) / sum;
+    }
+}
+
+static void ref_token_run(const mlaf_moe_gate_job *job, int64_t t, ref_token *r) {
+    const int32_t E = job->E, G = job->n_group, P = E / G;
+    /* 1. scores */
+    mlaf_ref_moe_scores(job, t, r->s);
+    for (int32_t e = 0; e < E; e++) {
         double b = job->bias ? (double)job->bias[e] : 0.0;
-        r->valid[e] = xok[e] && isfinite(b);
+        r->valid[e] = isfinite(r->s[e]) && isfinite(b);
         r->c[e] = r->valid[e] ? r->s[e] + b : -INFINITY;
     }
     /* 3. groups */
@@ -399,8 +412,51 @@ static void moe_token_item(const void *arg, void *scratch, int64_t k, mlaf_item_
         out->failed = !moe_check_token(m, (ref_token *)scratch, t, &out->worst, out->why, sizeof out->why);
 }
 
+/* The inputs of a moe_gate case: logits rows [T, E] (row stride ls, padding left as it is)
+ * and bias [E]. Sigmoid routers see logits of a few units; softmax ones the same. nonfinite:
+ * NaN / +-inf in some rows, whole rows, and one bias entry. moe_wide: a few logits per row
+ * drawn from large magnitudes (+-1e4, +-100, around +-20 where sqrt_softplus changes its
+ * formula, below -174 where exp(x / 2) leaves the fp32 normals). */
+void mlaf_ref_moe_fill(const mlaf_verify_case *c, mlaf_rng *rng, void *logits, mlaf_dtype dt,
+                       int64_t T, int32_t E, int64_t ls, float *bhost) {
+    unsigned char *lhost = (unsigned char *)logits;
+    const size_t lsz = mlaf_dtype_size(dt);
+    mlaf_fill_normal_rows(rng, lhost, dt, T, (size_t)E, ls, 0.0, 2.0);
+    for (int32_t e = 0; e < E; e++) bhost[e] = (float)(0.3 * mlaf_rng_normal(rng));
+    if (c->nonfinite) {
+        const float bad[3] = {NAN, INFINITY, -INFINITY};
+        for (int64_t t = 0; t < T; t++) {
+            void *row = lhost + (size_t)(t * ls) * lsz;
+            uint64_t u = mlaf_rng_u64(rng);
+            if (u % 7 == 0) { /* the whole row invalid */
+                for (int32_t e = 0; e < E; e++) mlaf_store_f32(row, dt, e, bad[(u >> 8) % 3]);
+            } else if (u % 7 <= 4) { /* a few invalid entries */
+                int n = 1 + (int)((u >> 8) % 8);
+                for (int i = 0; i < n; i++) {
+                    uint64_t v = mlaf_rng_u64(rng);
+                    mlaf_store_f32(row, dt, (int64_t)(v % (uint64_t)E), bad[(v >> 32) % 3]);
+                }
+            } /* else: a clean row */
+        }
+        if (E > 2) bhost[E / 2] = NAN;
+    }
+    if (c->moe_wide) {
+        static const float wide[] = {1e4f, -1e4f, 100.0f, -100.0f, 30.0f, -30.0f, 20.5f, -20.5f,
+                                     19.5f, -19.5f, 20.0f, -20.0f, -180.0f, -300.0f, 88.0f, 60.0f};
+        for (int64_t t = 0; t < T; t++) {
+            void *row = lhost + (size_t)(t * ls) * lsz;
+            int n = 1 + (int)(mlaf_rng_u64(rng) % 6);
+            for (int i = 0; i < n; i++) {
+                uint64_t v = mlaf_rng_u64(rng);
+                mlaf_store_f32(row, dt, (int64_t)(v % (uint64_t)E), wide[(v >> 32) % 16]);
+            }
+        }
+    }
+}
+
 mlaf_status mlaf_verify_moe_gate(mlaf_context *ctx, const mlaf_verify_case *c,
                                  mlaf_verify_result *res) {
+    if (c->moe_hash) return mlaf_verify_moe_gate_hash(ctx, c, res);
     memset(res, 0, sizeof *res);
     mlaf_backend be = mlaf_context_backend(ctx);
     mlaf_moe_gate_params p =
@@ -438,25 +494,7 @@ mlaf_status mlaf_verify_moe_gate(mlaf_context *ctx, const mlaf_verify_case *c,
     memset(lhost, 0xFF, lbytes ? lbytes : 1);
     /* Sigmoid routers see logits of a few units; softmax ones the same. The padding of
      * strided rows is NaN (0xFF bytes) so a kernel that reads past E gets caught. */
-    mlaf_fill_normal_rows(&rng, lhost, dt, T, (size_t)E, ls, 0.0, 2.0);
-    for (int32_t e = 0; e < E; e++) bhost[e] = (float)(0.3 * mlaf_rng_normal(&rng));
-    if (c->nonfinite) {
-        const float bad[3] = {NAN, INFINITY, -INFINITY};
-        for (int64_t t = 0; t < T; t++) {
-            void *row = lhost + (size_t)(t * ls) * lsz;
-            uint64_t u = mlaf_rng_u64(&rng);
-            if (u % 7 == 0) { /* the whole row invalid */
-                for (int32_t e = 0; e < E; e++) mlaf_store_f32(row, dt, e, bad[(u >> 8) % 3]);
-            } else if (u % 7 <= 4) { /* a few invalid entries */
-                int n = 1 + (int)((u >> 8) % 8);
-                for (int i = 0; i < n; i++) {
-                    uint64_t v = mlaf_rng_u64(&rng);
-                    mlaf_store_f32(row, dt, (int64_t)(v % (uint64_t)E), bad[(v >> 32) % 3]);
-                }
-            } /* else: a clean row */
-        }
-        if (E > 2) bhost[E / 2] = NAN;
-    }
+    mlaf_ref_moe_fill(c, &rng, lhost, dt, T, E, ls, bhost);
 
     mlaf_gbuf gl, gb, gw, gi, gs;
     memset(&gb, 0, sizeof gb);

@@ -131,7 +131,21 @@ typedef struct mlaf_verify_case {
      * of its cache record, when it writes one) is altered after the run, and every 500th token
      * after it; 0 (the default) for none. The check must then fail and name that first token. */
     int64_t corrupt_from;
+    /* moe_gate (SPEC §11) */
+    int moe_wide;              /* a few logits per row of large magnitude (see mlaf_ref_moe_fill) */
+    int moe_hash;              /* 1: mlaf_moe_gate_hash with a random tid2eid table (i32 / i64 as
+                                  index_dtype; token ids the other dtype when strided); 2: the
+                                  same with bad rows of every kind (token id < 0 or >= vocab,
+                                  entries out of [0, E), repeated entries) */
 } mlaf_verify_case;
+
+/* DeepSeek-V4's latent ([Q | C] with RoPE on the last kv_rope_tail kv values) is not yet
+ * supported by the attention ops' oracle and kernels (split_qk_norm, mla_kv_cache, rope_q):
+ * the loops over presets skip a preset for them when this is 0. To delete when kv_rope_tail
+ * lands in those ops. */
+static inline int mlaf_preset_attention_supported(const mlaf_model_config *cfg) {
+    return cfg->kv_rope_tail == 0;
+}
 
 typedef struct mlaf_verify_result {
     int passed;
@@ -152,8 +166,11 @@ mlaf_status mlaf_verify_mla_kv_cache(mlaf_context *ctx, const mlaf_verify_case *
                                      mlaf_verify_result *r);
 mlaf_status mlaf_verify_rope_q(mlaf_context *ctx, const mlaf_verify_case *c,
                                mlaf_verify_result *r);
+/* moe_gate; with c->moe_hash, mlaf_moe_gate_hash (mlaf_verify_moe_gate_hash). */
 mlaf_status mlaf_verify_moe_gate(mlaf_context *ctx, const mlaf_verify_case *c,
                                  mlaf_verify_result *r);
+mlaf_status mlaf_verify_moe_gate_hash(mlaf_context *ctx, const mlaf_verify_case *c,
+                                      mlaf_verify_result *r);
 /* Dispatch by op. */
 mlaf_status mlaf_verify_op(mlaf_context *ctx, mlaf_op op, const mlaf_verify_case *c,
                            mlaf_verify_result *r);
@@ -203,6 +220,11 @@ void mlaf_ref_moe_gate(const mlaf_moe_gate_job *job, double *weights, int32_t *i
 /* SPEC §7 for one token t of a job whose logits and bias are in host memory: NULL when the
  * routed ids got[0, top_k) are acceptable (the oracle's, or within its near-ties of c and of
  * group scores), else why not (written to why). */
+/* s of every expert of token t (NaN for a non-finite logit), float64. */
+void mlaf_ref_moe_scores(const mlaf_moe_gate_job *job, int64_t t, double *s);
+/* A moe_gate case's logits and bias (ref_moe.c; shared with the hash-routing case). */
+void mlaf_ref_moe_fill(const mlaf_verify_case *c, mlaf_rng *rng, void *logits, mlaf_dtype dt,
+                       int64_t T, int32_t E, int64_t ls, float *bhost);
 const char *mlaf_ref_moe_gate_check_token(const mlaf_moe_gate_job *job, int64_t t,
                                           const int32_t *got, char *why, size_t cap);
 
