@@ -119,6 +119,11 @@ typedef struct mlaf_verify_case {
     float amax_init;
     int kpe_separate;          /* plain / fp8: the rope part in its own kpe array */
     mlaf_tile_scale tile_scale; /* fp8_ds_mla */
+    int32_t kv_rope_tail;      /* mla_kv_cache: the rope tail inside the kv part (SPEC §11; cfg's
+                                  qk_rope_head_dim must then be 0); 0: none */
+    /* rope_q */
+    int head_norm;             /* weightless per-head RMSNorm first (eps: cfg.rms_norm_eps) */
+    int64_t q_out_heads;       /* > 0: out of place into q_out [T, q_out_heads, D] (>= heads); 0: in place */
     /* moe_gate */
     int moe_override;          /* 1: use `moe` and `experts` below instead of cfg's router */
     mlaf_moe_gate_params moe;
@@ -138,6 +143,12 @@ typedef struct mlaf_verify_result {
     double worst_units;        /* worst error in units (<= 1 passes) */
     char detail[512];          /* first failure, or a one-line summary */
 } mlaf_verify_result;
+
+/* DeepSeek-V4-Flash's attention numbers (SPEC §1: q_lora 1024, kv_lora 512, R 0, 64 heads of 512
+ * with a 64-wide interleaved rope tail, eps 1e-6), with *kv_rope_tail = 64. The one place tests,
+ * verify and bench take them from: switch it to mlaf_preset_find("deepseek-v4-flash") and the
+ * preset's kv_rope_tail once that preset exists. */
+mlaf_model_config mlaf_v4_flash_attn_config(int32_t *kv_rope_tail);
 
 /* A case with the defaults: preset cfg, dtype bf16, weights in dtype, T tokens, seed. */
 mlaf_verify_case mlaf_verify_case_default(const mlaf_model_config *cfg, mlaf_dtype dt, int64_t T,
@@ -164,7 +175,7 @@ typedef struct mlaf_kv_encoding {
     mlaf_fp8_conv conv;         /* FP8 */
     float scale;                /* FP8: the scale's value */
     mlaf_tile_scale tile_scale; /* FP8_DS_MLA */
-    int32_t C, R;
+    int32_t C, R;               /* FP8_V4: C = 512 (nope holds the tail), R = 0 */
 } mlaf_kv_encoding;
 /* One token's record from its dense row as the op stored it: nope[C] = k_nope_norm, pe[R] = the
  * roped k_pe, each value already in the latent dtype. Writes mlaf_kv_record_bytes(format, U8,

@@ -3,6 +3,7 @@
  */
 #include <math.h>
 #include <stdlib.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "../half.h"
@@ -205,6 +206,22 @@ double mlaf_err_units(double got, double ref, mlaf_dtype dt, double scale) {
 }
 
 /* ---- cases ----------------------------------------------------------------------------- */
+mlaf_model_config mlaf_v4_flash_attn_config(int32_t *kv_rope_tail) {
+    mlaf_model_config m = *mlaf_preset_at(0); /* router fields: unused by the attention ops */
+    snprintf(m.name, sizeof m.name, "%s", "deepseek-v4-flash");
+    m.q_lora_rank = 1024;
+    m.kv_lora_rank = 512;
+    m.qk_rope_head_dim = 0;   /* the latent has no separate rope part */
+    m.qk_nope_head_dim = 448; /* a q head: 448 nope + the 64-wide rope tail = 512 */
+    m.v_head_dim = 512;
+    m.num_heads = 64;
+    m.rms_norm_eps = 1e-6f;
+    m.rope_style = MLAF_ROPE_INTERLEAVED;
+    m.index_n_heads = 0;
+    if (kv_rope_tail) *kv_rope_tail = 64;
+    return m;
+}
+
 mlaf_verify_case mlaf_verify_case_default(const mlaf_model_config *cfg, mlaf_dtype dt, int64_t T,
                                           uint64_t seed) {
     mlaf_verify_case c;
