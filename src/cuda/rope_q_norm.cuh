@@ -19,7 +19,7 @@
  */
 #pragma once
 
-#include "row_vec.cuh"
+#include "row_math.cuh"
 
 struct mlaf_rope_qn_args {
     const void *q;

@@ -95,8 +95,12 @@ __global__ void __launch_bounds__(1024) mlaf_row_block_kernel(const mlaf_row_arg
 #pragma unroll
     for (int k = 0; k < W; k++) f[k] = __fmul_rn(__fmul_rn(f[k], r), ok ? wv[k] : 0.0f);
     uint4 o = mlaf_vec<T>::pack(f);
-    if (isq) w.q(j, ok, f, o);
-    else w.kv(j, ROPE && ok && mlaf_tail_vec<T>(a, ti.cs, j, f, o) ? ti.ok : ok, f, o);
+    if (isq) {
+        w.q(j, ok, f, o);
+    } else { /* the tail rotated first (o is passed by value) */
+        const bool kok = ROPE && ok && mlaf_tail_vec<T>(a, ti.cs, j, f, o) ? ti.ok : ok;
+        w.kv(j, kok, f, o);
+    }
     w.finish(rq, rkv, tid == 0);
 }
 
@@ -183,8 +187,12 @@ __device__ __forceinline__ void mlaf_row_warp_body(const mlaf_row_args &a, const
                                        (int64_t)j * W);
             }
             uint4 o = mlaf_vec<T>::pack(f);
-            if (isq) w.q(j, ok, f, o);
-            else w.kv(j, ROPE && ok && mlaf_tail_vec<T>(a, ti.cs, j, f, o) ? ti.ok : ok, f, o);
+            if (isq) {
+                w.q(j, ok, f, o);
+            } else { /* the tail rotated first (o is passed by value) */
+                const bool kok = ROPE && ok && mlaf_tail_vec<T>(a, ti.cs, j, f, o) ? ti.ok : ok;
+                w.kv(j, kok, f, o);
+            }
         } else if constexpr (ROPE) {
             mlaf_rope_vec<T>(a, ti.cs, j, rv, x, f, c0, s0);
             w.pe(j, ok && ti.ok, f, mlaf_vec<T>::pack(f));
