@@ -181,13 +181,36 @@ template <typename T> __device__ __forceinline__ float mlaf_round_as(float v) {
     else return __bfloat162float(__float2bfloat16_rn(v));
 }
 
+/* kv_rope_tail: the cos / sin of kv vector j's W/2 pairs, loaded as soon as the position is
+ * known (so their latency overlaps the row's reductions, as mlaf_rope_cs_early does for the pe
+ * part); j = -1 when vector j is not in the tail or the token is rejected. */
+template <typename T> struct mlaf_tail_cs {
+    float c[mlaf_vec<T>::W / 2], s[mlaf_vec<T>::W / 2];
+    int j;
+};
+
+template <typename T>
+__device__ __forceinline__ mlaf_tail_cs<T> mlaf_tail_early(const mlaf_row_args &a, const float *cs, int j) {
+    constexpr int W = mlaf_vec<T>::W;
+    mlaf_tail_cs<T> e;
+    e.j = -1;
+    const int v0 = j * W - (a.C - a.tail);
+    if (a.tail == 0 || !cs || v0 < 0 || j * W >= a.C) return e;
+    e.j = j;
+#pragma unroll
+    for (int k = 0; k < W / 2; k++) e.c[k] = __ldg(cs + (v0 >> 1) + k), e.s[k] = __ldg(cs + (a.tail >> 1) + (v0 >> 1) + k);
+    return e;
+}
+
 /* kv_rope_tail (SPEC §11): kv vector j, normalized (f, fp32) and packed (o, rounded to T). When
  * it lies in the tail [C - tail, C) (the launch keeps C - tail a multiple of W, so a vector is
  * wholly in or out and holds whole interleaved pairs), its rounded values are rotated in fp32,
- * pair p of the tail with cs[p], cs[tail / 2 + p] (the shared no-FMA rotation), and packed again;
- * cs NULL (a rejected token): left as is. Returns whether the vector is in the tail. */
+ * pair p of the tail with cs[p], cs[tail / 2 + p] (the shared no-FMA rotation; taken from `pre`
+ * when it was loaded early for this vector), and packed again; cs NULL (a rejected token): left
+ * as is. Returns whether the vector is in the tail. */
 template <typename T>
-__device__ __forceinline__ bool mlaf_tail_vec(const mlaf_row_args &a, const float *cs, int j, float *f, uint4 &o) {
+__device__ __forceinline__ bool mlaf_tail_vec(const mlaf_row_args &a, const float *cs, int j, float *f, uint4 &o,
+                                              const mlaf_tail_cs<T> &pre) {
     constexpr int W = mlaf_vec<T>::W;
     const int v0 = j * W - (a.C - a.tail);
     if (a.tail == 0 || v0 < 0) return false;
@@ -197,7 +220,8 @@ __device__ __forceinline__ bool mlaf_tail_vec(const mlaf_row_args &a, const floa
 #pragma unroll
     for (int k = 0; k < W / 2; k++) {
         const int p = (v0 >> 1) + k;
-        const float c = __ldg(cs + p), s = __ldg(cs + h + p), x0 = f[2 * k], x1 = f[2 * k + 1];
+        const float c = pre.j == j ? pre.c[k] : __ldg(cs + p), s = pre.j == j ? pre.s[k] : __ldg(cs + h + p);
+        const float x0 = f[2 * k], x1 = f[2 * k + 1];
         f[2 * k] = mlaf_rope_x0(x0, x1, c, s);
         f[2 * k + 1] = mlaf_rope_x1(x0, x1, c, s);
     }

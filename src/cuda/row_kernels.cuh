@@ -78,6 +78,9 @@ __global__ void __launch_bounds__(1024) mlaf_row_block_kernel(const mlaf_row_arg
     float wv[W];
     if (ok) mlaf_ld_weights_vec<T>(isq ? a.w_q : a.w_kv, isq ? a.wq_f32 : a.wkv_f32, (int64_t)j * W, wv);
     const mlaf_token_info ti = ROPE ? mlaf_token_decide(a, ix, tid == 0) : mlaf_token_none();
+    mlaf_tail_cs<T> tcs;
+    tcs.j = -1;
+    if (ROPE && !isq && ok) tcs = mlaf_tail_early<T>(a, ti.cs, j);
 
     float f[W];
     mlaf_vec<T>::unpack(x, f);
@@ -98,7 +101,7 @@ __global__ void __launch_bounds__(1024) mlaf_row_block_kernel(const mlaf_row_arg
     if (isq) {
         w.q(j, ok, f, o);
     } else { /* the tail rotated first (o is passed by value) */
-        const bool kok = ROPE && ok && mlaf_tail_vec<T>(a, ti.cs, j, f, o) ? ti.ok : ok;
+        const bool kok = ROPE && ok && mlaf_tail_vec<T>(a, ti.cs, j, f, o, tcs) ? ti.ok : ok;
         w.kv(j, kok, f, o);
     }
     w.finish(rq, rkv, tid == 0);
@@ -150,6 +153,11 @@ __device__ __forceinline__ void mlaf_row_warp_body(const mlaf_row_args &a, const
     const mlaf_token_info ti = ROPE ? mlaf_token_decide(a, ix, lane == 0) : mlaf_token_none();
     float c0 = 0.0f, s0 = 0.0f;
     if (ROPE && NP > 0) mlaf_rope_cs_early(a, ti.cs, lane, c0, s0);
+    /* kv_rope_tail (layouts without a pe part): the cos / sin of the lane's vector in the last kv
+     * slot, where a tail of up to 32 vectors lies */
+    mlaf_tail_cs<T> tcs;
+    tcs.j = -1;
+    if (ROPE && NP == 0 && NC > 0) tcs = mlaf_tail_early<T>(a, ti.cs, (NC - 1) * 32 + lane);
     if constexpr (BULK) mlaf_bar_wait(bar, 0);
     auto vec = [&](int s) -> uint4 {
         if constexpr (BULK) return okof(s) ? srow[rowv(s)] : zero;
@@ -190,7 +198,7 @@ __device__ __forceinline__ void mlaf_row_warp_body(const mlaf_row_args &a, const
             if (isq) {
                 w.q(j, ok, f, o);
             } else { /* the tail rotated first (o is passed by value) */
-                const bool kok = ROPE && ok && mlaf_tail_vec<T>(a, ti.cs, j, f, o) ? ti.ok : ok;
+                const bool kok = ROPE && ok && mlaf_tail_vec<T>(a, ti.cs, j, f, o, tcs) ? ti.ok : ok;
                 w.kv(j, kok, f, o);
             }
         } else if constexpr (ROPE) {
