@@ -297,6 +297,10 @@ typedef struct mlaf_split_qk_norm_params {
     int32_t rope_dim;     /* R >= 0 */
     float eps_q;
     float eps_kv;
+    /* DeepSeek-V4's rope inside the kv part (SPEC §11): must be 0 here. split_qk_norm has no
+     * positions to rotate with, so a nonzero value is rejected (MLAF_ERR_INVALID_ARGUMENT);
+     * mla_kv_cache takes it (its dense k_nope output is then the normalized, rope-tailed kv). */
+    int32_t kv_rope_tail;
 } mlaf_split_qk_norm_params;
 
 MLAF_API mlaf_status mlaf_split_qk_norm(mlaf_context *ctx, const mlaf_split_qk_norm_params *p,
@@ -322,6 +326,12 @@ MLAF_API mlaf_status mlaf_split_qk_norm(mlaf_context *ctx, const mlaf_split_qk_n
 typedef struct mlaf_rope_params {
     int32_t rope_dim;        /* R > 0, even */
     mlaf_rope_style style;
+    /* rope_q only. head_norm nonzero (DeepSeek-V4's q, SPEC §11): each head's D values are first
+     * RMS-normalized without weight, y = x * rstd with rstd = 1 / sqrt(mean(x^2) + head_norm_eps)
+     * in fp32, then the last R values of y are rotated in fp32, and every value is rounded once
+     * to q's dtype. head_norm_eps: 0 means the default 1e-6; else finite and > 0. */
+    int32_t head_norm;
+    float head_norm_eps;
 } mlaf_rope_params;
 
 /* Builds a cos_sin table on the host: cos_sin[p, i] = cos(p * base^(-2i/R)),
@@ -408,6 +418,21 @@ MLAF_API mlaf_status mlaf_rope_table_init_scaled(float *table, int64_t max_pos, 
  * value rounded once to the cache dtype. Cache rows not named by slot_mapping stay
  * bit-identical. Two tokens naming the same slot: one of them wins (unspecified which).
  * R == 0 is accepted (no rotation); cos_sin and positions may then be absent.
+ *
+ * kv_rope_tail = r > 0 (DeepSeek-V4, SPEC §11; 0 = none, every other model): the rope part lives
+ * inside the kv part. Requires R == 0 (the latent row is [Q | C]), r even, 0 < r <= C, and the
+ * interleaved style; positions [T] and cos_sin [max_pos, r] are then required. Per token:
+ * k_nope = RMSNorm(kv) * w_kv in fp32 over all C values, rounded to the latent dtype; then the
+ * values [C - r, C) of that rounded vector are rotated in fp32 (pairs (C - r + 2i, C - r + 2i + 1)
+ * with cos_sin[pos, i], sin at [pos, r/2 + i]; the rotation rule of the RoPE section, so q and k
+ * of one position agree) and rounded again. The dense k_nope output holds all C values (the
+ * rotated tail included) and the cache record is [k_nope] (plain: C values, each the fp32 value
+ * rounded once to the cache dtype; the nope values straight from fp32 as without a tail).
+ * A token with a position outside [0, max_pos) or a slot past the cache is counted and writes
+ * no cache row and no tail values of k_nope (its nope values are written). k_pe must be absent
+ * and the cache has no rope part (no kpe). In place: k_nope may be the latent's own kv columns;
+ * the row then ends as [q_norm | rope-tailed kv_norm] (SPEC §12). Formats: plain, fp8, fp8_v4
+ * (fp8_ds_mla is rejected with a tail).
  * ------------------------------------------------------------------------------------- */
 typedef struct mlaf_mla_kv_cache_params {
     int32_t q_lora_rank;
@@ -416,6 +441,7 @@ typedef struct mlaf_mla_kv_cache_params {
     float eps_q;
     float eps_kv;
     mlaf_rope_style style;
+    int32_t kv_rope_tail; /* r >= 0; 0: no rope inside the kv part (every model but V4) */
 } mlaf_mla_kv_cache_params;
 
 MLAF_API mlaf_status mlaf_mla_kv_cache(mlaf_context *ctx, const mlaf_mla_kv_cache_params *p,
@@ -454,6 +480,16 @@ MLAF_API mlaf_status mlaf_mla_kv_cache(mlaf_context *ctx, const mlaf_mla_kv_cach
  *                 MLAF_TILE_UE8M0_FLOOR_SCALED  2^ceil_log2(max(amax / 448, 1e-4))  (FlashMLA's
  *                                               test quantizer)
  *               (an infinite amax gives ceil_log2 = 128: s = +inf).
+ *   FP8_V4      DeepSeek-V4's SM90 FlashMLA record (584 B per token; SPEC §11). Needs a bf16 latent,
+ *               C = 512, rope_dim 0 and kv_rope_tail 64 (the only layout FlashMLA reads). cache
+ *               [num_blocks, block_size, 584] bytes (u8 or fp8_e4m3) with stride[1] = 584 and
+ *               stride[0] = the page stride in bytes, >= block_size * 584 and a multiple of 16,
+ *               data 16-byte aligned. A page is planar: the token at offset o has its 576-byte
+ *               data row at page + o * 576 (448 e4m3 NoPE values, then the 64 roped values as
+ *               bf16) and its 8-byte scale row at page + block_size * 576 + o * 8 (7 UE8M0 bytes,
+ *               one per 64 NoPE values, then a zero byte, written with every row). Per 64-value
+ *               block: e = ceil_log2(max(amax, 1e-4) / 448), byte = clamp(e + 127, 0, 255),
+ *               e4m3(x * 2^-e) (an exact power-of-two product).
  *
  * Every fp8 value x is the value the op stores densely, rounded to the latent dtype first, so
  * the fused bytes equal the unfused pipeline's; amax is over those values (NaN ignored). e4m3:
@@ -469,6 +505,7 @@ typedef enum mlaf_kv_format {
     MLAF_KV_PLAIN = 0,
     MLAF_KV_FP8 = 1,
     MLAF_KV_FP8_DS_MLA = 2,
+    MLAF_KV_FP8_V4 = 3,
     MLAF_KV_FORMAT_COUNT_
 } mlaf_kv_format;
 
@@ -490,10 +527,11 @@ typedef struct mlaf_kv_cache_desc {
     mlaf_tile_scale tile_scale;  /* FP8_DS_MLA */
 } mlaf_kv_cache_desc;
 
-/* "plain", "fp8", "fp8_ds_mla"; "unknown" otherwise. */
+/* "plain", "fp8", "fp8_ds_mla", "fp8_v4"; "unknown" otherwise. */
 MLAF_API const char *mlaf_kv_format_name(mlaf_kv_format f);
 /* Bytes of one token's cache record in a format (PLAIN: (C + R) * the dtype's size), 0 when
- * the format, dtype or dims are not valid for it. */
+ * the format, dtype or dims are not valid for it. FP8_V4: 584 for C = 512, R = 0 (its data row
+ * and scale row together; the tail 64 is implied). */
 MLAF_API int64_t mlaf_kv_record_bytes(mlaf_kv_format f, mlaf_dtype cache_dtype, int32_t kv_lora_rank,
                                       int32_t rope_dim);
 
@@ -520,6 +558,19 @@ MLAF_API mlaf_status mlaf_mla_kv_cache_fmt(mlaf_context *ctx, const mlaf_mla_kv_
 MLAF_API mlaf_status mlaf_rope_q(mlaf_context *ctx, const mlaf_rope_params *p,
                                  const mlaf_tensor *q, const mlaf_tensor *positions,
                                  const mlaf_tensor *cos_sin, const mlaf_tensor *error_count);
+
+/* rope_q with an optional output (SPEC §11): q_out NULL is mlaf_rope_q (in place). Otherwise
+ * q_out [T, Hpad, D] in q's dtype, strides (s0, s1, 1), Hpad >= H, disjoint from every input:
+ * head h < H receives the whole result head (the first D - R values copied, or normalized with
+ * head_norm; the last R rotated) and heads H .. Hpad - 1 are written as +0.0 (FlashMLA takes 64
+ * or 128 heads only); q is only read. A token whose position is outside [0, max_pos) is counted
+ * and none of its values are written (in place: its heads stay as they were; q_out: its row,
+ * padding heads included, stays as it was). T = 0 is a no-op; H = 0 with q_out zero-fills the
+ * padding heads of every token with a valid position. */
+MLAF_API mlaf_status mlaf_rope_q_out(mlaf_context *ctx, const mlaf_rope_params *p,
+                                     const mlaf_tensor *q, const mlaf_tensor *positions,
+                                     const mlaf_tensor *cos_sin, const mlaf_tensor *q_out,
+                                     const mlaf_tensor *error_count);
 
 /* ---------------------------------------------------------------------------------------
  * moe_gate (SPEC §4): router top-k

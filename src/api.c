@@ -80,6 +80,16 @@ mlaf_status mlaf_rope_q(mlaf_context *ctx, const mlaf_rope_params *p, const mlaf
     DISPATCH(ctx, rope_q, MLAF_OP_ROPE_Q, job.T * job.H, &job);
 }
 
+mlaf_status mlaf_rope_q_out(mlaf_context *ctx, const mlaf_rope_params *p, const mlaf_tensor *q,
+                            const mlaf_tensor *positions, const mlaf_tensor *cos_sin,
+                            const mlaf_tensor *q_out, const mlaf_tensor *error_count) {
+    if (!ctx) return MLAF_ERR_NULL_POINTER;
+    mlaf_rope_q_job job;
+    mlaf_status st = mlaf_check_rope_q_out(ctx, p, q, positions, cos_sin, q_out, error_count, &job);
+    if (st != MLAF_OK) return st;
+    DISPATCH(ctx, rope_q, MLAF_OP_ROPE_Q, job.T * job.Hpad, &job);
+}
+
 mlaf_status mlaf_moe_gate(mlaf_context *ctx, const mlaf_moe_gate_params *p,
                           const mlaf_tensor *logits, const mlaf_tensor *bias,
                           const mlaf_tensor *weights, const mlaf_tensor *ids,

@@ -65,7 +65,7 @@ const char *mlaf_dtype_name(mlaf_dtype t) {
 }
 
 const char *mlaf_kv_format_name(mlaf_kv_format f) {
-    static const char *const names[] = {"plain", "fp8", "fp8_ds_mla"};
+    static const char *const names[] = {"plain", "fp8", "fp8_ds_mla", "fp8_v4"};
     return (unsigned)f < MLAF_KV_FORMAT_COUNT_ ? names[f] : "unknown";
 }
 

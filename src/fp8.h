@@ -61,6 +61,18 @@ static inline int mlaf_ue8m0_exponent(float amax) {
     return mlaf_ceil_log2_f32(a / 448.0f);
 }
 
+/* 2^-e exactly as an f32, for e in [-126, 149] (fp8_v4's multiplier: a UE8M0 exponent is at
+ * least -22 and at most 128, where 2^-128 is subnormal). */
+static inline float mlaf_exp2_neg_f32(int e) {
+    return mlaf_bits_f32(e <= 126 ? (uint32_t)(127 - e) << 23 : 1u << (149 - e));
+}
+
+/* fp8_v4's scale byte of a UE8M0 exponent (SPEC §11): clamp(e + 127, 0, 255). */
+static inline uint8_t mlaf_ue8m0_byte(int e) {
+    const int b = e + 127;
+    return (uint8_t)(b < 0 ? 0 : b > 255 ? 255 : b);
+}
+
 /* The scale of an fp8_ds_mla tile from its amax (SPEC §9), mode an mlaf_tile_scale:
  * AMAX max(amax / 448, FLT_MIN); UE8M0 2^ceil_log2(max(amax, 1e-4) / 448); UE8M0_FLOOR_SCALED
  * 2^ceil_log2(max(amax / 448, 1e-4)). amax is NaN-free (a NaN-ignoring max). */

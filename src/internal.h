@@ -90,6 +90,8 @@ typedef struct mlaf_kv_cache_job {
     float *amax_out;         /* fp8: [1] or NULL */
     mlaf_tile_scale tile_scale; /* fp8_ds_mla */
     int32_t *error_count;    /* or NULL */
+    int32_t kv_tail;         /* kv_rope_tail r: values [C - r, C) of the kv part rotated (norm.R == 0,
+                                rope.R == r); 0: none */
 } mlaf_kv_cache_job;
 
 typedef struct mlaf_rope_q_job {
@@ -100,6 +102,10 @@ typedef struct mlaf_rope_q_job {
     mlaf_dtype dt;
     int64_t s0, s1;
     int32_t *error_count;
+    int32_t head_norm;       /* weightless RMSNorm of each head first (eps below) */
+    float head_eps;
+    void *q_out;             /* [T, Hpad, D] or NULL (in place) */
+    int64_t Hpad, o0, o1;
 } mlaf_rope_q_job;
 
 typedef struct mlaf_moe_gate_job {
@@ -154,6 +160,11 @@ static inline mlaf_kv_cache_desc mlaf_kv_desc_plain(const mlaf_tensor *kv_cache)
 mlaf_status mlaf_check_rope_q(mlaf_context *ctx, const mlaf_rope_params *p, const mlaf_tensor *q,
                               const mlaf_tensor *positions, const mlaf_tensor *cos_sin,
                               const mlaf_tensor *error_count, mlaf_rope_q_job *job);
+/* rope_q with its optional q_out (NULL: in place), SPEC §11. */
+mlaf_status mlaf_check_rope_q_out(mlaf_context *ctx, const mlaf_rope_params *p, const mlaf_tensor *q,
+                                  const mlaf_tensor *positions, const mlaf_tensor *cos_sin,
+                                  const mlaf_tensor *q_out, const mlaf_tensor *error_count,
+                                  mlaf_rope_q_job *job);
 mlaf_status mlaf_check_moe_gate(mlaf_context *ctx, const mlaf_moe_gate_params *p,
                                 const mlaf_tensor *logits, const mlaf_tensor *bias,
                                 const mlaf_tensor *weights, const mlaf_tensor *ids,

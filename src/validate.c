@@ -338,6 +338,11 @@ mlaf_status mlaf_check_split_qk_norm(mlaf_context *ctx, const mlaf_split_qk_norm
                                      const mlaf_tensor *k_nope, const mlaf_tensor *k_pe,
                                      mlaf_norm_job *job) {
     if (!p) return mlaf_fail(ctx, MLAF_ERR_NULL_POINTER, "params is NULL (required)");
+    if (p->kv_rope_tail != 0)
+        return mlaf_fail(ctx, MLAF_ERR_INVALID_ARGUMENT,
+                         "kv_rope_tail = %d, expected 0 for split_qk_norm (it has no positions to rotate "
+                         "with; mla_kv_cache takes kv_rope_tail)",
+                         p->kv_rope_tail);
     return check_norm_part(ctx, p->q_lora_rank, p->kv_lora_rank, p->rope_dim, p->eps_q,
                            p->eps_kv, latent, w_q, w_kv, q, k_nope, 1, k_pe, job);
 }
@@ -404,28 +409,34 @@ int64_t mlaf_kv_record_bytes(mlaf_kv_format f, mlaf_dtype dt, int32_t C, int32_t
     case MLAF_KV_FP8: return (dt == MLAF_U8 || dt == MLAF_FP8_E4M3) ? (int64_t)C + R : 0;
     case MLAF_KV_FP8_DS_MLA:
         return (dt == MLAF_U8 || dt == MLAF_FP8_E4M3) && C % 128 == 0 ? (int64_t)C + C / 32 + 2 * (int64_t)R : 0;
+    case MLAF_KV_FP8_V4: return (dt == MLAF_U8 || dt == MLAF_FP8_E4M3) && C == 512 && R == 0 ? 584 : 0;
     default: return 0;
     }
 }
 
 /* The cache description of mla_kv_cache (SPEC §9), into the job. */
 static mlaf_status check_cache_desc(mlaf_context *ctx, const mlaf_kv_cache_desc *d, int32_t C, int32_t R,
-                                    mlaf_dtype latent_dt, mlaf_kv_cache_job *j) {
+                                    int32_t tail, mlaf_dtype latent_dt, mlaf_kv_cache_job *j) {
     if (!d) return mlaf_fail(ctx, MLAF_ERR_NULL_POINTER, "cache (the cache description) is NULL (required)");
     const unsigned DT_BYTES = DT_(MLAF_U8) | DT_(MLAF_FP8_E4M3);
     char wexpr[96];
     const mlaf_kv_format f = d->format;
     if ((unsigned)f >= MLAF_KV_FORMAT_COUNT_)
         return mlaf_fail(ctx, MLAF_ERR_INVALID_ARGUMENT,
-                         "cache.format = %d, expected 0 (plain), 1 (fp8) or 2 (fp8_ds_mla)", (int)f);
+                         "cache.format = %d, expected 0 (plain), 1 (fp8), 2 (fp8_ds_mla) or 3 (fp8_v4)", (int)f);
     const char *fn = mlaf_kv_format_name(f);
     if (f != MLAF_KV_FP8 && d->scale)
         return mlaf_fail(ctx, MLAF_ERR_INVALID_ARGUMENT, "cache.scale is given, but format %s takes none", fn);
     if (f != MLAF_KV_FP8 && d->amax_out)
         return mlaf_fail(ctx, MLAF_ERR_INVALID_ARGUMENT, "cache.amax_out is given, but format %s takes none", fn);
-    if (f == MLAF_KV_FP8_DS_MLA && d->kpe)
+    if ((f == MLAF_KV_FP8_DS_MLA || f == MLAF_KV_FP8_V4) && d->kpe)
         return mlaf_fail(ctx, MLAF_ERR_INVALID_ARGUMENT,
-                         "cache.kpe is given, but fp8_ds_mla keeps the rope part inside its record");
+                         "cache.kpe is given, but %s keeps the rope part inside its record", fn);
+    if (f == MLAF_KV_FP8_DS_MLA && tail > 0)
+        return mlaf_fail(ctx, MLAF_ERR_INVALID_ARGUMENT,
+                         "kv_rope_tail = %d with cache format fp8_ds_mla, expected 0 (a rope tail inside the "
+                         "kv part is DeepSeek-V4's: format fp8_v4, plain or fp8)",
+                         tail);
     if (d->kpe && R == 0)
         return mlaf_fail(ctx, MLAF_ERR_INVALID_ARGUMENT, "cache.kpe is given, but rope_dim = 0");
     const unsigned dts = f == MLAF_KV_PLAIN ? DT_FLOAT : DT_BYTES;
@@ -445,6 +456,27 @@ static mlaf_status check_cache_desc(mlaf_context *ctx, const mlaf_kv_cache_desc 
                              "kv_cache: data = %p, strides (%lld, %lld) bytes, expected 16-byte aligned data "
                              "and strides multiples of 16 for fp8_ds_mla",
                              c->data, (long long)c->stride[0], (long long)c->stride[1]);
+    } else if (f == MLAF_KV_FP8_V4) {
+        if (latent_dt != MLAF_BF16)
+            return mlaf_fail(ctx, MLAF_ERR_DTYPE, "latent.dtype = %s, expected bf16 for cache format fp8_v4",
+                             mlaf_dtype_name(latent_dt));
+        if (C != 512 || R != 0 || tail != 64)
+            return mlaf_fail(ctx, MLAF_ERR_INVALID_ARGUMENT,
+                             "kv_lora_rank = %d, rope_dim = %d, kv_rope_tail = %d, expected 512, 0 and 64 for "
+                             "cache format fp8_v4 (DeepSeek-V4's 584-byte record)",
+                             C, R, tail);
+        TRY(check_cache_view(ctx, d->cache, "kv_cache", dts, 584, "fp8_v4 record bytes 584"));
+        const mlaf_tensor *c = d->cache;
+        if (c->stride[1] != 584)
+            return mlaf_fail(ctx, MLAF_ERR_STRIDE,
+                             "kv_cache.stride[1] = %lld, expected 584 for fp8_v4 (a page is planar: the "
+                             "pages' stride is stride[0])",
+                             (long long)c->stride[1]);
+        if ((uintptr_t)c->data % 16 || c->stride[0] % 16 || c->stride[0] < c->shape[1] * 584)
+            return mlaf_fail(ctx, MLAF_ERR_STRIDE,
+                             "kv_cache: data = %p, stride[0] = %lld bytes, expected 16-byte aligned data and "
+                             "a page stride >= block_size * 584 = %lld, a multiple of 16, for fp8_v4",
+                             c->data, (long long)c->stride[0], (long long)(c->shape[1] * 584));
     } else {
         const char *what = f == MLAF_KV_PLAIN ? "" : "fp8 bytes ";
         snprintf(wexpr, sizeof wexpr, "%s%s", what, d->kpe ? "kv_lora_rank (rope part in kpe)" : "kv_lora_rank + rope_dim");
@@ -501,12 +533,32 @@ mlaf_status mlaf_check_mla_kv_cache(mlaf_context *ctx, const mlaf_mla_kv_cache_p
     if (!p) return mlaf_fail(ctx, MLAF_ERR_NULL_POINTER, "params is NULL (required)");
     mlaf_kv_cache_job j;
     memset(&j, 0, sizeof j);
+    const int32_t tail = p->kv_rope_tail;
+    if (tail != 0) {
+        if (tail < 0 || tail % 2 != 0 || tail > p->kv_lora_rank)
+            return mlaf_fail(ctx, MLAF_ERR_INVALID_ARGUMENT,
+                             "kv_rope_tail = %d, expected 0 or even with 0 < kv_rope_tail <= kv_lora_rank = %d",
+                             tail, p->kv_lora_rank);
+        if (p->rope_dim != 0)
+            return mlaf_fail(ctx, MLAF_ERR_INVALID_ARGUMENT,
+                             "rope_dim = %d with kv_rope_tail = %d, expected 0 (the rope part is inside the "
+                             "kv part: the latent row is [q | kv])",
+                             p->rope_dim, tail);
+        if (p->style != MLAF_ROPE_INTERLEAVED)
+            return mlaf_fail(ctx, MLAF_ERR_INVALID_ARGUMENT,
+                             "rope style = %d with kv_rope_tail = %d, expected 0 (interleaved, DeepSeek-V4's)",
+                             (int)p->style, tail);
+        if (k_pe)
+            return mlaf_fail(ctx, MLAF_ERR_INVALID_ARGUMENT,
+                             "k_pe is given, but kv_rope_tail = %d keeps the rope values in k_nope; pass NULL",
+                             tail);
+    }
     TRY(check_norm_part(ctx, p->q_lora_rank, p->kv_lora_rank, p->rope_dim, p->eps_q, p->eps_kv,
                         latent, w_q, w_kv, q, k_nope, 0, k_pe, &j.norm));
     int64_t T = j.norm.T;
     int32_t C = p->kv_lora_rank, R = p->rope_dim;
-    if (R > 0) {
-        TRY(check_rope_inputs(ctx, R, p->style, T, positions, cos_sin, &j.rope));
+    if (R > 0 || tail > 0) {
+        TRY(check_rope_inputs(ctx, R > 0 ? R : tail, p->style, T, positions, cos_sin, &j.rope));
     } else {
         if (p->style != MLAF_ROPE_INTERLEAVED && p->style != MLAF_ROPE_NEOX)
             return mlaf_fail(ctx, MLAF_ERR_INVALID_ARGUMENT,
@@ -520,7 +572,7 @@ mlaf_status mlaf_check_mla_kv_cache(mlaf_context *ctx, const mlaf_mla_kv_cache_p
                          "slot_mapping.shape[0] = %lld, expected <= latent.shape[0] = %lld (rows past "
                          "slot_mapping's end take slot -1)",
                          (long long)slot_mapping->shape[0], (long long)T);
-    TRY(check_cache_desc(ctx, cache, C, R, latent->dtype, &j));
+    TRY(check_cache_desc(ctx, cache, C, R, tail, latent->dtype, &j));
     TRY(check_error_count(ctx, error_count));
 
     /* Outputs: q, k_nope, k_pe (checked against the latent above), the cache arrays,
@@ -533,7 +585,8 @@ mlaf_status mlaf_check_mla_kv_cache(mlaf_context *ctx, const mlaf_mla_kv_cache_p
     for (int i = 0; i < 7; i++) {
         if (!outs[i]) continue;
         for (int k = (i < 3 ? 3 : 0); k < 7; k++) /* q/k_nope/k_pe vs latent/weights done */
-            if (R > 0 || (k != 3 && k != 4)) TRY(no_overlap(ctx, outs[i], out_names[i], ins[k], in_names[k]));
+            if (R > 0 || tail > 0 || (k != 3 && k != 4))
+                TRY(no_overlap(ctx, outs[i], out_names[i], ins[k], in_names[k]));
         for (int k = (i < 3 ? 3 : i + 1); k < 7; k++)
             if (outs[k]) TRY(no_overlap(ctx, outs[i], out_names[i], outs[k], out_names[k]));
     }
@@ -542,6 +595,7 @@ mlaf_status mlaf_check_mla_kv_cache(mlaf_context *ctx, const mlaf_mla_kv_cache_p
     j.slot_dt = slot_mapping->dtype;
     j.n_map = slot_mapping->shape[0];
     j.error_count = error_count ? (int32_t *)error_count->data : NULL;
+    j.kv_tail = tail;
     *job = j;
     return MLAF_OK;
 }
@@ -551,7 +605,19 @@ mlaf_status mlaf_check_mla_kv_cache(mlaf_context *ctx, const mlaf_mla_kv_cache_p
 mlaf_status mlaf_check_rope_q(mlaf_context *ctx, const mlaf_rope_params *p, const mlaf_tensor *q,
                               const mlaf_tensor *positions, const mlaf_tensor *cos_sin,
                               const mlaf_tensor *error_count, mlaf_rope_q_job *job) {
+    return mlaf_check_rope_q_out(ctx, p, q, positions, cos_sin, NULL, error_count, job);
+}
+
+mlaf_status mlaf_check_rope_q_out(mlaf_context *ctx, const mlaf_rope_params *p, const mlaf_tensor *q,
+                                  const mlaf_tensor *positions, const mlaf_tensor *cos_sin,
+                                  const mlaf_tensor *q_out, const mlaf_tensor *error_count,
+                                  mlaf_rope_q_job *job) {
     if (!p) return mlaf_fail(ctx, MLAF_ERR_NULL_POINTER, "params is NULL (required)");
+    const float heps = p->head_norm_eps == 0.0f ? 1e-6f : p->head_norm_eps;
+    if (p->head_norm && !(isfinite(heps) && heps > 0.0f))
+        return mlaf_fail(ctx, MLAF_ERR_INVALID_ARGUMENT,
+                         "head_norm_eps = %g, expected finite and > 0 (0: the default 1e-6)",
+                         (double)p->head_norm_eps);
     if (p->rope_dim <= 0)
         return mlaf_fail(ctx, MLAF_ERR_INVALID_ARGUMENT, "rope_dim = %d, expected > 0 and even",
                          p->rope_dim);
@@ -573,6 +639,26 @@ mlaf_status mlaf_check_rope_q(mlaf_context *ctx, const mlaf_rope_params *p, cons
     TRY(no_overlap(ctx, q, "q", error_count, "error_count"));
     TRY(no_overlap(ctx, error_count, "error_count", positions, "positions"));
     TRY(no_overlap(ctx, error_count, "error_count", cos_sin, "cos_sin"));
+    if (q_out) {
+        static const char *const oexpr[3] = {"q.shape[0]", NULL, "q.shape[2]"};
+        int64_t wo[3] = {q->shape[0], -1, q->shape[2]};
+        TRY(check_tensor(ctx, q_out, "q_out", DT_(q->dtype), 3, wo, oexpr));
+        if (q_out->shape[1] < q->shape[1])
+            return mlaf_fail(ctx, MLAF_ERR_SHAPE,
+                             "q_out.shape[1] = %lld, expected >= q.shape[1] = %lld (heads past q's are "
+                             "written as zeros)",
+                             (long long)q_out->shape[1], (long long)q->shape[1]);
+        TRY(no_overlap(ctx, q_out, "q_out", q, "q"));
+        TRY(no_overlap(ctx, q_out, "q_out", positions, "positions"));
+        TRY(no_overlap(ctx, q_out, "q_out", cos_sin, "cos_sin"));
+        TRY(no_overlap(ctx, q_out, "q_out", error_count, "error_count"));
+    }
+    j.head_norm = p->head_norm != 0;
+    j.head_eps = heps;
+    j.q_out = q_out ? q_out->data : NULL;
+    j.Hpad = q_out ? q_out->shape[1] : q->shape[1];
+    j.o0 = q_out ? q_out->stride[0] : 0;
+    j.o1 = q_out ? q_out->stride[1] : 0;
     j.T = q->shape[0];
     j.H = q->shape[1];
     j.D = (int32_t)q->shape[2];

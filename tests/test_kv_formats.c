@@ -622,7 +622,7 @@ static const reject_case REJECTS[SP_COUNT] = {
     {"fp8_ds_mla with an f16 latent", MLAF_KV_FP8_DS_MLA, MLAF_ERR_DTYPE, "latent.dtype"},
     {"fp8_ds_mla with C = 192", MLAF_KV_FP8_DS_MLA, MLAF_ERR_INVALID_ARGUMENT, "kv_lora_rank"},
     {"fp8_ds_mla with a kpe array", MLAF_KV_FP8_DS_MLA, MLAF_ERR_INVALID_ARGUMENT, "cache.kpe"},
-    {"format 3", MLAF_KV_FP8, MLAF_ERR_INVALID_ARGUMENT, "cache.format"},
+    {"format 4", MLAF_KV_FP8, MLAF_ERR_INVALID_ARGUMENT, "cache.format"},
     {"conv 2", MLAF_KV_FP8, MLAF_ERR_INVALID_ARGUMENT, "cache.conv"},
     {"tile_scale 3", MLAF_KV_FP8_DS_MLA, MLAF_ERR_INVALID_ARGUMENT, "cache.tile_scale"},
     {"a scale for fp8_ds_mla", MLAF_KV_FP8_DS_MLA, MLAF_ERR_INVALID_ARGUMENT, "cache.scale"},
@@ -665,7 +665,7 @@ static void rejections(mlaf_context *ctx) {
         case SP_NO_SCALE: a.d.scale = NULL; break;
         case SP_SCALE_DTYPE: a.d.scale = &scale2; break;
         case SP_SCALE_SHAPE: a.d.scale = &scale3; break;
-        case SP_BAD_FORMAT: a.d.format = (mlaf_kv_format)3; break;
+        case SP_BAD_FORMAT: a.d.format = (mlaf_kv_format)4; break;
         case SP_BAD_CONV: a.d.conv = (mlaf_fp8_conv)2; break;
         case SP_BAD_TILE: a.d.tile_scale = (mlaf_tile_scale)3; break;
         case SP_SCALE_FOR_DS: a.d.scale = &a.scale; break;

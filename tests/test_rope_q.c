@@ -27,8 +27,8 @@ static void run(mlaf_context *ctx, const mlaf_verify_case *c, const char *extra)
              c->strided ? ",strided" : "", extra ? "," : "", extra ? extra : "");
     if (filtered_out(name)) return;
     mlaf_verify_result r;
-    if (!mlaf_preset_attention_supported(&c->cfg)) {
-        tl_skip(name, "kv_rope_tail > 0 (DeepSeek-V4's latent) is not in this op yet");
+    if (!mlaf_preset_plain_latent(&c->cfg)) {
+        tl_skip(name, "DeepSeek-V4's latent (kv_rope_tail > 0): its cases are test_v4_attn's");
         return;
     }
     mlaf_status st = mlaf_verify_rope_q(ctx, c, &r);

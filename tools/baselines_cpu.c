@@ -9,7 +9,8 @@
  *   mla_kv_cache   the library's split_qk_norm, then blc_rope_rows on k_pe, then
  *                  blc_cache_write (plain cache) or blc_cache_write_fp8 (fp8 formats: the
  *                  separate quantize-and-write pass), composed by the driver
- *   rope_q         1. gather the rope columns into [T*H, R]  2. rotate  3. scatter back
+ *   rope_q         1. gather the rope columns into [T*H, R]  2. rotate  3. scatter back;
+ *                  head_norm (DeepSeek-V4): blc_head_norm first, a pass of its own
  *   moe_gate       1. score  2. + bias  3. group scores  4. group mask  5. top-k
  *                  6. gather weights  7. normalize  8. scale (+ shared-expert slots)
  *
@@ -170,10 +171,10 @@ int blc_cache_write_fp8(const mlaf_kv_cache_job *j, const void *k_nope, const vo
     const size_t es = mlaf_dtype_size(dt);
     const int32_t C = j->norm.C, R = j->norm.R;
     const int64_t nslots = j->num_blocks * j->block_size;
-    const int ds = j->format == MLAF_KV_FP8_DS_MLA;
-    if (j->format != MLAF_KV_FP8 && !ds) return -1;
+    const int ds = j->format == MLAF_KV_FP8_DS_MLA, v4 = j->format == MLAF_KV_FP8_V4;
+    if (j->format != MLAF_KV_FP8 && !ds && !v4) return -1;
     /* the CPU backend's memory is host memory: the scale is read here, once per call */
-    const float scale = ds ? 1.0f : *j->scale;
+    const float scale = ds || v4 ? 1.0f : *j->scale;
     const int mul = j->conv == MLAF_FP8_MUL;
     threads = team(j->norm.T, C + R, threads);
 #ifdef _OPENMP
@@ -186,6 +187,21 @@ int blc_cache_write_fp8(const mlaf_kv_cache_job *j, const void *k_nope, const vo
         /* cache dtypes u8 / fp8_e4m3: strides in elements are strides in bytes */
         uint8_t *dst = (uint8_t *)j->cache + blk * j->cache_s0 + off * j->cache_s1;
         const char *kn = CROW(k_nope, dt, t, C), *kp = CROW(k_pe, dt, t, R);
+        if (v4) { /* SPEC §11 (bf16 rows of 512, the last 64 roped): a planar page */
+            uint8_t *page = (uint8_t *)j->cache + blk * j->cache_s0;
+            uint8_t *data = page + off * 576, *sc = page + j->block_size * 576 + off * 8;
+            for (int32_t b = 0; b < 7; b++) {
+                float amax = 0.0f;
+                for (int32_t i = 64 * b; i < 64 * b + 64; i++) amax = fmaxf(amax, fabsf(mlaf_load_f32(kn, dt, i)));
+                const int e = mlaf_ue8m0_exponent(amax);
+                const float mul = mlaf_exp2_neg_f32(e);
+                for (int32_t i = 64 * b; i < 64 * b + 64; i++) data[i] = mlaf_f32_to_e4m3(mlaf_load_f32(kn, dt, i) * mul);
+                sc[b] = mlaf_ue8m0_byte(e);
+            }
+            sc[7] = 0;
+            memcpy(data + 448, kn + 448 * es, 64 * es);
+            continue;
+        }
         if (!ds) {
             fp8_row(kn, dt, C, dst, scale, mul);
             if (R > 0)
@@ -205,6 +221,27 @@ int blc_cache_write_fp8(const mlaf_kv_cache_job *j, const void *k_nope, const vo
             for (int k = 0; k < 4; k++) dst[C + 4 * tile + k] = (uint8_t)(sb >> (8 * k)); /* little-endian */
         }
         if (R > 0) memcpy(dst + C + C / 32, kp, (size_t)R * es);
+    }
+    return 0;
+}
+
+int blc_head_norm(const mlaf_rope_q_job *j, int threads) {
+    const mlaf_dtype dt = j->dt;
+    const int64_t rows = j->T * j->H;
+    const int32_t D = j->D;
+    threads = team(rows, D, threads);
+#ifdef _OPENMP
+#pragma omp parallel for num_threads(threads) schedule(static)
+#endif
+    for (int64_t r = 0; r < rows; r++) {
+        char *x = (char *)j->q + (size_t)((r / j->H) * j->s0 + (r % j->H) * j->s1) * mlaf_dtype_size(dt);
+        float ss = 0.0f;
+        for (int32_t i = 0; i < D; i++) {
+            const float v = mlaf_load_f32(x, dt, i);
+            ss += v * v;
+        }
+        const float rstd = 1.0f / sqrtf(ss / (float)D + j->head_eps);
+        for (int32_t i = 0; i < D; i++) mlaf_store_f32(x, dt, i, mlaf_load_f32(x, dt, i) * rstd);
     }
     return 0;
 }

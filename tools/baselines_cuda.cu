@@ -348,6 +348,61 @@ __global__ void __launch_bounds__(kThreads) ds_mla_write_kernel(
     }
 }
 
+/* fp8_v4 (SPEC §11): a warp per token over its dense bf16 row of 512 (the last 64 roped): lane l
+ * takes NoPE vectors l and l + 32 (8 values each, 56 in all), a 64-value block is 8 lanes and its
+ * amax an 8-lane shuffle max; e4m3(x * 2^-e) as 8-byte stores, the scale bytes by each block's
+ * first lane, the 64 rope values copied as 8 16-byte stores. vec: the rows are 16-byte aligned. */
+__global__ void __launch_bounds__(kThreads) v4_write_kernel(
+    const __nv_bfloat16 *__restrict__ kn, const void *slots, mlaf_dtype slot_dt, int64_t n_map, int64_t T_,
+    uint8_t *cache, int64_t bs, int64_t nslots, int64_t s0, bool vec) {
+    const int64_t t = (int64_t)blockIdx.x * kWarpsPerBlock + (threadIdx.x >> 5);
+    const int lane = threadIdx.x & 31;
+    if (t >= T_) return;
+    const int64_t slot = token_slot(slots, slot_dt, n_map, t, nslots);
+    if (slot < 0) return;
+    uint8_t *page = cache + (slot / bs) * s0;
+    uint8_t *data = page + (slot % bs) * 576, *sc = page + bs * 576 + (slot % bs) * 8;
+    const __nv_bfloat16 *src = kn + t * 512;
+    for (int k = 0; k < 2; k++) {
+        const int v = lane + 32 * k;
+        const bool active = v < 56;
+        float x[8];
+        if (active && vec) {
+            const uint4 raw = __ldg(reinterpret_cast<const uint4 *>(src + 8 * v));
+            __nv_bfloat16 e[8];
+            memcpy(e, &raw, sizeof raw);
+#pragma unroll
+            for (int m = 0; m < 8; m++) x[m] = __bfloat162float(e[m]);
+        } else {
+#pragma unroll
+            for (int m = 0; m < 8; m++) x[m] = active ? __bfloat162float(src[8 * v + m]) : 0.0f;
+        }
+        float amax = 0.0f;
+#pragma unroll
+        for (int m = 0; m < 8; m++) amax = fmaxf(amax, fabsf(x[m]));
+#pragma unroll
+        for (int o = 4; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+        const uint32_t u = __float_as_uint(__fdiv_rn(fmaxf(amax, 1e-4f), 448.0f));
+        const int e = (u & 0x7fffffffu) == 0x7f800000u ? 128 : (int)((u >> 23) & 0xffu) - 127 + ((u & 0x7fffffu) != 0);
+        const float mul = __uint_as_float(e <= 126 ? (uint32_t)(127 - e) << 23 : 1u << (149 - e));
+        if (!active) continue;
+        uint32_t w[2] = {0, 0};
+#pragma unroll
+        for (int m = 0; m < 8; m++) w[m >> 2] |= e4m3(__fmul_rn(x[m], mul)) << (8 * (m & 3));
+        *reinterpret_cast<uint2 *>(data + 8 * v) = make_uint2(w[0], w[1]);
+        if ((v & 7) == 0) sc[v >> 3] = (uint8_t)min(max(e + 127, 0), 255);
+    }
+    if (lane == 0) sc[7] = 0;
+    if (lane < 8) {
+        if (vec) {
+            reinterpret_cast<uint4 *>(data + 448)[lane] = __ldg(reinterpret_cast<const uint4 *>(src + 448) + lane);
+        } else {
+            const unsigned short *ps = reinterpret_cast<const unsigned short *>(src + 448);
+            for (int i = lane; i < 64; i += 8) reinterpret_cast<unsigned short *>(data + 448)[i] = ps[i];
+        }
+    }
+}
+
 inline bool aligned(const void *p, size_t a) { return (uintptr_t)p % a == 0; }
 
 template <typename T>
@@ -365,6 +420,13 @@ int fp8_write(const mlaf_kv_cache_job *j, const void *kn, const void *kp, cudaSt
         j->norm.T, static_cast<uint8_t *>(j->cache), j->block_size, j->num_blocks * j->block_size,
         j->cache_s0, j->cache_s1, static_cast<uint8_t *>(j->kpe), j->kpe_s0, j->kpe_s1, j->scale,
         j->conv == MLAF_FP8_MUL, vec);
+    return (int)cudaGetLastError();
+}
+
+int v4_write(const mlaf_kv_cache_job *j, const void *kn, cudaStream_t s) {
+    v4_write_kernel<<<grid_for(j->norm.T, kWarpsPerBlock), kThreads, 0, s>>>(
+        static_cast<const __nv_bfloat16 *>(kn), j->slots, j->slot_dt, j->n_map, j->norm.T,
+        static_cast<uint8_t *>(j->cache), j->block_size, j->num_blocks * j->block_size, j->cache_s0, aligned(kn, 16));
     return (int)cudaGetLastError();
 }
 
@@ -392,6 +454,29 @@ __global__ void gather_kernel(const T *q, int64_t H, int32_t D, int32_t R, int64
         else
             g[idx] = q[off];
     }
+}
+
+/* rope_q's head_norm pass (SPEC §11): one block per head, weightless RMSNorm in place. */
+template <typename T>
+__global__ void head_norm_kernel(T *q, int64_t H, int64_t s0, int64_t s1, int32_t D, float eps) {
+    const int64_t r = blockIdx.x;
+    T *x = q + (r / H) * s0 + (r % H) * s1;
+    float ss = 0.0f;
+    for (int32_t i = threadIdx.x; i < D; i += blockDim.x) {
+        const float v = io<T>::ld(x + i);
+        ss += v * v;
+    }
+    ss = block_sum(ss);
+    const float rstd = 1.0f / sqrtf(ss / (float)D + eps);
+    for (int32_t i = threadIdx.x; i < D; i += blockDim.x) io<T>::st(x + i, io<T>::ld(x + i) * rstd);
+}
+
+template <typename T> int head_norm(const mlaf_rope_q_job *j, cudaStream_t s) {
+    const int64_t rows = j->T * j->H;
+    if (rows == 0) return 0;
+    head_norm_kernel<T><<<(unsigned)rows, kThreads, 0, s>>>(static_cast<T *>(j->q), j->H, j->s0, j->s1, j->D,
+                                                            j->head_eps);
+    return (int)cudaGetLastError();
 }
 
 template <typename T> int rope_q(const mlaf_rope_q_job *j, void *gather, cudaStream_t s) {
@@ -686,8 +771,14 @@ extern "C" int blg_cache_write_fp8(const mlaf_kv_cache_job *job, const void *k_n
     if (job->norm.T == 0) return 0;
     if (job->format == MLAF_KV_FP8_DS_MLA) /* bf16 rows only (validated) */
         return ds_mla_write(job, k_nope, k_pe, (cudaStream_t)stream);
+    if (job->format == MLAF_KV_FP8_V4) /* bf16 rows of 512 only (validated) */
+        return v4_write(job, k_nope, (cudaStream_t)stream);
     if (job->format != MLAF_KV_FP8) return (int)cudaErrorInvalidValue;
     return BY_DTYPE(job->norm.dt, fp8_write, job, k_nope, k_pe, (cudaStream_t)stream);
+}
+
+extern "C" int blg_head_norm(const mlaf_rope_q_job *job, void *stream) {
+    return BY_DTYPE(job->dt, head_norm, job, (cudaStream_t)stream);
 }
 
 extern "C" int blg_rope_q(const mlaf_rope_q_job *job, void *gather, void *stream) {

@@ -53,15 +53,19 @@ int blc_rope_rows(void *x, mlaf_dtype dt, int64_t T, int64_t stride, const mlaf_
 /* Copies dense k_nope [T, C] and roped k_pe [T, R] rows into the paged cache at the slots. */
 int blc_cache_write(const mlaf_kv_cache_job *job, const void *k_nope, const void *k_pe,
                     int threads);
-/* The quantize-and-write pass of the unfused fp8 chains (SPEC §9), as engines run it after
+/* The quantize-and-write pass of the unfused fp8 chains (SPEC §9, §11), as engines run it after
  * the norm and RoPE kernels (vLLM's concat_and_cache_mla / concat_and_cache_ds_mla): reads dense
  * k_nope [T, C] and roped k_pe [T, R] rows (dtype job->norm.dt, rows contiguous) and slot_mapping,
  * and writes each token's record of job->format (MLAF_KV_FP8 or MLAF_KV_FP8_DS_MLA) at its slot:
  * fp8 e4m3(x / scale) or e4m3(x * scale) with job->scale read from backend memory; fp8_ds_mla
- * C e4m3 bytes + C/128 f32 tile scales (job->tile_scale) + R bf16 rope values. Tokens t >= n_map
+ * C e4m3 bytes + C/128 f32 tile scales (job->tile_scale) + R bf16 rope values; fp8_v4 (R = 0, the
+ * rope tail inside k_nope) the planar page's data row and scale row. Tokens t >= n_map
  * and slots outside the cache are skipped (not counted). */
 int blc_cache_write_fp8(const mlaf_kv_cache_job *job, const void *k_nope, const void *k_pe,
                         int threads);
+/* rope_q's head_norm as its own pass (SPEC §11): every head of q RMS-normalized without weight
+ * (eps job->head_eps), in place, rounded to q's dtype; blc_rope_q then rotates. */
+int blc_head_norm(const mlaf_rope_q_job *job, int threads);
 /* gather the rope columns of q into dense [T*H, R], rotate, scatter back. */
 int blc_rope_q(const mlaf_rope_q_job *job, void *gather, int threads);
 /* score -> bias -> group scores -> group mask -> top-k -> gather -> normalize -> scale. */
@@ -104,10 +108,12 @@ int blg_rope_rows(void *x, mlaf_dtype dt, int64_t T, int64_t stride, const mlaf_
 int blg_cache_write(const mlaf_kv_cache_job *job, const void *k_nope, const void *k_pe,
                     void *stream);
 /* blc_cache_write_fp8 on the GPU: a warp per token, 16-byte loads where the rows allow them;
- * fp8_ds_mla tile amax by shuffles within each half-warp (a half-warp per 128-value tile). */
+ * fp8_ds_mla tile amax by shuffles within each half-warp (a half-warp per 128-value tile);
+ * fp8_v4 block amax by shuffles within groups of 8 lanes (8 lanes x 8 bf16 values per block). */
 int blg_cache_write_fp8(const mlaf_kv_cache_job *job, const void *k_nope, const void *k_pe,
                         void *stream);
 int blg_rope_q(const mlaf_rope_q_job *job, void *gather, void *stream);
+int blg_head_norm(const mlaf_rope_q_job *job, void *stream);
 int blg_moe_gate(const mlaf_moe_gate_job *job, const bench_moe_scratch *s, void *stream);
 int blg_moe_gate_hash(const mlaf_moe_gate_job *job, const bench_moe_scratch *s, void *stream);
 /* The blg_* functions return 0 or the cudaError_t of a failed launch; its text: */

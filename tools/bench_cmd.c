@@ -18,7 +18,11 @@
  * of HASH_VOCAB token ids by random token ids) against the unfused chain score -> table lookup ->
  * gather -> normalize -> scale; its bytes are the token id, the k table entries and the k logits
  * it reads (the whole row for softmax) plus the outputs.
- * --cache fp8 | fp8_ds_mla: mla_kv_cache writes that cache format (fp8's scale lives in backend
+ * DeepSeek-V4 (--preset deepseek-v4-flash, kv_rope_tail 64): mla_kv_cache rotates the kv tail
+ * (the unfused chain: the norms, RoPE on the dense k_nope's last 64 columns, the cache write) and
+ * --cache fp8_v4 writes the 584-B page; rope_q runs head_norm (the chain: a norm pass, then the
+ * gather / rotate / scatter).
+ * --cache fp8 | fp8_ds_mla | fp8_v4: mla_kv_cache writes that cache format (fp8's scale lives in backend
  * memory, so graph replays read it like engines' k_scale); the unfused chain ends with a
  * separate quantize-and-write pass, and the check compares the two caches byte for byte.
  */
@@ -63,7 +67,8 @@ static void help(void) {
         "  --cache FORMAT       mla_kv_cache's cache format: plain (default: the latent dtype),\n"
         "                       fp8 (per-tensor e4m3, e4m3(x / scale), one f32 scale in backend\n"
         "                       memory), fp8_ds_mla (FlashMLA's record: C e4m3 bytes, C/128 f32 tile\n"
-        "                       scales, R bf16 rope values; --dtype bf16). The unfused chain ends\n"
+        "                       scales, R bf16 rope values; --dtype bf16), fp8_v4 (DeepSeek-V4's\n"
+        "                       584-B page; --preset deepseek-v4-flash --dtype bf16). The unfused chain ends\n"
         "                       with a separate quantize-and-write pass; its cache bytes are checked\n"
         "                       against the fused op's\n"
         "  --tile-scale MODE    fp8_ds_mla tile scales: amax (default: amax / 448), ue8m0,\n"
@@ -107,6 +112,8 @@ typedef struct bench_op {
     int64_t T;
     int threads, nsets;
     int64_t Q, C, R, H, D, max_pos, block_size, num_blocks, E, K, G;
+    int32_t tail;               /* kv_rope_tail (DeepSeek-V4): mla_kv_cache's tail, rope_q head_norm */
+    int64_t RP;                 /* the rope width of positions / cos_sin / q heads: R, or the tail */
     mlaf_moe_gate_params moe;
     int has_bias;
     int hash; /* moe_gate: mlaf_moe_gate_hash (--hash) */
@@ -125,7 +132,7 @@ enum { CO_SHUFFLED, CO_ORDERED, CO_PAGE_LOCAL, CO_PAGE_GROUPS, CO_COUNT };
 static const char *const cache_order_names[CO_COUNT] = {"shuffled", "ordered", "page-local", "page-groups"};
 
 /* --cache and --tile-scale: the formats the bench runs and their names */
-static const mlaf_kv_format bench_formats[3] = {MLAF_KV_PLAIN, MLAF_KV_FP8, MLAF_KV_FP8_DS_MLA};
+static const mlaf_kv_format bench_formats[4] = {MLAF_KV_PLAIN, MLAF_KV_FP8, MLAF_KV_FP8_DS_MLA, MLAF_KV_FP8_V4};
 static const char *const tile_scale_names[3] = {"amax", "ue8m0", "ue8m0_floor_scaled"};
 
 /* Fisher-Yates over p[0 .. n-1]. */
@@ -249,7 +256,8 @@ static int setup(bench_op *o, size_t llc, char *err, size_t cap) {
     o->C = o->cfg.kv_lora_rank;
     o->R = o->cfg.qk_rope_head_dim;
     o->H = o->cfg.num_heads;
-    o->D = o->cfg.qk_nope_head_dim + o->R;
+    o->RP = o->R > 0 ? o->R : o->tail;
+    o->D = o->cfg.qk_nope_head_dim + o->RP;
     o->E = o->cfg.n_routed_experts;
     o->moe = mlaf_moe_gate_params_from_config(&o->cfg);
     o->K = o->moe.top_k + o->moe.n_shared_experts;
@@ -270,6 +278,7 @@ static int setup(bench_op *o, size_t llc, char *err, size_t cap) {
             snprintf(err, cap, "cache format %s does not take kv_lora_rank = %lld, rope_dim = %lld%s",
                      mlaf_kv_format_name(o->kv_fmt), (long long)o->C, (long long)o->R,
                      o->kv_fmt == MLAF_KV_FP8_DS_MLA ? " (needs kv_lora_rank % 128 == 0, rope_dim even)"
+                     : o->kv_fmt == MLAF_KV_FP8_V4   ? " (needs DeepSeek-V4's 512 with the rope tail: --preset deepseek-v4-flash)"
                                                      : " (needs rope_dim even)");
             return -1;
         }
@@ -310,18 +319,18 @@ static int setup(bench_op *o, size_t llc, char *err, size_t cap) {
         if (buf_alloc(o, S_KVD, (size_t)(T * o->C) * es, 0, NULL, err, cap)) return -1;
         o->bytes = 2.0 * (double)T * W * es + (double)(o->Q + o->C) * es;
     }
-    if ((o->op == MLAF_OP_MLA_KV_CACHE || o->op == MLAF_OP_ROPE_Q) && o->R > 0) {
+    if ((o->op == MLAF_OP_MLA_KV_CACHE || o->op == MLAF_OP_ROPE_Q) && o->RP > 0) {
         int64_t *pos = (int64_t *)malloc(sizeof(int64_t) * (size_t)(T > 0 ? T : 1));
-        float *cs = (float *)malloc(sizeof(float) * (size_t)(o->max_pos * o->R));
+        float *cs = (float *)malloc(sizeof(float) * (size_t)(o->max_pos * o->RP));
         NEED(pos);
         NEED(cs);
         for (int64_t t = 0; t < T; t++) pos[t] = t % o->max_pos;
-        if (mlaf_rope_table_init(cs, o->max_pos, (int32_t)o->R, 10000.0) != MLAF_OK) {
+        if (mlaf_rope_table_init(cs, o->max_pos, (int32_t)o->RP, 10000.0) != MLAF_OK) {
             snprintf(err, cap, "rope table init failed");
             return -1;
         }
         if (buf_alloc(o, B_POS, sizeof(int64_t) * (size_t)T, 1, pos, err, cap)) return -1;
-        if (buf_alloc(o, B_COSSIN, sizeof(float) * (size_t)(o->max_pos * o->R), 0, cs, err, cap))
+        if (buf_alloc(o, B_COSSIN, sizeof(float) * (size_t)(o->max_pos * o->RP), 0, cs, err, cap))
             return -1;
     }
     if (o->op == MLAF_OP_MLA_KV_CACHE) {
@@ -354,8 +363,8 @@ static int setup(bench_op *o, size_t llc, char *err, size_t cap) {
         }
         if (buf_alloc(o, S_KN, (size_t)(T * o->C) * es, 0, NULL, err, cap)) return -1;
         if (o->R > 0 && buf_alloc(o, S_KP, (size_t)(T * o->R) * es, 0, NULL, err, cap)) return -1;
-        o->bytes = (double)T * W * es + (double)(o->Q + o->C) * es + (o->R > 0 ? T * 8.0 : 0) +
-                   T * 8.0 + (double)T * o->R * 4.0 + (double)T * o->Q * es +
+        o->bytes = (double)T * W * es + (double)(o->Q + o->C) * es + (o->RP > 0 ? T * 8.0 : 0) +
+                   T * 8.0 + (double)T * o->RP * 4.0 + (double)T * o->Q * es +
                    (double)T * (double)o->rec_bytes + (o->kv_fmt == MLAF_KV_FP8 ? 4.0 : 0.0);
     }
     if (o->op == MLAF_OP_ROPE_Q) {
@@ -364,8 +373,9 @@ static int setup(bench_op *o, size_t llc, char *err, size_t cap) {
         NEED(q);
         if (buf_alloc(o, B_QH, n * es, 1, q, err, cap)) return -1;
         o->b[B_QH].mutable_input = 1;
-        if (buf_alloc(o, S_GATHER, (size_t)(T * o->H * o->R) * es, 0, NULL, err, cap)) return -1;
-        o->bytes = 2.0 * (double)T * o->H * o->R * es;
+        if (buf_alloc(o, S_GATHER, (size_t)(T * o->H * o->RP) * es, 0, NULL, err, cap)) return -1;
+        /* head_norm (V4) reads and writes whole heads; plain RoPE only the rope columns */
+        o->bytes = 2.0 * (double)T * o->H * (o->tail > 0 ? o->D : o->RP) * es + T * 8.0 + (double)T * o->RP * 4.0;
     }
     if (o->op == MLAF_OP_MOE_GATE) {
         void *lg = host_random(&rng, dt, (size_t)(T * o->E), -4.0, 4.0);
@@ -434,7 +444,7 @@ static void make_views(bench_op *o, int set, views *v) {
     v->k_nope = mlaf_tensor_2d(P(o, B_KNOPE, set), dt, T, o->C, o->C);
     v->k_pe = mlaf_tensor_2d(P(o, B_KPE, set), dt, T, o->R, o->R);
     v->pos = mlaf_tensor_1d(P(o, B_POS, set), MLAF_I64, T);
-    v->cos_sin = mlaf_tensor_2d(P(o, B_COSSIN, set), MLAF_F32, o->max_pos, o->R, o->R);
+    v->cos_sin = mlaf_tensor_2d(P(o, B_COSSIN, set), MLAF_F32, o->max_pos, o->RP, o->RP);
     v->slots = mlaf_tensor_1d(P(o, B_SLOTS, set), MLAF_I64, T);
     const int64_t rec = o->rec_bytes / (int64_t)mlaf_dtype_size(o->cache_dt); /* record, in elements */
     v->cache = mlaf_tensor_3d(P(o, B_CACHE, set), o->cache_dt, o->num_blocks, o->block_size, rec,
@@ -469,7 +479,7 @@ static int call_fused(void *arg, int set, char *err, size_t cap) {
     views v;
     make_views(o, set, &v);
     mlaf_status st = MLAF_OK;
-    const int hasq = o->Q > 0, hasr = o->R > 0;
+    const int hasq = o->Q > 0, hasr = o->RP > 0;
     switch (o->op) {
     case MLAF_OP_SPLIT_QK_NORM: {
         mlaf_split_qk_norm_params p = {(int32_t)o->Q, (int32_t)o->C, (int32_t)o->R,
@@ -480,7 +490,7 @@ static int call_fused(void *arg, int set, char *err, size_t cap) {
     }
     case MLAF_OP_MLA_KV_CACHE: {
         mlaf_mla_kv_cache_params p = {(int32_t)o->Q, (int32_t)o->C, (int32_t)o->R,
-                                      o->cfg.rms_norm_eps, o->cfg.rms_norm_eps, o->cfg.rope_style};
+                                      o->cfg.rms_norm_eps, o->cfg.rms_norm_eps, o->cfg.rope_style, o->tail};
         if (o->kv_fmt == MLAF_KV_PLAIN)
             st = mlaf_mla_kv_cache(o->ctx, &p, &v.latent, hasq ? &v.w_q : NULL, &v.w_kv,
                                    hasr ? &v.pos : NULL, hasr ? &v.cos_sin : NULL, &v.slots, &v.cache,
@@ -492,7 +502,7 @@ static int call_fused(void *arg, int set, char *err, size_t cap) {
         break;
     }
     case MLAF_OP_ROPE_Q: {
-        mlaf_rope_params p = {(int32_t)o->R, o->cfg.rope_style};
+        mlaf_rope_params p = {(int32_t)o->RP, o->cfg.rope_style, o->tail > 0, o->cfg.rms_norm_eps};
         st = mlaf_rope_q(o->ctx, &p, &v.qh, &v.pos, &v.cos_sin, NULL);
         break;
     }
@@ -522,7 +532,7 @@ static int call_unfused(void *arg, int set, char *err, size_t cap) {
     bench_op *o = (bench_op *)arg;
     views v;
     make_views(o, set, &v);
-    const int hasq = o->Q > 0, hasr = o->R > 0;
+    const int hasq = o->Q > 0, hasr = o->R > 0, haspos = o->RP > 0;
     const int cpu = o->be == MLAF_BACKEND_CPU;
     void *stream = NULL;
 #ifdef MLAF_WITH_CUDA
@@ -559,23 +569,27 @@ static int call_unfused(void *arg, int set, char *err, size_t cap) {
                     "unfused mla_kv_cache (split_qk_norm step)", err, cap))
             return -1;
         mlaf_mla_kv_cache_params p = {(int32_t)o->Q, (int32_t)o->C, (int32_t)o->R,
-                                      o->cfg.rms_norm_eps, o->cfg.rms_norm_eps, o->cfg.rope_style};
+                                      o->cfg.rms_norm_eps, o->cfg.rms_norm_eps, o->cfg.rope_style, o->tail};
         mlaf_kv_cache_job j;
         if (api_err(o, mlaf_check_mla_kv_cache(o->ctx, &p, &v.latent, hasq ? &v.w_q : NULL, &v.w_kv,
-                                               hasr ? &v.pos : NULL, hasr ? &v.cos_sin : NULL,
+                                               haspos ? &v.pos : NULL, haspos ? &v.cos_sin : NULL,
                                                &v.slots, &v.cd, hasq ? &v.q : NULL, NULL, NULL,
                                                NULL, &j),
                     "unfused mla_kv_cache", err, cap))
             return -1;
         if (j.norm.T == 0) return 0;
+        /* kv_rope_tail: RoPE on the dense k_nope's last columns, in place */
+        void *tail_x = (char *)v.kn_s.data + (size_t)(o->C - o->tail) * mlaf_dtype_size(o->dt);
         if (cpu) {
             if (hasr) r = blc_rope_rows(v.kp_s.data, o->dt, o->T, o->R, &j.rope, o->threads);
+            if (!r && o->tail > 0) r = blc_rope_rows(tail_x, o->dt, o->T, o->C, &j.rope, o->threads);
             if (!r) r = o->kv_fmt == MLAF_KV_PLAIN ? blc_cache_write(&j, v.kn_s.data, v.kp_s.data, o->threads)
                                                    : blc_cache_write_fp8(&j, v.kn_s.data, v.kp_s.data, o->threads);
         }
 #ifdef MLAF_WITH_CUDA
         else {
             if (hasr) r = blg_rope_rows(v.kp_s.data, o->dt, o->T, o->R, &j.rope, stream);
+            if (!r && o->tail > 0) r = blg_rope_rows(tail_x, o->dt, o->T, o->C, &j.rope, stream);
             if (!r) r = o->kv_fmt == MLAF_KV_PLAIN ? blg_cache_write(&j, v.kn_s.data, v.kp_s.data, stream)
                                                    : blg_cache_write_fp8(&j, v.kn_s.data, v.kp_s.data, stream);
         }
@@ -583,17 +597,21 @@ static int call_unfused(void *arg, int set, char *err, size_t cap) {
         return baseline_err(r, "mla_kv_cache", err, cap);
     }
     case MLAF_OP_ROPE_Q: {
-        mlaf_rope_params p = {(int32_t)o->R, o->cfg.rope_style};
+        mlaf_rope_params p = {(int32_t)o->RP, o->cfg.rope_style, o->tail > 0, o->cfg.rms_norm_eps};
         mlaf_rope_q_job j;
         if (api_err(o, mlaf_check_rope_q(o->ctx, &p, &v.qh, &v.pos, &v.cos_sin, NULL, &j),
                     "unfused rope_q", err, cap))
             return -1;
         if (j.T == 0) return 0;
-        if (cpu)
-            r = blc_rope_q(&j, P(o, S_GATHER, set), o->threads);
+        if (cpu) {
+            if (j.head_norm) r = blc_head_norm(&j, o->threads);
+            if (!r) r = blc_rope_q(&j, P(o, S_GATHER, set), o->threads);
+        }
 #ifdef MLAF_WITH_CUDA
-        else
-            r = blg_rope_q(&j, P(o, S_GATHER, set), stream);
+        else {
+            if (j.head_norm) r = blg_head_norm(&j, stream);
+            if (!r) r = blg_rope_q(&j, P(o, S_GATHER, set), stream);
+        }
 #endif
         return baseline_err(r, "rope_q", err, cap);
     }
@@ -865,6 +883,11 @@ static int check_baseline(bench_op *o, char *check, size_t ccap, char *err, size
                                                  (char *)b[i] + k * mlaf_dtype_size(o->dt),
                                                  mlaf_dtype_size(o->dt)) ? INFINITY : 0.0)
                                         : mlaf_err_units(got, ref, o->dt, fabs(ref));
+            /* head_norm: the chain rounds the normalized head before rotating (two roundings,
+             * the fused op one), so rotated values that cancel differ by an ulp of the head's
+             * O(1) values: units at magnitude 1 */
+            if (outs[i] == B_QH && o->tail > 0 && fabs(ref) < 1.0)
+                u = fabs(got - ref) / (o->dt == MLAF_BF16 ? 0x1p-7 : o->dt == MLAF_F16 ? 0x1p-10 : 1e-5);
             if (u > worst) worst = u;
             if (u > 2.0) nbad++;
         }
@@ -1089,8 +1112,8 @@ int cmd_bench(int argc, char **argv) {
         } else if ((r = cli_take_value(argc, argv, &i, "--cache", &v)) != 0) {
             if (r < 0) return CLI_EXIT_USAGE;
             int f = 0;
-            while (f < 3 && strcmp(v, mlaf_kv_format_name(bench_formats[f]))) f++;
-            if (f == 3) return cli_usage_error("bench", "--cache '%s': expected plain, fp8 or fp8_ds_mla", v);
+            while (f < 4 && strcmp(v, mlaf_kv_format_name(bench_formats[f]))) f++;
+            if (f == 4) return cli_usage_error("bench", "--cache '%s': expected plain, fp8, fp8_ds_mla or fp8_v4", v);
             co.show = 1;
             co.fmt = bench_formats[f];
         } else if ((r = cli_take_value(argc, argv, &i, "--tile-scale", &v)) != 0) {
@@ -1115,9 +1138,9 @@ int cmd_bench(int argc, char **argv) {
     }
     if (preset && config)
         return cli_usage_error("bench", "--preset and --config are exclusive (pick one model source)");
-    if (co.fmt == MLAF_KV_FP8_DS_MLA && dt != MLAF_BF16 && want_op[MLAF_OP_MLA_KV_CACHE])
-        return cli_usage_error("bench", "--cache fp8_ds_mla needs --dtype bf16 (its rope values are bf16; got %s)",
-                               mlaf_dtype_name(dt));
+    if ((co.fmt == MLAF_KV_FP8_DS_MLA || co.fmt == MLAF_KV_FP8_V4) && dt != MLAF_BF16 && want_op[MLAF_OP_MLA_KV_CACHE])
+        return cli_usage_error("bench", "--cache %s needs --dtype bf16 (its rope values are bf16; got %s)",
+                               mlaf_kv_format_name(co.fmt), mlaf_dtype_name(dt));
     if (co.show && !want_op[MLAF_OP_MLA_KV_CACHE])
         fprintf(stderr, "mlafuse bench: note: --cache applies to --op mla_kv_cache only; ignored\n");
     if (tile_set && co.fmt != MLAF_KV_FP8_DS_MLA)
@@ -1147,16 +1170,25 @@ int cmd_bench(int argc, char **argv) {
     if (reps == 0) reps = be == MLAF_BACKEND_CUDA ? 100 : 10;
 
     mlaf_model_config models[16];
+    int32_t tails[16] = {0}; /* kv_rope_tail of each model (DeepSeek-V4: 64) */
     int nmodels = 0;
     if (config) {
         if (cli_load_hf_config(config, &models[0]) != 0) return CLI_EXIT_FAIL;
+        tails[0] = models[0].kv_rope_tail;
         nmodels = 1;
     } else if (preset && !strcasecmp(preset, "all")) {
-        for (int i = 0; i < mlaf_preset_count() && i < 16; i++) models[nmodels++] = *mlaf_preset_at(i);
+        for (int i = 0; i < mlaf_preset_count() && i < 16; i++)
+            tails[nmodels] = mlaf_preset_at(i)->kv_rope_tail, models[nmodels++] = *mlaf_preset_at(i);
+    } else if (preset) {
+        (void)cli_find_model(preset, &models[0], &tails[0]); /* known: cli_check_preset */
+        nmodels = 1;
     } else {
-        models[nmodels++] = *(preset ? mlaf_preset_find(preset) : mlaf_preset_at(0));
+        models[nmodels++] = *mlaf_preset_at(0);
     }
-    if (sweep) nmodels = cli_sweep_models(&models[0], models, 16);
+    if (sweep) {
+        nmodels = cli_sweep_models(&models[0], models, 16);
+        memset(tails, 0, sizeof tails);
+    }
 
     mlaf_context *ctx = NULL;
     mlaf_status st = mlaf_context_create(&ctx, be);
@@ -1222,6 +1254,8 @@ int cmd_bench(int argc, char **argv) {
         else if (co.show && co.fmt == MLAF_KV_FP8_DS_MLA)
             printf("# cache: fp8_ds_mla (per token C e4m3 bytes + C/128 f32 tile scales (%s) + R bf16 rope values)\n",
                    tile_scale_names[co.tile_scale]);
+        else if (co.show && co.fmt == MLAF_KV_FP8_V4)
+            printf("# cache: fp8_v4 (DeepSeek-V4: planar pages of 576-B data rows [448 e4m3 | 64 bf16] and 8-B UE8M0 scale rows)\n");
         else if (co.show)
             printf("# cache: plain (%s, C + R values per token)\n", mlaf_dtype_name(dt));
         printf("# reproduce: mlafuse bench --backend %s --dtype %s --reps %lld", mlaf_backend_name(be),
@@ -1281,14 +1315,7 @@ int cmd_bench(int argc, char **argv) {
                     if (!json) print_row(r, co.show);
                     continue;
                 }
-                if (r->op != MLAF_OP_MOE_GATE && !mlaf_preset_attention_supported(&models[m])) {
-                    snprintf(r->check, sizeof r->check, "skipped");
-                    snprintf(r->error, sizeof r->error, "kv_rope_tail = %d is not in this op yet",
-                             models[m].kv_rope_tail);
-                    if (!json) print_row(r, co.show);
-                    continue;
-                }
-                if (r->op == MLAF_OP_ROPE_Q && models[m].qk_rope_head_dim <= 0) {
+                if (r->op == MLAF_OP_ROPE_Q && models[m].qk_rope_head_dim <= 0 && tails[m] <= 0) {
                     snprintf(r->check, sizeof r->check, "skipped");
                     snprintf(r->error, sizeof r->error, "qk_rope_head_dim = 0: nothing to rotate");
                     if (!json) print_row(r, co.show);
@@ -1300,6 +1327,7 @@ int cmd_bench(int argc, char **argv) {
                 o.be = be;
                 o.ctx = ctx;
                 o.cfg = models[m];
+                o.tail = tails[m];
                 o.dt = dt;
                 o.T = r->T;
                 o.threads = (int)(threads > 0 ? threads : 1);

@@ -11,6 +11,7 @@
 #include <strings.h>
 
 #include "cli.h"
+#include "ref/verify.h"
 
 int cli_usage_error(const char *cmd, const char *fmt, ...) {
     va_list ap;
@@ -151,8 +152,19 @@ int cli_parse_op_set(const char *opt, const char *text, int *want_op) {
     return 0;
 }
 
+int cli_find_model(const char *name, mlaf_model_config *cfg, int32_t *kv_rope_tail) {
+    const mlaf_model_config *p = mlaf_preset_find(name);
+    *kv_rope_tail = 0;
+    if (!p) return -1;
+    *cfg = *p;
+    *kv_rope_tail = p->kv_rope_tail;
+    return 0;
+}
+
 int cli_check_preset(const char *cmd, const char *text) {
-    if (strcasecmp(text, "all") && !mlaf_preset_find(text))
+    mlaf_model_config m;
+    int32_t tail;
+    if (strcasecmp(text, "all") && cli_find_model(text, &m, &tail))
         return cli_usage_error(cmd, "--preset = '%s' is not a preset (see mlafuse presets)", text);
     return 0;
 }

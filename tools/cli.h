@@ -38,6 +38,9 @@ int cli_parse_op_set(const char *opt, const char *text, int *want_op);
 /* "NAME" or "all" for --preset: 0 when valid, else prints a usage error for `cmd` and
  * returns CLI_EXIT_USAGE. */
 int cli_check_preset(const char *cmd, const char *text);
+/* The model --preset NAME names, and its kv_rope_tail (DeepSeek-V4: 64, else 0). Returns 0, or
+ * -1 for an unknown name. */
+int cli_find_model(const char *name, mlaf_model_config *cfg, int32_t *kv_rope_tail);
 
 /* Prints "mlafuse <cmd>: <message>\n" on stderr; returns CLI_EXIT_USAGE. */
 int cli_usage_error(const char *cmd, const char *fmt, ...)

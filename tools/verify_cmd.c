@@ -22,7 +22,7 @@
  *                  (",wide"), and presets with hash-routed layers (n_hash_layers > 0) the hash
  *                  router: contiguous | strided (i32 / i64 table and ids) with the score output |
  *                  bad rows of every kind. Their lines name the score and "hash".
- * The attention ops skip presets their kernels do not cover yet (mlaf_preset_attention_supported).
+ * A model with kv_rope_tail > 0 (DeepSeek-V4) gets its own attention cases (run_v4).
  */
 #define _POSIX_C_SOURCE 200809L /* strtok_r, strcasecmp */
 #include <stdio.h>
@@ -164,12 +164,6 @@ static void run_op(mlaf_context *ctx, mlaf_op op, const mlaf_model_config *cfg, 
     case MLAF_OP_MLA_KV_CACHE: vs = kv_v; nv = (int)(sizeof kv_v / sizeof kv_v[0]); break;
     case MLAF_OP_ROPE_Q: vs = rope_v; nv = (int)(sizeof rope_v / sizeof rope_v[0]); break;
     default: vs = moe_v; nv = (int)(sizeof moe_v / sizeof moe_v[0]); break;
-    }
-    if (op != MLAF_OP_MOE_GATE && !mlaf_preset_attention_supported(cfg)) {
-        printf("SKIP: %s for %s: kv_rope_tail = %d is not in this op yet\n", mlaf_op_name(op), cfg->name,
-               cfg->kv_rope_tail);
-        n->skipped++;
-        return;
     }
     if (op == MLAF_OP_ROPE_Q && cfg->qk_rope_head_dim <= 0) {
         printf("SKIP: rope_q for %s: qk_rope_head_dim = 0 (nothing to rotate)\n", cfg->name);
@@ -375,6 +369,66 @@ static void run_kv_formats(mlaf_context *ctx, unsigned mask, const mlaf_model_co
     }
 }
 
+/* DeepSeek-V4's attention cases (SPEC §11, §12) for a model with a kv_rope_tail, one dtype and
+ * T: split_qk_norm as any model (R = 0); mla_kv_cache with the tail into the plain cache (the
+ * latent dtype and f32), the roped in-place form, per-tensor fp8 and, for bf16, fp8_v4 (block
+ * sizes 1, 64 and 3, contiguous / strided, cache-only, slot_mapping shorter than T); rope_q with
+ * head_norm in place and into q_out of 128 heads. */
+static void run_v4(mlaf_context *ctx, mlaf_op op, const mlaf_model_config *cfg, int32_t tail, mlaf_dtype dt,
+                   int64_t T, uint64_t seed, counters *n) {
+    if (op == MLAF_OP_SPLIT_QK_NORM) {
+        run_op(ctx, op, cfg, dt, T, seed, 0, n);
+        return;
+    }
+    if (op == MLAF_OP_ROPE_Q) {
+        for (int k = 0; k < 2; k++) {
+            mlaf_verify_case c = mlaf_verify_case_default(cfg, dt, T, seed + 17u * (uint64_t)k);
+            c.kv_rope_tail = tail;
+            c.head_norm = 1;
+            c.q_out_heads = k ? 128 : 0;
+            c.strided = k;
+            run_case(ctx, op, cfg->name, &c, k ? "head_norm,q_out=128,strided" : "head_norm,in-place-heads", n);
+        }
+        return;
+    }
+    static const struct {
+        const char *label;
+        mlaf_kv_format fmt;
+        int cache_f32, in_place, strided, cache_only, short_map;
+        int64_t bs;
+    } v[] = {
+        {"cache=plain", MLAF_KV_PLAIN, 0, 0, 0, 0, 0, 64},
+        {"cache=plain,f32,strided", MLAF_KV_PLAIN, 1, 0, 1, 0, 1, 1},
+        {"cache=plain,in-place-roped", MLAF_KV_PLAIN, 0, 1, 1, 0, 0, 3},
+        {"cache=fp8,scale=fit300", MLAF_KV_FP8, 0, 0, 1, 1, 0, 64},
+        {"cache=fp8_v4", MLAF_KV_FP8_V4, 0, 0, 0, 0, 0, 64},
+        {"cache=fp8_v4,strided,short-map", MLAF_KV_FP8_V4, 0, 0, 1, 0, 1, 1},
+        {"cache=fp8_v4,in-place-roped", MLAF_KV_FP8_V4, 0, 1, 0, 0, 0, 3},
+        {"cache=fp8_v4,cache-only", MLAF_KV_FP8_V4, 0, 0, 1, 1, 0, 64},
+    };
+    for (size_t k = 0; k < sizeof v / sizeof v[0]; k++) {
+        if (v[k].fmt == MLAF_KV_FP8_V4 && dt != MLAF_BF16) continue; /* bf16 only: said once, below */
+        mlaf_verify_case c = mlaf_verify_case_default(cfg, dt, T, seed + 7919u * (uint64_t)k);
+        c.kv_rope_tail = tail;
+        c.kv_format = v[k].fmt;
+        c.cache_dtype = v[k].fmt == MLAF_KV_PLAIN ? (v[k].cache_f32 ? MLAF_F32 : dt) : MLAF_U8;
+        c.in_place = v[k].in_place;
+        c.strided = v[k].strided;
+        c.no_k_pe = v[k].cache_only ? 2 : 0;
+        c.map_short = v[k].short_map ? T / 3 : 0;
+        c.block_size = v[k].bs;
+        c.index_dtype = k % 2 ? MLAF_I32 : MLAF_I64;
+        char label[160];
+        snprintf(label, sizeof label, "kv_rope_tail=%d,%s,bs=%lld", (int)tail, v[k].label, (long long)v[k].bs);
+        run_case(ctx, op, cfg->name, &c, label, n);
+    }
+    if (dt != MLAF_BF16 && T == 0) {
+        printf("SKIP: mla_kv_cache cache=fp8_v4 for preset %s, dtype %s: fp8_v4 needs a bf16 latent\n", cfg->name,
+               mlaf_dtype_name(dt));
+        n->skipped++;
+    }
+}
+
 int cmd_verify(int argc, char **argv) {
     int want_backend[MLAF_BACKEND_COUNT_] = {1, 1};
     int backend_explicit = 0;
@@ -448,17 +502,23 @@ int cmd_verify(int argc, char **argv) {
 
     /* Models. */
     mlaf_model_config models[16];
+    int32_t tails[16] = {0}; /* kv_rope_tail of each model (DeepSeek-V4: 64) */
     int nmodels = 0;
     if (config) {
         if (cli_load_hf_config(config, &models[0]) != 0) return CLI_EXIT_FAIL;
+        tails[0] = models[0].kv_rope_tail;
         nmodels = 1;
     } else if (preset && strcasecmp(preset, "all")) {
-        models[nmodels++] = *mlaf_preset_find(preset);
+        (void)cli_find_model(preset, &models[0], &tails[0]); /* known: cli_check_preset */
+        nmodels = 1;
     } else {
         for (int i = 0; i < mlaf_preset_count() && nmodels < 16; i++)
-            models[nmodels++] = *mlaf_preset_at(i);
+            tails[nmodels] = mlaf_preset_at(i)->kv_rope_tail, models[nmodels++] = *mlaf_preset_at(i);
     }
-    if (sweep) nmodels = cli_sweep_models(&models[0], models, 16);
+    if (sweep) {
+        nmodels = cli_sweep_models(&models[0], models, 16);
+        memset(tails, 0, sizeof tails);
+    }
     int with_extras = !sweep && !config && !(preset && strcasecmp(preset, "all"));
 
     printf("# mlafuse verify: worst error in ulp of the output dtype (f16 / bf16) or u = 1e-5 "
@@ -491,16 +551,30 @@ int cmd_verify(int argc, char **argv) {
                 n.skipped++;
                 continue;
             }
+            /* models whose kv carries the rope (DeepSeek-V4): their own attention cases (run_v4);
+             * the loops below skip them for the attention ops and route them as any model */
+            int plain = 0;
+            for (int m = 0; m < nmodels; m++) {
+                if (tails[m] <= 0 || op == MLAF_OP_MOE_GATE) {
+                    plain++;
+                    continue;
+                }
+                for (int d = 0; d < ndt; d++)
+                    for (int t = 0; t < ntok; t++)
+                        run_v4(ctx, op, &models[m], tails[m], dts[d], tokens[t],
+                               (uint64_t)seed * 1000003u + (uint64_t)t * 131u + (uint64_t)d * 17u + 0x7a11u, &n);
+            }
+            if (!plain) continue;
             if (op == MLAF_OP_MLA_KV_CACHE && cache_mask) {
                 for (int m = 0; m < nmodels; m++)
-                    for (int d = 0; d < ndt; d++)
+                    for (int d = 0; d < ndt && tails[m] <= 0; d++)
                         run_kv_formats(ctx, (unsigned)cache_mask, &models[m], dts[d],
                                        tokens_given ? tokens : cache_tokens, tokens_given ? ntok : 6,
                                        (uint64_t)seed * 1000003u + (uint64_t)d * 17u + (uint64_t)m * 7u + 0x5eedu, &n);
                 continue;
             }
             for (int m = 0; m < nmodels; m++)
-                for (int d = 0; d < ndt; d++)
+                for (int d = 0; d < ndt && (tails[m] <= 0 || op == MLAF_OP_MOE_GATE); d++)
                     for (int t = 0; t < ntok; t++)
                         run_op(ctx, op, &models[m], dts[d], tokens[t],
                                (uint64_t)seed * 1000003u + (uint64_t)t * 131u + (uint64_t)d * 17u +

@@ -60,6 +60,7 @@ struct Api {
     decltype(&mlaf_split_qk_norm) split_qk_norm;
     decltype(&mlaf_mla_kv_cache_fmt) mla_kv_cache_fmt;
     decltype(&mlaf_rope_q) rope_q;
+    decltype(&mlaf_rope_q_out) rope_q_out;
     decltype(&mlaf_moe_gate) moe_gate;
     decltype(&mlaf_moe_gate_hash) moe_gate_hash;
 };
@@ -325,6 +326,7 @@ struct KvFormat {
     std::optional<at::Tensor> amax_out;
     int64_t tile_scale = MLAF_TILE_AMAX;
     std::optional<at::Tensor> kpe;
+    int64_t kv_rope_tail = 0;  // SPEC §11: the rope tail inside the kv part (R = 0 then)
 };
 
 // An enum argument as the int the library takes; a value outside int32 is refused here (it
@@ -353,7 +355,8 @@ void kv_out_impl(const at::Tensor &latent, const std::optional<at::Tensor> &w_q,
         verr(error_count, "error_count", d, true), vscale(f.scale, "scale", d, false),
         vamax(f.amax_out, "amax_out", d, true), vkpe(f.kpe, "kpe_cache", d, true);
     const mlaf_mla_kv_cache_params p = {(int32_t)Q,    (int32_t)C,      (int32_t)R,
-                                        (float)eps_q,  (float)eps_kv,   (mlaf_rope_style)style};
+                                        (float)eps_q,  (float)eps_kv,   (mlaf_rope_style)style,
+                                        enum_arg(f.kv_rope_tail, "kv_rope_tail")};
     mlaf_kv_cache_desc desc;
     std::memset(&desc, 0, sizeof desc);
     desc.format = (mlaf_kv_format)enum_arg(f.format, "cache_format");
@@ -369,8 +372,9 @@ void kv_out_impl(const at::Tensor &latent, const std::optional<at::Tensor> &w_q,
 
 KvFormat kv_format(int64_t cache_format, const std::optional<at::Tensor> &scale, int64_t fp8_conv,
                    const std::optional<at::Tensor> &amax_out, int64_t tile_scale,
-                   const std::optional<at::Tensor> &kpe_cache) {
+                   const std::optional<at::Tensor> &kpe_cache, int64_t kv_rope_tail) {
     KvFormat f;
+    f.kv_rope_tail = kv_rope_tail;
     f.format = cache_format;
     f.scale = scale;
     f.conv = fp8_conv;
@@ -388,7 +392,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> mla_kv_cache(
     double eps_q, double eps_kv, int64_t style, bool return_k_nope, bool return_k_pe,
     int64_t cache_format, const std::optional<at::Tensor> &scale, int64_t fp8_conv,
     const std::optional<at::Tensor> &amax_out, int64_t tile_scale,
-    const std::optional<at::Tensor> &kpe_cache) {
+    const std::optional<at::Tensor> &kpe_cache, int64_t kv_rope_tail) {
     const int64_t T = rows_of(latent);
     at::Tensor q = alloc(latent, T, nonneg(Q)), k = alloc(latent, T, return_k_nope ? nonneg(C) : 0),
                pe = alloc(latent, T, return_k_pe ? nonneg(R) : 0);
@@ -396,7 +400,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> mla_kv_cache(
                 Q > 0 ? std::optional<at::Tensor>(q) : std::nullopt,
                 return_k_nope ? std::optional<at::Tensor>(k) : std::nullopt,
                 return_k_pe ? std::optional<at::Tensor>(pe) : std::nullopt, Q, C, R, eps_q,
-                eps_kv, style, kv_format(cache_format, scale, fp8_conv, amax_out, tile_scale, kpe_cache));
+                eps_kv, style, kv_format(cache_format, scale, fp8_conv, amax_out, tile_scale, kpe_cache, kv_rope_tail));
     return {q, k, pe};
 }
 
@@ -409,22 +413,27 @@ void mla_kv_cache_out(const at::Tensor &latent, const std::optional<at::Tensor> 
                       double eps_q, double eps_kv, int64_t style, int64_t cache_format,
                       const std::optional<at::Tensor> &scale, int64_t fp8_conv,
                       const std::optional<at::Tensor> &amax_out, int64_t tile_scale,
-                      const std::optional<at::Tensor> &kpe_cache) {
+                      const std::optional<at::Tensor> &kpe_cache, int64_t kv_rope_tail) {
     kv_out_impl(latent, w_q, w_kv, positions, cos_sin, slot_mapping, kv_cache, error_count, q,
                 k_nope, k_pe, Q, C, R, eps_q, eps_kv, style,
-                kv_format(cache_format, scale, fp8_conv, amax_out, tile_scale, kpe_cache));
+                kv_format(cache_format, scale, fp8_conv, amax_out, tile_scale, kpe_cache, kv_rope_tail));
 }
 
 // ---- rope_q ------------------------------------------------------------------------------
+// head_norm (SPEC §11): the weightless per-head RMSNorm first (head_norm_eps 0: 1e-6); q_out:
+// the result out of place into [T, Hpad, D], heads past q's as zeros (mlaf_rope_q_out).
 void rope_q(const at::Tensor &q, const at::Tensor &positions, const at::Tensor &cos_sin,
-            int64_t R, int64_t style, const std::optional<at::Tensor> &error_count) {
+            int64_t R, int64_t style, const std::optional<at::Tensor> &error_count, bool head_norm,
+            double head_norm_eps, const std::optional<at::Tensor> &q_out) {
     need_api();
     const c10::Device d = q.device();
     mlaf_context *ctx = context_for(d);
-    View vq(q, "q", d, true), vpos(positions, "positions", d, false),
-        vcs(cos_sin, "cos_sin", d, false), verr(error_count, "error_count", d, true);
-    const mlaf_rope_params p = {(int32_t)R, (mlaf_rope_style)style};
-    check(ctx, api.rope_q(ctx, &p, vq.p, vpos.p, vcs.p, verr.p));
+    View vq(q, "q", d, !q_out.has_value()), vpos(positions, "positions", d, false),
+        vcs(cos_sin, "cos_sin", d, false), verr(error_count, "error_count", d, true),
+        vout(q_out, "q_out", d, true);
+    const mlaf_rope_params p = {(int32_t)R, (mlaf_rope_style)style, head_norm ? 1 : 0, (float)head_norm_eps};
+    if (q_out.has_value()) check(ctx, api.rope_q_out(ctx, &p, vq.p, vpos.p, vcs.p, vout.p, verr.p));
+    else check(ctx, api.rope_q(ctx, &p, vq.p, vpos.p, vcs.p, verr.p));
 }
 
 // ---- moe_gate ----------------------------------------------------------------------------
@@ -543,7 +552,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> moe_gate_hash(
 #define KV_P "int q_lora_rank, int kv_lora_rank, int rope_dim, float eps_q, float eps_kv, int style"
 #define KV_FMT(amax, kpe)                                                                    \
     "int cache_format=0, Tensor? scale=None, int fp8_conv=0, Tensor(" amax "!)? "            \
-    "amax_out=None, int tile_scale=0, Tensor(" kpe "!)? kpe_cache=None"
+    "amax_out=None, int tile_scale=0, Tensor(" kpe "!)? kpe_cache=None, int kv_rope_tail=0"
 #define GATE_P                                                                               \
     "int top_k, int n_group, int topk_group, int score_func, int group_score, "              \
     "bool renormalize, float routed_scaling_factor, bool apply_routed_scaling, "             \
@@ -565,7 +574,8 @@ TORCH_LIBRARY(mlafuse, m) {
     m.def("mla_kv_cache_out(" KV_IN ", Tensor(c!)? q, Tensor(d!)? k_nope, Tensor(e!)? k_pe, " KV_P
           ", " KV_FMT("f", "g") ") -> ()");
     m.def("rope_q(Tensor(a!) q, Tensor positions, Tensor cos_sin, int rope_dim, int style, "
-          "Tensor(b!)? error_count=None) -> ()");
+          "Tensor(b!)? error_count=None, bool head_norm=False, float head_norm_eps=0.0, "
+          "Tensor(c!)? q_out=None) -> ()");
     m.def("moe_gate(Tensor logits, Tensor? bias, " GATE_P ", bool return_scores=False, "
           "ScalarType? weights_dtype=None) -> (Tensor, Tensor, Tensor)");
     m.def("moe_gate_out(Tensor logits, Tensor? bias, Tensor(a!) weights, Tensor(b!) ids, "
@@ -625,6 +635,7 @@ MLAFUSE_TORCH_EXPORT int mlafuse_torch_init(const char *path, char *err, size_t 
     MLAF_SYM(split_qk_norm, mlaf_split_qk_norm)
     MLAF_SYM(mla_kv_cache_fmt, mlaf_mla_kv_cache_fmt)
     MLAF_SYM(rope_q, mlaf_rope_q)
+    MLAF_SYM(rope_q_out, mlaf_rope_q_out)
     MLAF_SYM(moe_gate, mlaf_moe_gate)
     MLAF_SYM(moe_gate_hash, mlaf_moe_gate_hash)
 #undef MLAF_SYM

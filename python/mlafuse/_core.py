@@ -189,10 +189,11 @@ def _enum_arg(v, name: str) -> int:
 def run_mla_kv_cache(ctx, Q, C, R, eps_q, eps_kv, style, latent, w_q, w_kv, positions,
                      cos_sin, slot_mapping, kv_cache, q, k_nope, k_pe, error_count,
                      cache_format=L.KV_PLAIN, scale=None, fp8_conv=L.FP8_DIV, amax_out=None,
-                     tile_scale=L.TILE_AMAX, kpe_cache=None):
+                     tile_scale=L.TILE_AMAX, kpe_cache=None, kv_rope_tail=0):
     """mlaf_mla_kv_cache_fmt with the cache described by its parts (format PLAIN, no kpe:
     exactly mlaf_mla_kv_cache)."""
-    p = L.MlaKvCacheParams(int(Q), int(C), int(R), float(eps_q), float(eps_kv), int(style))
+    p = L.MlaKvCacheParams(int(Q), int(C), int(R), float(eps_q), float(eps_kv), int(style),
+                           _enum_arg(kv_rope_tail, "kv_rope_tail"))
     d = L.KvCacheDesc()
     d.format = _enum_arg(cache_format, "cache_format")
     d.conv = _enum_arg(fp8_conv, "fp8_conv")
@@ -208,10 +209,16 @@ def run_mla_kv_cache(ctx, Q, C, R, eps_q, eps_kv, style, latent, w_q, w_kv, posi
                                       byref(k_nope), byref(k_pe), byref(error_count)))
 
 
-def run_rope_q(ctx, R, style, q, positions, cos_sin, error_count):
-    p = L.RopeParams(int(R), int(style))
-    ctx.check(L.mlaf_rope_q(ctx.ptr, ctypes.byref(p), byref(q), byref(positions),
-                            byref(cos_sin), byref(error_count)))
+def run_rope_q(ctx, R, style, q, positions, cos_sin, error_count, head_norm=False,
+               head_norm_eps=0.0, q_out=None):
+    """mlaf_rope_q, or mlaf_rope_q_out when q_out is given (SPEC §11)."""
+    p = L.RopeParams(int(R), int(style), 1 if head_norm else 0, float(head_norm_eps))
+    if q_out is None:
+        ctx.check(L.mlaf_rope_q(ctx.ptr, ctypes.byref(p), byref(q), byref(positions),
+                                byref(cos_sin), byref(error_count)))
+    else:
+        ctx.check(L.mlaf_rope_q_out(ctx.ptr, ctypes.byref(p), byref(q), byref(positions),
+                                    byref(cos_sin), byref(q_out), byref(error_count)))
 
 
 def run_moe_gate(ctx, params, logits, bias, weights, ids, scores):

@@ -17,7 +17,7 @@ OP_SPLIT_QK_NORM, OP_MLA_KV_CACHE, OP_ROPE_Q, OP_MOE_GATE = 0, 1, 2, 3
 SCORE_SIGMOID, SCORE_SOFTMAX, SCORE_SQRT_SOFTPLUS = 0, 1, 2
 GROUP_TOP2_SUM, GROUP_MAX = 0, 1
 ROPE_INTERLEAVED, ROPE_NEOX = 0, 1
-KV_PLAIN, KV_FP8, KV_FP8_DS_MLA = 0, 1, 2       # mlaf_kv_format
+KV_PLAIN, KV_FP8, KV_FP8_DS_MLA, KV_FP8_V4 = 0, 1, 2, 3  # mlaf_kv_format
 FP8_DIV, FP8_MUL = 0, 1                         # mlaf_fp8_conv
 TILE_AMAX, TILE_UE8M0, TILE_UE8M0_FLOOR_SCALED = 0, 1, 2  # mlaf_tile_scale
 MAX_DIMS = 4
@@ -86,11 +86,13 @@ class SplitQkNormParams(ctypes.Structure):
         ("rope_dim", ctypes.c_int32),
         ("eps_q", ctypes.c_float),
         ("eps_kv", ctypes.c_float),
+        ("kv_rope_tail", ctypes.c_int32),
     ]
 
 
 class RopeParams(ctypes.Structure):
-    _fields_ = [("rope_dim", ctypes.c_int32), ("style", ctypes.c_int)]
+    _fields_ = [("rope_dim", ctypes.c_int32), ("style", ctypes.c_int), ("head_norm", ctypes.c_int32),
+                ("head_norm_eps", ctypes.c_float)]
 
 
 class RopeScaling(ctypes.Structure):
@@ -114,6 +116,7 @@ class MlaKvCacheParams(ctypes.Structure):
         ("eps_q", ctypes.c_float),
         ("eps_kv", ctypes.c_float),
         ("style", ctypes.c_int),
+        ("kv_rope_tail", ctypes.c_int32),
     ]
 
 
@@ -255,6 +258,7 @@ mlaf_kv_format_name = _proto("mlaf_kv_format_name", ctypes.c_char_p, ctypes.c_in
 mlaf_kv_record_bytes = _proto("mlaf_kv_record_bytes", ctypes.c_int64, ctypes.c_int, ctypes.c_int,
                               ctypes.c_int32, ctypes.c_int32)
 mlaf_rope_q = _proto("mlaf_rope_q", ctypes.c_int, _ctx_p, _P(RopeParams), _T, _T, _T, _T)
+mlaf_rope_q_out = _proto("mlaf_rope_q_out", ctypes.c_int, _ctx_p, _P(RopeParams), _T, _T, _T, _T, _T)
 mlaf_moe_gate = _proto("mlaf_moe_gate", ctypes.c_int, _ctx_p, _P(MoeGateParams),
                        _T, _T, _T, _T, _T)
 mlaf_moe_gate_hash = _proto("mlaf_moe_gate_hash", ctypes.c_int, _ctx_p, _P(MoeGateParams),

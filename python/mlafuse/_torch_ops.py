@@ -175,13 +175,13 @@ _register("split_qk_norm_inplace(Tensor(a!) latent, Tensor? w_q, Tensor w_kv, "
 
 # ---- mla_kv_cache --------------------------------------------------------------------------
 # The cache-format arguments (SPEC §9) come last, with defaults that make the plain call:
-# cache_format 0 plain / 1 fp8 / 2 fp8_ds_mla; scale [1] f32 (fp8; read on the device by the
+# cache_format 0 plain / 1 fp8 / 2 fp8_ds_mla / 3 fp8_v4; scale [1] f32 (fp8; read on the device by the
 # kernel); fp8_conv 0 x / scale, 1 x * scale; amax_out [1] f32 (fp8, optional, max-accumulated);
 # tile_scale 0 amax / 1 ue8m0 / 2 ue8m0_floor_scaled (fp8_ds_mla); kpe_cache the separate rope
 # array (plain and fp8).
 def _kv_out(latent, w_q, w_kv, positions, cos_sin, slot_mapping, kv_cache, error_count, q,
             k_nope, k_pe, Q, C, R, eps_q, eps_kv, style, cache_format=0, scale=None, fp8_conv=0,
-            amax_out=None, tile_scale=0, kpe_cache=None):
+            amax_out=None, tile_scale=0, kpe_cache=None, kv_rope_tail=0):
     d = latent.device
     _core.run_mla_kv_cache(
         _context(d), Q, C, R, eps_q, eps_kv, style, _view(latent, "latent", d),
@@ -190,7 +190,7 @@ def _kv_out(latent, w_q, w_kv, positions, cos_sin, slot_mapping, kv_cache, error
         _view(kv_cache, "kv_cache", d), _view(q, "q", d), _view(k_nope, "k_nope", d),
         _view(k_pe, "k_pe", d), _view(error_count, "error_count", d), cache_format,
         _view(scale, "scale", d), fp8_conv, _view(amax_out, "amax_out", d), tile_scale,
-        _view(kpe_cache, "kpe_cache", d))
+        _view(kpe_cache, "kpe_cache", d), kv_rope_tail)
 
 
 def _kv_alloc(latent, Q, C, R, return_k_nope, return_k_pe):
@@ -202,18 +202,18 @@ def _kv_alloc(latent, Q, C, R, return_k_nope, return_k_pe):
 
 def _kv_impl(latent, w_q, w_kv, positions, cos_sin, slot_mapping, kv_cache, error_count, Q, C,
              R, eps_q, eps_kv, style, return_k_nope=False, return_k_pe=False, cache_format=0,
-             scale=None, fp8_conv=0, amax_out=None, tile_scale=0, kpe_cache=None):
+             scale=None, fp8_conv=0, amax_out=None, tile_scale=0, kpe_cache=None, kv_rope_tail=0):
     q, k_nope, k_pe = _kv_alloc(latent, Q, C, R, return_k_nope, return_k_pe)
     _kv_out(latent, w_q, w_kv, positions, cos_sin, slot_mapping, kv_cache, error_count,
             q if Q > 0 else None, k_nope if return_k_nope else None,
             k_pe if return_k_pe else None, Q, C, R, eps_q, eps_kv, style, cache_format, scale,
-            fp8_conv, amax_out, tile_scale, kpe_cache)
+            fp8_conv, amax_out, tile_scale, kpe_cache, kv_rope_tail)
     return q, k_nope, k_pe
 
 
 def _kv_fake(latent, w_q, w_kv, positions, cos_sin, slot_mapping, kv_cache, error_count, Q, C,
              R, eps_q, eps_kv, style, return_k_nope=False, return_k_pe=False, cache_format=0,
-             scale=None, fp8_conv=0, amax_out=None, tile_scale=0, kpe_cache=None):
+             scale=None, fp8_conv=0, amax_out=None, tile_scale=0, kpe_cache=None, kv_rope_tail=0):
     return _kv_alloc(latent, Q, C, R, return_k_nope, return_k_pe)
 
 
@@ -224,7 +224,8 @@ _KV_P = "int q_lora_rank, int kv_lora_rank, int rope_dim, float eps_q, float eps
 
 def _kv_fmt(amax, kpe):
     return (f"int cache_format=0, Tensor? scale=None, int fp8_conv=0, Tensor({amax}!)? "
-            f"amax_out=None, int tile_scale=0, Tensor({kpe}!)? kpe_cache=None")
+            f"amax_out=None, int tile_scale=0, Tensor({kpe}!)? kpe_cache=None, "
+            f"int kv_rope_tail=0")
 
 
 _register(f"mla_kv_cache({_KV_IN}, {_KV_P}, bool return_k_nope=False, "
@@ -235,14 +236,19 @@ _register(f"mla_kv_cache_out({_KV_IN}, Tensor(c!)? q, Tensor(d!)? k_nope, Tensor
 
 
 # ---- rope_q --------------------------------------------------------------------------------
-def _rope_q(q, positions, cos_sin, R, style, error_count=None):
+# head_norm (SPEC §11): DeepSeek-V4's weightless per-head RMSNorm first (head_norm_eps 0: 1e-6);
+# q_out [T, Hpad, D]: the result out of place, heads past q's written as zeros (q only read).
+def _rope_q(q, positions, cos_sin, R, style, error_count=None, head_norm=False,
+            head_norm_eps=0.0, q_out=None):
     d = q.device
     _core.run_rope_q(_context(d), R, style, _view(q, "q", d), _view(positions, "positions", d),
-                     _view(cos_sin, "cos_sin", d), _view(error_count, "error_count", d))
+                     _view(cos_sin, "cos_sin", d), _view(error_count, "error_count", d),
+                     head_norm, head_norm_eps, _view(q_out, "q_out", d))
 
 
 _register("rope_q(Tensor(a!) q, Tensor positions, Tensor cos_sin, int rope_dim, int style, "
-          "Tensor(b!)? error_count=None) -> ()", _rope_q, _nothing)
+          "Tensor(b!)? error_count=None, bool head_norm=False, float head_norm_eps=0.0, "
+          "Tensor(c!)? q_out=None) -> ()", _rope_q, _nothing)
 
 
 # ---- moe_gate ------------------------------------------------------------------------------

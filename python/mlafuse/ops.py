@@ -417,12 +417,11 @@ def split_qk_norm(latent, w_q, w_kv, *, eps_q: float = 1e-5, eps_kv: float = 1e-
 # Cache formats by name (SPEC §9; vLLM's kv_cache_dtype names): "auto" / "plain" is the
 # bf16 / f16 / f32 cache, "fp8" and "fp8_e4m3" the same per-tensor e4m3 format.
 _KV_FORMATS = {"auto": L.KV_PLAIN, "plain": L.KV_PLAIN, "fp8": L.KV_FP8, "fp8_e4m3": L.KV_FP8,
-               "fp8_ds_mla": L.KV_FP8_DS_MLA}
+               "fp8_ds_mla": L.KV_FP8_DS_MLA, "fp8_v4": L.KV_FP8_V4}
 # Formats engines name that this version does not write: rejected with their name.
 _KV_FORMATS_NOT_SUPPORTED = {
     "fp8_e5m2": "e5m2 bytes",
     "nvfp4_ds_mla": "the 352-byte nvfp4 record",
-    "fp8_v4": "DeepSeek-V4's 584-byte record",
 }
 _TILE_SCALES = {"amax": L.TILE_AMAX, "ue8m0": L.TILE_UE8M0,
                 "ue8m0_floor_scaled": L.TILE_UE8M0_FLOOR_SCALED}
@@ -497,7 +496,7 @@ def mla_kv_cache(latent, w_q, w_kv, positions, cos_sin, slot_mapping, kv_cache, 
                  rope_dim: int | None = None, q=None, k_nope=None, k_pe=None,
                  return_k_nope: bool = False, return_k_pe: bool = False, error_count=None,
                  cache_format="auto", k_scale=None, quant_scale=None, amax_out=None,
-                 tile_scale=None, kpe_cache=None):
+                 tile_scale=None, kpe_cache=None, kv_rope_tail: int = 0):
     """split_qk_norm + RoPE on k_pe + paged KV-cache write, in one pass (SPEC §3), the cache in
     any of the formats of SPEC §9.
 
@@ -533,8 +532,22 @@ def mla_kv_cache(latent, w_q, w_kv, positions, cos_sin, slot_mapping, kv_cache, 
     x is the value stored densely (rounded to the latent dtype first); e4m3 rounds to nearest
     even and saturates to +-448, NaN gives 0x7F. ``kpe_cache`` [num_blocks, block_size, R]
     (auto and fp8), optional: the rope part in a separate array of kv_cache's dtype
-    (FlashInfer / TRT-LLM); kv_cache then holds C values. "fp8_e5m2", "nvfp4_ds_mla" and
-    "fp8_v4" raise MlafError (MLAF_ERR_UNSUPPORTED).
+    (FlashInfer / TRT-LLM); kv_cache then holds C values. "fp8_e5m2" and "nvfp4_ds_mla" raise
+    MlafError (MLAF_ERR_UNSUPPORTED).
+      "fp8_v4"      DeepSeek-V4's SM90 FlashMLA page (SPEC §11): kv_cache uint8 | float8_e4m3fn
+                    [num_blocks, block_size, 584] with stride(1) = 584 and stride(0) the page
+                    stride in bytes (>= block_size * 584, a multiple of 16; a contiguous
+                    [.., 64, 584] tensor is one). Planar: token o's data row [448 e4m3 | 64 bf16
+                    roped] at page + 576 o, its scale row [7 UE8M0 bytes | 0] at page +
+                    576 block_size + 8 o. bf16 latent, kv_lora_rank 512, rope_dim 0,
+                    kv_rope_tail 64.
+
+    kv_rope_tail  r > 0 (DeepSeek-V4; 0 for every other model): the latent is [Q | C] (R = 0)
+                  and the last r values of the normalized kv part, rounded to the latent dtype,
+                  are rotated (interleaved) with positions / cos_sin [max_pos, r] and rounded
+                  again; k_nope holds all C values and the cache record is k_nope (plain: C
+                  values). k_pe must not be asked for. In place: k_nope may be the latent's own
+                  kv columns (the row ends as [q_norm | rope-tailed kv_norm]).
 
     Returns ``(q, k_nope, k_pe)``: q [T, Q] = q_norm (None when Q = 0); k_nope [T, C] normalized
     and k_pe [T, R] roped, only when requested with return_k_nope / return_k_pe or given as
@@ -542,12 +555,15 @@ def mla_kv_cache(latent, w_q, w_kv, positions, cos_sin, slot_mapping, kv_cache, 
     """
     Q, C, R = _ranks(latent, w_q, w_kv, q_lora_rank, kv_lora_rank, rope_dim)
     style = _enum(style, _STYLES, "style")
+    tail = int(kv_rope_tail)
     if isinstance(latent, _TT):
         fmt = _kv_format_args(cache_format, k_scale, quant_scale, amax_out, tile_scale,
                               kpe_cache)
         if fmt is not None:
             _check_same_kind(True, k_scale=k_scale, quant_scale=quant_scale,
                              amax_out=amax_out, kpe_cache=kpe_cache)
+        if tail != 0:  # the op's last argument, after the format's
+            fmt = (*(fmt or (L.KV_PLAIN, None, L.FP8_DIV, None, L.TILE_AMAX, None)), tail)
         try:
             if q is None and k_nope is None and k_pe is None:
                 args = (latent, w_q, w_kv, positions, cos_sin, slot_mapping, kv_cache,
@@ -588,7 +604,9 @@ def mla_kv_cache(latent, w_q, w_kv, positions, cos_sin, slot_mapping, kv_cache, 
     if fmt is not None:
         f, scale, conv, amax, tile, kpe = fmt
         extra = (f, _np_in(scale, "scale"), conv, _np_out(amax, "amax_out"), tile,
-                 _np_out(kpe, "kpe_cache"))
+                 _np_out(kpe, "kpe_cache"), tail)
+    elif tail != 0:
+        extra = (L.KV_PLAIN, None, L.FP8_DIV, None, L.TILE_AMAX, None, tail)
     _core.run_mla_kv_cache(
         _core.context(L.BACKEND_CPU), Q, C, R, eps_q, eps_kv, style, _np_in(latent, "latent"),
         _np_in(w_q, "w_q"), _np_in(w_kv, "w_kv"), _np_in(positions, "positions"),
@@ -600,7 +618,7 @@ def mla_kv_cache(latent, w_q, w_kv, positions, cos_sin, slot_mapping, kv_cache, 
 
 # ---- rope_q --------------------------------------------------------------------------------
 def rope_q(q, positions, cos_sin, *, style="interleaved", rope_dim: int | None = None,
-           error_count=None):
+           error_count=None, head_norm: bool = False, head_norm_eps: float = 1e-6, q_out=None):
     """RoPE in place on the last R columns of every head of q (SPEC §3).
 
     q            [T, H, D]     f32 | f16 | bf16, strides (s0, s1, 1); D = nope + R.  MUTATED
@@ -610,21 +628,33 @@ def rope_q(q, positions, cos_sin, *, style="interleaved", rope_dim: int | None =
                  [0, max_pos) (that token is left unrotated)
 
     Bit-identical to what mla_kv_cache writes for the key at the same position. Returns q.
+
+    DeepSeek-V4's q (SPEC §11): ``head_norm=True`` first normalizes every head without weight
+    (rstd = 1 / sqrt(mean(x^2) + head_norm_eps) in fp32), rotates the last R values of the fp32
+    result and rounds once. ``q_out`` [T, Hpad, D] (Hpad >= H, q's dtype), optional, MUTATED:
+    the result goes there instead (q is only read) and heads H .. Hpad-1 are written as +0.0
+    (FlashMLA takes 64 or 128 heads); returns q_out. A token with a bad position writes nothing.
     """
     style = _enum(style, _STYLES, "style")
     R = int(rope_dim) if rope_dim is not None else _dim(cos_sin, 1)
+    hn, heps = bool(head_norm), float(head_norm_eps)
     if isinstance(q, _TT):
         try:
-            _op_rope(q, positions, cos_sin, R, style, error_count)
+            if hn or q_out is not None:
+                _op_rope(q, positions, cos_sin, R, style, error_count, hn, heps, q_out)
+            else:
+                _op_rope(q, positions, cos_sin, R, style, error_count)
         except RuntimeError as e:
             raise _torch_error(e, positions=positions, cos_sin=cos_sin,
-                               error_count=error_count) from None
-        return q
-    _check_same_kind(False, positions=positions, cos_sin=cos_sin, error_count=error_count)
-    _core.run_rope_q(_core.context(L.BACKEND_CPU), R, style, _np_out(q, "q"),
+                               error_count=error_count, q_out=q_out) from None
+        return q if q_out is None else q_out
+    _check_same_kind(False, positions=positions, cos_sin=cos_sin, error_count=error_count,
+                     q_out=q_out)
+    _core.run_rope_q(_core.context(L.BACKEND_CPU), R, style,
+                     _np_in(q, "q") if q_out is not None else _np_out(q, "q"),
                      _np_in(positions, "positions"), _np_in(cos_sin, "cos_sin"),
-                     _np_out(error_count, "error_count"))
-    return q
+                     _np_out(error_count, "error_count"), hn, heps, _np_out(q_out, "q_out"))
+    return q if q_out is None else q_out
 
 
 # ---- moe_gate ------------------------------------------------------------------------------

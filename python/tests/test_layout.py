@@ -17,9 +17,9 @@ EXPECTED = {
                           "rms_norm_eps": 128, "n_shared_experts": 132, "rope_style": 136,
                           "index_n_heads": 140, "index_rope_style": 152, "kv_rope_tail": 156,
                           "n_hash_layers": 160}),
-    L.SplitQkNormParams: (20, {"eps_q": 12, "eps_kv": 16}),
-    L.RopeParams: (8, {"style": 4}),
-    L.MlaKvCacheParams: (24, {"eps_kv": 16, "style": 20}),
+    L.SplitQkNormParams: (24, {"eps_q": 12, "eps_kv": 16, "kv_rope_tail": 20}),
+    L.RopeParams: (16, {"style": 4, "head_norm": 8, "head_norm_eps": 12}),
+    L.MlaKvCacheParams: (28, {"eps_kv": 16, "style": 20, "kv_rope_tail": 24}),
     L.MoeGateParams: (40, {"score_func": 12, "group_score": 16, "routed_scaling_factor": 24,
                            "eps": 32, "n_shared_experts": 36}),
     L.KvCacheDesc: (48, {"format": 0, "cache": 8, "kpe": 16, "scale": 24, "amax_out": 32,
@@ -78,16 +78,18 @@ def test_enums_and_names():
     for code, name in names.items():
         assert L.mlaf_dtype_name(code).decode() == name
     assert L.mlaf_dtype_size(L.U8) == 1 and L.mlaf_dtype_size(L.FP8_E4M3) == 1
-    assert (L.KV_PLAIN, L.KV_FP8, L.KV_FP8_DS_MLA) == (0, 1, 2)
+    assert (L.KV_PLAIN, L.KV_FP8, L.KV_FP8_DS_MLA, L.KV_FP8_V4) == (0, 1, 2, 3)
     assert (L.FP8_DIV, L.FP8_MUL) == (0, 1)
     assert (L.TILE_AMAX, L.TILE_UE8M0, L.TILE_UE8M0_FLOOR_SCALED) == (0, 1, 2)
     for code, name in ((L.KV_PLAIN, "plain"), (L.KV_FP8, "fp8"), (L.KV_FP8_DS_MLA, "fp8_ds_mla"),
-                       (3, "unknown"), (-1, "unknown")):
+                       (L.KV_FP8_V4, "fp8_v4"), (4, "unknown"), (-1, "unknown")):
         assert L.mlaf_kv_format_name(code).decode() == name
 
 
 def test_kv_record_bytes():
     rb = L.mlaf_kv_record_bytes
+    assert rb(L.KV_FP8_V4, L.U8, 512, 0) == 584 and rb(L.KV_FP8_V4, L.FP8_E4M3, 512, 0) == 584
+    assert rb(L.KV_FP8_V4, L.U8, 512, 64) == 0 and rb(L.KV_FP8_V4, L.BF16, 512, 0) == 0
     assert rb(L.KV_PLAIN, L.BF16, 512, 64) == 1152 and rb(L.KV_PLAIN, L.F32, 512, 64) == 2304
     assert rb(L.KV_FP8, L.U8, 512, 64) == 576 and rb(L.KV_FP8, L.FP8_E4M3, 512, 64) == 576
     assert rb(L.KV_FP8_DS_MLA, L.U8, 512, 64) == 656  # FlashMLA's sparse record

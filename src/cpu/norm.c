@@ -220,11 +220,32 @@ static wview weights_prepare(const void *w, mlaf_dtype wdt, int64_t n, float *sc
 /* pe parts up to this many values are roped by the path's kernel in one piece. */
 #define PE_MAX 2048
 
+/* kv_rope_tail (SPEC §11): the values v[a, b) of a chunk whose row offset is i0 that fall in the
+ * tail [n - tail, n): rounded to the latent dtype, then rotated in fp32 as interleaved pairs with
+ * the position's cos / sin row cs (pair i of the tail: cs[i], cs[tail / 2 + i]), separate
+ * products as the path kernels' rotation. The tail starts at an even offset and chunks at even
+ * ones, so no pair straddles a chunk. */
+static void tail_rope(float *v, int64_t i0, int64_t a, int64_t b, int64_t n, int32_t tail, mlaf_dtype dt,
+                      const float *cs) {
+    for (int64_t i = a; i < b; i++)
+        v[i] = dt == MLAF_BF16  ? mlaf_bf16_to_f32(mlaf_f32_to_bf16(v[i]))
+               : dt == MLAF_F16 ? mlaf_f16_to_f32(mlaf_f32_to_f16(v[i]))
+                                : v[i];
+    for (int64_t i = a; i < b; i += 2) {
+        const int64_t pr = (i0 + i - (n - tail)) / 2;
+        const float x0 = v[i], x1 = v[i + 1], c = cs[pr], s = cs[tail / 2 + pr];
+        const float p0 = x0 * c, p1 = x1 * s, p2 = x1 * c, p3 = x0 * s;
+        v[i] = p0 - p1, v[i + 1] = p2 + p3;
+    }
+}
+
 /* One norm part: (x * rstd) * w in fp32, chunk by chunk, to every writer. pf: the same part of
- * the row PREFETCH_ROWS ahead, or NULL. */
+ * the row PREFETCH_ROWS ahead, or NULL. tail > 0 (the kv part of mla_kv_cache with kv_rope_tail):
+ * the last `tail` values are rotated with cs (tail_rope) before the writers see them, and are
+ * not handed on at all when cs is NULL (the token is rejected). */
 static void norm_part(const mlaf_norm_kern *k, const void *x, mlaf_dtype dt, int64_t n, float rstd,
                       const wview *w, mlaf_row_part part, const mlaf_cpu_row *row, const mlaf_cpu_writer *wr,
-                      int nw, const char *pf) {
+                      int nw, const char *pf, int32_t tail, const float *cs) {
     float v[CHUNK], wb[CHUNK];
     const size_t xs = mlaf_dtype_size(dt);
     for (int64_t i0 = 0; i0 < n; i0 += CHUNK) {
@@ -234,6 +255,15 @@ static void norm_part(const mlaf_norm_kern *k, const void *x, mlaf_dtype dt, int
             for (int j = 0; j < m; j += BLK) load_block(w->raw, w->dt, i0 + j, m - j < BLK ? m - j : BLK, wb + j);
         k->scale((const char *)x + i0 * xs, dt, m, rstd, wf, v, MLAF_F32, NULL, MLAF_F32, 0,
                  pf ? pf + i0 * xs : NULL);
+        if (tail > 0 && i0 + m > n - tail) {
+            const int64_t a = i0 >= n - tail ? 0 : n - tail - i0; /* first tail value of the chunk */
+            if (a > 0)
+                for (int i = 0; i < nw; i++) wr[i].put(&wr[i], row, part, i0, a, v);
+            if (!cs) continue;
+            tail_rope(v, i0, a, m, n, tail, dt, cs);
+            for (int i = 0; i < nw; i++) wr[i].put(&wr[i], row, part, i0 + a, m - a, v + a);
+            continue;
+        }
         for (int i = 0; i < nw; i++) wr[i].put(&wr[i], row, part, i0, m, v);
     }
 }
@@ -294,7 +324,7 @@ static int64_t norm_rows(const mlaf_norm_kern *k, const mlaf_norm_job *j, const 
     wview wkv = weights_prepare(j->w_kv, j->w_kv_dt, j->C, scratch, &used);
     const size_t es = mlaf_dtype_size(j->dt);
     const int64_t cap = kv ? kv->num_blocks * kv->block_size : 0;
-    const int32_t Q = j->Q, C = j->C, R = j->R;
+    const int32_t Q = j->Q, C = j->C, R = j->R, tail = kv ? kv->kv_tail : 0;
     const int64_t row_bytes = ((int64_t)Q + C + R) * (int64_t)es;
     int64_t errors = 0;
     for (int64_t t = t0; t < t1; t++) {
@@ -310,7 +340,7 @@ static int64_t norm_rows(const mlaf_norm_kern *k, const mlaf_norm_job *j, const 
         const float *cs = NULL;
         if (kv) {
             row.slot = t < kv->n_map ? mlaf_load_index(kv->slots, kv->slot_dt, t) : -1;
-            if (R > 0) {
+            if (R > 0 || tail > 0) {
                 const int64_t pos = mlaf_load_index(kv->rope.positions, kv->rope.pos_dt, t);
                 if (pos < 0 || pos >= kv->rope.max_pos) row.ok = 0;
                 else cs = kv->rope.cos_sin + pos * kv->rope.cos_sin_stride;
@@ -318,8 +348,9 @@ static int64_t norm_rows(const mlaf_norm_kern *k, const mlaf_norm_job *j, const 
             if (row.slot >= cap) row.ok = 0;
             errors += !row.ok;
         }
-        if (Q > 0) norm_part(k, x, j->dt, Q, row.rstd_q, &wq, MLAF_PART_Q, &row, wr, nw, pf);
-        norm_part(k, xkv, j->dt, C, row.rstd_kv, &wkv, MLAF_PART_KV, &row, wr, nw, pf ? pf + (int64_t)Q * es : NULL);
+        if (Q > 0) norm_part(k, x, j->dt, Q, row.rstd_q, &wq, MLAF_PART_Q, &row, wr, nw, pf, 0, NULL);
+        norm_part(k, xkv, j->dt, C, row.rstd_kv, &wkv, MLAF_PART_KV, &row, wr, nw, pf ? pf + (int64_t)Q * es : NULL,
+                  tail, row.ok ? cs : NULL);
         if (R > 0 && !kv)
             for (int i = 0; i < nw; i++) wr[i].put(&wr[i], &row, MLAF_PART_PE, 0, R, NULL);
         else if (R > 0 && row.ok)
@@ -361,6 +392,7 @@ mlaf_status mlaf_cpu_mla_kv_cache(mlaf_context *ctx, const mlaf_kv_cache_job *jo
     const mlaf_cpu_writer wr[2] = {mlaf_cpu_writer_dense(k, &job->norm),
                                    job->format == MLAF_KV_FP8          ? mlaf_cpu_writer_fp8(k, job)
                                    : job->format == MLAF_KV_FP8_DS_MLA ? mlaf_cpu_writer_ds_mla(k, job)
+                                   : job->format == MLAF_KV_FP8_V4     ? mlaf_cpu_writer_v4(k, job)
                                                                        : mlaf_cpu_writer_paged(k, job)};
     int64_t errors = mlaf_cpu_norm_run(ctx, &job->norm, job, wr, 2);
     mlaf_error_count_add(job->error_count, errors);
@@ -404,8 +436,74 @@ static int64_t rope_q_heads(const mlaf_norm_kern *k, const mlaf_rope_q_job *j, i
     return errors;
 }
 
+/* The head_norm / q_out form (SPEC §11), items [i0, i1) of the flattened [T, Hpad] index: head
+ * h < H read from q, optionally RMS-normalized without weight (rstd in fp32), its last R values
+ * rotated in fp32 from the unrounded normalized values, all rounded once into q_out (or in place);
+ * heads h >= H of q_out zeroed. A token with a bad position writes nothing and is counted once
+ * (at its item h = 0). */
+static int64_t rope_q_heads_full(const mlaf_norm_kern *k, const mlaf_rope_q_job *j, int64_t i0, int64_t i1) {
+    const size_t es = mlaf_dtype_size(j->dt);
+    const mlaf_rope_job *r = &j->rope;
+    const int32_t D = j->D, R = r->R, h2 = R / 2;
+    int64_t errors = 0;
+    for (int64_t i = i0; i < i1; i++) {
+        const int64_t t = i / j->Hpad, h = i % j->Hpad;
+        const int64_t pos = mlaf_load_index(r->positions, r->pos_dt, t);
+        if (pos < 0 || pos >= r->max_pos) {
+            errors += h == 0;
+            continue;
+        }
+        char *out = j->q_out ? (char *)j->q_out + (t * j->o0 + h * j->o1) * (int64_t)es
+                             : (char *)j->q + (t * j->s0 + h * j->s1) * (int64_t)es;
+        if (h >= j->H) {
+            memset(out, 0, (size_t)D * es); /* +0.0 in every float dtype */
+            continue;
+        }
+        const char *x = (const char *)j->q + (t * j->s0 + h * j->s1) * (int64_t)es;
+        const float rstd = j->head_norm ? rstd_of(k->sumsq(x, j->dt, D), D, j->head_eps) : 1.0f;
+        const float *cs = r->cos_sin + pos * r->cos_sin_stride;
+        float f[BLK];
+        /* the rope part first: out may be x, and the nope part never touches these values */
+        for (int32_t p = 0; p < h2; p++) {
+            const int64_t a = D - R + (r->style == MLAF_ROPE_NEOX ? p : 2 * (int64_t)p);
+            const int64_t b = r->style == MLAF_ROPE_NEOX ? a + h2 : a + 1;
+            float x0 = mlaf_load_f32(x, j->dt, a), x1 = mlaf_load_f32(x, j->dt, b);
+            if (j->head_norm) x0 = x0 * rstd, x1 = x1 * rstd;
+            const float c = cs[p], s = cs[h2 + p];
+            const float p0 = x0 * c, p1 = x1 * s, p2 = x1 * c, p3 = x0 * s;
+            mlaf_store_f32(out, j->dt, a, p0 - p1);
+            mlaf_store_f32(out, j->dt, b, p2 + p3);
+        }
+        for (int64_t b0 = 0; b0 < D - R; b0 += BLK) {
+            const int m = D - R - b0 < BLK ? (int)(D - R - b0) : BLK;
+            load_block(x, j->dt, b0, m, f);
+            if (j->head_norm)
+                for (int q = 0; q < m; q++) f[q] = f[q] * rstd;
+            store_block(out, j->dt, b0, m, f);
+        }
+    }
+    return errors;
+}
+
 mlaf_status mlaf_cpu_rope_q(mlaf_context *ctx, const mlaf_rope_q_job *job) {
     const mlaf_norm_kern *k = kern_for(ctx);
+    if (job->head_norm || job->q_out) {
+        const int64_t n = job->T * job->Hpad;
+        const int nt = threads_for(ctx, n, n * job->D);
+        int64_t errors = 0;
+        if (nt == 1) {
+            errors = rope_q_heads_full(k, job, 0, n);
+        } else {
+#pragma omp parallel for num_threads(nt) schedule(static) reduction(+ : errors)
+            for (int c = 0; c < nt; c++) {
+                int64_t lo, hi;
+                chunk_range(n, c, nt, &lo, &hi);
+                errors += rope_q_heads_full(k, job, lo, hi);
+            }
+        }
+        mlaf_error_count_add(job->error_count, errors);
+        return MLAF_OK;
+    }
     int64_t n = job->T * job->H;
     int nt = threads_for(ctx, n, n * job->rope.R);
     int64_t errors = 0;

@@ -140,6 +140,42 @@ mlaf_cpu_writer mlaf_cpu_writer_ds_mla(const mlaf_norm_kern *k, const mlaf_kv_ca
     return w;
 }
 
+/* fp8_v4 (SPEC §11; C = 512, kv_rope_tail = 64, R = 0): the kv part arrives as its 448 NoPE
+ * values (one chunk, from offset 0) and then, for a token with a usable position, its 64 roped
+ * values. Page b of the cache holds block_size data rows of 576 B, then block_size scale rows of
+ * 8 B. */
+static void v4_put(const mlaf_cpu_writer *w, const mlaf_cpu_row *r, mlaf_row_part part, int64_t i0, int64_t n,
+                   const float *v) {
+    const mlaf_kv_cache_job *kv = (const mlaf_kv_cache_job *)w->state;
+    if (part != MLAF_PART_KV || !r->ok || r->slot < 0) return;
+    const int64_t b = r->slot / kv->block_size, o = r->slot % kv->block_size;
+    uint8_t *page = (uint8_t *)kv->cache + b * kv->cache_s0;
+    uint8_t *data = page + o * 576, *scales = page + kv->block_size * 576 + o * 8;
+    for (int64_t q0 = 0; q0 < n; q0 += 64) {
+        const int64_t i = i0 + q0;
+        if (i >= 448) { /* the roped tail, as bf16 */
+            const int64_t m = n - q0;
+            for (int64_t k = 0; k < m; k++) {
+                const uint16_t h = mlaf_f32_to_bf16(v[q0 + k]);
+                data[2 * (i + k) - 448] = (uint8_t)h, data[2 * (i + k) - 447] = (uint8_t)(h >> 8);
+            }
+            break;
+        }
+        float x[64];
+        rounded(v + q0, 64, MLAF_BF16, x);
+        const int e = mlaf_ue8m0_exponent(amax_of(x, 64, 0.0f));
+        const float mul = mlaf_exp2_neg_f32(e);
+        for (int k = 0; k < 64; k++) data[i + k] = mlaf_f32_to_e4m3(x[k] * mul);
+        scales[i / 64] = mlaf_ue8m0_byte(e);
+        if (i / 64 == 6) scales[7] = 0;
+    }
+}
+
+mlaf_cpu_writer mlaf_cpu_writer_v4(const mlaf_norm_kern *k, const mlaf_kv_cache_job *job) {
+    mlaf_cpu_writer w = {v4_put, NULL, k, job};
+    return w;
+}
+
 /* ---- rstd (diagnostic) ----------------------------------------------------------------- */
 static void rstd_put(const mlaf_cpu_writer *w, const mlaf_cpu_row *r, mlaf_row_part part, int64_t i0, int64_t n,
                      const float *v) {

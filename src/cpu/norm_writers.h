@@ -53,6 +53,10 @@ mlaf_cpu_writer mlaf_cpu_writer_paged(const mlaf_norm_kern *k, const mlaf_kv_cac
 mlaf_cpu_writer mlaf_cpu_writer_fp8(const mlaf_norm_kern *k, const mlaf_kv_cache_job *job);
 mlaf_cpu_writer mlaf_cpu_writer_ds_mla(const mlaf_norm_kern *k, const mlaf_kv_cache_job *job);
 
+/* fp8_v4 (SPEC §11): per page, data rows [448 e4m3 | 64 bf16 roped] of 576 B, then scale rows of
+ * 8 B (7 UE8M0 bytes and a zero). Needs the kv_rope_tail 64 of a 512-wide kv part. */
+mlaf_cpu_writer mlaf_cpu_writer_v4(const mlaf_norm_kern *k, const mlaf_kv_cache_job *job);
+
 /* Each row's two rstd values as f32 out[2 t], out[2 t + 1] (q, kv): a diagnostic writer, for tests. */
 mlaf_cpu_writer mlaf_cpu_writer_rstd(const mlaf_norm_kern *k, float *out);
 

@@ -2,7 +2,9 @@
  * mla_kv_cache.cu — CUDA entry of mla_kv_cache (SPEC §3): the row kernel (row_launch.cuh) with
  * the token decision and RoPE, and two writers: the dense outputs (q, optional k_nope and roped
  * k_pe) and the cache record at slot_mapping[t] in the call's format: plain [k_nope | rope(k_pe)]
- * (row_writers.cuh), per-tensor fp8 or fp8_ds_mla (row_writers_fp8.cuh).
+ * (row_writers.cuh), per-tensor fp8, fp8_ds_mla or fp8_v4 (row_writers_fp8.cuh). With kv_rope_tail
+ * (SPEC §11) the row kernel rotates the kv part's tail itself (row_core.cuh, mlaf_tail_vec), so
+ * every writer receives the finished values.
  */
 #include "row_launch.cuh"
 #include "row_writers_fp8.cuh"
@@ -23,6 +25,7 @@ static mlaf_row_args kv_args(const mlaf_kv_cache_job *job) {
     a.n_slots = job->num_blocks * job->block_size;
     a.block_size = job->block_size;
     a.err = job->error_count;
+    a.tail = job->kv_tail;
     return a;
 }
 
@@ -60,6 +63,14 @@ template <typename T> static cudaError_t kv_launch(const mlaf_context *ctx, cons
             mlaf_wr_ds_mla::params p;
             p.cache = job->cache, p.s0 = job->cache_s0, p.s1 = job->cache_s1, p.mode = (int32_t)job->tile_scale;
             return kv_go<T, mlaf_wr_ds_mla>(ctx, job, p, true); /* 16-byte aligned records (validation) */
+        }
+        return cudaErrorInvalidValue;
+    }
+    if (job->format == MLAF_KV_FP8_V4) {
+        if constexpr (std::is_same<T, __nv_bfloat16>::value) { /* validation: bf16, C 512, tail 64 */
+            mlaf_wr_v4::params p;
+            p.cache = job->cache, p.s0 = job->cache_s0;
+            return kv_go<T, mlaf_wr_v4>(ctx, job, p, true); /* 16-byte aligned pages (validation) */
         }
         return cudaErrorInvalidValue;
     }

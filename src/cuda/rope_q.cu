@@ -1,6 +1,7 @@
 /*
  * rope_q.cu — CUDA entry of rope_q (SPEC §3): RoPE in place on columns [D-R, D) of every head
- * of q viewed as [T, H, D] (strides s0, s1, 1).
+ * of q viewed as [T, H, D] (strides s0, s1, 1). The head_norm and q_out forms (SPEC §11) run
+ * rope_q_norm.cuh's kernel instead.
  *
  * Vector path (16-byte aligned heads, R a multiple of the vector width W; NeoX: R/2 a
  * multiple of W) — the one real models take:
@@ -27,6 +28,7 @@
  * nope columns never are). Offsets are 64-bit; per-block indices are 32-bit.
  */
 #include "row_math.cuh"
+#include "rope_q_norm.cuh"
 
 struct mlaf_rope_q_args {
     void *q;
@@ -231,6 +233,14 @@ static cudaError_t mlaf_rope_q_launch(const mlaf_rope_q_args &a, int sms, cudaSt
 }
 
 extern "C" mlaf_status mlaf_cuda_rope_q(mlaf_context *ctx, const mlaf_rope_q_job *job) {
+    if (job->head_norm || job->q_out) { /* SPEC §11: rope_q_norm.cuh */
+        if (job->T == 0 || job->Hpad == 0) return MLAF_OK;
+        mlaf_cuda_device_guard guard(ctx);
+        const cudaError_t e = mlaf_rope_qn_run(job, ctx->cuda_sm_count, (cudaStream_t)ctx->cuda_stream);
+        if (e != cudaSuccess)
+            return mlaf_fail(ctx, MLAF_ERR_DEVICE, "rope_q: kernel launch failed: %s", cudaGetErrorString(e));
+        return MLAF_OK;
+    }
     if (job->T == 0 || job->H == 0) return MLAF_OK;
     mlaf_cuda_device_guard guard(ctx);
     mlaf_rope_q_args a;

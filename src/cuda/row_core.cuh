@@ -47,6 +47,7 @@ struct mlaf_row_args {
     int32_t bs_shift; /* below 2^31 (mlaf_div_magic) */
     int32_t *err;
     int32_t slot;     /* bulk shape: bytes of a warp's row slot in shared memory */
+    int32_t tail;     /* kv_rope_tail (SPEC §11): kv values [C - tail, C) rotated; R == 0 then */
 };
 
 /* Per-part vector slots of a warp-per-row shape: lane l's slot s holds vector (s - first) * 32 + l
@@ -72,7 +73,7 @@ struct mlaf_token_idx {
 __device__ __forceinline__ mlaf_token_idx mlaf_token_load(const mlaf_row_args &a, int64_t t) {
     mlaf_token_idx ix;
     ix.slot = t < a.n_map ? mlaf_ld_index(a.slots, a.slot64, t) : -1;
-    ix.pos = a.R > 0 ? mlaf_ld_index(a.pos, a.pos64, t) : 0;
+    ix.pos = a.R > 0 || a.tail > 0 ? mlaf_ld_index(a.pos, a.pos64, t) : 0;
     return ix;
 }
 
@@ -96,7 +97,7 @@ __device__ __forceinline__ mlaf_token_info mlaf_token_decide(const mlaf_row_args
     mlaf_token_info ti;
     bool pos_ok = true;
     ti.cs = nullptr;
-    if (a.R > 0) {
+    if (a.R > 0 || a.tail > 0) {
         pos_ok = ix.pos >= 0 && ix.pos < a.max_pos;
         if (pos_ok) ti.cs = a.cos_sin + ix.pos * a.cs_stride;
     }
@@ -171,6 +172,61 @@ __device__ __forceinline__ void mlaf_rope_vec(const mlaf_row_args &a, const floa
             f[2 * k + 1] = mlaf_rope_x1(x0, x1, pc[k], ps[k]);
         }
     }
+}
+
+/* v rounded to T and back: the dense output's value of an fp32 result (generic hooks, kv_rope_tail). */
+template <typename T> __device__ __forceinline__ float mlaf_round_as(float v) {
+    if constexpr (sizeof(T) == 4) return v;
+    else if constexpr (std::is_same<T, __half>::value) return __half2float(__float2half_rn(v));
+    else return __bfloat162float(__float2bfloat16_rn(v));
+}
+
+/* kv_rope_tail: the cos / sin of kv vector j's W/2 pairs, loaded as soon as the position is
+ * known (so their latency overlaps the row's reductions, as mlaf_rope_cs_early does for the pe
+ * part); j = -1 when vector j is not in the tail or the token is rejected. */
+template <typename T> struct mlaf_tail_cs {
+    float c[mlaf_vec<T>::W / 2], s[mlaf_vec<T>::W / 2];
+    int j;
+};
+
+template <typename T>
+__device__ __forceinline__ mlaf_tail_cs<T> mlaf_tail_early(const mlaf_row_args &a, const float *cs, int j) {
+    constexpr int W = mlaf_vec<T>::W;
+    mlaf_tail_cs<T> e;
+    e.j = -1;
+    const int v0 = j * W - (a.C - a.tail);
+    if (a.tail == 0 || !cs || v0 < 0 || j * W >= a.C) return e;
+    e.j = j;
+#pragma unroll
+    for (int k = 0; k < W / 2; k++) e.c[k] = __ldg(cs + (v0 >> 1) + k), e.s[k] = __ldg(cs + (a.tail >> 1) + (v0 >> 1) + k);
+    return e;
+}
+
+/* kv_rope_tail (SPEC §11): kv vector j, normalized (f, fp32) and packed (o, rounded to T). When
+ * it lies in the tail [C - tail, C) (the launch keeps C - tail a multiple of W, so a vector is
+ * wholly in or out and holds whole interleaved pairs), its rounded values are rotated in fp32,
+ * pair p of the tail with cs[p], cs[tail / 2 + p] (the shared no-FMA rotation; taken from `pre`
+ * when it was loaded early for this vector), and packed again; cs NULL (a rejected token): left
+ * as is. Returns whether the vector is in the tail. */
+template <typename T>
+__device__ __forceinline__ bool mlaf_tail_vec(const mlaf_row_args &a, const float *cs, int j, float *f, uint4 &o,
+                                              const mlaf_tail_cs<T> &pre) {
+    constexpr int W = mlaf_vec<T>::W;
+    const int v0 = j * W - (a.C - a.tail);
+    if (a.tail == 0 || v0 < 0) return false;
+    if (!cs) return true;
+    mlaf_vec<T>::unpack(o, f);
+    const int h = a.tail >> 1;
+#pragma unroll
+    for (int k = 0; k < W / 2; k++) {
+        const int p = (v0 >> 1) + k;
+        const float c = pre.j == j ? pre.c[k] : __ldg(cs + p), s = pre.j == j ? pre.s[k] : __ldg(cs + h + p);
+        const float x0 = f[2 * k], x1 = f[2 * k + 1];
+        f[2 * k] = mlaf_rope_x0(x0, x1, c, s);
+        f[2 * k + 1] = mlaf_rope_x1(x0, x1, c, s);
+    }
+    o = mlaf_vec<T>::pack(f);
+    return true;
 }
 
 /* out = (x * r) * w per value, the weights vector (as stored: T or f32) at element i. */

@@ -78,6 +78,9 @@ __global__ void __launch_bounds__(1024) mlaf_row_block_kernel(const mlaf_row_arg
     float wv[W];
     if (ok) mlaf_ld_weights_vec<T>(isq ? a.w_q : a.w_kv, isq ? a.wq_f32 : a.wkv_f32, (int64_t)j * W, wv);
     const mlaf_token_info ti = ROPE ? mlaf_token_decide(a, ix, tid == 0) : mlaf_token_none();
+    mlaf_tail_cs<T> tcs;
+    tcs.j = -1;
+    if (ROPE && !isq && ok) tcs = mlaf_tail_early<T>(a, ti.cs, j);
 
     float f[W];
     mlaf_vec<T>::unpack(x, f);
@@ -94,9 +97,13 @@ __global__ void __launch_bounds__(1024) mlaf_row_block_kernel(const mlaf_row_arg
     const float r = isq ? rq : rkv;
 #pragma unroll
     for (int k = 0; k < W; k++) f[k] = __fmul_rn(__fmul_rn(f[k], r), ok ? wv[k] : 0.0f);
-    const uint4 o = mlaf_vec<T>::pack(f);
-    if (isq) w.q(j, ok, f, o);
-    else w.kv(j, ok, f, o);
+    uint4 o = mlaf_vec<T>::pack(f);
+    if (isq) {
+        w.q(j, ok, f, o);
+    } else { /* the tail rotated first (o is passed by value) */
+        const bool kok = ROPE && ok && mlaf_tail_vec<T>(a, ti.cs, j, f, o, tcs) ? ti.ok : ok;
+        w.kv(j, kok, f, o);
+    }
     w.finish(rq, rkv, tid == 0);
 }
 
@@ -146,6 +153,11 @@ __device__ __forceinline__ void mlaf_row_warp_body(const mlaf_row_args &a, const
     const mlaf_token_info ti = ROPE ? mlaf_token_decide(a, ix, lane == 0) : mlaf_token_none();
     float c0 = 0.0f, s0 = 0.0f;
     if (ROPE && NP > 0) mlaf_rope_cs_early(a, ti.cs, lane, c0, s0);
+    /* kv_rope_tail (layouts without a pe part): the cos / sin of the lane's vector in the last kv
+     * slot, where a tail of up to 32 vectors lies */
+    mlaf_tail_cs<T> tcs;
+    tcs.j = -1;
+    if (ROPE && NP == 0 && NC > 0) tcs = mlaf_tail_early<T>(a, ti.cs, (NC - 1) * 32 + lane);
     if constexpr (BULK) mlaf_bar_wait(bar, 0);
     auto vec = [&](int s) -> uint4 {
         if constexpr (BULK) return okof(s) ? srow[rowv(s)] : zero;
@@ -182,9 +194,13 @@ __device__ __forceinline__ void mlaf_row_warp_body(const mlaf_row_args &a, const
                 else mlaf_scale_vec<T>(f, isq ? rq : rkv, isq ? a.w_q : a.w_kv, isq ? a.wq_f32 : a.wkv_f32,
                                        (int64_t)j * W);
             }
-            const uint4 o = mlaf_vec<T>::pack(f);
-            if (isq) w.q(j, ok, f, o);
-            else w.kv(j, ok, f, o);
+            uint4 o = mlaf_vec<T>::pack(f);
+            if (isq) {
+                w.q(j, ok, f, o);
+            } else { /* the tail rotated first (o is passed by value) */
+                const bool kok = ROPE && ok && mlaf_tail_vec<T>(a, ti.cs, j, f, o, tcs) ? ti.ok : ok;
+                w.kv(j, kok, f, o);
+            }
         } else if constexpr (ROPE) {
             mlaf_rope_vec<T>(a, ti.cs, j, rv, x, f, c0, s0);
             w.pe(j, ok && ti.ok, f, mlaf_vec<T>::pack(f));
@@ -239,8 +255,21 @@ __global__ void __launch_bounds__(MLAF_ROW_WARPS * 32) mlaf_row_generic_kernel(c
     Wr w(wp, a, t, ti);
     for (int32_t i = lane; i < Q; i += 32)
         w.q1(i, __fmul_rn(__fmul_rn(mlaf_ld(L + i), rq), mlaf_ld_weight<T>(a.w_q, a.wq_f32, i)));
-    for (int32_t j = lane; j < C; j += 32)
+    const int32_t C0 = C - a.tail; /* kv_rope_tail: values [C0, C) rotated below */
+    for (int32_t j = lane; j < C0; j += 32)
         w.kv1(j, __fmul_rn(__fmul_rn(mlaf_ld(L + Q + j), rkv), mlaf_ld_weight<T>(a.w_kv, a.wkv_f32, j)));
+    if (ROPE && a.tail > 0 && ti.ok) { /* pair p by one lane: rounded to T, rotated, handed on in fp32 */
+        for (int32_t p = lane; p < a.tail / 2; p += 32) {
+            const int32_t i0 = C0 + 2 * p, i1 = i0 + 1, h = a.tail / 2;
+            const float x0 = mlaf_round_as<T>(__fmul_rn(__fmul_rn(mlaf_ld(L + Q + i0), rkv),
+                                                        mlaf_ld_weight<T>(a.w_kv, a.wkv_f32, i0)));
+            const float x1 = mlaf_round_as<T>(__fmul_rn(__fmul_rn(mlaf_ld(L + Q + i1), rkv),
+                                                        mlaf_ld_weight<T>(a.w_kv, a.wkv_f32, i1)));
+            const float c = __ldg(ti.cs + p), s = __ldg(ti.cs + h + p);
+            w.kv1(i0, mlaf_rope_x0(x0, x1, c, s));
+            w.kv1(i1, mlaf_rope_x1(x0, x1, c, s));
+        }
+    }
     const T *P = L + Q + C;
     if (!ROPE) {
         for (int32_t r = lane; r < R; r += 32) w.pe1(r, mlaf_ld(P + r), reinterpret_cast<const B *>(P)[r]);

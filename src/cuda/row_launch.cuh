@@ -32,7 +32,7 @@ static inline bool mlaf_aligned(const void *p, int64_t stride_bytes, int64_t a) 
 template <typename T> static bool mlaf_row_vec_ok(const mlaf_row_args &a, bool rope) {
     constexpr int W = mlaf_vec<T>::W;
     const int64_t es = sizeof(T);
-    if (a.Q % W || a.C % W || a.R % W || a.C == 0) return false;
+    if (a.Q % W || a.C % W || a.R % W || a.C == 0 || (a.C - a.tail) % W) return false;
     if (!mlaf_aligned(a.latent, a.ls * es, 16)) return false;
     if (a.Q > 0 && !mlaf_aligned(a.w_q, 0, 16)) return false;
     if (!mlaf_aligned(a.w_kv, 0, 16)) return false;

@@ -8,6 +8,11 @@
  *   mlaf_wr_ds_mla   the fp8_ds_mla record [C e4m3 | C/128 f32 tile scales | R bf16 rope]: a
  *                    tile of 128 values is 16 lanes' vectors (bf16), its amax a half-warp max;
  *                    lane 0 of the tile stores the scale.
+ *   mlaf_wr_v4       DeepSeek-V4's planar page (SPEC §11; C = 512 with the rope tail 64): data
+ *                    rows of 576 B [448 e4m3 | 64 bf16], then scale rows of 8 B [7 UE8M0 | 0]. A
+ *                    64-value block is 8 lanes' vectors, its amax an 8-lane max; each warp's 32 kv
+ *                    vectors hold 4 blocks, whose scale bytes go out as one 4-byte store by lane 0
+ *                    (the second warp's fourth byte is the zero: its lanes 24..31 hold the tail).
  *
  * Every value is the packed (latent-dtype-rounded) value the dense output stores, unpacked to
  * fp32; conversion by cvt.rn.satfinite.e4m3x2 (round to nearest even, saturating, NaN 0x7F:
@@ -24,13 +29,6 @@
 /* Two values to two e4m3 bytes (x in the low byte). */
 __device__ __forceinline__ uint32_t mlaf_e4m3x2(float x, float y) {
     return (uint32_t)__nv_cvt_float2_to_fp8x2(make_float2(x, y), __NV_SATFINITE, __NV_E4M3);
-}
-
-/* v rounded to T and back: the dense output's value of an fp32 result (generic hooks). */
-template <typename T> __device__ __forceinline__ float mlaf_round_as(float v) {
-    if constexpr (sizeof(T) == 4) return v;
-    else if constexpr (std::is_same<T, __half>::value) return __half2float(__float2half_rn(v));
-    else return __bfloat162float(__float2bfloat16_rn(v));
 }
 
 /* W e4m3 bytes of W values (W = 4 or 8) at an address aligned to W. */
@@ -104,13 +102,23 @@ template <typename T> struct mlaf_wr_fp8 : mlaf_wr_base {
     }
 };
 
+/* The UE8M0 exponent ceil_log2(max(amax, 1e-4) / 448) of a NaN-free amax (+inf: 128). */
+__device__ __forceinline__ int mlaf_ue8m0_exp_dev(float amax) {
+    const uint32_t u = __float_as_uint(__fdiv_rn(fmaxf(amax, 1e-4f), 448.0f));
+    return (u & 0x7fffffffu) == 0x7f800000u ? 128 : (int)((u >> 23) & 0xffu) - 127 + ((u & 0x7fffffu) != 0);
+}
+
 /* ---- fp8_ds_mla (bf16 latent) -------------------------------------------------------------- */
 /* The tile scale from a NaN-free amax, mode an mlaf_tile_scale (fp8.h's mlaf_tile_scale_of). */
 __device__ __forceinline__ float mlaf_tile_scale_dev(float amax, int mode) {
     if (mode == 0) return fmaxf(__fdiv_rn(amax, 448.0f), 1.17549435e-38f);
-    const float v = mode == 1 ? __fdiv_rn(fmaxf(amax, 1e-4f), 448.0f) : fmaxf(__fdiv_rn(amax, 448.0f), 1e-4f);
-    const uint32_t u = __float_as_uint(v);
-    const int e = (u & 0x7fffffffu) == 0x7f800000u ? 128 : (int)((u >> 23) & 0xffu) - 127 + ((u & 0x7fffffu) != 0);
+    int e;
+    if (mode == 1) {
+        e = mlaf_ue8m0_exp_dev(amax);
+    } else {
+        const uint32_t u = __float_as_uint(fmaxf(__fdiv_rn(amax, 448.0f), 1e-4f));
+        e = (u & 0x7fffffffu) == 0x7f800000u ? 128 : (int)((u >> 23) & 0xffu) - 127 + ((u & 0x7fffffu) != 0);
+    }
     return __uint_as_float((uint32_t)(e + 127) << 23);
 }
 
@@ -168,5 +176,75 @@ struct mlaf_wr_ds_mla : mlaf_wr_base {
     }
     __device__ __forceinline__ void pe1(int64_t i, float y, uint32_t) {
         if (row_) reinterpret_cast<__nv_bfloat16 *>(row_ + C_ + C_ / 32)[i] = __float2bfloat16_rn(y);
+    }
+};
+
+/* ---- fp8_v4 (bf16 latent, C = 512, kv_rope_tail 64) ---------------------------------------- */
+struct mlaf_wr_v4 : mlaf_wr_base {
+    struct params {
+        void *cache;
+        int64_t s0; /* page stride, bytes (a multiple of 16) */
+    };
+    uint8_t *data_, *scale_;
+    float hold_[2];
+    __device__ __forceinline__ mlaf_wr_v4(const params &p, const mlaf_row_args &a, int64_t,
+                                          const mlaf_token_info &ti) {
+        data_ = scale_ = nullptr;
+        if (!ti.cache) return;
+        uint8_t *page = static_cast<uint8_t *>(p.cache) + mlaf_token_row(a, ti.slot, p.s0, 0);
+        const int64_t o = mlaf_token_row(a, ti.slot, 0, 1);
+        data_ = page + o * 576;
+        scale_ = page + a.block_size * 576 + o * 8;
+    }
+    /* 2^-e, exact (e in [-22, 128]) */
+    static __device__ __forceinline__ float mul_of(int e) {
+        return __uint_as_float(e <= 126 ? (uint32_t)(127 - e) << 23 : 1u << (149 - e));
+    }
+    static __device__ __forceinline__ uint32_t byte_of(int e) { return (uint32_t)min(max(e + 127, 0), 255); }
+    /* kv vector j = 32 g + lane (8 values); every lane of the warp calls with the same g */
+    __device__ __forceinline__ void kv(int j, bool ok, const float *, uint4 v) {
+        float g[8];
+        mlaf_vec<__nv_bfloat16>::unpack(v, g);
+        const bool nope = ok && j < 56;
+        float m = 0.0f;
+#pragma unroll
+        for (int k = 0; k < 8; k++) m = fmaxf(m, nope ? fabsf(g[k]) : 0.0f);
+        m = mlaf_warp_max(m, 8);
+        const int e = mlaf_ue8m0_exp_dev(m);
+        const uint32_t sb = nope ? byte_of(e) : 0u;
+        uint32_t word = 0;
+#pragma unroll
+        for (int k = 0; k < 4; k++) word |= __shfl_sync(0xffffffffu, sb, 8 * k) << (8 * k);
+        if (!data_ || j >= 64) return;
+        if (nope) {
+            const float mul = mul_of(e);
+#pragma unroll
+            for (int k = 0; k < 8; k++) g[k] = __fmul_rn(g[k], mul);
+            mlaf_st_e4m3<8>(data_ + 8 * (int64_t)j, g);
+        } else if (ok) {
+            *reinterpret_cast<uint4 *>(data_ + 448 + 16 * (j - 56)) = v;
+        }
+        if ((j & 31) == 0) *reinterpret_cast<uint32_t *>(scale_ + (j >> 3)) = word;
+    }
+    /* generic shape: value i = 32 n + lane; n = 0 .. 13 in order for the NoPE values (block n / 2),
+     * then the tail values one by one */
+    __device__ __forceinline__ void kv1(int64_t i, float y) {
+        if (i >= 448) {
+            if (data_) reinterpret_cast<__nv_bfloat16 *>(data_ + 448)[i - 448] = __float2bfloat16_rn(y);
+            return;
+        }
+        const int n = (int)(i >> 5);
+        hold_[n & 1] = mlaf_round_as<__nv_bfloat16>(y);
+        if ((n & 1) == 0) return;
+        const float m = mlaf_warp_max(fmaxf(fabsf(hold_[0]), fabsf(hold_[1])), 32);
+        if (!data_) return;
+        const int e = mlaf_ue8m0_exp_dev(m);
+        const float mul = mul_of(e);
+        data_[i - 32] = (uint8_t)mlaf_e4m3x2(__fmul_rn(hold_[0], mul), 0.0f);
+        data_[i] = (uint8_t)mlaf_e4m3x2(__fmul_rn(hold_[1], mul), 0.0f);
+        if ((threadIdx.x & 31) == 0) {
+            scale_[n >> 1] = (uint8_t)byte_of(e);
+            if ((n >> 1) == 6) scale_[7] = 0;
+        }
     }
 };

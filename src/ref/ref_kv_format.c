@@ -9,6 +9,9 @@
  *   fp8_ds_mla  per 128-value tile: amax (NaN-ignoring max of |x|), its scale s by the tile
  *               mode, e4m3(x / s); then the tile scales as little-endian f32; then the rope
  *               values as bf16 bits
+ *   fp8_v4      per 64-value block of the 448 NoPE values: amax, e = ceil_log2(max(amax, 1e-4) / 448),
+ *               e4m3(x * 2^-e) (ldexpf: exact), the byte clamp(e + 127, 0, 255); the 64 roped values
+ *               as bf16 bits; the record is the data row (576 B) followed by the scale row (8 B)
  * e4m3 is fp8.h's conversion (round to nearest even, satfinite).
  */
 #include <float.h>
@@ -61,6 +64,25 @@ float mlaf_ref_kv_encode(const mlaf_kv_encoding *e, const float *nope, const flo
     if (e->format == MLAF_KV_FP8) {
         for (int32_t i = 0; i < C; i++) rec[i] = mlaf_ref_fp8_quantize(nope[i], e->scale, e->conv);
         for (int32_t i = 0; i < R; i++) rec[C + i] = mlaf_ref_fp8_quantize(pe[i], e->scale, e->conv);
+        return amax;
+    }
+    if (e->format == MLAF_KV_FP8_V4) {
+        /* SPEC §11 (C = 512, the tail 64 inside nope[448, 512)): data row [448 e4m3 | 64 bf16],
+         * then the scale row [7 UE8M0 bytes | 0] */
+        for (int32_t b = 0; b < 7; b++) {
+            float m = 0.0f;
+            for (int32_t i = 0; i < 64; i++) m = nan_max(m, nope[64 * b + i]);
+            const int ex = mlaf_ceil_log2_f32((m > 1e-4f ? m : 1e-4f) / 448.0f);
+            if (tile_scales) tile_scales[b] = ldexpf(1.0f, ex);
+            for (int32_t i = 0; i < 64; i++) rec[64 * b + i] = mlaf_f32_to_e4m3(ldexpf(nope[64 * b + i], -ex));
+            rec[576 + b] = (uint8_t)(ex + 127 < 0 ? 0 : ex + 127 > 255 ? 255 : ex + 127);
+        }
+        rec[583] = 0;
+        for (int32_t i = 0; i < 64; i++) {
+            const uint16_t h = mlaf_f32_to_bf16(nope[448 + i]);
+            rec[448 + 2 * i] = (uint8_t)h;
+            rec[448 + 2 * i + 1] = (uint8_t)(h >> 8);
+        }
         return amax;
     }
     /* fp8_ds_mla */

@@ -59,7 +59,7 @@ static int position_ok(const mlaf_rope_job *r, int64_t t, int64_t *pos) {
 void mlaf_ref_mla_kv_cache(const mlaf_kv_cache_job *job, double *q, double *k_nope, double *k_pe,
                            double *rows, int8_t *status) {
     const mlaf_norm_job *n = &job->norm;
-    const int32_t C = n->C, R = n->R;
+    const int32_t C = n->C, R = n->R, tail = job->kv_tail;
     const size_t es = mlaf_dtype_size(n->dt);
     const int64_t slots_in_cache = job->num_blocks * job->block_size;
     for (int64_t t = 0; t < n->T; t++) {
@@ -73,8 +73,17 @@ void mlaf_ref_mla_kv_cache(const mlaf_kv_cache_job *job, double *q, double *k_no
          * is an error (counted, nothing of the rope part written) */
         int64_t slot = t < job->n_map ? mlaf_load_index(job->slots, job->slot_dt, t) : -1;
         int64_t pos = 0;
-        int bad = slot >= slots_in_cache || (R > 0 && !position_ok(&job->rope, t, &pos));
+        int bad = slot >= slots_in_cache || ((R > 0 || tail > 0) && !position_ok(&job->rope, t, &pos));
         status[t] = bad ? -1 : (slot < 0 ? 0 : 1);
+        /* 2b. kv_rope_tail (SPEC §11): the normalized kv rounded to the latent dtype, then its last
+         * `tail` values rotated (interleaved); nothing of the tail is defined for a bad token. */
+        if (tail > 0) {
+            double *kt = k_nope + t * C + (C - tail);
+            for (int32_t i = 0; i < tail; i++) kt[i] = bad ? NAN : mlaf_round_to(kt[i], n->dt);
+            if (!bad)
+                mlaf_ref_rope_row(kt, tail, MLAF_ROPE_INTERLEAVED,
+                                  job->rope.cos_sin + pos * job->rope.cos_sin_stride);
+        }
         /* 3. RoPE of k_pe, computed where it is kept: the cache row's tail or the dense k_pe */
         double *pe = rows ? rows + t * ((int64_t)C + R) + C : (k_pe ? k_pe + t * R : NULL);
         if (pe) {
@@ -94,14 +103,23 @@ void mlaf_ref_mla_kv_cache(const mlaf_kv_cache_job *job, double *q, double *k_no
 void mlaf_ref_rope_q(const mlaf_rope_q_job *job, double *q_out, int8_t *status) {
     const size_t es = mlaf_dtype_size(job->dt);
     const int32_t D = job->D, R = job->rope.R;
+    const int64_t HP = job->q_out ? job->Hpad : job->H;
     for (int64_t t = 0; t < job->T; t++) {
         int64_t pos;
         int ok = position_ok(&job->rope, t, &pos);
         status[t] = ok ? 1 : -1;
+        for (int64_t h = job->H; h < HP; h++) /* q_out's padding heads: +0.0 */
+            for (int32_t d = 0; d < D; d++) q_out[(t * HP + h) * D + d] = 0.0;
         for (int64_t h = 0; h < job->H; h++) {
             const char *head = (const char *)job->q + (t * job->s0 + h * job->s1) * (int64_t)es;
-            double *dst = q_out + (t * job->H + h) * D;
+            double *dst = q_out + (t * HP + h) * D;
             for (int32_t d = 0; d < D; d++) dst[d] = mlaf_load_f32(head, job->dt, d);
+            if (job->head_norm) { /* SPEC §11: weightless RMSNorm of the whole head first */
+                double ss = 0.0;
+                for (int32_t d = 0; d < D; d++) ss += dst[d] * dst[d];
+                const double rstd = 1.0 / sqrt(ss / (double)D + (double)job->head_eps);
+                for (int32_t d = 0; d < D; d++) dst[d] *= rstd;
+            }
             if (ok)
                 mlaf_ref_rope_row(dst + (D - R), R, job->rope.style,
                                   job->rope.cos_sin + pos * job->rope.cos_sin_stride);

@@ -119,6 +119,11 @@ typedef struct mlaf_verify_case {
     float amax_init;
     int kpe_separate;          /* plain / fp8: the rope part in its own kpe array */
     mlaf_tile_scale tile_scale; /* fp8_ds_mla */
+    int32_t kv_rope_tail;      /* mla_kv_cache: the rope tail inside the kv part (SPEC §11; cfg's
+                                  qk_rope_head_dim must then be 0); 0: none */
+    /* rope_q */
+    int head_norm;             /* weightless per-head RMSNorm first (eps: cfg.rms_norm_eps) */
+    int64_t q_out_heads;       /* > 0: out of place into q_out [T, q_out_heads, D] (>= heads); 0: in place */
     /* moe_gate */
     int moe_override;          /* 1: use `moe` and `experts` below instead of cfg's router */
     mlaf_moe_gate_params moe;
@@ -139,11 +144,10 @@ typedef struct mlaf_verify_case {
                                   entries out of [0, E), repeated entries) */
 } mlaf_verify_case;
 
-/* DeepSeek-V4's latent ([Q | C] with RoPE on the last kv_rope_tail kv values) is not yet
- * supported by the attention ops' oracle and kernels (split_qk_norm, mla_kv_cache, rope_q):
- * the loops over presets skip a preset for them when this is 0. To delete when kv_rope_tail
- * lands in those ops. */
-static inline int mlaf_preset_attention_supported(const mlaf_model_config *cfg) {
+/* 0 for a model whose kv carries its rope (DeepSeek-V4: [Q | C] with RoPE on the last
+ * kv_rope_tail kv values): the per-preset loops of the attention ops leave such a model to its
+ * own cases (test_v4_attn, verify's V4 cases), which pass the tail to the ops. */
+static inline int mlaf_preset_plain_latent(const mlaf_model_config *cfg) {
     return cfg->kv_rope_tail == 0;
 }
 
@@ -152,6 +156,10 @@ typedef struct mlaf_verify_result {
     double worst_units;        /* worst error in units (<= 1 passes) */
     char detail[512];          /* first failure, or a one-line summary */
 } mlaf_verify_result;
+
+/* The deepseek-v4-flash preset (SPEC §1: q_lora 1024, kv_lora 512, R 0, 64 heads of 512 with a
+ * 64-wide interleaved rope tail, eps 1e-6), with *kv_rope_tail = its kv_rope_tail (64). */
+mlaf_model_config mlaf_v4_flash_attn_config(int32_t *kv_rope_tail);
 
 /* A case with the defaults: preset cfg, dtype bf16, weights in dtype, T tokens, seed. */
 mlaf_verify_case mlaf_verify_case_default(const mlaf_model_config *cfg, mlaf_dtype dt, int64_t T,
@@ -181,7 +189,7 @@ typedef struct mlaf_kv_encoding {
     mlaf_fp8_conv conv;         /* FP8 */
     float scale;                /* FP8: the scale's value */
     mlaf_tile_scale tile_scale; /* FP8_DS_MLA */
-    int32_t C, R;
+    int32_t C, R;               /* FP8_V4: C = 512 (nope holds the tail), R = 0 */
 } mlaf_kv_encoding;
 /* One token's record from its dense row as the op stored it: nope[C] = k_nope_norm, pe[R] = the
  * roped k_pe, each value already in the latent dtype. Writes mlaf_kv_record_bytes(format, U8,

@@ -128,6 +128,9 @@ void corrupt_outputs(const mlaf_verify_case *c, const vview *v);
 void rope_allowance(const double *x, int32_t R, mlaf_rope_style style, const float *cs,
                     double *allow);
 
+/* The allowance of a kv_rope_tail's r rotated values (interleaved) from the oracle's unrounded
+ * normalized tail raw[r] (see verify_mla_kv_cache.c). */
+void tail_allowance(const double *raw, int32_t r, mlaf_dtype dt, const float *cs, double *allow);
 /* ---- the chunk loops, on all threads (verify_judge.c) ----------------------------------- *
  * A check walks [0, T) in chunks: the oracle for the chunk, then every output value judged.
  * The chunks are mlaf_run_items' items, each with its own judge; the merge gives what the loop

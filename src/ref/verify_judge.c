@@ -128,6 +128,24 @@ void rope_allowance(const double *x, int32_t R, mlaf_rope_style style, const flo
     }
 }
 
+/* The step between the two values of dt an implementation's fp32 result near x may round to:
+ * 0 unless x is within 2^-16 (relative) of a rounding boundary of dt. */
+static double neighbour_step(double x, mlaf_dtype dt) {
+    if (dt == MLAF_F32) return 0.0;
+    return fabs(mlaf_round_to(x * (1.0 + 0x1p-16), dt) - mlaf_round_to(x * (1.0 - 0x1p-16), dt));
+}
+
+void tail_allowance(const double *raw, int32_t r, mlaf_dtype dt, const float *cs, double *allow) {
+    for (int32_t i = 0; i < r / 2; i++) {
+        const double x0 = mlaf_round_to(raw[2 * i], dt), x1 = mlaf_round_to(raw[2 * i + 1], dt);
+        const double c = fabs((double)cs[i]), s = fabs((double)cs[r / 2 + i]);
+        const double d0 = neighbour_step(raw[2 * i], dt), d1 = neighbour_step(raw[2 * i + 1], dt);
+        const int e = dt == MLAF_F32 ? -20 : -23;
+        allow[2 * i] = ldexp(fabs(x0) * c + fabs(x1) * s, e) + d0 * c + d1 * s;
+        allow[2 * i + 1] = ldexp(fabs(x1) * c + fabs(x0) * s, e) + d1 * c + d0 * s;
+    }
+}
+
 /* ---- the chunk loops, on all threads (see verify_case.h) ------------------------------- */
 
 typedef struct chunk_job {

@@ -19,7 +19,16 @@
  *               with no_k_pe set, a second call with those dense outputs omitted (made first,
  *               its q into a scratch buffer) must leave its own cache, kpe and amax_out equal,
  *               byte for byte, to the full call's.
+ *   fp8_v4      as fp8_ds_mla: (a), (b) against the encoder's 584 bytes at their planar places
+ *               (data row at page + o * 576, scale row at page + block_size * 576 + o * 8), (d)
+ *               with the record's own UE8M0 byte.
  * Rows no slot names, row and block padding, and the scale stay as they were (canaries).
+ *
+ * kv_rope_tail (SPEC §11, the case's kv_rope_tail; R = 0): k_nope's last `tail` values are the
+ * oracle's rotation of its normalized kv rounded to the latent dtype. The allowance of those values
+ * is rope_allowance's plus, where the implementation's fp32 norm may round an input to the other
+ * neighbour (the oracle's value within 2^-16 of a rounding boundary), that neighbour's step times
+ * its coefficient (f32: 2^-20 of the terms); a rejected token's tail must stay as it was.
  */
 #include <math.h>
 #include <stdio.h>
@@ -33,6 +42,7 @@ typedef struct mla_arg {
     const norm_bufs *b;
     const mlaf_verify_case *c;
     int32_t Q, C, R;
+    int32_t tail, RP;      /* kv_rope_tail; the rope width of positions / cos_sin (R or tail) */
     int want_k_nope, want_k_pe;
     const vbuf *pos_b, *slot_b, *cache_b;
     const float *cs_host;
@@ -55,8 +65,9 @@ static mlaf_kv_cache_job chunk_job(const mla_arg *a, int64_t t0, int64_t n) {
     mlaf_kv_cache_job hj;
     memset(&hj, 0, sizeof hj);
     hj.norm = host_norm_job(a->b, c, t0, n);
-    hj.rope.R = a->R;
+    hj.rope.R = a->RP;
     hj.rope.style = c->rope_style;
+    hj.kv_tail = a->tail;
     hj.rope.positions = a->pos_b->init ? a->pos_b->init + (size_t)t0 * mlaf_dtype_size(c->index_dtype) : NULL;
     hj.rope.pos_dt = c->index_dtype;
     hj.rope.cos_sin = a->cs_host;
@@ -78,15 +89,16 @@ static mlaf_kv_cache_job chunk_job(const mla_arg *a, int64_t t0, int64_t n) {
 /* Scratch of one chunk: the oracle's outputs and, for the fp8 formats, one token's dense row
  * and record. */
 typedef struct mla_scratch {
-    double *rq, *rk, *rp, *rows, *allow;
+    double *rq, *rk, *rp, *rows, *allow, *raw;
     float *nope, *pe, *tiles;
     uint8_t *rec;
 } mla_scratch;
 
 static size_t scratch_bytes(int32_t Q, int32_t C, int32_t R, int64_t rec) {
     const size_t q1 = (size_t)(Q > 0 ? Q : 1), r1 = (size_t)(R > 0 ? R : 1);
-    return sizeof(double) * (CHUNK_TOKENS * (q1 + (size_t)C + r1 + (size_t)C + (size_t)R) + r1 * 2) +
-           sizeof(float) * ((size_t)C + r1 + (size_t)C / 128 + 1) + (size_t)rec + CHUNK_TOKENS + 16;
+    return sizeof(double) * (CHUNK_TOKENS * (q1 + (size_t)C + r1 + (size_t)C + (size_t)R + (size_t)C) + r1 * 2 +
+                             (size_t)C * 2) +
+           sizeof(float) * ((size_t)C + r1 + (size_t)C / 64 + 1) + (size_t)rec + CHUNK_TOKENS + 16;
 }
 
 static mla_scratch scratch_of(void *scratch, int32_t Q, int32_t C, int32_t R) {
@@ -97,16 +109,21 @@ static mla_scratch scratch_of(void *scratch, int32_t Q, int32_t C, int32_t R) {
     s.rp = s.rk + CHUNK_TOKENS * C;
     s.rows = s.rp + CHUNK_TOKENS * r1;
     s.allow = s.rows + CHUNK_TOKENS * ((int64_t)C + R);
-    s.nope = (float *)(s.allow + r1 * 2);
+    s.raw = s.allow + r1 * 2 + (int64_t)C * 2; /* the allowance may cover a kv tail of up to C */
+    s.nope = (float *)(s.raw + (int64_t)CHUNK_TOKENS * C);
     s.pe = s.nope + C;
     s.tiles = s.pe + r1;
-    s.rec = (uint8_t *)(s.tiles + C / 128 + 1); /* then the chunk's status bytes */
+    s.rec = (uint8_t *)(s.tiles + C / 64 + 1); /* then the chunk's status bytes */
     return s;
 }
 
 /* The byte offset of record byte i (fp8 formats) of a slot, and its buffer. */
 static const vbuf *record_byte(const mla_arg *a, int64_t slot, int64_t i, size_t *at) {
     const int64_t blk = slot / a->bs, off = slot % a->bs;
+    if (a->fmt == MLAF_KV_FP8_V4) { /* planar page: data rows, then scale rows */
+        *at = (size_t)(blk * a->s0 + (i < 576 ? off * 576 + i : a->bs * 576 + off * 8 + (i - 576)));
+        return a->cache_b;
+    }
     if (a->kpe_b && i >= a->C) {
         *at = (size_t)(blk * a->ks0 + off * a->ks1 + (i - a->C));
         return a->kpe_b;
@@ -117,6 +134,8 @@ static const vbuf *record_byte(const mla_arg *a, int64_t slot, int64_t i, size_t
 
 static const char *ds_part(const mla_arg *a, int64_t i) {
     if (a->fmt == MLAF_KV_FP8) return i < a->C ? "k_nope e4m3" : "rope e4m3";
+    if (a->fmt == MLAF_KV_FP8_V4)
+        return i < 448 ? "nope e4m3" : i < 576 ? "rope bf16" : i < 583 ? "scale ue8m0" : "scale row zero byte";
     if (i < a->C) return "k_nope e4m3";
     return i < a->C + a->C / 32 ? "tile scale f32 LE" : "rope bf16";
 }
@@ -136,7 +155,11 @@ static void check_record(const mla_arg *a, const mla_scratch *s, int64_t t, int6
         if (got != s->rec[i] && !bad++) {
             const int64_t k = a->fmt == MLAF_KV_FP8_DS_MLA && i >= C ? i - C : i;
             char what[96] = "";
-            if (i < C)
+            if (a->fmt == MLAF_KV_FP8_V4)
+                snprintf(what, sizeof what, " (dense x = %.9g, block scale %.9g)",
+                         i < 576 ? s->nope[i < 448 ? i : 448 + (i - 448) / 2] : 0.0,
+                         s->tiles[i < 448 ? i / 64 : i >= 576 && i < 583 ? i - 576 : 0]);
+            else if (i < C)
                 snprintf(what, sizeof what, " (dense x = %.9g, %s %.9g)", s->nope[i],
                          a->fmt == MLAF_KV_FP8 ? "scale" : "tile scale",
                          a->fmt == MLAF_KV_FP8 ? a->enc.scale : s->tiles[i / 128]);
@@ -152,7 +175,7 @@ static void check_record(const mla_arg *a, const mla_scratch *s, int64_t t, int6
         }
     }
     /* (d): decode what the implementation wrote, with its own tile scales */
-    const int64_t ne = a->fmt == MLAF_KV_FP8 ? (int64_t)C + R : C;
+    const int64_t ne = a->fmt == MLAF_KV_FP8 ? (int64_t)C + R : a->fmt == MLAF_KV_FP8_V4 ? 448 : C;
     for (int64_t i = 0; i < ne; i++) {
         size_t at;
         const vbuf *vb = record_byte(a, slot, i, &at);
@@ -165,6 +188,11 @@ static void check_record(const mla_arg *a, const mla_scratch *s, int64_t t, int6
             const vbuf *sb = record_byte(a, slot, C + 4 * (i / 128), &sat);
             const uint8_t *p = (const uint8_t *)sb->g.body + sat;
             scale = mlaf_bits_f32((uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24);
+            conv = MLAF_FP8_DIV;
+        } else if (a->fmt == MLAF_KV_FP8_V4) {
+            size_t sat;
+            const vbuf *sb = record_byte(a, slot, 576 + i / 64, &sat);
+            scale = ldexpf(1.0f, (int)((const uint8_t *)sb->g.body)[sat] - 127);
             conv = MLAF_FP8_DIV;
         }
         double ratio;
@@ -197,14 +225,23 @@ static void mla_chunk(const void *arg, void *scratch, int64_t t0, int64_t n, jud
     vview vcache = {(vbuf *)a->cache_b, a->cache_dt, 0, 0};
     vview vkpe = {(vbuf *)a->kpe_b, a->cache_dt, 0, 0};
     mlaf_kv_cache_job hj = chunk_job(a, t0, n);
+    const int32_t tail = a->tail, C0 = C - tail; /* k_nope values [C0, C) are the roped tail */
+    if (tail > 0) mlaf_ref_split_qk_norm(&hj.norm, NULL, sc.raw, NULL); /* the unrounded kv */
     mlaf_ref_mla_kv_cache(&hj, Q > 0 ? sc.rq : NULL, sc.rk, sc.rp, sc.rows, status);
     for (int64_t u = 0; u < n; u++) {
         int64_t t = t0 + u;
         *errors += status[u] < 0;
         if (!plain) a->row_amax[t] = -1.0f;
         for (int32_t i = 0; i < Q; i++) judge_value(j, &b->vq, "q", t, i, sc.rq[u * Q + i], 0);
-        if (a->want_k_nope)
-            for (int32_t i = 0; i < C; i++) judge_value(j, &b->vk, "k_nope", t, i, sc.rk[u * C + i], 0);
+        double *tallow = sc.allow + 2 * (a->RP > 0 ? a->RP : 1);
+        if (tail > 0 && status[u] >= 0)
+            tail_allowance(sc.raw + u * C + C0, tail, c->dtype, a->cs_host + a->pos[t] * a->cs_stride, tallow);
+        if (a->want_k_nope) {
+            for (int32_t i = 0; i < C0; i++) judge_value(j, &b->vk, "k_nope", t, i, sc.rk[u * C + i], 0);
+            if (status[u] >= 0) /* a rejected token's tail stays as it was */
+                for (int32_t i = C0; i < C; i++)
+                    judge_value(j, &b->vk, "k_nope(rope tail)", t, i, sc.rk[u * C + i], tallow[i - C0]);
+        }
         if (status[u] < 0) continue; /* nothing of the rope part or cache row may be written */
         double *allow = sc.allow;
         if (R > 0) {
@@ -229,7 +266,8 @@ static void mla_chunk(const void *arg, void *scratch, int64_t t0, int64_t n, jud
         }
         vcache.off = (slot / bs) * a->s0 + (slot % bs) * a->s1;
         for (int64_t i = 0; i < C; i++)
-            judge_value(j, &vcache, "kv_cache(k_nope part)", t, i, sc.rows[u * CR + i], 0);
+            judge_value(j, &vcache, i < C0 ? "kv_cache(k_nope part)" : "kv_cache(rope tail)", t, i, sc.rows[u * CR + i],
+                        i < C0 ? 0 : tallow[i - C0]);
         if (a->kpe_b) {
             vkpe.off = (slot / bs) * a->ks0 + (slot % bs) * a->ks1;
             for (int64_t i = 0; i < R; i++)
@@ -309,9 +347,10 @@ mlaf_status mlaf_verify_mla_kv_cache(mlaf_context *ctx, const mlaf_verify_case *
     if (s != MLAF_OK) return s;
     if (c->block_size < 1 || (unsigned)c->kv_format >= MLAF_KV_FORMAT_COUNT_) return MLAF_ERR_INVALID_ARGUMENT;
     const int32_t Q = c->cfg.q_lora_rank, C = c->cfg.kv_lora_rank, R = c->cfg.qk_rope_head_dim;
+    const int32_t tail = c->kv_rope_tail, RP = R > 0 ? R : tail;
     const int64_t T = c->T, bs = c->block_size, CR = (int64_t)C + R;
     const mlaf_kv_format fmt = c->kv_format;
-    const int plain = fmt == MLAF_KV_PLAIN, ds = fmt == MLAF_KV_FP8_DS_MLA;
+    const int plain = fmt == MLAF_KV_PLAIN, ds = fmt == MLAF_KV_FP8_DS_MLA, v4 = fmt == MLAF_KV_FP8_V4;
     const int kpe_sep = c->kpe_separate && !ds && R > 0;
     const int want_amax = fmt == MLAF_KV_FP8 && c->want_amax;
     const int64_t N = c->map_short > 0 ? (T > c->map_short ? T - c->map_short : 0) : T;
@@ -328,7 +367,7 @@ mlaf_status mlaf_verify_mla_kv_cache(mlaf_context *ctx, const mlaf_verify_case *
     float *row_amax = NULL;
     /* The fp8 formats are judged on the implementation's own dense rows: always ask for them;
      * no_k_pe then asks for a second call without them (see the opening comment). */
-    const int want_k_nope = plain ? c->no_k_pe != 2 : 1, want_k_pe = plain ? !c->no_k_pe : 1;
+    const int want_k_nope = plain ? c->no_k_pe != 2 : 1, want_k_pe = tail > 0 ? 0 : plain ? !c->no_k_pe : 1;
     const int second_call = !plain && c->no_k_pe != 0;
     s = norm_bufs_make(&b, be, c, &rng, want_k_nope, want_k_pe);
     if (s != MLAF_OK) goto done;
@@ -338,9 +377,12 @@ mlaf_status mlaf_verify_mla_kv_cache(mlaf_context *ctx, const mlaf_verify_case *
     const int64_t num_blocks = (T + bs - 1) / bs + 3, cap = num_blocks * bs;
     const mlaf_dtype cdt = plain ? c->cache_dtype : (is_byte_dtype(c->cache_dtype) ? c->cache_dtype : MLAF_FP8_E4M3);
     const int64_t rec = plain ? 0 : mlaf_kv_record_bytes(fmt, cdt, C, R);
-    const int64_t width = ds ? rec : (kpe_sep ? C : CR);
+    const int64_t width = ds || v4 ? rec : (kpe_sep ? C : CR);
     int64_t s1, s0;
-    if (ds) { /* strides in bytes, multiples of 16 */
+    if (v4) { /* a planar page: stride[1] is the record, stride[0] the page (bytes, a multiple of 16) */
+        s1 = 584;
+        s0 = (bs * 584 + 15) / 16 * 16 + (st ? 48 : 0);
+    } else if (ds) { /* strides in bytes, multiples of 16 */
         s1 = (rec + 15) / 16 * 16 + (st ? 16 : 0);
         s0 = bs * s1 + (st ? 32 : 0);
     } else {
@@ -369,13 +411,13 @@ mlaf_status mlaf_verify_mla_kv_cache(mlaf_context *ctx, const mlaf_verify_case *
     }
     make_positions(&rng, pos, T, VERIFY_MAX_POS);
     if ((s = index_buf(&slot_b, "slot_mapping", be, slots, N, c->index_dtype, st)) != MLAF_OK) goto done;
-    const int64_t cs_stride = R + (st ? 3 : 0);
-    if (R > 0) {
+    const int64_t cs_stride = RP + (st ? 3 : 0);
+    if (RP > 0) {
         if ((s = index_buf(&pos_b, "positions", be, pos, T, c->index_dtype, st)) != MLAF_OK) goto done;
-        if ((s = cos_sin_buf(&cs_b, be, R, cs_stride, st)) != MLAF_OK) goto done;
+        if ((s = cos_sin_buf(&cs_b, be, RP, cs_stride, st)) != MLAF_OK) goto done;
     }
 
-    mla_arg ma = {&b, c, Q, C, R, want_k_nope, want_k_pe, &pos_b, &slot_b, &cache_b,
+    mla_arg ma = {&b, c, Q, C, R, tail, RP, want_k_nope, want_k_pe, &pos_b, &slot_b, &cache_b,
                   (const float *)cs_b.init, cs_stride, pos, slots, num_blocks, bs, s0, s1,
                   N, fmt, cdt, kpe_sep ? &kpe_b : NULL, ks0, ks1,
                   {fmt, c->fp8_conv, 1.0f, c->tile_scale, C, R}, rec, row_amax};
@@ -408,7 +450,7 @@ mlaf_status mlaf_verify_mla_kv_cache(mlaf_context *ctx, const mlaf_verify_case *
 
     const size_t ces = mlaf_dtype_size(cdt);
     const size_t cache_bytes = (size_t)(num_blocks * s0) * ces, kpe_bytes = (size_t)(num_blocks * ks0) * ces;
-    const size_t cmis = ds ? (st ? 16 : 0) : (st ? ces : 0), kmis = st ? 3 * ces : 0;
+    const size_t cmis = ds || v4 ? (st ? 16 : 0) : (st ? ces : 0), kmis = st ? 3 * ces : 0;
     {
         const mlaf_rng r0 = rng;
         if ((s = canary_buf(&cache_b, "kv_cache", be, cache_bytes, cmis, &rng)) != MLAF_OK) goto done;
@@ -423,12 +465,12 @@ mlaf_status mlaf_verify_mla_kv_cache(mlaf_context *ctx, const mlaf_verify_case *
     }
     if ((s = error_count_buf(&ec_b, be)) != MLAF_OK) goto done;
 
-    mlaf_mla_kv_cache_params p = {Q, C, R, c->cfg.rms_norm_eps, c->cfg.rms_norm_eps, c->rope_style};
+    mlaf_mla_kv_cache_params p = {Q, C, R, c->cfg.rms_norm_eps, c->cfg.rms_norm_eps, c->rope_style, tail};
     mlaf_tensor lt = mlaf_tensor_2d(b.latent.g.ptr, c->dtype, T, (int64_t)Q + C + R, b.LS);
     mlaf_tensor wq = mlaf_tensor_1d(b.w_q.g.ptr, c->weight_dtype, Q);
     mlaf_tensor wkv = mlaf_tensor_1d(b.w_kv.g.ptr, c->weight_dtype, C);
     mlaf_tensor tpos = mlaf_tensor_1d(pos_b.g.ptr, c->index_dtype, T);
-    mlaf_tensor tcs = mlaf_tensor_2d(cs_b.g.ptr, MLAF_F32, VERIFY_MAX_POS, R, cs_stride);
+    mlaf_tensor tcs = mlaf_tensor_2d(cs_b.g.ptr, MLAF_F32, VERIFY_MAX_POS, RP, cs_stride);
     mlaf_tensor tslot = mlaf_tensor_1d(slot_b.g.ptr, c->index_dtype, N);
     mlaf_tensor tcache = mlaf_tensor_3d(cache_b.g.ptr, cdt, num_blocks, bs, width, s0, s1);
     mlaf_tensor tkpe = mlaf_tensor_3d(kpe_b.g.ptr, cdt, num_blocks, bs, R, ks0, ks1);
@@ -457,7 +499,7 @@ mlaf_status mlaf_verify_mla_kv_cache(mlaf_context *ctx, const mlaf_verify_case *
         d2.cache = &tc2;
         d2.kpe = kpe_sep ? &tkpe2 : NULL;
         d2.amax_out = want_amax ? &tamax2 : NULL;
-        s = mlaf_mla_kv_cache_fmt(ctx, &p, &lt, Q > 0 ? &wq : NULL, &wkv, R > 0 ? &tpos : NULL, R > 0 ? &tcs : NULL,
+        s = mlaf_mla_kv_cache_fmt(ctx, &p, &lt, Q > 0 ? &wq : NULL, &wkv, RP > 0 ? &tpos : NULL, RP > 0 ? &tcs : NULL,
                                   &tslot, &d2, Q > 0 ? &tq2 : NULL, c->no_k_pe == 1 ? &tk2 : NULL, NULL, NULL);
         if (s != MLAF_OK) {
             snprintf(r->detail, sizeof r->detail, "mlaf_mla_kv_cache_fmt (without the dense outputs): %s: %s",
@@ -466,12 +508,12 @@ mlaf_status mlaf_verify_mla_kv_cache(mlaf_context *ctx, const mlaf_verify_case *
         }
     }
     if (plain && !kpe_sep)
-        s = mlaf_mla_kv_cache(ctx, &p, &lt, Q > 0 ? &wq : NULL, &wkv, R > 0 ? &tpos : NULL,
-                              R > 0 ? &tcs : NULL, &tslot, &tcache, Q > 0 ? &tq : NULL,
+        s = mlaf_mla_kv_cache(ctx, &p, &lt, Q > 0 ? &wq : NULL, &wkv, RP > 0 ? &tpos : NULL,
+                              RP > 0 ? &tcs : NULL, &tslot, &tcache, Q > 0 ? &tq : NULL,
                               want_k_nope ? &tk : NULL, want_k_pe ? &tp : NULL, &tec);
     else
-        s = mlaf_mla_kv_cache_fmt(ctx, &p, &lt, Q > 0 ? &wq : NULL, &wkv, R > 0 ? &tpos : NULL,
-                                  R > 0 ? &tcs : NULL, &tslot, &desc, Q > 0 ? &tq : NULL,
+        s = mlaf_mla_kv_cache_fmt(ctx, &p, &lt, Q > 0 ? &wq : NULL, &wkv, RP > 0 ? &tpos : NULL,
+                                  RP > 0 ? &tcs : NULL, &tslot, &desc, Q > 0 ? &tq : NULL,
                                   want_k_nope ? &tk : NULL, want_k_pe ? &tp : NULL, &tec);
     if (s != MLAF_OK) {
         snprintf(r->detail, sizeof r->detail, "%s: %s: %s", entry, mlaf_status_name(s), mlaf_context_last_error(ctx));
@@ -489,9 +531,9 @@ mlaf_status mlaf_verify_mla_kv_cache(mlaf_context *ctx, const mlaf_verify_case *
         /* the harness's own test, fp8 formats: byte 0 of the record of every written token
          * from corrupt_from - 1 on, every 500th, one e4m3 step off */
         for (int64_t t = c->corrupt_from - 1; t < N; t += 500) {
-            const int pos_ok = R == 0 || (pos[t] >= 0 && pos[t] < VERIFY_MAX_POS);
+            const int pos_ok = RP == 0 || (pos[t] >= 0 && pos[t] < VERIFY_MAX_POS);
             if (slots[t] < 0 || slots[t] >= cap || !pos_ok) continue;
-            ((unsigned char *)cache_b.g.body)[(slots[t] / bs) * s0 + (slots[t] % bs) * s1] ^= 1u;
+            ((unsigned char *)cache_b.g.body)[(slots[t] / bs) * s0 + (slots[t] % bs) * (v4 ? 576 : s1)] ^= 1u;
         }
     }
 

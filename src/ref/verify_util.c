@@ -3,6 +3,7 @@
  */
 #include <math.h>
 #include <stdlib.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "../half.h"
@@ -205,6 +206,12 @@ double mlaf_err_units(double got, double ref, mlaf_dtype dt, double scale) {
 }
 
 /* ---- cases ----------------------------------------------------------------------------- */
+mlaf_model_config mlaf_v4_flash_attn_config(int32_t *kv_rope_tail) {
+    const mlaf_model_config m = *mlaf_preset_find("deepseek-v4-flash");
+    if (kv_rope_tail) *kv_rope_tail = m.kv_rope_tail;
+    return m;
+}
+
 mlaf_verify_case mlaf_verify_case_default(const mlaf_model_config *cfg, mlaf_dtype dt, int64_t T,
                                           uint64_t seed) {
     mlaf_verify_case c;

@@ -11,11 +11,12 @@
  * are checked against float64 in every shape. The fp8 writers (per-tensor e4m3 by division and by
  * multiplication with amax_out, fp8_ds_mla with amax and ue8m0 tile scales) run in every shape,
  * generic included: their records must equal the host encoding (fp8.h) of the same shape's dense
- * outputs, bit for bit.
+ * outputs, bit for bit. DeepSeek-V4's kv rope tail and fp8_v4 page writer likewise (v4_one).
  */
 #include "cuda/row_launch.cuh"
 #include "cuda/row_writers_fp8.cuh"
 #include "fp8.h"
+#include "ref/verify.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -346,6 +347,90 @@ static void fp8_one(const char *model, int Q, int C, int R, bool neox, int cc, i
     }
 }
 
+/* DeepSeek-V4 (SPEC §11): the kv rope tail (64 of C = 512, R = 0) and the fp8_v4 page writer in
+ * every shape (bf16): each shape's dense k_nope within 1 ulp of the generic shape's (its tail
+ * rotated the same way), and its cache pages equal to the reference encoder (src/ref) applied to
+ * that shape's own dense rows at the planar offsets (data row page + 576 o, scale row page +
+ * 576 bs + 8 o), every other byte as it was; the error count 3 (two positions, one slot). */
+static void v4_one(int cc, int sms) {
+    typedef __nv_bfloat16 T;
+    typedef mlaf_wr_pair<mlaf_wr_dense<T>, mlaf_wr_v4> Wv;
+    const int Q = 1024, C = 512, tail = 64;
+    const int64_t T_ = 37, es = 2, ls = Q + C + 16, nblk = 7, bs = 8, max_pos = 50, stride = bs * 584 + 32;
+    const inputs in = make_inputs(MLAF_BF16, Q, C, tail, T_, ls, 2.0f, 0.5f, nblk, bs, max_pos); /* cs [50, 64] */
+    static const mlaf_row_shape shapes[] = {MLAF_ROW_GENERIC, MLAF_ROW_BLOCK, MLAF_ROW_WARP, MLAF_ROW_BULK};
+    static const char *names[] = {"generic", "block", "warp", "bulk"};
+    std::vector<unsigned char> k0;
+    for (int k = 0; k < 4; k++) {
+        char name[160];
+        snprintf(name, sizeof name, "ROW_SHAPE(model=deepseek-v4-flash,Q=%d,R=0,kv_rope_tail=%d,dtype=bf16,op=mla_kv_cache,cache=fp8_v4,shape=%s)",
+                 Q, tail, names[k]);
+        if (shapes[k] == MLAF_ROW_BULK && cc < 90) {
+            tl_skip(name, "bulk shape needs sm_90");
+            continue;
+        }
+        unsigned char *dl, *dw, *dq, *dk, *dc;
+        int32_t *dpos, *dsl, *derr;
+        float *dcs;
+        const size_t cache_bytes = (size_t)(nblk * stride);
+        CK(cudaMalloc(&dl, in.lat.size()));
+        CK(cudaMalloc(&dw, in.w.size()));
+        CK(cudaMalloc(&dq, (size_t)(T_ * Q * es)));
+        CK(cudaMalloc(&dk, (size_t)(T_ * C * es)));
+        CK(cudaMalloc(&dc, cache_bytes));
+        CK(cudaMalloc(&dpos, in.pos.size() * 4));
+        CK(cudaMalloc(&dsl, in.slots.size() * 4));
+        CK(cudaMalloc(&derr, 4));
+        CK(cudaMalloc(&dcs, in.cs.size() * 4));
+        CK(cudaMemcpy(dl, in.lat.data(), in.lat.size(), cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(dw, in.w.data(), in.w.size(), cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(dpos, in.pos.data(), in.pos.size() * 4, cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(dsl, in.slots.data(), in.slots.size() * 4, cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(dcs, in.cs.data(), in.cs.size() * 4, cudaMemcpyHostToDevice));
+        CK(cudaMemset(dk, 0x5a, (size_t)(T_ * C * es)));
+        CK(cudaMemset(dc, 0x5a, cache_bytes));
+        CK(cudaMemset(derr, 0, 4));
+        mlaf_row_args a = mlaf_row_args();
+        a.T = T_, a.Q = Q, a.C = C, a.R = 0, a.tail = tail, a.eps_q = 1e-6f, a.eps_kv = 1e-6f;
+        a.latent = dl, a.ls = ls, a.w_q = dw, a.w_kv = dw + (size_t)Q * es;
+        a.pos = dpos, a.neox = 0, a.cos_sin = dcs, a.cs_stride = tail, a.max_pos = max_pos;
+        a.slots = dsl, a.n_map = T_, a.n_slots = nblk * bs, a.block_size = bs, a.err = derr;
+        Wv::params wp;
+        wp.a.q = dq, wp.a.qs = Q, wp.a.k_nope = dk, wp.a.ks = C, wp.a.k_pe = nullptr, wp.a.ps = 0, wp.a.pe_raw = 0;
+        wp.b.cache = dc, wp.b.s0 = stride;
+        CK(mlaf_row_launch<T, true, Wv>(a, wp, true, sms, cc, 0, shapes[k]));
+        CK(cudaDeviceSynchronize());
+        std::vector<unsigned char> kn((size_t)(T_ * C * es)), cache(cache_bytes);
+        int32_t err = 0;
+        CK(cudaMemcpy(kn.data(), dk, kn.size(), cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(cache.data(), dc, cache_bytes, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(&err, derr, 4, cudaMemcpyDeviceToHost));
+        cudaFree(dl), cudaFree(dw), cudaFree(dq), cudaFree(dk), cudaFree(dc), cudaFree(dpos), cudaFree(dsl),
+            cudaFree(derr), cudaFree(dcs);
+        std::vector<unsigned char> want(cache_bytes, 0x5a);
+        mlaf_kv_encoding enc = {MLAF_KV_FP8_V4, MLAF_FP8_DIV, 1.0f, MLAF_TILE_AMAX, C, 0};
+        float row[512];
+        uint8_t rec[584];
+        for (int64_t t = 0; t < T_; t++) {
+            const int32_t sl = in.slots[(size_t)t];
+            if (sl < 0 || sl >= nblk * bs || in.pos[(size_t)t] < 0 || in.pos[(size_t)t] >= max_pos) continue;
+            for (int i = 0; i < C; i++) row[i] = (float)from(&kn[(size_t)((t * C + i) * es)], MLAF_BF16);
+            mlaf_ref_kv_encode(&enc, row, nullptr, rec, nullptr);
+            const int64_t page = (sl / bs) * stride, o = sl % bs;
+            memcpy(&want[(size_t)(page + o * 576)], rec, 576);
+            memcpy(&want[(size_t)(page + bs * 576 + o * 8)], rec + 576, 8);
+        }
+        int64_t bad = 0, first = -1;
+        for (size_t i = 0; i < want.size(); i++)
+            if (want[i] != cache[i] && bad++ == 0) first = (int64_t)i;
+        if (k == 0) k0 = kn;
+        const double wu = worst_ulps(kn, k0, MLAF_BF16);
+        tl_case(bad == 0 && err == 3 && wu <= 1.0, name,
+                "%lld cache bytes differ from the encoding of the dense rows (first at byte %lld), error count %d, "
+                "k_nope %.2f ulp from the generic shape's", (long long)bad, (long long)first, err, wu);
+    }
+}
+
 int main(void) {
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
@@ -375,5 +460,6 @@ int main(void) {
             }
         }
     }
+    v4_one(cc, sms);
     return tl_finish();
 }
