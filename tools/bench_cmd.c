@@ -261,8 +261,10 @@ static int setup(bench_op *o, size_t llc, char *err, size_t cap) {
     o->E = o->cfg.n_routed_experts;
     o->moe = mlaf_moe_gate_params_from_config(&o->cfg);
     o->K = o->moe.top_k + o->moe.n_shared_experts;
+    if (o->hash) /* hash routing has no group limit (and no bias) */
+        o->moe.n_group = o->moe.topk_group = 1;
     o->G = o->moe.n_group;
-    o->has_bias = o->cfg.has_score_bias;
+    o->has_bias = o->cfg.has_score_bias && !o->hash;
     o->max_pos = T < 1 ? 1 : (T > 65536 ? 65536 : T);
     o->block_size = 64;
     o->num_blocks = (T + o->block_size - 1) / o->block_size;
