@@ -1,0 +1,275 @@
+/*
+ * test_indexer.c — the DSA indexer (SPEC §10) on every backend: mla_kv_cache with its key branch
+ * (every cache format, both RoPE styles, Hadamard on / off, ue8m0 / f32 scales, dtypes, T, block
+ * sizes, strided views with an odd index-cache block stride, the in-place dense output, a short
+ * slot_mapping) and indexer_q (with and without the MLA q_pe) against the float64 oracle
+ * (verify_indexer.c); the block-planar byte offsets pinned by hand with an odd block stride and
+ * decoded back; the harness's own failure; rejections with a message naming the argument and
+ * nothing written.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../src/fp8.h"
+#include "testlib.h"
+
+static const mlaf_dtype DTYPES[3] = {MLAF_BF16, MLAF_F16, MLAF_F32};
+
+static int filtered_out(const char *name) {
+    const char *f = getenv("MLAF_TEST_FILTER");
+    return f && *f && !strstr(name, f);
+}
+
+static const char *style_name(mlaf_rope_style s) { return s == MLAF_ROPE_NEOX ? "neox" : "interleaved"; }
+
+static void run_k(mlaf_context *ctx, const mlaf_verify_case *c, const char *extra) {
+    char name[320];
+    snprintf(name, sizeof name,
+             "MLA_KV_CACHE_DSA(preset=%s,T=%lld,dtype=%s,w=%s,backend=%s,cache=%s,bs=%lld,index_rope=%s,hadamard=%d,"
+             "scale=%s%s%s%s%s%s)",
+             c->cfg.name, (long long)c->T, mlaf_dtype_name(c->dtype), mlaf_dtype_name(c->weight_dtype),
+             mlaf_backend_name(mlaf_context_backend(ctx)), mlaf_kv_format_name(c->kv_format),
+             (long long)c->block_size, style_name(c->index_style), c->index_hadamard,
+             c->index_scale == MLAF_INDEX_SCALE_F32 ? "f32" : "ue8m0", c->strided ? ",strided" : "",
+             c->in_place ? ",in_place" : "", c->map_short ? ",short_map" : "", extra ? "," : "", extra ? extra : "");
+    if (filtered_out(name)) return;
+    mlaf_verify_result r;
+    mlaf_status st = mlaf_verify_mla_kv_cache_dsa(ctx, c, &r);
+    tl_case(st == MLAF_OK && r.passed, name, "%s [%s, worst %.3g]", r.detail, mlaf_status_name(st), r.worst_units);
+}
+
+static void run_q(mlaf_context *ctx, const mlaf_verify_case *c, const char *extra) {
+    char name[320];
+    snprintf(name, sizeof name,
+             "INDEXER_Q(preset=%s,T=%lld,H=%d,dtype=%s,w=%s,backend=%s,index_rope=%s,hadamard=%d,scale=%s%s%s%s%s)",
+             c->cfg.name, (long long)c->T, (int)c->cfg.index_n_heads, mlaf_dtype_name(c->dtype),
+             mlaf_dtype_name(c->weight_dtype), mlaf_backend_name(mlaf_context_backend(ctx)),
+             style_name(c->index_style), c->index_hadamard, c->index_scale == MLAF_INDEX_SCALE_F32 ? "f32" : "ue8m0",
+             c->strided ? ",strided" : "", c->index_q_pe ? ",q_pe" : "", extra ? "," : "", extra ? extra : "");
+    if (filtered_out(name)) return;
+    mlaf_verify_result r;
+    mlaf_status st = mlaf_verify_indexer_q(ctx, c, &r);
+    tl_case(st == MLAF_OK && r.passed, name, "%s [%s, worst %.3g]", r.detail, mlaf_status_name(st), r.worst_units);
+}
+
+static void suite(mlaf_context *ctx, int quick, const char *extra) {
+    const char *presets[3] = {"glm-5", "deepseek-v3.2", "glm-4.7-flash"};
+    const int64_t Ts[6] = {0, 1, 7, 64, 257, 4099};
+    const int64_t bss[3] = {1, 16, 64};
+    const int nT = quick || extra ? 5 : 6;
+    int v = 0;
+    for (int pi = 0; pi < 3; pi++) {
+        const mlaf_model_config *cfg = mlaf_preset_find(presets[pi]);
+        for (int di = 0; di < 3; di++)
+            for (int ti = extra ? 2 : 0; ti < nT; ti++)
+                for (int f = 0; f < 3; f++) {
+                    if (f == 2 && di != 0) continue; /* fp8_ds_mla: bf16 latents only */
+                    if (extra && (ti + f + di) % 2) continue;
+                    v++;
+                    mlaf_verify_case c = mlaf_verify_case_default(cfg, DTYPES[di], Ts[ti], 0xd5a000u + (uint64_t)v);
+                    c.indexer = 1;
+                    c.kv_format = (mlaf_kv_format)f;
+                    c.cache_dtype = f == 0 ? DTYPES[(di + v) % 3] : MLAF_U8;
+                    c.block_size = bss[v % 3];
+                    c.strided = (v >> 1) & 1;
+                    c.in_place = v % 5 == 3;
+                    c.map_short = v % 7 == 4 ? 3 : 0;
+                    c.weight_dtype = v % 4 == 1 ? MLAF_F32 : DTYPES[di];
+                    c.index_hadamard = (v >> 2) & 1;
+                    c.index_scale = v % 3 == 2 ? MLAF_INDEX_SCALE_F32 : MLAF_INDEX_SCALE_UE8M0;
+                    if (pi == 2) c.index_style = (mlaf_rope_style)(v & 1);
+                    c.index_dtype = v % 2 ? MLAF_I32 : MLAF_I64;
+                    c.tile_scale = (mlaf_tile_scale)(v % 3);
+                    run_k(ctx, &c, extra);
+                }
+    }
+    for (int pi = 0; pi < 2; pi++) {
+        const mlaf_model_config *cfg = mlaf_preset_find(presets[pi]);
+        for (int di = 0; di < 3; di++)
+            for (int ti = extra ? 2 : 0; ti < nT - 1; ti++)
+                for (int k = 0; k < 2; k++) {
+                    if (extra && (ti + k) % 2) continue;
+                    v++;
+                    mlaf_verify_case c = mlaf_verify_case_default(cfg, DTYPES[di], Ts[ti], 0xd5b000u + (uint64_t)v);
+                    c.strided = k;
+                    c.weight_dtype = v % 3 == 1 ? MLAF_F32 : DTYPES[di];
+                    c.index_hadamard = (v >> 1) & 1;
+                    c.index_scale = v % 4 == 3 ? MLAF_INDEX_SCALE_F32 : MLAF_INDEX_SCALE_UE8M0;
+                    c.index_q_pe = (v % 3) == 0;
+                    c.index_dtype = v % 2 ? MLAF_I32 : MLAF_I64;
+                    run_q(ctx, &c, extra);
+                }
+    }
+}
+
+/* ---- the block-planar bytes, by hand ------------------------------------------------------ */
+static void planar_bytes(mlaf_backend be) {
+    char name[160];
+    snprintf(name, sizeof name, "MLA_KV_CACHE_DSA(planar offsets, block_size 2, odd block stride 271,backend=%s)",
+             mlaf_backend_name(be));
+    if (filtered_out(name)) return;
+    mlaf_context *ctx = tl_context(be);
+    if (!ctx) return;
+    enum { T = 3, Q = 0, C = 128, R = 64, BS = 2, NB = 3, STRIDE = 271, D = 128 };
+    uint16_t lat[T * (C + R)], wkv[C], kbuf[T * D], out[T * D], wi[D], bi[D], kn[T * C];
+    float cs[4 * R];
+    int64_t pos[T] = {1, 3, 2}, slots[T] = {3, 0, 5};
+    uint8_t icache[NB * STRIDE], kvc[NB * BS * (C + R) * 2];
+    mlaf_rng rng;
+    mlaf_rng_seed(&rng, 77);
+    mlaf_fill_normal(&rng, lat, MLAF_BF16, T * (C + R), 0.0, 1.0);
+    mlaf_fill_normal(&rng, wkv, MLAF_BF16, C, 1.0, 0.1);
+    mlaf_fill_normal(&rng, kbuf, MLAF_BF16, T * D, 0.2, 1.5);
+    mlaf_fill_normal(&rng, wi, MLAF_BF16, D, 1.0, 0.2);
+    mlaf_fill_normal(&rng, bi, MLAF_BF16, D, 0.0, 0.3);
+    mlaf_rope_table_init(cs, 4, R, 10000.0);
+    for (int i = 0; i < NB * STRIDE; i++) icache[i] = (uint8_t)(0xA5 ^ i);
+    memset(kvc, 0, sizeof kvc);
+    mlaf_gbuf g[11];
+    void *host[11] = {lat, wkv, kbuf, wi, bi, cs, pos, slots, icache, kvc, kn};
+    size_t sz[11] = {sizeof lat, sizeof wkv, sizeof kbuf, sizeof wi, sizeof bi, sizeof cs, sizeof pos, sizeof slots,
+                     sizeof icache, sizeof kvc, sizeof kn};
+    int ok = 1;
+    for (int i = 0; i < 11; i++) ok = ok && mlaf_gbuf_alloc(&g[i], be, sz[i], host[i], 0) == MLAF_OK;
+    mlaf_gbuf go;
+    ok = ok && mlaf_gbuf_alloc(&go, be, sizeof out, NULL, 0) == MLAF_OK;
+    if (!ok) {
+        tl_case(0, name, "allocation failed");
+        mlaf_context_free(ctx);
+        return;
+    }
+    mlaf_mla_kv_cache_params p = {Q, C, R, 1e-6f, 1e-6f, MLAF_ROPE_INTERLEAVED};
+    mlaf_tensor tl = mlaf_tensor_2d(g[0].ptr, MLAF_BF16, T, C + R, C + R), tw = mlaf_tensor_1d(g[1].ptr, MLAF_BF16, C);
+    mlaf_tensor tk = mlaf_tensor_2d(g[2].ptr, MLAF_BF16, T, D, D), twi = mlaf_tensor_1d(g[3].ptr, MLAF_BF16, D);
+    mlaf_tensor tbi = mlaf_tensor_1d(g[4].ptr, MLAF_BF16, D), tcs = mlaf_tensor_2d(g[5].ptr, MLAF_F32, 4, R, R);
+    mlaf_tensor tpos = mlaf_tensor_1d(g[6].ptr, MLAF_I64, T), tsl = mlaf_tensor_1d(g[7].ptr, MLAF_I64, T);
+    mlaf_tensor tic = mlaf_tensor_2d(g[8].ptr, MLAF_U8, NB, BS * (D + 4), STRIDE);
+    mlaf_tensor tkv = mlaf_tensor_3d(g[9].ptr, MLAF_BF16, NB, BS, C + R, BS * (C + R), C + R);
+    mlaf_tensor tkn = mlaf_tensor_2d(g[10].ptr, MLAF_BF16, T, C, C), tout = mlaf_tensor_2d(go.ptr, MLAF_BF16, T, D, D);
+    mlaf_kv_cache_desc d = {MLAF_KV_PLAIN, &tkv, NULL, NULL, NULL, MLAF_FP8_DIV, MLAF_TILE_AMAX};
+    mlaf_indexer_params ip = {MLAF_ROPE_NEOX, 0, 1e-6f, 1e-4f, MLAF_INDEX_SCALE_UE8M0};
+    mlaf_indexer_k ik = {&tk, &twi, &tbi, &tic, &tout, NULL};
+    mlaf_status st = mlaf_mla_kv_cache_dsa(ctx, &p, &tl, NULL, &tw, &tpos, &tcs, &tsl, &d, NULL, &tkn, NULL, NULL, &ip, &ik);
+    ok = st == MLAF_OK && mlaf_context_sync(ctx) == MLAF_OK && mlaf_gbuf_download(&g[8]) == MLAF_OK &&
+         mlaf_gbuf_download(&go) == MLAF_OK;
+    const uint8_t *ic = (const uint8_t *)g[8].body;
+    const uint16_t *o = (const uint16_t *)go.body;
+    int bad = 0, touched = 0;
+    char why[200] = "";
+    for (int t = 0; ok && t < T; t++) {
+        if (slots[t] >= NB * BS) continue;
+        const int b = (int)(slots[t] / BS), off = (int)(slots[t] % BS);
+        const uint8_t *vals = ic + b * STRIDE + off * D, *sp = ic + b * STRIDE + BS * D + 4 * off;
+        const uint32_t sb = (uint32_t)sp[0] | (uint32_t)sp[1] << 8 | (uint32_t)sp[2] << 16 | (uint32_t)sp[3] << 24;
+        const float s = mlaf_bits_f32(sb);
+        float amax = 0.0f;
+        for (int i = 0; i < D; i++) amax = fmaxf(amax, fabsf(mlaf_bf16_to_f32(o[t * D + i])));
+        if (s != mlaf_bits_f32((uint32_t)(mlaf_ue8m0_exponent(amax) + 127) << 23)) {
+            bad++;
+            snprintf(why, sizeof why, "token %d: scale %g at byte %d, expected 2^ceil_log2(%g / 448)", t, (double)s,
+                     (int)(sp - ic), (double)amax);
+        }
+        for (int i = 0; i < D; i++) {
+            const float x = mlaf_bf16_to_f32(o[t * D + i]), dec = mlaf_e4m3_to_f32(vals[i]) * s;
+            const float ax = fabsf(x) / s; /* half an e4m3 ulp at x / s, times s */
+            const float half = ldexpf(1.0f, (ax < 0.015625f ? -9 : (int)floorf(log2f(ax)) - 3) - 1) * s;
+            if (!(fabsf(dec - x) <= half * 1.0001f)) {
+                bad++;
+                snprintf(why, sizeof why, "token %d value %d: byte 0x%02x * %g = %g, dense %g", t, i, vals[i], (double)s,
+                         (double)dec, (double)x);
+            }
+        }
+    }
+    /* bytes of no record (block 1 and the tails past 264 bytes of each block) unchanged */
+    for (int k = 0; ok && k < NB * STRIDE; k++) {
+        const int b = k / STRIDE, in = k % STRIDE;
+        int named = 0;
+        for (int t = 0; t < T; t++) {
+            if (slots[t] / BS != b) continue;
+            const int off = (int)(slots[t] % BS);
+            named |= (in >= off * D && in < off * D + D) || (in >= BS * D + 4 * off && in < BS * D + 4 * off + 4);
+        }
+        if (!named && ic[k] != (uint8_t)(0xA5 ^ k)) touched++;
+    }
+    tl_case(ok && !bad && !touched && mlaf_gbuf_guards_ok(&g[8]), name, "%s; %d bad values, %d bytes changed outside the records [%s]",
+            why, bad, touched, mlaf_context_last_error(ctx));
+
+    /* rejections: nothing written, the message names the argument */
+    struct {
+        const char *what, *needle;
+        mlaf_status want;
+    } cases[6] = {{"rope_dim 32", "rope_dim", MLAF_ERR_INVALID_ARGUMENT},
+                  {"index cache too narrow", "index_cache.shape[1]", MLAF_ERR_SHAPE},
+                  {"index cache blocks", "index_cache.shape[0]", MLAF_ERR_SHAPE},
+                  {"ln_eps 0", "ln_eps", MLAF_ERR_INVALID_ARGUMENT},
+                  {"index_out over index_cache", "overlaps", MLAF_ERR_OVERLAP},
+                  {"index_k f32", "index_k.dtype", MLAF_ERR_DTYPE}};
+    for (int k = 0; k < 6; k++) {
+        char nm[200];
+        snprintf(nm, sizeof nm, "MLA_KV_CACHE_DSA(rejects %s,backend=%s)", cases[k].what, mlaf_backend_name(be));
+        memcpy(g[8].body, icache, sizeof icache);
+        mlaf_gbuf_upload(&g[8]);
+        mlaf_mla_kv_cache_params p2 = p;
+        mlaf_indexer_params ip2 = ip;
+        mlaf_tensor tic2 = tic, tout2 = tout, tk2 = tk, tcs2 = tcs, tl2 = tl;
+        mlaf_indexer_k ik2 = ik;
+        if (k == 0) p2.rope_dim = 32, tcs2.shape[1] = 32, tl2.shape[1] = C + 32;
+        if (k == 1) tic2.shape[1] = BS * (D + 4) - 1;
+        if (k == 2) tic2.shape[0] = NB - 1;
+        if (k == 3) ip2.ln_eps = 0.0f;
+        if (k == 4) tout2 = mlaf_tensor_2d(g[8].ptr, MLAF_BF16, 1, D, D);
+        if (k == 5) tk2.dtype = MLAF_F32;
+        ik2.cache = &tic2, ik2.out = &tout2, ik2.index_k = &tk2;
+        if (k == 4) { /* one token: index_out [1, 128] bf16 aliases the index cache */
+            mlaf_tensor tl1 = tl, tk1 = tk2, tn1 = tkn, tp1 = tpos, ts1 = tsl;
+            tl1.shape[0] = tk1.shape[0] = tn1.shape[0] = tp1.shape[0] = ts1.shape[0] = 1;
+            ik2.index_k = &tk1;
+            st = mlaf_mla_kv_cache_dsa(ctx, &p2, &tl1, NULL, &tw, &tp1, &tcs2, &ts1, &d, NULL, &tn1, NULL, NULL, &ip2, &ik2);
+        } else {
+            mlaf_kv_cache_desc d2 = d;
+            mlaf_tensor tkv2 = tkv;
+            if (k == 0) tkv2.shape[2] = C + 32, d2.cache = &tkv2;
+            st = mlaf_mla_kv_cache_dsa(ctx, &p2, &tl2, NULL, &tw, &tpos, &tcs2, &tsl, &d2, NULL, &tkn, NULL, NULL, &ip2,
+                                       &ik2);
+        }
+        const char *msg = mlaf_context_last_error(ctx);
+        mlaf_gbuf_download(&g[8]);
+        int same = 1;
+        for (int i = 0; i < NB * STRIDE; i++) same &= ((const uint8_t *)g[8].body)[i] == icache[i];
+        tl_case(st == cases[k].want && strstr(msg, cases[k].needle) && same, nm, "%s: \"%s\"%s", mlaf_status_name(st), msg,
+                same ? "" : " (index cache written)");
+    }
+    for (int i = 0; i < 11; i++) mlaf_gbuf_free(&g[i]);
+    mlaf_gbuf_free(&go);
+    mlaf_context_free(ctx);
+}
+
+/* The harness must fail, naming the altered token. */
+static void harness_fails(mlaf_backend be) {
+    mlaf_context *ctx = tl_context(be);
+    if (!ctx) return;
+    for (int k = 0; k < 2; k++) {
+        char name[160];
+        snprintf(name, sizeof name, "%s(harness catches an altered output,backend=%s)", k ? "INDEXER_Q" : "MLA_KV_CACHE_DSA",
+                 mlaf_backend_name(be));
+        if (filtered_out(name)) continue;
+        mlaf_verify_case c = mlaf_verify_case_default(mlaf_preset_find("deepseek-v3.2"), MLAF_BF16, 40, 99);
+        c.indexer = 1;
+        c.corrupt_from = 2; /* token 1: valid position (make_positions) and slot */
+        mlaf_verify_result r;
+        mlaf_status st = k ? mlaf_verify_indexer_q(ctx, &c, &r) : mlaf_verify_mla_kv_cache_dsa(ctx, &c, &r);
+        tl_case(st == MLAF_OK && !r.passed && strstr(r.detail, "t=1"), name, "%s", r.detail);
+    }
+    mlaf_context_free(ctx);
+}
+
+int main(void) {
+    mlaf_backend bes[MLAF_BACKEND_COUNT_];
+    const int nb = tl_backends(bes);
+    for (int i = 0; i < nb; i++) {
+        planar_bytes(bes[i]);
+        harness_fails(bes[i]);
+    }
+    return tl_run_suite("MLA_KV_CACHE_DSA", suite);
+}
