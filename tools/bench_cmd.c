@@ -999,6 +999,11 @@ int cmd_bench(int argc, char **argv) {
             backend_set = 1;
         } else if ((r = cli_take_value(argc, argv, &i, "--op", &v)) != 0) {
             if (r < 0 || cli_parse_op_set("--op", v, want_op)) return CLI_EXIT_USAGE;
+            int others = 0; /* indexer_q has no bench rows: alone it is an error, within "all" left out */
+            for (int o = 0; o < MLAF_OP_COUNT_; o++) others += o != MLAF_OP_INDEXER_Q && want_op[o];
+            if (want_op[MLAF_OP_INDEXER_Q] && !others)
+                return cli_usage_error("bench", "--op indexer_q: no bench rows for indexer_q (verify covers it)");
+            want_op[MLAF_OP_INDEXER_Q] = 0;
         } else if ((r = cli_take_value(argc, argv, &i, "--preset", &v)) != 0) {
             if (r < 0) return CLI_EXIT_USAGE;
             if (cli_check_preset("bench", v)) return CLI_EXIT_USAGE;
