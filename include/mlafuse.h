@@ -549,6 +549,12 @@ MLAF_API mlaf_indexer_params mlaf_indexer_params_from_config(const mlaf_model_co
  *   out       [T, 128]   optional: the vector quantized (after the Hadamard when on), latent's
  *                        dtype, for context-parallel gathers; may be index_k itself (in place)
  *   topk_fill [T, K]     optional i32, filled with -1 (a full-indexer layer's top-k buffer)
+ *   copies, copy_stride  the multi-destination store (SPEC §12, context-parallel peers): with
+ *                        copies = n in [2, 8] the index records are written, byte for byte the
+ *                        same, to n caches: cache's view at cache.data + k * copy_stride bytes,
+ *                        k < n (e.g. peer-mapped memory); copy_stride >= the bytes one cache
+ *                        view spans, so the copies do not overlap. 0 or 1: the one cache. The op
+ *                        issues no cross-GPU fence: the caller publishes before peers read.
  *
  * Per token, every step in fp32 and rounded to the latent dtype after it:
  *   1. LayerNorm: mu = sum(x) / 128, var = sum((x - mu)^2) / 128 (sums in a fixed order, no FMA),
@@ -567,6 +573,8 @@ typedef struct mlaf_indexer_k {
     const mlaf_tensor *cache;     /* required */
     const mlaf_tensor *out;       /* optional */
     const mlaf_tensor *topk_fill; /* optional */
+    int32_t copies;               /* 0 or 1: one cache; up to 8 */
+    int64_t copy_stride;          /* bytes between the copies' bases */
 } mlaf_indexer_k;
 
 /* mla_kv_cache (any cache format) and, with ik given, the indexer key branch of every token in the

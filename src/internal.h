@@ -109,6 +109,8 @@ typedef struct mlaf_index_job {
     int64_t out_stride;
     int32_t *topk;           /* [T, topk_n] i32, or NULL */
     int64_t topk_stride, topk_n;
+    int32_t copies;          /* >= 1 caches at cache + k * copy_stride bytes */
+    int64_t copy_stride;
 } mlaf_index_job;
 
 /* indexer_q (SPEC §10). */

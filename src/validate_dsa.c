@@ -69,6 +69,20 @@ mlaf_status mlaf_check_indexer_k(mlaf_context *ctx, const mlaf_indexer_params *i
                          "index_cache.shape[1] = %lld bytes, expected >= 132 * block_size = %lld (block-planar "
                          "128 e4m3 bytes and a 4-byte scale per token)",
                          (long long)c->shape[1], (long long)(kv->block_size * (D + 4)));
+    const int32_t copies = ik->copies > 1 ? ik->copies : 1;
+    if (ik->copies < 0 || ik->copies > 8)
+        return mlaf_fail(ctx, MLAF_ERR_LIMIT, "index copies = %d, expected 0 .. 8 (destination caches)",
+                         (int)ik->copies);
+    if (copies > 1) {
+        /* the view's span: (num_blocks - 1) * stride + bytes, below 2^62 (checked above) */
+        const int64_t span = c->shape[0] == 0 ? 0 : (c->shape[0] - 1) * c->stride[0] + c->shape[1];
+        if (ik->copy_stride < span || ik->copy_stride > (MLAF_MAX_VIEW_BYTES - span) / (copies - 1) ||
+            (uintptr_t)c->data > UINTPTR_MAX - (uintptr_t)(ik->copy_stride * (copies - 1) + span))
+            return mlaf_fail(ctx, MLAF_ERR_STRIDE,
+                             "index copy_stride = %lld bytes, expected >= the %lld bytes one index_cache spans "
+                             "(copies must not overlap) and all %d copies inside the address space",
+                             (long long)ik->copy_stride, (long long)span, (int)copies);
+    }
     if (ik->out) TRY(mlaf_vcheck_tensor(ctx, ik->out, "index_out", DT_(dt), 2, wrow, row_expr));
     if (ik->topk_fill) {
         static const char *const tk_expr[2] = {"tokens", NULL};
@@ -86,6 +100,15 @@ mlaf_status mlaf_check_indexer_k(mlaf_context *ctx, const mlaf_indexer_params *i
     const char *mla_names[7] = {"q", "k_nope", "k_pe", "kv_cache", "kpe", "amax_out", "error_count"};
     const mlaf_tensor *outs[3] = {ik->cache, ik->out, ik->topk_fill};
     const char *out_names[3] = {"index_cache", "index_out", "topk_fill"};
+    /* every copy of the index cache is an output like the first (the copies apart by copy_stride) */
+    mlaf_tensor cp = *ik->cache;
+    for (int32_t k = 1; k < copies; k++) {
+        cp.data = (char *)ik->cache->data + (int64_t)k * ik->copy_stride;
+        for (int i = 0; i < 8; i++) TRY(mlaf_vcheck_no_overlap(ctx, &cp, "an index_cache copy", ins[i], in_names[i]));
+        for (int i = 0; i < 7; i++) TRY(mlaf_vcheck_no_overlap(ctx, &cp, "an index_cache copy", mla_outs[i], mla_names[i]));
+        TRY(mlaf_vcheck_no_overlap(ctx, &cp, "an index_cache copy", ik->out, "index_out"));
+        TRY(mlaf_vcheck_no_overlap(ctx, &cp, "an index_cache copy", ik->topk_fill, "topk_fill"));
+    }
     for (int i = 0; i < 3; i++) {
         if (!outs[i]) continue;
         for (int k = 0; k < 8; k++) {
@@ -118,6 +141,8 @@ mlaf_status mlaf_check_indexer_k(mlaf_context *ctx, const mlaf_indexer_params *i
     j.topk = ik->topk_fill ? (int32_t *)ik->topk_fill->data : NULL;
     j.topk_stride = ik->topk_fill ? ik->topk_fill->stride[0] : 0;
     j.topk_n = ik->topk_fill ? ik->topk_fill->shape[1] : 0;
+    j.copies = copies;
+    j.copy_stride = copies > 1 ? ik->copy_stride : 0;
     *job = j;
     return MLAF_OK;
 }

@@ -27,12 +27,12 @@ static void run_k(mlaf_context *ctx, const mlaf_verify_case *c, const char *extr
     char name[320];
     snprintf(name, sizeof name,
              "MLA_KV_CACHE_DSA(preset=%s,T=%lld,dtype=%s,w=%s,backend=%s,cache=%s,bs=%lld,index_rope=%s,hadamard=%d,"
-             "scale=%s%s%s%s%s%s)",
+             "scale=%s,copies=%d%s%s%s%s%s)",
              c->cfg.name, (long long)c->T, mlaf_dtype_name(c->dtype), mlaf_dtype_name(c->weight_dtype),
              mlaf_backend_name(mlaf_context_backend(ctx)), mlaf_kv_format_name(c->kv_format),
              (long long)c->block_size, style_name(c->index_style), c->index_hadamard,
-             c->index_scale == MLAF_INDEX_SCALE_F32 ? "f32" : "ue8m0", c->strided ? ",strided" : "",
-             c->in_place ? ",in_place" : "", c->map_short ? ",short_map" : "", extra ? "," : "", extra ? extra : "");
+             c->index_scale == MLAF_INDEX_SCALE_F32 ? "f32" : "ue8m0", c->index_copies > 1 ? c->index_copies : 1,
+             c->strided ? ",strided" : "", c->in_place ? ",in_place(context-parallel)" : "", c->map_short ? ",short_map" : "", extra ? "," : "", extra ? extra : "");
     if (filtered_out(name)) return;
     mlaf_verify_result r;
     mlaf_status st = mlaf_verify_mla_kv_cache_dsa(ctx, c, &r);
@@ -81,6 +81,7 @@ static void suite(mlaf_context *ctx, int quick, const char *extra) {
                     if (pi == 2) c.index_style = (mlaf_rope_style)(v & 1);
                     c.index_dtype = v % 2 ? MLAF_I32 : MLAF_I64;
                     c.tile_scale = (mlaf_tile_scale)(v % 3);
+                    c.index_copies = v % 6 == 5 ? 2 + v % 7 : 0; /* the multi-destination store */
                     run_k(ctx, &c, extra);
                 }
     }
@@ -149,7 +150,7 @@ static void planar_bytes(mlaf_backend be) {
     mlaf_tensor tkn = mlaf_tensor_2d(g[10].ptr, MLAF_BF16, T, C, C), tout = mlaf_tensor_2d(go.ptr, MLAF_BF16, T, D, D);
     mlaf_kv_cache_desc d = {MLAF_KV_PLAIN, &tkv, NULL, NULL, NULL, MLAF_FP8_DIV, MLAF_TILE_AMAX};
     mlaf_indexer_params ip = {MLAF_ROPE_NEOX, 0, 1e-6f, 1e-4f, MLAF_INDEX_SCALE_UE8M0};
-    mlaf_indexer_k ik = {&tk, &twi, &tbi, &tic, &tout, NULL};
+    mlaf_indexer_k ik = {&tk, &twi, &tbi, &tic, &tout, NULL, 0, 0};
     mlaf_status st = mlaf_mla_kv_cache_dsa(ctx, &p, &tl, NULL, &tw, &tpos, &tcs, &tsl, &d, NULL, &tkn, NULL, NULL, &ip, &ik);
     ok = st == MLAF_OK && mlaf_context_sync(ctx) == MLAF_OK && mlaf_gbuf_download(&g[8]) == MLAF_OK &&
          mlaf_gbuf_download(&go) == MLAF_OK;
@@ -199,13 +200,15 @@ static void planar_bytes(mlaf_backend be) {
     struct {
         const char *what, *needle;
         mlaf_status want;
-    } cases[6] = {{"rope_dim 32", "rope_dim", MLAF_ERR_INVALID_ARGUMENT},
+    } cases[8] = {{"rope_dim 32", "rope_dim", MLAF_ERR_INVALID_ARGUMENT},
                   {"index cache too narrow", "index_cache.shape[1]", MLAF_ERR_SHAPE},
                   {"index cache blocks", "index_cache.shape[0]", MLAF_ERR_SHAPE},
                   {"ln_eps 0", "ln_eps", MLAF_ERR_INVALID_ARGUMENT},
                   {"index_out over index_cache", "overlaps", MLAF_ERR_OVERLAP},
-                  {"index_k f32", "index_k.dtype", MLAF_ERR_DTYPE}};
-    for (int k = 0; k < 6; k++) {
+                  {"index_k f32", "index_k.dtype", MLAF_ERR_DTYPE},
+                  {"9 copies", "index copies", MLAF_ERR_LIMIT},
+                  {"overlapping copies", "copy_stride", MLAF_ERR_STRIDE}};
+    for (int k = 0; k < 8; k++) {
         char nm[200];
         snprintf(nm, sizeof nm, "MLA_KV_CACHE_DSA(rejects %s,backend=%s)", cases[k].what, mlaf_backend_name(be));
         memcpy(g[8].body, icache, sizeof icache);
@@ -220,6 +223,8 @@ static void planar_bytes(mlaf_backend be) {
         if (k == 3) ip2.ln_eps = 0.0f;
         if (k == 4) tout2 = mlaf_tensor_2d(g[8].ptr, MLAF_BF16, 1, D, D);
         if (k == 5) tk2.dtype = MLAF_F32;
+        if (k == 6) ik2.copies = 9, ik2.copy_stride = NB * STRIDE;
+        if (k == 7) ik2.copies = 2, ik2.copy_stride = NB * STRIDE - 10;
         ik2.cache = &tic2, ik2.out = &tout2, ik2.index_k = &tk2;
         if (k == 4) { /* one token: index_out [1, 128] bf16 aliases the index cache */
             mlaf_tensor tl1 = tl, tk1 = tk2, tn1 = tkn, tp1 = tpos, ts1 = tsl;
@@ -242,6 +247,66 @@ static void planar_bytes(mlaf_backend be) {
     }
     for (int i = 0; i < 11; i++) mlaf_gbuf_free(&g[i]);
     mlaf_gbuf_free(&go);
+    mlaf_context_free(ctx);
+}
+
+/* indexer_q's rejections: the status, a message naming the argument, nothing written. */
+static void indexer_q_rejects(mlaf_backend be) {
+    mlaf_context *ctx = tl_context(be);
+    if (!ctx) return;
+    enum { T = 4, H = 8, D = 128 };
+    mlaf_gbuf q, w, f, wo, pos, cs, pe;
+    float tab[16 * 64];
+    int64_t p[T] = {0, 1, 2, 3};
+    mlaf_rope_table_init(tab, 16, 64, 10000.0);
+    int ok = mlaf_gbuf_alloc(&q, be, T * H * D * 4, NULL, 0) == MLAF_OK && mlaf_gbuf_alloc(&w, be, T * H * 4, NULL, 0) == MLAF_OK &&
+             mlaf_gbuf_alloc(&f, be, T * H * D, NULL, 0) == MLAF_OK && mlaf_gbuf_alloc(&wo, be, T * H * 4, NULL, 0) == MLAF_OK &&
+             mlaf_gbuf_alloc(&pos, be, sizeof p, p, 0) == MLAF_OK && mlaf_gbuf_alloc(&cs, be, sizeof tab, tab, 0) == MLAF_OK &&
+             mlaf_gbuf_alloc(&pe, be, T * 2 * 192 * 4, NULL, 0) == MLAF_OK;
+    if (!ok) {
+        tl_case(0, "INDEXER_Q(rejects: allocation)", "failed");
+        mlaf_context_free(ctx);
+        return;
+    }
+    struct {
+        const char *what, *needle;
+        mlaf_status want;
+    } cases[7] = {{"head dim 64", "q_idx.shape[2]", MLAF_ERR_SHAPE},
+                  {"w of 7 heads", "w.shape[1]", MLAF_ERR_SHAPE},
+                  {"q_fp8 f32", "q_fp8.dtype", MLAF_ERR_DTYPE},
+                  {"w_out over q_fp8", "overlaps", MLAF_ERR_OVERLAP},
+                  {"cos_sin 32 wide", "cos_sin.shape[1]", MLAF_ERR_SHAPE},
+                  {"q_pe without its rope params", "q_pe_rope", MLAF_ERR_NULL_POINTER},
+                  {"amax_eps 0", "amax_eps", MLAF_ERR_INVALID_ARGUMENT}};
+    for (int k = 0; k < 7; k++) {
+        char nm[160];
+        snprintf(nm, sizeof nm, "INDEXER_Q(rejects %s,backend=%s)", cases[k].what, mlaf_backend_name(be));
+        mlaf_indexer_params ip = {MLAF_ROPE_NEOX, 0, 1e-6f, 1e-4f, MLAF_INDEX_SCALE_UE8M0};
+        mlaf_tensor tq = mlaf_tensor_3d(q.ptr, MLAF_F32, T, H, D, H * D, D), tw = mlaf_tensor_2d(w.ptr, MLAF_F32, T, H, H);
+        mlaf_tensor tf = mlaf_tensor_3d(f.ptr, MLAF_U8, T, H, D, H * D, D), two = mlaf_tensor_2d(wo.ptr, MLAF_F32, T, H, H);
+        mlaf_tensor tp = mlaf_tensor_1d(pos.ptr, MLAF_I64, T), tc = mlaf_tensor_2d(cs.ptr, MLAF_F32, 16, 64, 64);
+        mlaf_tensor tpe = mlaf_tensor_3d(pe.ptr, MLAF_F32, T, 2, 192, 384, 192);
+        mlaf_rope_params pr = {64, MLAF_ROPE_INTERLEAVED};
+        const mlaf_tensor *qpe = NULL;
+        const mlaf_rope_params *ppr = &pr;
+        if (k == 0) tq.shape[2] = 64;
+        if (k == 1) tw.shape[1] = H - 1;
+        if (k == 2) tf.dtype = MLAF_F32;
+        if (k == 3) two = mlaf_tensor_2d(f.ptr, MLAF_F32, T, H, H);
+        if (k == 4) tc.shape[1] = 32;
+        if (k == 5) qpe = &tpe, ppr = NULL;
+        if (k == 6) ip.amax_eps = 0.0f;
+        mlaf_status st = mlaf_indexer_q(ctx, &ip, &tq, &tp, &tc, &tw, &tf, &two, qpe, ppr, NULL);
+        const char *msg = mlaf_context_last_error(ctx);
+        int same = mlaf_gbuf_download(&f) == MLAF_OK && mlaf_gbuf_download(&wo) == MLAF_OK && mlaf_gbuf_download(&pe) == MLAF_OK;
+        for (int i = 0; same && i < T * H * D; i++) same = ((const uint8_t *)f.body)[i] == 0xFF;
+        for (int i = 0; same && i < T * H * 4; i++) same = ((const uint8_t *)wo.body)[i] == 0xFF;
+        for (int i = 0; same && i < T * 2 * 192 * 4; i++) same = ((const uint8_t *)pe.body)[i] == 0xFF;
+        tl_case(st == cases[k].want && strstr(msg, cases[k].needle) && same, nm, "%s: \"%s\"%s", mlaf_status_name(st),
+                msg, same ? "" : " (an output was written)");
+    }
+    mlaf_gbuf *all[7] = {&q, &w, &f, &wo, &pos, &cs, &pe};
+    for (int i = 0; i < 7; i++) mlaf_gbuf_free(all[i]);
     mlaf_context_free(ctx);
 }
 
@@ -269,6 +334,7 @@ int main(void) {
     const int nb = tl_backends(bes);
     for (int i = 0; i < nb; i++) {
         planar_bytes(bes[i]);
+        indexer_q_rejects(bes[i]);
         harness_fails(bes[i]);
     }
     return tl_run_suite("MLA_KV_CACHE_DSA", suite);

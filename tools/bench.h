@@ -62,6 +62,11 @@ int blc_cache_write(const mlaf_kv_cache_job *job, const void *k_nope, const void
  * and slots outside the cache are skipped (not counted). */
 int blc_cache_write_fp8(const mlaf_kv_cache_job *job, const void *k_nope, const void *k_pe,
                         int threads);
+/* The DSA indexer key chain (SPEC §10) as engines' unfused pipelines run it: LayerNorm of index_k
+ * into dense [T, 128] rows (latent dtype), RoPE of their first 64 columns, the Hadamard when on,
+ * then the quantize-and-write pass into the block-planar index cache (tokens t >= n_map and
+ * slots outside the cache skipped). The index cache bytes equal the fused op's. */
+int blc_index_k(const mlaf_kv_cache_job *kv, const mlaf_index_job *ix, void *dense, int threads);
 /* gather the rope columns of q into dense [T*H, R], rotate, scatter back. */
 int blc_rope_q(const mlaf_rope_q_job *job, void *gather, int threads);
 /* score -> bias -> group scores -> group mask -> top-k -> gather -> normalize -> scale. */
@@ -106,6 +111,8 @@ int blg_cache_write(const mlaf_kv_cache_job *job, const void *k_nope, const void
 int blg_cache_write_fp8(const mlaf_kv_cache_job *job, const void *k_nope, const void *k_pe,
                         void *stream);
 int blg_rope_q(const mlaf_rope_q_job *job, void *gather, void *stream);
+/* blc_index_k on the GPU: a warp per token in each pass (baselines_index_cuda.cu). */
+int blg_index_k(const mlaf_kv_cache_job *kv, const mlaf_index_job *ix, void *dense, void *stream);
 int blg_moe_gate(const mlaf_moe_gate_job *job, const bench_moe_scratch *s, void *stream);
 /* The blg_* functions return 0 or the cudaError_t of a failed launch; its text: */
 const char *blg_error_string(int code);

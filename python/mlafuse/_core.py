@@ -211,7 +211,7 @@ def run_mla_kv_cache(ctx, Q, C, R, eps_q, eps_kv, style, latent, w_q, w_kv, posi
 def run_mla_kv_cache_dsa(ctx, ip, Q, C, R, eps_q, eps_kv, style, latent, w_q, w_kv, positions, cos_sin,
                          slot_mapping, kv_cache, q, k_nope, k_pe, error_count, index_k, index_weight,
                          index_bias, index_cache, index_out=None, topk_fill=None,
-                         cache_format=L.KV_PLAIN, scale=None, fp8_conv=L.FP8_DIV, amax_out=None,
+                         index_copies=1, index_copy_stride=0, cache_format=L.KV_PLAIN, scale=None, fp8_conv=L.FP8_DIV, amax_out=None,
                          tile_scale=L.TILE_AMAX, kpe_cache=None):
     """mlaf_mla_kv_cache_dsa: run_mla_kv_cache's arguments plus the indexer key branch (ip an
     L.IndexerParams)."""
@@ -229,6 +229,8 @@ def run_mla_kv_cache_dsa(ctx, ip, Q, C, R, eps_q, eps_kv, style, latent, w_q, w_
                      ("cache", index_cache), ("out", index_out), ("topk_fill", topk_fill)):
         if v is not None:
             setattr(ik, field, ctypes.pointer(v))
+    ik.copies = int(index_copies)
+    ik.copy_stride = int(index_copy_stride)
     ctx.check(L.mlaf_mla_kv_cache_dsa(ctx.ptr, ctypes.byref(p), byref(latent), byref(w_q),
                                       byref(w_kv), byref(positions), byref(cos_sin),
                                       byref(slot_mapping), ctypes.byref(d), byref(q),

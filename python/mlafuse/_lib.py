@@ -152,6 +152,8 @@ class IndexerK(ctypes.Structure):
         ("cache", ctypes.POINTER(Tensor)),
         ("out", ctypes.POINTER(Tensor)),
         ("topk_fill", ctypes.POINTER(Tensor)),
+        ("copies", ctypes.c_int32),
+        ("copy_stride", ctypes.c_int64),
     ]
 
 

@@ -62,7 +62,8 @@ def _ctx(torch_path: bool, device):
 
 def mla_kv_cache_dsa(latent, w_q, w_kv, positions, cos_sin, slot_mapping, kv_cache, index_k,
                      index_weight, index_bias, index_cache, *, indexer=None, index_out=None,
-                     return_index_out: bool = False, topk_fill=None, eps_q: float = 1e-5,
+                     return_index_out: bool = False, topk_fill=None, index_copies: int = 1,
+                     index_copy_stride: int = 0, eps_q: float = 1e-5,
                      eps_kv: float = 1e-5, style="interleaved", q_lora_rank: int | None = None,
                      kv_lora_rank: int | None = None, rope_dim: int | None = None, q=None,
                      k_nope=None, k_pe=None, return_k_nope: bool = False,
@@ -83,6 +84,9 @@ def mla_kv_cache_dsa(latent, w_q, w_kv, positions, cos_sin, slot_mapping, kv_cac
     index_out     [T, 128] optional output: the vector quantized (latent's dtype); may be index_k
                   itself (context-parallel in place); return_index_out allocates one
     topk_fill     [T, K] int32, optional, MUTATED: filled with -1
+    index_copies, index_copy_stride  the multi-destination store (SPEC §12): the same index
+                  records also into copies 1 .. n-1 at index_cache's address + k * stride bytes
+                  (e.g. context-parallel peers' caches); stride >= the bytes one cache spans
 
     Returns ``(q, k_nope, k_pe, index_out)`` (None where not requested).
     """
@@ -122,7 +126,7 @@ def mla_kv_cache_dsa(latent, w_q, w_kv, positions, cos_sin, slot_mapping, kv_cac
         ("index_cache", index_cache, 1), ("index_out", index_out, 1), ("topk_fill", topk_fill, 1),
         ("scale", scale, 0), ("amax_out", amax, 1), ("kpe_cache", kpe, 1)])
     _core.run_mla_kv_cache_dsa(_ctx(torch_path, device), ip, Q, C, R, eps_q, eps_kv, mla_style, *v[:17],
-                               cache_format=f, scale=v[17], fp8_conv=conv, amax_out=v[18],
+                               index_copies=index_copies, index_copy_stride=index_copy_stride, cache_format=f, scale=v[17], fp8_conv=conv, amax_out=v[18],
                                tile_scale=tile, kpe_cache=v[19])
     return q, k_nope, k_pe, index_out
 

@@ -5,7 +5,8 @@
  *
  * Key, per token t: topk_fill's row to -1; when the token is valid (position and slot usable):
  * LayerNorm, RoPE, Hadamard (each rounded), the dense `out` row, and with a slot >= 0 the 128
- * e4m3 bytes and the f32 scale block-planar into the index cache (byte stores: any block stride).
+ * e4m3 bytes and the f32 scale block-planar into the index cache (byte stores: any block stride),
+ * and the same bytes into each further copy of the multi-destination store.
  */
 #include <string.h>
 
@@ -57,9 +58,13 @@ static void index_finish(const mlaf_cpu_writer *w, const mlaf_cpu_row *r) {
     }
     if (r->slot < 0) return;
     const int64_t blk = r->slot / kv->block_size, off = r->slot % kv->block_size;
-    uint8_t *base = ix->cache + blk * ix->block_stride;
-    const float s = mlaf_index_quantize(y, ix->amax_eps, ix->scale, base + off * MLAF_IDX_D);
-    mlaf_index_put_f32(base + kv->block_size * MLAF_IDX_D + 4 * off, s);
+    uint8_t rec[MLAF_IDX_D];
+    const float s = mlaf_index_quantize(y, ix->amax_eps, ix->scale, rec);
+    for (int32_t c = 0; c < ix->copies; c++) { /* the same bytes to every destination */
+        uint8_t *base = ix->cache + c * ix->copy_stride + blk * ix->block_stride;
+        memcpy(base + off * MLAF_IDX_D, rec, MLAF_IDX_D);
+        mlaf_index_put_f32(base + kv->block_size * MLAF_IDX_D + 4 * off, s);
+    }
 }
 
 mlaf_status mlaf_cpu_mla_kv_cache_dsa(mlaf_context *ctx, const mlaf_kv_cache_job *job, const mlaf_index_job *ix) {

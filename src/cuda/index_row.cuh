@@ -133,6 +133,8 @@ template <typename T> struct mlaf_wr_index : mlaf_wr_base {
         int64_t os;
         int32_t *topk;
         int64_t tks, tkn;
+        int32_t copies;      /* >= 1 destination caches, copy_stride bytes apart */
+        int64_t copy_stride;
     };
     const params &p_;
     const mlaf_row_args &a_;
@@ -161,10 +163,12 @@ template <typename T> struct mlaf_wr_index : mlaf_wr_base {
         if (!ti_.cache) return;
         const float s = mlaf_idx_scale(v, p_.amax_eps, p_.mode);
         const int64_t rec = mlaf_token_row(a_, ti_.slot, p_.bstride, MLAF_INDEX_HEAD_DIM);
-        mlaf_idx_store_e4m3(p_.cache + rec + 4 * lane, v, s);
-        if (lane == 0) { /* the scale: after the block's values, 4 bytes per offset */
-            const int64_t so = mlaf_token_row(a_, ti_.slot, p_.bstride, 4) + a_.block_size * MLAF_INDEX_HEAD_DIM;
-            mlaf_idx_store_f32(p_.cache + so, s);
+        /* the scale: after the block's values, 4 bytes per offset */
+        const int64_t so = mlaf_token_row(a_, ti_.slot, p_.bstride, 4) + a_.block_size * MLAF_INDEX_HEAD_DIM;
+        for (int32_t c = 0; c < p_.copies; c++) { /* the same bytes to every destination */
+            uint8_t *base = p_.cache + (int64_t)c * p_.copy_stride;
+            mlaf_idx_store_e4m3(base + rec + 4 * lane, v, s);
+            if (lane == 0) mlaf_idx_store_f32(base + so, s);
         }
     }
 };

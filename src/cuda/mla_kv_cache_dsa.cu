@@ -57,6 +57,7 @@ static cudaError_t dsa_launch(const mlaf_context *ctx, const mlaf_kv_cache_job *
     xp.cache = ix->cache, xp.bstride = ix->block_stride;
     xp.out = ix->out, xp.os = ix->out_stride;
     xp.topk = ix->topk, xp.tks = ix->topk_stride, xp.tkn = ix->topk_n;
+    xp.copies = ix->copies, xp.copy_stride = ix->copy_stride;
     if (job->format == MLAF_KV_FP8) {
         typename mlaf_wr_fp8<T>::params p;
         p.cache = job->cache, p.kpe = job->kpe;

@@ -127,6 +127,8 @@ typedef struct mlaf_verify_case {
     int index_hadamard;
     mlaf_index_scale index_scale;
     int index_q_pe;            /* indexer_q: also rope the MLA q_pe [T, heads, nope + rope] */
+    int index_copies;          /* mla_kv_cache with the key branch: > 1 = the multi-destination
+                                  store into that many index caches (SPEC §12) */
     /* moe_gate */
     int moe_override;          /* 1: use `moe` and `experts` below instead of cfg's router */
     mlaf_moe_gate_params moe;

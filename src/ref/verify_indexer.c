@@ -230,7 +230,9 @@ mlaf_status mlaf_verify_mla_kv_cache_dsa(mlaf_context *ctx, const mlaf_verify_ca
     if ((s = normal_buf(&ik_b, "index_k", be, dt, (size_t)(T * ks), 0.3, 1.0, st ? es : 0, &rng)) != MLAF_OK) goto done;
     if ((s = normal_buf(&iw_b, "index_weight", be, wdt, (size_t)D, 1.0, 0.25, 0, &rng)) != MLAF_OK) goto done;
     if ((s = normal_buf(&ib_b, "index_bias", be, wdt, (size_t)D, 0.0, 0.5, 0, &rng)) != MLAF_OK) goto done;
-    if ((s = canary(&ic_b, "index_cache", be, (size_t)(num_blocks * bstride), st ? 1 : 0, &rng)) != MLAF_OK) goto done;
+    const int32_t copies = c->index_copies > 1 ? c->index_copies : 1;
+    const int64_t cstride = num_blocks * bstride + (st ? 5 : 0); /* bytes between the copies */
+    if ((s = canary(&ic_b, "index_cache", be, (size_t)(copies * cstride), st ? 1 : 0, &rng)) != MLAF_OK) goto done;
     if (!c->in_place && (s = vbuf_alloc(&io_b, "index_out", be, (size_t)(T * os) * es, NULL, st ? es : 0)) != MLAF_OK)
         goto done;
     if ((s = canary(&tk_b, "topk_fill", be, (size_t)(T * tks) * 4, 0, &rng)) != MLAF_OK) goto done;
@@ -256,7 +258,7 @@ mlaf_status mlaf_verify_mla_kv_cache_dsa(mlaf_context *ctx, const mlaf_verify_ca
     mlaf_tensor tio = c->in_place ? tik : mlaf_tensor_2d(io_b.g.ptr, dt, T, D, os);
     mlaf_tensor ttk = mlaf_tensor_2d(tk_b.g.ptr, MLAF_I32, T, IDX_TOPK, tks);
     mlaf_indexer_params ip = {c->index_style, c->index_hadamard, 1e-6f, 1e-4f, c->index_scale};
-    mlaf_indexer_k ik = {&tik, &tiw, &tib, &tic, &tio, &ttk};
+    mlaf_indexer_k ik = {&tik, &tiw, &tib, &tic, &tio, &ttk, copies, cstride};
 
     s = mlaf_mla_kv_cache_fmt(ctx, &p, &lt, Q > 0 ? &wq : NULL, &wkv, &tpos, &tcs, &tslot, &desc2, Q > 0 ? &tq2 : NULL,
                               &tk2, &tp2, &tec2);
@@ -323,23 +325,23 @@ mlaf_status mlaf_verify_mla_kv_cache_dsa(mlaf_context *ctx, const mlaf_verify_ca
         const int64_t blk = slot / bs, off = slot % bs;
         const size_t vat = (size_t)(blk * bstride + off * D), sat = (size_t)(blk * bstride + bs * D + 4 * off);
         const uint8_t *body = (const uint8_t *)ic_b.g.body;
-        for (int i = 0; i < D + 4; i++) {
-            const size_t at = i < D ? vat + (size_t)i : sat + (size_t)(i - D);
-            ic_b.claimed[at] = 1;
-            j.values++;
-            if (body[at] != want[i]) {
-                judge_fail(&j, "index_cache[t=%lld, slot %lld, %s byte %d at %zu]: got 0x%02x, expected 0x%02x (scale %.9g)",
-                           (long long)t, (long long)slot, i < D ? "value" : "scale", i < D ? i : i - D, at, body[at],
-                           want[i], (double)sc);
-                break;
-            }
-            if (i < D) {
+        for (int ci = 0; ci < copies && !j.failed; ci++) /* every destination the same bytes */
+            for (int i = 0; i < D + 4; i++) {
+                const size_t at = (size_t)(ci * cstride) + (i < D ? vat + (size_t)i : sat + (size_t)(i - D));
+                ic_b.claimed[at] = 1;
+                j.values++;
+                if (body[at] != want[i]) {
+                    judge_fail(&j, "index_cache[copy %d][t=%lld, slot %lld, %s byte %d at %zu]: got 0x%02x, expected "
+                                   "0x%02x (scale %.9g)",
+                               ci, (long long)t, (long long)slot, i < D ? "value" : "scale", i < D ? i : i - D, at,
+                               body[at], want[i], (double)sc);
+                    break;
+                }
                 double ratio;
-                if (mlaf_ref_fp8_decode_check(body[at], got[i], sc, MLAF_FP8_DIV, &ratio) == 0)
+                if (i < D && ci == 0 && mlaf_ref_fp8_decode_check(body[at], got[i], sc, MLAF_FP8_DIV, &ratio) == 0)
                     judge_fail(&j, "index_cache[t=%lld, value %d]: 0x%02x * %.9g is not within half an e4m3 ulp of %.9g",
                                (long long)t, i, body[at], (double)sc, (double)got[i]);
             }
-        }
     }
     if (!j.failed) judge_error_count(&j, &ec_b, errors);
     int64_t untouched = 0;
