@@ -551,8 +551,8 @@ int cmd_verify(int argc, char **argv) {
             }
             if (op == MLAF_OP_INDEXER_Q) {
                 for (int m = 0; m < nmodels; m++)
-                    for (int d = 0; d < ndt; d++)
-                        for (int t = 0; t < ntok; t++)
+                    for (int d = 0; d < (models[m].index_n_heads > 0 ? ndt : 1); d++) /* one skip line */
+                        for (int t = 0; t < (models[m].index_n_heads > 0 ? ntok : 1); t++)
                             run_indexer_q(ctx, &models[m], dts[d], tokens[t],
                                           (uint64_t)seed * 1000003u + (uint64_t)t * 131u + (uint64_t)d * 17u +
                                               (uint64_t)m * 7u + 0xd5bu,
