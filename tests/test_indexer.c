@@ -310,6 +310,138 @@ static void indexer_q_rejects(mlaf_backend be) {
     mlaf_context_free(ctx);
 }
 
+/* CUDA against the CPU, bit for bit (index_math.h and index_row.cuh compute the same steps in the
+ * same order): the dense index output, every index cache byte and the topk fill of
+ * mla_kv_cache_dsa, then indexer_q's q_fp8, w_out and q_pe, per dtype, style and Hadamard. Runs
+ * where a GPU is visible. */
+typedef struct xrun {
+    mlaf_gbuf g[16];
+    int n;
+} xrun;
+
+static void *xb(xrun *x, mlaf_backend be, size_t bytes, const void *init) {
+    mlaf_gbuf *g = &x->g[x->n];
+    if (mlaf_gbuf_alloc(g, be, bytes, init, 0) != MLAF_OK) return NULL;
+    x->n++;
+    return g->ptr;
+}
+
+static void xfree(xrun *x) {
+    for (int i = 0; i < x->n; i++) mlaf_gbuf_free(&x->g[i]);
+    x->n = 0;
+}
+
+/* One call of each op on backend be; the outputs' host images into outs[] (malloc'd). */
+static int cross_run(mlaf_backend be, mlaf_dtype dt, mlaf_rope_style style, int hadamard, const void *const *in,
+                     const size_t *insz, void **outs, size_t *outsz) {
+    enum { T = 300, Q = 64, C = 512, R = 64, D = 128, NB = 6, BS = 64, H = 16, HQ = 3, DQ = 192 };
+    mlaf_context *ctx = NULL;
+    if (mlaf_context_create(&ctx, be) != MLAF_OK) return 0;
+    xrun x = {{{0}}, 0};
+    const size_t es = mlaf_dtype_size(dt);
+    void *lat = xb(&x, be, insz[0], in[0]), *wq = xb(&x, be, insz[1], in[1]), *wkv = xb(&x, be, insz[2], in[2]);
+    void *ik = xb(&x, be, insz[3], in[3]), *iw = xb(&x, be, insz[4], in[4]), *ib = xb(&x, be, insz[5], in[5]);
+    void *pos = xb(&x, be, insz[6], in[6]), *cs = xb(&x, be, insz[7], in[7]), *sl = xb(&x, be, insz[8], in[8]);
+    void *qi = xb(&x, be, insz[9], in[9]), *w = xb(&x, be, insz[10], in[10]), *qpe = xb(&x, be, insz[11], in[11]);
+    void *kv = xb(&x, be, (size_t)NB * BS * (C + R) * es, NULL), *q = xb(&x, be, (size_t)T * Q * es, NULL);
+    void *ic = xb(&x, be, (size_t)NB * BS * (D + 4) + 3, NULL), *io = xb(&x, be, (size_t)T * D * es, NULL);
+    int ok = x.n == 16;
+    mlaf_gbuf qf, wo;
+    const int have_qf = mlaf_gbuf_alloc(&qf, be, (size_t)T * H * D, NULL, 0) == MLAF_OK;
+    const int have_wo = mlaf_gbuf_alloc(&wo, be, (size_t)T * H * 4, NULL, 0) == MLAF_OK;
+    ok = ok && have_qf && have_wo;
+    /* index_cache, index_out, index_k, q_fp8, w_out, q_pe */
+    mlaf_gbuf *outg[6] = {&x.g[14], &x.g[15], &x.g[3], &qf, &wo, &x.g[11]};
+    if (ok) {
+        mlaf_mla_kv_cache_params p = {Q, C, R, 1e-6f, 1e-6f, MLAF_ROPE_INTERLEAVED};
+        mlaf_tensor tl = mlaf_tensor_2d(lat, dt, T, Q + C + R, Q + C + R), twq = mlaf_tensor_1d(wq, dt, Q),
+                    twkv = mlaf_tensor_1d(wkv, dt, C), tpos = mlaf_tensor_1d(pos, MLAF_I64, T),
+                    tcs = mlaf_tensor_2d(cs, MLAF_F32, 512, R, R), tsl = mlaf_tensor_1d(sl, MLAF_I64, T),
+                    tkv = mlaf_tensor_3d(kv, dt, NB, BS, C + R, BS * (C + R), C + R), tq = mlaf_tensor_2d(q, dt, T, Q, Q),
+                    tik = mlaf_tensor_2d(ik, dt, T, D, D + 24), tiw = mlaf_tensor_1d(iw, MLAF_F32, D),
+                    tib = mlaf_tensor_1d(ib, MLAF_F32, D),
+                    tic = mlaf_tensor_2d((char *)ic + 3, MLAF_U8, NB, BS * (D + 4), BS * (D + 4)),
+                    tio = mlaf_tensor_2d(io, dt, T, D, D);
+        mlaf_kv_cache_desc d = {MLAF_KV_PLAIN, &tkv, NULL, NULL, NULL, MLAF_FP8_DIV, MLAF_TILE_AMAX};
+        mlaf_indexer_params ip = {style, hadamard, 1e-6f, 1e-4f, MLAF_INDEX_SCALE_UE8M0};
+        mlaf_indexer_k ikd = {&tik, &tiw, &tib, &tic, &tio, NULL, 0, 0};
+        ok = mlaf_mla_kv_cache_dsa(ctx, &p, &tl, &twq, &twkv, &tpos, &tcs, &tsl, &d, &tq, NULL, NULL, NULL, &ip,
+                                   &ikd) == MLAF_OK;
+        mlaf_tensor tqi = mlaf_tensor_3d(qi, dt, T, H, D, H * D, D), tw = mlaf_tensor_2d(w, MLAF_F32, T, H, H),
+                    tqf = mlaf_tensor_3d(qf.ptr, MLAF_U8, T, H, D, H * D, D), two = mlaf_tensor_2d(wo.ptr, MLAF_F32, T, H, H),
+                    tpe = mlaf_tensor_3d(qpe, dt, T, HQ, DQ, HQ * DQ, DQ);
+        mlaf_rope_params pr = {64, MLAF_ROPE_INTERLEAVED};
+        ok = ok && mlaf_indexer_q(ctx, &ip, &tqi, &tpos, &tcs, &tw, &tqf, &two, &tpe, &pr, NULL) == MLAF_OK;
+        ok = ok && mlaf_context_sync(ctx) == MLAF_OK;
+        for (int i = 0; ok && i < 6; i++) {
+            ok = mlaf_gbuf_download(outg[i]) == MLAF_OK;
+            outsz[i] = outg[i]->bytes;
+            outs[i] = malloc(outsz[i] + 1);
+            if (outs[i]) memcpy(outs[i], outg[i]->body, outsz[i]);
+            ok = ok && outs[i];
+        }
+    }
+    if (have_qf) mlaf_gbuf_free(&qf);
+    if (have_wo) mlaf_gbuf_free(&wo);
+    xfree(&x);
+    mlaf_context_free(ctx);
+    return ok;
+}
+
+static void cross_backend(void) {
+    if (!mlaf_backend_available(MLAF_BACKEND_CUDA)) return;
+    static const char *names[6] = {"index_cache", "index_out", "index_k (unchanged)", "q_fp8", "w_out", "q_pe"};
+    for (int di = 0; di < 3; di++)
+        for (int v = 0; v < 4; v++) {
+            const mlaf_dtype dt = DTYPES[di];
+            const mlaf_rope_style style = (mlaf_rope_style)(v & 1);
+            const int had = v >> 1;
+            char name[160];
+            snprintf(name, sizeof name, "INDEXER(cuda == cpu bit for bit,dtype=%s,index_rope=%s,hadamard=%d)",
+                     mlaf_dtype_name(dt), style_name(style), had);
+            if (filtered_out(name)) continue;
+            enum { T = 300, Q = 64, C = 512, R = 64, D = 128, NB = 6, BS = 64, H = 16, HQ = 3, DQ = 192 };
+            const size_t es = mlaf_dtype_size(dt);
+            size_t insz[12] = {(size_t)T * (Q + C + R) * es, Q * es, C * es, (size_t)T * (D + 24) * es, D * 4, D * 4,
+                               T * 8, 512 * R * 4, T * 8, (size_t)T * H * D * es, (size_t)T * H * 4,
+                               (size_t)T * HQ * DQ * es};
+            void *in[12];
+            mlaf_rng rng;
+            mlaf_rng_seed(&rng, 0xc0ffee + (uint64_t)(di * 4 + v));
+            int ok = 1;
+            for (int i = 0; i < 12; i++) ok &= (in[i] = malloc(insz[i])) != NULL;
+            if (ok) {
+                mlaf_fill_normal(&rng, in[0], dt, (size_t)T * (Q + C + R), 0.0, 1.0);
+                mlaf_fill_normal(&rng, in[1], dt, Q, 1.0, 0.2);
+                mlaf_fill_normal(&rng, in[2], dt, C, 1.0, 0.2);
+                mlaf_fill_normal(&rng, in[3], dt, (size_t)T * (D + 24), 0.3, 1.5);
+                mlaf_fill_normal(&rng, in[4], MLAF_F32, D, 1.0, 0.3);
+                mlaf_fill_normal(&rng, in[5], MLAF_F32, D, 0.0, 0.3);
+                int64_t *pp = (int64_t *)in[6], *ss = (int64_t *)in[8];
+                for (int t = 0; t < T; t++) pp[t] = (t * 37) % 512, ss[t] = t % 11 == 3 ? -1 : (t * 7) % (NB * BS);
+                mlaf_rope_table_init((float *)in[7], 512, R, 10000.0);
+                mlaf_fill_normal(&rng, in[9], dt, (size_t)T * H * D, 0.0, 1.0);
+                mlaf_fill_normal(&rng, in[10], MLAF_F32, (size_t)T * H, 0.0, 1.0);
+                mlaf_fill_normal(&rng, in[11], dt, (size_t)T * HQ * DQ, 0.0, 1.0);
+            }
+            void *oc[6] = {0}, *og[6] = {0};
+            size_t zc[6] = {0}, zg[6] = {0};
+            ok = ok && cross_run(MLAF_BACKEND_CPU, dt, style, had, (const void *const *)in, insz, oc, zc);
+            ok = ok && cross_run(MLAF_BACKEND_CUDA, dt, style, had, (const void *const *)in, insz, og, zg);
+            char why[200] = "";
+            for (int i = 0; ok && i < 6; i++)
+                if (zc[i] != zg[i] || memcmp(oc[i], og[i], zc[i])) {
+                    size_t k = 0;
+                    while (k < zc[i] && ((uint8_t *)oc[i])[k] == ((uint8_t *)og[i])[k]) k++;
+                    snprintf(why, sizeof why, "%s differs at byte %zu", names[i], k);
+                    ok = 0;
+                }
+            tl_case(ok, name, "%s", why[0] ? why : "a call failed");
+            for (int i = 0; i < 12; i++) free(in[i]);
+            for (int i = 0; i < 6; i++) free(oc[i]), free(og[i]);
+        }
+}
+
 /* The harness must fail, naming the altered token. */
 static void harness_fails(mlaf_backend be) {
     mlaf_context *ctx = tl_context(be);
@@ -332,6 +464,7 @@ static void harness_fails(mlaf_backend be) {
 int main(void) {
     mlaf_backend bes[MLAF_BACKEND_COUNT_];
     const int nb = tl_backends(bes);
+    cross_backend();
     for (int i = 0; i < nb; i++) {
         planar_bytes(bes[i]);
         indexer_q_rejects(bes[i]);
