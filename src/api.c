@@ -70,6 +70,48 @@ mlaf_status mlaf_mla_kv_cache(mlaf_context *ctx, const mlaf_mla_kv_cache_params 
                                  k_nope, k_pe, error_count);
 }
 
+mlaf_status mlaf_mla_kv_cache_dsa(mlaf_context *ctx, const mlaf_mla_kv_cache_params *p,
+                                  const mlaf_tensor *latent, const mlaf_tensor *w_q,
+                                  const mlaf_tensor *w_kv, const mlaf_tensor *positions,
+                                  const mlaf_tensor *cos_sin, const mlaf_tensor *slot_mapping,
+                                  const mlaf_kv_cache_desc *cache, const mlaf_tensor *q,
+                                  const mlaf_tensor *k_nope, const mlaf_tensor *k_pe,
+                                  const mlaf_tensor *error_count, const mlaf_indexer_params *ip,
+                                  const mlaf_indexer_k *ik) {
+    if (!ik)
+        return mlaf_mla_kv_cache_fmt(ctx, p, latent, w_q, w_kv, positions, cos_sin, slot_mapping, cache, q,
+                                     k_nope, k_pe, error_count);
+    if (!ctx) return MLAF_ERR_NULL_POINTER;
+    mlaf_kv_cache_job job;
+    mlaf_index_job ix;
+    mlaf_status st = mlaf_check_mla_kv_cache(ctx, p, latent, w_q, w_kv, positions, cos_sin,
+                                             slot_mapping, cache, q, k_nope, k_pe,
+                                             error_count, &job);
+    if (st != MLAF_OK) return st;
+    st = mlaf_check_indexer_k(ctx, ip, ik, p, latent, positions, cos_sin, slot_mapping, cache, q, k_nope, k_pe,
+                              error_count, &job, &ix);
+    if (st != MLAF_OK) return st;
+    const mlaf_backend_iface *f = iface_of(ctx);
+    if (!f || !f->mla_kv_cache_dsa)
+        return mlaf_fail(ctx, MLAF_ERR_UNSUPPORTED, "mla_kv_cache with the indexer branch is not implemented on the %s backend",
+                         mlaf_backend_name(ctx->backend));
+    ctx->err[0] = '\0';
+    if (job.norm.T == 0) return MLAF_OK;
+    return f->mla_kv_cache_dsa(ctx, &job, &ix);
+}
+
+mlaf_status mlaf_indexer_q(mlaf_context *ctx, const mlaf_indexer_params *ip, const mlaf_tensor *q_idx,
+                           const mlaf_tensor *positions, const mlaf_tensor *cos_sin, const mlaf_tensor *w,
+                           const mlaf_tensor *q_fp8, const mlaf_tensor *w_out, const mlaf_tensor *q_pe,
+                           const mlaf_rope_params *q_pe_rope, const mlaf_tensor *error_count) {
+    if (!ctx) return MLAF_ERR_NULL_POINTER;
+    mlaf_indexer_q_job job;
+    mlaf_status st = mlaf_check_indexer_q(ctx, ip, q_idx, positions, cos_sin, w, q_fp8, w_out, q_pe, q_pe_rope,
+                                          error_count, &job);
+    if (st != MLAF_OK) return st;
+    DISPATCH(ctx, indexer_q, MLAF_OP_INDEXER_Q, job.T * (job.H + job.pe_H), &job);
+}
+
 mlaf_status mlaf_rope_q(mlaf_context *ctx, const mlaf_rope_params *p, const mlaf_tensor *q,
                         const mlaf_tensor *positions, const mlaf_tensor *cos_sin,
                         const mlaf_tensor *error_count) {

@@ -75,7 +75,7 @@ const char *mlaf_backend_name(mlaf_backend b) {
 }
 
 const char *mlaf_op_name(mlaf_op op) {
-    static const char *const names[] = {"split_qk_norm", "mla_kv_cache", "rope_q", "moe_gate"};
+    static const char *const names[] = {"split_qk_norm", "mla_kv_cache", "rope_q", "moe_gate", "indexer_q"};
     return (unsigned)op < MLAF_OP_COUNT_ ? names[op] : "unknown";
 }
 
@@ -109,6 +109,7 @@ int mlaf_backend_supports(mlaf_backend b, mlaf_op op) {
     case MLAF_OP_MLA_KV_CACHE: return f->mla_kv_cache != NULL;
     case MLAF_OP_ROPE_Q: return f->rope_q != NULL;
     case MLAF_OP_MOE_GATE: return f->moe_gate != NULL;
+    case MLAF_OP_INDEXER_Q: return f->indexer_q != NULL;
     default: return 0;
     }
 }
@@ -280,6 +281,17 @@ const mlaf_model_config *mlaf_preset_find(const char *name) {
     for (int i = 0; i < mlaf_preset_count(); i++)
         if (name_eq(name, presets[i].name)) return &presets[i];
     return NULL;
+}
+
+mlaf_indexer_params mlaf_indexer_params_from_config(const mlaf_model_config *cfg) {
+    mlaf_indexer_params p;
+    memset(&p, 0, sizeof p);
+    p.style = cfg && cfg->index_n_heads > 0 ? cfg->index_rope_style : MLAF_ROPE_NEOX;
+    p.hadamard = 0;
+    p.ln_eps = 1e-6f;
+    p.amax_eps = 1e-4f;
+    p.scale = MLAF_INDEX_SCALE_UE8M0;
+    return p;
 }
 
 mlaf_moe_gate_params mlaf_moe_gate_params_from_config(const mlaf_model_config *cfg) {

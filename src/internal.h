@@ -94,6 +94,55 @@ typedef struct mlaf_kv_cache_job {
                                 rope.R == r); 0: none */
 } mlaf_kv_cache_job;
 
+/* The DSA indexer key branch of mla_kv_cache (SPEC §10); rides with a mlaf_kv_cache_job whose
+ * rope (R = 64), slots and block_size it shares. */
+typedef struct mlaf_index_job {
+    mlaf_rope_style style;
+    int32_t hadamard;
+    float ln_eps, amax_eps;
+    mlaf_index_scale scale;
+    const void *k;           /* [T, 128] in the latent dtype (job.norm.dt) */
+    int64_t k_stride;
+    const void *w, *b;       /* [128] each */
+    mlaf_dtype w_dt;         /* F32 or the latent dtype */
+    uint8_t *cache;          /* [num_blocks, >= 132 block_size] bytes, block-planar */
+    int64_t block_stride;    /* bytes */
+    void *out;               /* [T, 128] latent dtype, or NULL; may be k itself */
+    int64_t out_stride;
+    int32_t *topk;           /* [T, topk_n] i32, or NULL */
+    int64_t topk_stride, topk_n;
+    int32_t copies;          /* >= 1 caches at cache + k * copy_stride bytes */
+    int64_t copy_stride;
+} mlaf_index_job;
+
+/* indexer_q (SPEC §10). */
+typedef struct mlaf_indexer_q_job {
+    mlaf_rope_job rope;      /* R = 64, style = the indexer's */
+    mlaf_index_scale scale;
+    int32_t hadamard;
+    float amax_eps;
+    int64_t T, H;
+    mlaf_dtype dt;           /* q_idx */
+    const void *q;
+    int64_t q_s0, q_s1;
+    const void *w;           /* [T, H] */
+    mlaf_dtype w_dt;         /* F32 or dt */
+    int64_t w_stride;
+    uint8_t *q_fp8;
+    int64_t f_s0, f_s1;
+    float *w_out;
+    int64_t wo_stride;
+    float w_fold;            /* f32(128^-0.5) */
+    float h_fold;            /* f32(H^-0.5) */
+    /* the MLA q_pe rotated in place in the same launch (NULL: none) */
+    void *q_pe;
+    mlaf_dtype pe_dt;
+    int64_t pe_H, pe_s0, pe_s1;
+    int32_t pe_D;
+    mlaf_rope_style pe_style;
+    int32_t *error_count;
+} mlaf_indexer_q_job;
+
 typedef struct mlaf_rope_q_job {
     mlaf_rope_job rope;
     int64_t T, H;
@@ -157,6 +206,26 @@ static inline mlaf_kv_cache_desc mlaf_kv_desc_plain(const mlaf_tensor *kv_cache)
     mlaf_kv_cache_desc d = {MLAF_KV_PLAIN, kv_cache, NULL, NULL, NULL, MLAF_FP8_DIV, MLAF_TILE_AMAX};
     return d;
 }
+/* The indexer key branch (validate_dsa.c), after mlaf_check_mla_kv_cache filled kv. */
+mlaf_status mlaf_check_indexer_k(mlaf_context *ctx, const mlaf_indexer_params *ip, const mlaf_indexer_k *ik,
+                                 const mlaf_mla_kv_cache_params *p, const mlaf_tensor *latent,
+                                 const mlaf_tensor *positions, const mlaf_tensor *cos_sin,
+                                 const mlaf_tensor *slot_mapping, const mlaf_kv_cache_desc *cache,
+                                 const mlaf_tensor *q, const mlaf_tensor *k_nope, const mlaf_tensor *k_pe,
+                                 const mlaf_tensor *error_count, const mlaf_kv_cache_job *kv, mlaf_index_job *job);
+mlaf_status mlaf_check_indexer_q(mlaf_context *ctx, const mlaf_indexer_params *ip, const mlaf_tensor *q_idx,
+                                 const mlaf_tensor *positions, const mlaf_tensor *cos_sin, const mlaf_tensor *w,
+                                 const mlaf_tensor *q_fp8, const mlaf_tensor *w_out, const mlaf_tensor *q_pe,
+                                 const mlaf_rope_params *q_pe_rope, const mlaf_tensor *error_count,
+                                 mlaf_indexer_q_job *job);
+/* Shared checks of validate.c, for validate_dsa.c. shape[i] < 0 in want: any extent. */
+mlaf_status mlaf_vcheck_tensor(mlaf_context *ctx, const mlaf_tensor *t, const char *name, unsigned dtypes, int ndim,
+                               const int64_t *want, const char *const *want_expr);
+mlaf_status mlaf_vcheck_no_overlap(mlaf_context *ctx, const mlaf_tensor *out, const char *out_name,
+                                   const mlaf_tensor *other, const char *other_name);
+mlaf_status mlaf_vcheck_rope_inputs(mlaf_context *ctx, int32_t R, mlaf_rope_style style, int64_t T,
+                                    const mlaf_tensor *positions, const mlaf_tensor *cos_sin, mlaf_rope_job *rope);
+
 mlaf_status mlaf_check_rope_q(mlaf_context *ctx, const mlaf_rope_params *p, const mlaf_tensor *q,
                               const mlaf_tensor *positions, const mlaf_tensor *cos_sin,
                               const mlaf_tensor *error_count, mlaf_rope_q_job *job);
@@ -182,6 +251,9 @@ typedef struct mlaf_backend_iface {
     mlaf_status (*rope_q)(mlaf_context *ctx, const mlaf_rope_q_job *job);
     /* both mlaf_moe_gate and mlaf_moe_gate_hash (job->tid2eid set) */
     mlaf_status (*moe_gate)(mlaf_context *ctx, const mlaf_moe_gate_job *job);
+    /* mla_kv_cache with the DSA indexer key branch in the same pass */
+    mlaf_status (*mla_kv_cache_dsa)(mlaf_context *ctx, const mlaf_kv_cache_job *job, const mlaf_index_job *ix);
+    mlaf_status (*indexer_q)(mlaf_context *ctx, const mlaf_indexer_q_job *job);
 } mlaf_backend_iface;
 
 /* CPU backend (src/cpu/). Entries are NULL for ops not implemented yet. */

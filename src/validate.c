@@ -827,3 +827,17 @@ mlaf_status mlaf_check_moe_gate_hash(mlaf_context *ctx, const mlaf_moe_gate_para
     *job = j;
     return MLAF_OK;
 }
+
+/* ---- exported for validate_dsa.c ------------------------------------------------------- */
+mlaf_status mlaf_vcheck_tensor(mlaf_context *ctx, const mlaf_tensor *t, const char *name, unsigned dtypes, int ndim,
+                               const int64_t *want, const char *const *want_expr) {
+    return check_tensor(ctx, t, name, dtypes, ndim, want, want_expr);
+}
+mlaf_status mlaf_vcheck_no_overlap(mlaf_context *ctx, const mlaf_tensor *out, const char *out_name,
+                                   const mlaf_tensor *other, const char *other_name) {
+    return no_overlap(ctx, out, out_name, other, other_name);
+}
+mlaf_status mlaf_vcheck_rope_inputs(mlaf_context *ctx, int32_t R, mlaf_rope_style style, int64_t T,
+                                    const mlaf_tensor *positions, const mlaf_tensor *cos_sin, mlaf_rope_job *rope) {
+    return check_rope_inputs(ctx, R, style, T, positions, cos_sin, rope);
+}

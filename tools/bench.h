@@ -66,6 +66,11 @@ int blc_cache_write_fp8(const mlaf_kv_cache_job *job, const void *k_nope, const 
 /* rope_q's head_norm as its own pass (SPEC §11): every head of q RMS-normalized without weight
  * (eps job->head_eps), in place, rounded to q's dtype; blc_rope_q then rotates. */
 int blc_head_norm(const mlaf_rope_q_job *job, int threads);
+/* The DSA indexer key chain (SPEC §10) as engines' unfused pipelines run it: LayerNorm of index_k
+ * into dense [T, 128] rows (latent dtype), RoPE of their first 64 columns, the Hadamard when on,
+ * then the quantize-and-write pass into the block-planar index cache (tokens t >= n_map and
+ * slots outside the cache skipped). The index cache bytes equal the fused op's. */
+int blc_index_k(const mlaf_kv_cache_job *kv, const mlaf_index_job *ix, void *dense, int threads);
 /* gather the rope columns of q into dense [T*H, R], rotate, scatter back. */
 int blc_rope_q(const mlaf_rope_q_job *job, void *gather, int threads);
 /* score -> bias -> group scores -> group mask -> top-k -> gather -> normalize -> scale. */
@@ -114,6 +119,8 @@ int blg_cache_write_fp8(const mlaf_kv_cache_job *job, const void *k_nope, const 
                         void *stream);
 int blg_rope_q(const mlaf_rope_q_job *job, void *gather, void *stream);
 int blg_head_norm(const mlaf_rope_q_job *job, void *stream);
+/* blc_index_k on the GPU: a warp per token in each pass (baselines_index_cuda.cu). */
+int blg_index_k(const mlaf_kv_cache_job *kv, const mlaf_index_job *ix, void *dense, void *stream);
 int blg_moe_gate(const mlaf_moe_gate_job *job, const bench_moe_scratch *s, void *stream);
 int blg_moe_gate_hash(const mlaf_moe_gate_job *job, const bench_moe_scratch *s, void *stream);
 /* The blg_* functions return 0 or the cudaError_t of a failed launch; its text: */

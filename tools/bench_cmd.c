@@ -46,7 +46,9 @@ static void help(void) {
         "all measured in the same run.\n"
         "\n"
         "  --backend cpu|cuda   default: cuda when a GPU is visible, else cpu\n"
-        "  --op NAME|all        split_qk_norm, mla_kv_cache, rope_q, moe_gate (default all)\n"
+        "  --op NAME|all        split_qk_norm, mla_kv_cache, rope_q, moe_gate (default all of these),\n"
+        "                       indexer_q (models with a DSA indexer; timed against the same-run\n"
+        "                       copy only: no unfused chain)\n"
         "  --preset NAME        model preset (default glm-4.7-flash; 'all' for every preset)\n"
         "  --config FILE        the model of a Hugging Face config.json instead of a preset\n"
         "  --sweep              the row layouts of the family instead: q_lora_rank 0, 512, 768, 1024,\n"
@@ -76,6 +78,10 @@ static void help(void) {
         "  --kv-scale X         fp8: the scale (default 1, what engines run without calibration)\n"
         "  --hash               moe_gate: the hash-routed router (mlaf_moe_gate_hash, DeepSeek-V4's\n"
         "                       first layers) instead of top-k: ids from a [129280, top_k] table\n"
+        "  --indexer            mla_kv_cache with the DSA indexer key branch (SPEC 10; models with\n"
+        "                       rope 64; the preset's indexer RoPE style, ue8m0, no Hadamard): the\n"
+        "                       unfused chain adds LayerNorm, RoPE, quantize-and-write passes and\n"
+        "                       the check compares the index caches byte for byte\n"
         "\n"
         "Bytes are the op's minimum: inputs read once + outputs written once (see docs/cli.md).\n"
         "CUDA rows also time a device-to-device copy of those same bytes the same way (copy_us;\n"
@@ -92,6 +98,8 @@ enum {
     B_LATENT, B_WQ, B_WKV, B_Q, B_KNOPE, B_KPE, B_POS, B_COSSIN, B_SLOTS, B_CACHE, B_QH,
     B_LOGITS, B_BIAS, B_WEIGHTS, B_IDS, B_SCALE, B_TID2EID, B_TOKIDS,
     S_QD, S_KVD, S_KN, S_KP, S_GATHER, S_S, S_C, S_G, S_M, S_W,
+    B_IK, B_IW, B_IB, B_ICACHE, S_IKD, /* --indexer: the DSA indexer key branch of mla_kv_cache */
+    B_IQ, B_IQW, B_IQF, B_IQWO,        /* indexer_q: q_idx, head weights, q_fp8, w_out */
     B_COUNT
 };
 
@@ -123,6 +131,8 @@ typedef struct bench_op {
     float kv_scale;             /* fp8 */
     mlaf_dtype cache_dt;        /* the latent dtype (plain), fp8_e4m3 (fp8) or u8 (fp8_ds_mla) */
     int64_t rec_bytes;          /* bytes of one token's cache record */
+    int indexer;                /* --indexer: mla_kv_cache with the DSA indexer key branch */
+    mlaf_indexer_params ip;
     bbuf b[B_COUNT];
     double bytes;
 } bench_op;
@@ -292,6 +302,7 @@ static int setup(bench_op *o, size_t llc, char *err, size_t cap) {
     case MLAF_OP_SPLIT_QK_NORM: set_bytes = 2.0 * (double)T * W * es; break;
     case MLAF_OP_MLA_KV_CACHE: set_bytes = (double)T * (W + o->Q) * es + (double)T * o->rec_bytes + T * 16.0; break;
     case MLAF_OP_ROPE_Q: set_bytes = (double)T * o->H * o->D * es; break;
+    case MLAF_OP_INDEXER_Q: set_bytes = (double)T * o->cfg.index_n_heads * (128.0 * es + 132.0 + es); break;
     default: set_bytes = (double)T * o->E * es + T * o->K * 8.0; break;
     }
     o->nsets = 1;
@@ -321,7 +332,13 @@ static int setup(bench_op *o, size_t llc, char *err, size_t cap) {
         if (buf_alloc(o, S_KVD, (size_t)(T * o->C) * es, 0, NULL, err, cap)) return -1;
         o->bytes = 2.0 * (double)T * W * es + (double)(o->Q + o->C) * es;
     }
-    if ((o->op == MLAF_OP_MLA_KV_CACHE || o->op == MLAF_OP_ROPE_Q) && o->RP > 0) {
+    if (o->op == MLAF_OP_INDEXER_Q) { /* the indexer's own 64-wide table */
+        o->R = MLAF_INDEX_ROPE_DIM;
+        o->H = o->cfg.index_n_heads;
+        o->ip = mlaf_indexer_params_from_config(&o->cfg);
+        o->RP = o->R;
+    }
+    if ((o->op == MLAF_OP_MLA_KV_CACHE || o->op == MLAF_OP_ROPE_Q || o->op == MLAF_OP_INDEXER_Q) && o->RP > 0) {
         int64_t *pos = (int64_t *)malloc(sizeof(int64_t) * (size_t)(T > 0 ? T : 1));
         float *cs = (float *)malloc(sizeof(float) * (size_t)(o->max_pos * o->RP));
         NEED(pos);
@@ -368,6 +385,28 @@ static int setup(bench_op *o, size_t llc, char *err, size_t cap) {
         o->bytes = (double)T * W * es + (double)(o->Q + o->C) * es + (o->RP > 0 ? T * 8.0 : 0) +
                    T * 8.0 + (double)T * o->RP * 4.0 + (double)T * o->Q * es +
                    (double)T * (double)o->rec_bytes + (o->kv_fmt == MLAF_KV_FP8 ? 4.0 : 0.0);
+        if (o->indexer) { /* index_k [T, 128], LayerNorm weight and bias; the 132-byte records */
+            if (o->R != MLAF_INDEX_ROPE_DIM) {
+                snprintf(err, cap, "--indexer needs qk_rope_head_dim = 64 (model has %lld)", (long long)o->R);
+                return -1;
+            }
+            o->ip = mlaf_indexer_params_from_config(&o->cfg);
+            void *ik = host_random(&rng, dt, (size_t)(T * MLAF_INDEX_HEAD_DIM), -2.0, 2.0);
+            NEED(ik);
+            if (buf_alloc(o, B_IK, (size_t)(T * MLAF_INDEX_HEAD_DIM) * es, 1, ik, err, cap)) return -1;
+            void *iw = host_random(&rng, dt, MLAF_INDEX_HEAD_DIM, 0.5, 1.5);
+            NEED(iw);
+            if (buf_alloc(o, B_IW, MLAF_INDEX_HEAD_DIM * es, 0, iw, err, cap)) return -1;
+            void *ib = host_random(&rng, dt, MLAF_INDEX_HEAD_DIM, -0.5, 0.5);
+            NEED(ib);
+            if (buf_alloc(o, B_IB, MLAF_INDEX_HEAD_DIM * es, 0, ib, err, cap)) return -1;
+            if (buf_alloc(o, B_ICACHE, (size_t)(o->num_blocks * o->block_size * (MLAF_INDEX_HEAD_DIM + 4)), 1, NULL,
+                          err, cap))
+                return -1;
+            if (buf_alloc(o, S_IKD, (size_t)(T * MLAF_INDEX_HEAD_DIM) * es, 0, NULL, err, cap)) return -1;
+            o->bytes += (double)T * MLAF_INDEX_HEAD_DIM * es + 2.0 * MLAF_INDEX_HEAD_DIM * es +
+                        (double)T * (MLAF_INDEX_HEAD_DIM + 4);
+        }
     }
     if (o->op == MLAF_OP_ROPE_Q) {
         size_t n = (size_t)(T * o->H * o->D);
@@ -378,6 +417,19 @@ static int setup(bench_op *o, size_t llc, char *err, size_t cap) {
         if (buf_alloc(o, S_GATHER, (size_t)(T * o->H * o->RP) * es, 0, NULL, err, cap)) return -1;
         /* head_norm (V4) reads and writes whole heads; plain RoPE only the rope columns */
         o->bytes = 2.0 * (double)T * o->H * (o->tail > 0 ? o->D : o->RP) * es + T * 8.0 + (double)T * o->RP * 4.0;
+    }
+    if (o->op == MLAF_OP_INDEXER_Q) {
+        const size_t n = (size_t)(T * o->H * MLAF_INDEX_HEAD_DIM);
+        void *q = host_random(&rng, dt, n, -2.0, 2.0);
+        NEED(q);
+        if (buf_alloc(o, B_IQ, n * es, 1, q, err, cap)) return -1;
+        void *w = host_random(&rng, dt, (size_t)(T * o->H), -1.0, 1.0);
+        NEED(w);
+        if (buf_alloc(o, B_IQW, (size_t)(T * o->H) * es, 1, w, err, cap)) return -1;
+        if (buf_alloc(o, B_IQF, n, 1, NULL, err, cap)) return -1;
+        if (buf_alloc(o, B_IQWO, sizeof(float) * (size_t)(T * o->H), 1, NULL, err, cap)) return -1;
+        /* read q_idx, w, positions, a cos_sin row per token; write q_fp8 and w_out */
+        o->bytes = (double)n * es + (double)T * o->H * es + T * 8.0 + T * 256.0 + (double)n + (double)T * o->H * 4.0;
     }
     if (o->op == MLAF_OP_MOE_GATE) {
         void *lg = host_random(&rng, dt, (size_t)(T * o->E), -4.0, 4.0);
@@ -431,8 +483,9 @@ static int setup(bench_op *o, size_t llc, char *err, size_t cap) {
 /* ---- the calls ----------------------------------------------------------------------------- */
 typedef struct views {
     mlaf_tensor latent, w_q, w_kv, q, k_nope, k_pe, pos, cos_sin, slots, cache, qh, logits, bias,
-        weights, ids, kn_s, kp_s, scale, tid2eid, tok;
+        weights, ids, kn_s, kp_s, scale, tid2eid, tok, ik, iw, ib, icache, ikd_s, iq, iqw, iqf, iqwo;
     mlaf_kv_cache_desc cd; /* the cache in its format (mla_kv_cache) */
+    mlaf_indexer_k ix;     /* --indexer */
 } views;
 
 static void make_views(bench_op *o, int set, views *v) {
@@ -466,6 +519,19 @@ static void make_views(bench_op *o, int set, views *v) {
     v->tok = mlaf_tensor_1d(P(o, B_TOKIDS, set), MLAF_I64, T);
     v->kn_s = mlaf_tensor_2d(P(o, S_KN, set), dt, T, o->C, o->C);
     v->kp_s = mlaf_tensor_2d(P(o, S_KP, set), dt, T, o->R, o->R);
+    v->ik = mlaf_tensor_2d(P(o, B_IK, set), dt, T, MLAF_INDEX_HEAD_DIM, MLAF_INDEX_HEAD_DIM);
+    v->iw = mlaf_tensor_1d(P(o, B_IW, set), dt, MLAF_INDEX_HEAD_DIM);
+    v->ib = mlaf_tensor_1d(P(o, B_IB, set), dt, MLAF_INDEX_HEAD_DIM);
+    const int64_t ib = o->block_size * (MLAF_INDEX_HEAD_DIM + 4);
+    v->icache = mlaf_tensor_2d(P(o, B_ICACHE, set), MLAF_U8, o->num_blocks, ib, ib);
+    v->ikd_s = mlaf_tensor_2d(P(o, S_IKD, set), dt, T, MLAF_INDEX_HEAD_DIM, MLAF_INDEX_HEAD_DIM);
+    v->ix.index_k = &v->ik, v->ix.weight = &v->iw, v->ix.bias = &v->ib, v->ix.cache = &v->icache;
+    v->iq = mlaf_tensor_3d(P(o, B_IQ, set), dt, T, o->H, MLAF_INDEX_HEAD_DIM, o->H * MLAF_INDEX_HEAD_DIM,
+                           MLAF_INDEX_HEAD_DIM);
+    v->iqw = mlaf_tensor_2d(P(o, B_IQW, set), dt, T, o->H, o->H);
+    v->iqf = mlaf_tensor_3d(P(o, B_IQF, set), MLAF_FP8_E4M3, T, o->H, MLAF_INDEX_HEAD_DIM, o->H * MLAF_INDEX_HEAD_DIM,
+                            MLAF_INDEX_HEAD_DIM);
+    v->iqwo = mlaf_tensor_2d(P(o, B_IQWO, set), MLAF_F32, T, o->H, o->H);
 }
 
 static int api_err(bench_op *o, mlaf_status st, const char *what, char *err, size_t cap) {
@@ -493,7 +559,10 @@ static int call_fused(void *arg, int set, char *err, size_t cap) {
     case MLAF_OP_MLA_KV_CACHE: {
         mlaf_mla_kv_cache_params p = {(int32_t)o->Q, (int32_t)o->C, (int32_t)o->R,
                                       o->cfg.rms_norm_eps, o->cfg.rms_norm_eps, o->cfg.rope_style, o->tail};
-        if (o->kv_fmt == MLAF_KV_PLAIN)
+        if (o->indexer)
+            st = mlaf_mla_kv_cache_dsa(o->ctx, &p, &v.latent, hasq ? &v.w_q : NULL, &v.w_kv, &v.pos, &v.cos_sin,
+                                       &v.slots, &v.cd, hasq ? &v.q : NULL, NULL, NULL, NULL, &o->ip, &v.ix);
+        else if (o->kv_fmt == MLAF_KV_PLAIN)
             st = mlaf_mla_kv_cache(o->ctx, &p, &v.latent, hasq ? &v.w_q : NULL, &v.w_kv,
                                    hasr ? &v.pos : NULL, hasr ? &v.cos_sin : NULL, &v.slots, &v.cache,
                                    hasq ? &v.q : NULL, NULL, NULL, NULL);
@@ -508,6 +577,9 @@ static int call_fused(void *arg, int set, char *err, size_t cap) {
         st = mlaf_rope_q(o->ctx, &p, &v.qh, &v.pos, &v.cos_sin, NULL);
         break;
     }
+    case MLAF_OP_INDEXER_Q:
+        st = mlaf_indexer_q(o->ctx, &o->ip, &v.iq, &v.pos, &v.cos_sin, &v.iqw, &v.iqf, &v.iqwo, NULL, NULL, NULL);
+        break;
     default:
         if (o->hash)
             st = mlaf_moe_gate_hash(o->ctx, &o->moe, &v.logits, &v.tid2eid, &v.tok, &v.weights, &v.ids, NULL,
@@ -532,6 +604,10 @@ static int baseline_err(int r, const char *what, char *err, size_t cap) {
 
 static int call_unfused(void *arg, int set, char *err, size_t cap) {
     bench_op *o = (bench_op *)arg;
+    if (o->op == MLAF_OP_INDEXER_Q) {
+        snprintf(err, cap, "indexer_q has no unfused chain here");
+        return -1;
+    }
     views v;
     make_views(o, set, &v);
     const int hasq = o->Q > 0, hasr = o->R > 0, haspos = o->RP > 0;
@@ -582,15 +658,23 @@ static int call_unfused(void *arg, int set, char *err, size_t cap) {
         if (j.norm.T == 0) return 0;
         /* kv_rope_tail: RoPE on the dense k_nope's last columns, in place */
         void *tail_x = (char *)v.kn_s.data + (size_t)(o->C - o->tail) * mlaf_dtype_size(o->dt);
+        mlaf_index_job ix;
+        if (o->indexer && api_err(o, mlaf_check_indexer_k(o->ctx, &o->ip, &v.ix, &p, &v.latent, &v.pos, &v.cos_sin,
+                                                          &v.slots, &v.cd, hasq ? &v.q : NULL, NULL, NULL, NULL, &j,
+                                                          &ix),
+                                  "unfused indexer key", err, cap))
+            return -1;
         if (cpu) {
-            if (hasr) r = blc_rope_rows(v.kp_s.data, o->dt, o->T, o->R, &j.rope, o->threads);
+            if (o->indexer) r = blc_index_k(&j, &ix, v.ikd_s.data, o->threads);
+            if (hasr && !r) r = blc_rope_rows(v.kp_s.data, o->dt, o->T, o->R, &j.rope, o->threads);
             if (!r && o->tail > 0) r = blc_rope_rows(tail_x, o->dt, o->T, o->C, &j.rope, o->threads);
             if (!r) r = o->kv_fmt == MLAF_KV_PLAIN ? blc_cache_write(&j, v.kn_s.data, v.kp_s.data, o->threads)
                                                    : blc_cache_write_fp8(&j, v.kn_s.data, v.kp_s.data, o->threads);
         }
 #ifdef MLAF_WITH_CUDA
         else {
-            if (hasr) r = blg_rope_rows(v.kp_s.data, o->dt, o->T, o->R, &j.rope, stream);
+            if (o->indexer) r = blg_index_k(&j, &ix, v.ikd_s.data, stream);
+            if (hasr && !r) r = blg_rope_rows(v.kp_s.data, o->dt, o->T, o->R, &j.rope, stream);
             if (!r && o->tail > 0) r = blg_rope_rows(tail_x, o->dt, o->T, o->C, &j.rope, stream);
             if (!r) r = o->kv_fmt == MLAF_KV_PLAIN ? blg_cache_write(&j, v.kn_s.data, v.kp_s.data, stream)
                                                    : blg_cache_write_fp8(&j, v.kn_s.data, v.kp_s.data, stream);
@@ -701,8 +785,13 @@ static int outputs_of(const bench_op *o, int *ids) {
     case MLAF_OP_MLA_KV_CACHE:
         if (o->Q > 0) ids[n++] = B_Q;
         ids[n++] = B_CACHE;
+        if (o->indexer) ids[n++] = B_ICACHE;
         break;
     case MLAF_OP_ROPE_Q: ids[n++] = B_QH; break;
+    case MLAF_OP_INDEXER_Q:
+        ids[n++] = B_IQF;
+        ids[n++] = B_IQWO;
+        break;
     default:
         ids[n++] = B_IDS;
         ids[n++] = B_WEIGHTS;
@@ -1064,7 +1153,7 @@ int cmd_bench(int argc, char **argv) {
     int64_t tokens[CLI_MAX_LIST];
     int ntok = 0;
     long long threads = 0, reps = 0;
-    int graph = 0, json = 0, cache_order = CO_SHUFFLED, sweep = 0, hash = 0;
+    int graph = 0, json = 0, cache_order = CO_SHUFFLED, sweep = 0, hash = 0, indexer = 0;
     cache_opt co = {0, MLAF_KV_PLAIN, MLAF_TILE_AMAX, 1.0};
     int tile_set = 0, kv_scale_set = 0;
 
@@ -1079,6 +1168,8 @@ int cmd_bench(int argc, char **argv) {
             graph = 1;
         } else if (!strcmp(argv[i], "--hash")) {
             hash = 1;
+        } else if (!strcmp(argv[i], "--indexer")) {
+            indexer = 1;
         } else if (!strcmp(argv[i], "--sweep")) {
             sweep = 1;
         } else if (!strcmp(argv[i], "--json")) {
@@ -1272,6 +1363,7 @@ int cmd_bench(int argc, char **argv) {
         if (co.show && co.fmt == MLAF_KV_FP8_DS_MLA && co.tile_scale != MLAF_TILE_AMAX)
             printf(" --tile-scale %s", tile_scale_names[co.tile_scale]);
         if (co.show && co.fmt == MLAF_KV_FP8 && co.kv_scale != 1.0) printf(" --kv-scale %g", co.kv_scale);
+        if (indexer) printf(" --indexer");
         printf(" --tokens ");
         for (int t = 0; t < ntok; t++) printf("%s%lld", t ? "," : "", (long long)tokens[t]);
         int nops = 0;
@@ -1298,7 +1390,8 @@ int cmd_bench(int argc, char **argv) {
                 row *r = &rows[nrows++];
                 memset(r, 0, sizeof *r);
                 r->op = (mlaf_op)oi;
-                snprintf(r->model, sizeof r->model, "%.63s", models[m].name);
+                snprintf(r->model, sizeof r->model, "%.55s%s", models[m].name,
+                         indexer && r->op == MLAF_OP_MLA_KV_CACHE ? "+indexer" : "");
                 r->T = tokens[ti];
                 if (co.show && r->op == MLAF_OP_MLA_KV_CACHE) r->cache = mlaf_kv_format_name(co.fmt);
                 r->hash = hash && r->op == MLAF_OP_MOE_GATE;
@@ -1314,6 +1407,12 @@ int cmd_bench(int argc, char **argv) {
                     snprintf(r->check, sizeof r->check, "skipped");
                     snprintf(r->error, sizeof r->error, "%s is not supported by the %s backend",
                              mlaf_op_name(r->op), mlaf_backend_name(be));
+                    if (!json) print_row(r, co.show);
+                    continue;
+                }
+                if (r->op == MLAF_OP_INDEXER_Q && models[m].index_n_heads <= 0) {
+                    snprintf(r->check, sizeof r->check, "skipped");
+                    snprintf(r->error, sizeof r->error, "the model has no DSA indexer");
                     if (!json) print_row(r, co.show);
                     continue;
                 }
@@ -1336,6 +1435,7 @@ int cmd_bench(int argc, char **argv) {
                 o.cache_order = cache_order;
                 o.hash = r->hash;
                 o.kv_fmt = r->op == MLAF_OP_MLA_KV_CACHE ? co.fmt : MLAF_KV_PLAIN;
+                o.indexer = indexer && r->op == MLAF_OP_MLA_KV_CACHE;
                 o.tile_scale = co.tile_scale;
                 o.kv_scale = (float)co.kv_scale;
                 err[0] = '\0';
@@ -1348,7 +1448,10 @@ int cmd_bench(int argc, char **argv) {
                 }
                 r->bytes = o.bytes;
                 char cerr[512] = "";
-                if (check_baseline(&o, r->check, sizeof r->check, cerr, sizeof cerr)) {
+                const int no_baseline = o.op == MLAF_OP_INDEXER_Q; /* compared with the same-run copy only */
+                if (no_baseline) {
+                    snprintf(r->check, sizeof r->check, "no baseline");
+                } else if (check_baseline(&o, r->check, sizeof r->check, cerr, sizeof cerr)) {
                     if (!strcmp(r->check, "ok")) snprintf(r->check, sizeof r->check, "not checked");
                 } else if (strncmp(r->check, "ok", 2)) { /* "ok (N near-tie rows)" is ok */
                     fprintf(stderr, "mlafuse bench: warning: the unfused baseline of %s (T=%lld) "
@@ -1370,13 +1473,18 @@ int cmd_bench(int argc, char **argv) {
                     r->have_fused = 1;
                 }
                 err[0] = '\0';
+                ur = 0;
 #ifdef MLAF_WITH_CUDA
-                if (be == MLAF_BACKEND_CUDA) {
+                if (no_baseline) {
+                } else if (be == MLAF_BACKEND_CUDA) {
                     ur = bcu_time(call_unfused, &o, (int)reps, graph_calls, &r->unfused, err, sizeof err);
                 } else
+#else
+                if (!no_baseline)
 #endif
                     ur = bench_cpu_time(call_unfused, &o, o.nsets, (int)reps, &r->unfused, err, sizeof err);
-                if (ur) {
+                if (no_baseline) {
+                } else if (ur) {
                     size_t len = strlen(r->error);
                     snprintf(r->error + len, sizeof r->error - len, "%s%s", len ? "; " : "", err);
                     any_error = 1;

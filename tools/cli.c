@@ -136,7 +136,7 @@ int cli_parse_op(const char *opt, const char *text, mlaf_op *out) {
             return 0;
         }
     fprintf(stderr,
-            "mlafuse: %s = '%s', expected split_qk_norm, mla_kv_cache, rope_q, moe_gate or all\n",
+            "mlafuse: %s = '%s', expected split_qk_norm, mla_kv_cache, rope_q, moe_gate, indexer_q or all\n",
             opt, text);
     return -1;
 }

@@ -14,6 +14,10 @@
  *   rope_q         {contiguous (i64) | strided (i32)} x {interleaved, neox}
  *   mla_kv_cache with --cache: the cache formats of SPEC §9 instead, each x block size
  *                  {1, 16, 64} x {contiguous, strided} (below, kv_fmts and run_kv_formats)
+ *   mla_kv_cache with --indexer: the DSA indexer key branch (verify_indexer.c) over the caches
+ *                  of --cache (default plain) x four indexer settings (run_indexer_cases)
+ *   indexer_q      models with an indexer: {contiguous, ue8m0 | strided, Hadamard, q_pe |
+ *                  strided, f32 scale} in the preset's indexer RoPE style
  *   moe_gate       contiguous | strided with the score output | NaN / inf logits; with
  *                  --preset all also the router shapes engines get wrong (E = 160 softmax
  *                  group max, E = 384, E = 2048, 64 experts in one group, top_k 16 / 32,
@@ -39,7 +43,7 @@ static void help(void) {
         "Checks every op against the float64 oracle (SPEC section 7) and prints one line per case.\n"
         "\n"
         "  --backend cpu|cuda|all   backends to check (default all: cpu, and cuda when a GPU is visible)\n"
-        "  --op NAME|all            split_qk_norm, mla_kv_cache, rope_q, moe_gate (default all)\n"
+        "  --op NAME|all            split_qk_norm, mla_kv_cache, rope_q, moe_gate, indexer_q (default all)\n"
         "  --preset NAME|all        model preset (default all; see mlafuse presets)\n"
         "  --config FILE            the model of a Hugging Face config.json instead of the presets\n"
         "  --sweep                  the row layouts of the family instead: q_lora_rank 0 .. 3072 x\n"
@@ -50,6 +54,9 @@ static void help(void) {
         "  --cache LIST             mla_kv_cache's cache formats: plain, fp8, fp8_ds_mla or all\n"
         "                           (comma-separated), each x block size 1, 16, 64 x contiguous,\n"
         "                           strided; without it, the plain cache cases above\n"
+        "  --indexer                mla_kv_cache with the DSA indexer key branch (SPEC 10) instead:\n"
+        "                           models with rope 64, the caches of --cache (default plain), each x\n"
+        "                           four indexer settings (rope style, Hadamard, scale, layout)\n"
         "  --seed N                 random seed of the inputs (default 1)\n"
         "\n"
         "Exit status: 0 all passed, 1 a case failed (or a requested backend is missing), 2 usage.\n");
@@ -245,6 +252,77 @@ static void run_op(mlaf_context *ctx, mlaf_op op, const mlaf_model_config *cfg, 
     }
 }
 
+/* indexer_q's cases for one model / dtype / T (models without an indexer: one skip line). */
+static void run_indexer_q(mlaf_context *ctx, const mlaf_model_config *cfg, mlaf_dtype dt, int64_t T, uint64_t seed,
+                          counters *n) {
+    if (cfg->index_n_heads <= 0) {
+        printf("SKIP: indexer_q for %s: the model has no DSA indexer\n", cfg->name);
+        n->skipped++;
+        return;
+    }
+    for (int i = 0; i < 3; i++) {
+        mlaf_verify_case c = mlaf_verify_case_default(cfg, dt, T, seed + 7919u * (uint64_t)i);
+        c.strided = i > 0;
+        c.index_hadamard = i == 1;
+        c.index_q_pe = i == 1;
+        c.index_scale = i == 2 ? MLAF_INDEX_SCALE_F32 : MLAF_INDEX_SCALE_UE8M0;
+        c.index_dtype = i == 2 ? MLAF_I32 : MLAF_I64;
+        char label[128];
+        snprintf(label, sizeof label, "H=%d,index_rope=%s,hadamard=%d,scale=%s,%s%s", (int)cfg->index_n_heads,
+                 c.index_style == MLAF_ROPE_NEOX ? "neox" : "interleaved", c.index_hadamard,
+                 c.index_scale == MLAF_INDEX_SCALE_F32 ? "f32" : "ue8m0", c.strided ? "strided" : "contiguous",
+                 c.index_q_pe ? ",q_pe" : "");
+        run_case(ctx, MLAF_OP_INDEXER_Q, cfg->name, &c, label, n);
+    }
+}
+
+/* --indexer: mla_kv_cache with the key branch, every format of mask x four indexer settings
+ * (the model's RoPE style or the other one, Hadamard, ue8m0 / f32 scale, layout: contiguous
+ * block 64; strided with an odd index-cache block stride, block 16; the dense index output in
+ * place, block 1; strided with a short slot_mapping, block 64). */
+static void run_indexer_cases(mlaf_context *ctx, unsigned mask, const mlaf_model_config *cfg, mlaf_dtype dt,
+                              int64_t T, uint64_t seed, counters *n) {
+    if (cfg->qk_rope_head_dim != MLAF_INDEX_ROPE_DIM) {
+        printf("SKIP: mla_kv_cache --indexer for %s: qk_rope_head_dim = %d, the indexer needs 64\n", cfg->name,
+               (int)cfg->qk_rope_head_dim);
+        n->skipped++;
+        return;
+    }
+    const mlaf_rope_style own = cfg->index_n_heads > 0 ? cfg->index_rope_style : MLAF_ROPE_NEOX;
+    for (int f = 0; f < 3; f++) {
+        if (!(mask & (1u << f))) continue;
+        if (f == MLAF_KV_FP8_DS_MLA && (dt != MLAF_BF16 || cfg->kv_lora_rank % 128)) {
+            printf("SKIP: mla_kv_cache --indexer cache=fp8_ds_mla for %s, dtype %s: needs a bf16 latent and "
+                   "kv_lora_rank %% 128 == 0\n", cfg->name, mlaf_dtype_name(dt));
+            n->skipped++;
+            continue;
+        }
+        for (int i = 0; i < 4; i++) {
+            mlaf_verify_case c = mlaf_verify_case_default(cfg, dt, T, seed + 7919u * (uint64_t)(i + 4 * f));
+            c.indexer = 1;
+            c.kv_format = (mlaf_kv_format)f;
+            c.cache_dtype = f == MLAF_KV_PLAIN ? dt : MLAF_U8;
+            c.index_style = i == 2 ? (mlaf_rope_style)(1 - own) : own;
+            c.index_hadamard = i == 1 || i == 3;
+            c.index_scale = i >= 2 ? MLAF_INDEX_SCALE_F32 : MLAF_INDEX_SCALE_UE8M0;
+            c.strided = i == 1 || i == 3;
+            c.in_place = i == 2;
+            c.map_short = i == 3 ? 3 : 0;
+            c.block_size = i == 1 ? 16 : i == 2 ? 1 : 64;
+            c.index_dtype = i == 1 ? MLAF_I32 : MLAF_I64;
+            c.tile_scale = (mlaf_tile_scale)(i % 3);
+            char label[160];
+            snprintf(label, sizeof label, "cache=%s,bs=%lld,index_rope=%s,hadamard=%d,scale=%s,%s",
+                     mlaf_kv_format_name(c.kv_format), (long long)c.block_size,
+                     c.index_style == MLAF_ROPE_NEOX ? "neox" : "interleaved", c.index_hadamard,
+                     c.index_scale == MLAF_INDEX_SCALE_F32 ? "f32" : "ue8m0",
+                     i == 0 ? "contiguous" : i == 1 ? "strided,odd-block-stride" : i == 2 ? "index-out-in-place"
+                                                                                          : "strided,short-map");
+            run_case(ctx, MLAF_OP_MLA_KV_CACHE, cfg->name, &c, label, n);
+        }
+    }
+}
+
 /* --cache: the cache formats of SPEC §9. */
 enum { CACHE_PLAIN = 1, CACHE_FP8 = 2, CACHE_DS = 4, CACHE_ALL = 7 };
 
@@ -432,7 +510,7 @@ static void run_v4(mlaf_context *ctx, mlaf_op op, const mlaf_model_config *cfg, 
 int cmd_verify(int argc, char **argv) {
     int want_backend[MLAF_BACKEND_COUNT_] = {1, 1};
     int backend_explicit = 0;
-    int want_op[MLAF_OP_COUNT_] = {1, 1, 1, 1};
+    int want_op[MLAF_OP_COUNT_] = {1, 1, 1, 1, 1};
     const char *preset = NULL, *config = NULL;
     mlaf_dtype dts[3] = {MLAF_F32, MLAF_F16, MLAF_BF16};
     int ndt = 3;
@@ -441,7 +519,7 @@ int cmd_verify(int argc, char **argv) {
     int64_t cache_tokens[6] = {0, 1, 7, 257, 4099, 65537};
     int cache_mask = 0;
     long long seed = 1;
-    int sweep = 0;
+    int sweep = 0, indexer = 0;
 
     for (int i = 1; i < argc; i++) {
         const char *v;
@@ -450,7 +528,9 @@ int cmd_verify(int argc, char **argv) {
             help();
             return CLI_EXIT_OK;
         }
-        if (!strcmp(argv[i], "--sweep")) {
+        if (!strcmp(argv[i], "--indexer")) {
+            indexer = 1;
+        } else if (!strcmp(argv[i], "--sweep")) {
             sweep = 1;
         } else if ((r = cli_take_value(argc, argv, &i, "--backend", &v)) != 0) {
             if (r < 0) return CLI_EXIT_USAGE;
@@ -555,7 +635,7 @@ int cmd_verify(int argc, char **argv) {
              * the loops below skip them for the attention ops and route them as any model */
             int plain = 0;
             for (int m = 0; m < nmodels; m++) {
-                if (tails[m] <= 0 || op == MLAF_OP_MOE_GATE) {
+                if (tails[m] <= 0 || op == MLAF_OP_MOE_GATE || op == MLAF_OP_INDEXER_Q) {
                     plain++;
                     continue;
                 }
@@ -565,6 +645,26 @@ int cmd_verify(int argc, char **argv) {
                                (uint64_t)seed * 1000003u + (uint64_t)t * 131u + (uint64_t)d * 17u + 0x7a11u, &n);
             }
             if (!plain) continue;
+            if (op == MLAF_OP_MLA_KV_CACHE && indexer) {
+                for (int m = 0; m < nmodels; m++)
+                    for (int d = 0; d < ndt; d++)
+                        for (int t = 0; t < ntok; t++)
+                            run_indexer_cases(ctx, cache_mask ? (unsigned)cache_mask : 1u, &models[m], dts[d], tokens[t],
+                                              (uint64_t)seed * 1000003u + (uint64_t)t * 131u + (uint64_t)d * 17u +
+                                                  (uint64_t)m * 7u + 0xd5au,
+                                              &n);
+                continue;
+            }
+            if (op == MLAF_OP_INDEXER_Q) {
+                for (int m = 0; m < nmodels; m++)
+                    for (int d = 0; d < (models[m].index_n_heads > 0 ? ndt : 1); d++) /* one skip line */
+                        for (int t = 0; t < (models[m].index_n_heads > 0 ? ntok : 1); t++)
+                            run_indexer_q(ctx, &models[m], dts[d], tokens[t],
+                                          (uint64_t)seed * 1000003u + (uint64_t)t * 131u + (uint64_t)d * 17u +
+                                              (uint64_t)m * 7u + 0xd5bu,
+                                          &n);
+                continue;
+            }
             if (op == MLAF_OP_MLA_KV_CACHE && cache_mask) {
                 for (int m = 0; m < nmodels; m++)
                     for (int d = 0; d < ndt && tails[m] <= 0; d++)

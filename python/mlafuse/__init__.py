@@ -37,6 +37,8 @@ from .ops import (
     version_number,
 )
 
+from .indexer import indexer_params, indexer_q, mla_kv_cache_dsa
+
 __version__ = version()
 HAS_TORCH = ops._torch is not None  # noqa: F821  (ops is bound by the import above)
 
@@ -44,5 +46,5 @@ __all__ = [
     "MlafError", "Preset", "backend_available", "backend_supports", "find_preset",
     "get_num_threads", "library_path", "mla_kv_cache", "moe_gate", "presets", "rope_q",
     "rope_table", "set_num_threads", "split_qk_norm", "version", "version_number", "HAS_TORCH",
-    "BINDING",
+    "BINDING", "indexer_params", "indexer_q", "mla_kv_cache_dsa",
 ]

@@ -219,6 +219,42 @@ def run_rope_q(ctx, R, style, q, positions, cos_sin, error_count, head_norm=Fals
     else:
         ctx.check(L.mlaf_rope_q_out(ctx.ptr, ctypes.byref(p), byref(q), byref(positions),
                                     byref(cos_sin), byref(q_out), byref(error_count)))
+def run_mla_kv_cache_dsa(ctx, ip, Q, C, R, eps_q, eps_kv, style, latent, w_q, w_kv, positions, cos_sin,
+                         slot_mapping, kv_cache, q, k_nope, k_pe, error_count, index_k, index_weight,
+                         index_bias, index_cache, index_out=None, topk_fill=None,
+                         index_copies=1, index_copy_stride=0, cache_format=L.KV_PLAIN, scale=None, fp8_conv=L.FP8_DIV, amax_out=None,
+                         tile_scale=L.TILE_AMAX, kpe_cache=None):
+    """mlaf_mla_kv_cache_dsa: run_mla_kv_cache's arguments plus the indexer key branch (ip an
+    L.IndexerParams)."""
+    p = L.MlaKvCacheParams(int(Q), int(C), int(R), float(eps_q), float(eps_kv), int(style))
+    d = L.KvCacheDesc()
+    d.format = _enum_arg(cache_format, "cache_format")
+    d.conv = _enum_arg(fp8_conv, "fp8_conv")
+    d.tile_scale = _enum_arg(tile_scale, "tile_scale")
+    for field, v in (("cache", kv_cache), ("kpe", kpe_cache), ("scale", scale),
+                     ("amax_out", amax_out)):
+        if v is not None:
+            setattr(d, field, ctypes.pointer(v))
+    ik = L.IndexerK()
+    for field, v in (("index_k", index_k), ("weight", index_weight), ("bias", index_bias),
+                     ("cache", index_cache), ("out", index_out), ("topk_fill", topk_fill)):
+        if v is not None:
+            setattr(ik, field, ctypes.pointer(v))
+    ik.copies = int(index_copies)
+    ik.copy_stride = int(index_copy_stride)
+    ctx.check(L.mlaf_mla_kv_cache_dsa(ctx.ptr, ctypes.byref(p), byref(latent), byref(w_q),
+                                      byref(w_kv), byref(positions), byref(cos_sin),
+                                      byref(slot_mapping), ctypes.byref(d), byref(q),
+                                      byref(k_nope), byref(k_pe), byref(error_count),
+                                      ctypes.byref(ip), ctypes.byref(ik)))
+
+
+def run_indexer_q(ctx, ip, q_idx, positions, cos_sin, w, q_fp8, w_out, q_pe=None, q_pe_style=0,
+                  error_count=None):
+    pr = L.RopeParams(64, int(q_pe_style))
+    ctx.check(L.mlaf_indexer_q(ctx.ptr, ctypes.byref(ip), byref(q_idx), byref(positions),
+                               byref(cos_sin), byref(w), byref(q_fp8), byref(w_out), byref(q_pe),
+                               ctypes.byref(pr), byref(error_count)))
 
 
 def run_moe_gate(ctx, params, logits, bias, weights, ids, scores):

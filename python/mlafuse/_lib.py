@@ -13,8 +13,9 @@ import os
 # ---- enums of include/mlafuse.h (append-only there, so the numbers are stable) ----------
 F32, F16, BF16, I32, I64, U8, FP8_E4M3 = 0, 1, 2, 3, 4, 5, 6
 BACKEND_CPU, BACKEND_CUDA = 0, 1
-OP_SPLIT_QK_NORM, OP_MLA_KV_CACHE, OP_ROPE_Q, OP_MOE_GATE = 0, 1, 2, 3
 SCORE_SIGMOID, SCORE_SOFTMAX, SCORE_SQRT_SOFTPLUS = 0, 1, 2
+OP_SPLIT_QK_NORM, OP_MLA_KV_CACHE, OP_ROPE_Q, OP_MOE_GATE, OP_INDEXER_Q = 0, 1, 2, 3, 4
+INDEX_SCALE_UE8M0, INDEX_SCALE_F32 = 0, 1       # mlaf_index_scale
 GROUP_TOP2_SUM, GROUP_MAX = 0, 1
 ROPE_INTERLEAVED, ROPE_NEOX = 0, 1
 KV_PLAIN, KV_FP8, KV_FP8_DS_MLA, KV_FP8_V4 = 0, 1, 2, 3  # mlaf_kv_format
@@ -131,6 +132,33 @@ class KvCacheDesc(ctypes.Structure):
         ("amax_out", ctypes.POINTER(Tensor)),
         ("conv", ctypes.c_int),
         ("tile_scale", ctypes.c_int),
+    ]
+
+
+class IndexerParams(ctypes.Structure):
+    """mlaf_indexer_params: one DSA indexer's settings, shared by its key and query sides."""
+
+    _fields_ = [
+        ("style", ctypes.c_int),
+        ("hadamard", ctypes.c_int32),
+        ("ln_eps", ctypes.c_float),
+        ("amax_eps", ctypes.c_float),
+        ("scale", ctypes.c_int),
+    ]
+
+
+class IndexerK(ctypes.Structure):
+    """mlaf_indexer_k: the key branch of mla_kv_cache."""
+
+    _fields_ = [
+        ("index_k", ctypes.POINTER(Tensor)),
+        ("weight", ctypes.POINTER(Tensor)),
+        ("bias", ctypes.POINTER(Tensor)),
+        ("cache", ctypes.POINTER(Tensor)),
+        ("out", ctypes.POINTER(Tensor)),
+        ("topk_fill", ctypes.POINTER(Tensor)),
+        ("copies", ctypes.c_int32),
+        ("copy_stride", ctypes.c_int64),
     ]
 
 
@@ -254,6 +282,12 @@ mlaf_mla_kv_cache = _proto("mlaf_mla_kv_cache", ctypes.c_int, _ctx_p, _P(MlaKvCa
                            _T, _T, _T, _T, _T, _T, _T, _T, _T, _T, _T)
 mlaf_mla_kv_cache_fmt = _proto("mlaf_mla_kv_cache_fmt", ctypes.c_int, _ctx_p, _P(MlaKvCacheParams),
                                _T, _T, _T, _T, _T, _T, _P(KvCacheDesc), _T, _T, _T, _T)
+mlaf_mla_kv_cache_dsa = _proto("mlaf_mla_kv_cache_dsa", ctypes.c_int, _ctx_p, _P(MlaKvCacheParams),
+                               _T, _T, _T, _T, _T, _T, _P(KvCacheDesc), _T, _T, _T, _T,
+                               _P(IndexerParams), _P(IndexerK))
+mlaf_indexer_q = _proto("mlaf_indexer_q", ctypes.c_int, _ctx_p, _P(IndexerParams), _T, _T, _T, _T, _T, _T,
+                        _T, _P(RopeParams), _T)
+mlaf_indexer_params_from_config = _proto("mlaf_indexer_params_from_config", IndexerParams, _P(ModelConfig))
 mlaf_kv_format_name = _proto("mlaf_kv_format_name", ctypes.c_char_p, ctypes.c_int)
 mlaf_kv_record_bytes = _proto("mlaf_kv_record_bytes", ctypes.c_int64, ctypes.c_int, ctypes.c_int,
                               ctypes.c_int32, ctypes.c_int32)

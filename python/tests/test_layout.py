@@ -24,6 +24,9 @@ EXPECTED = {
                            "eps": 32, "n_shared_experts": 36}),
     L.KvCacheDesc: (48, {"format": 0, "cache": 8, "kpe": 16, "scale": 24, "amax_out": 32,
                          "conv": 40, "tile_scale": 44}),
+    L.IndexerParams: (20, {"style": 0, "hadamard": 4, "ln_eps": 8, "amax_eps": 12, "scale": 16}),
+    L.IndexerK: (64, {"index_k": 0, "weight": 8, "bias": 16, "cache": 24, "out": 32, "topk_fill": 40,
+                      "copies": 48, "copy_stride": 56}),
 }
 
 
@@ -39,7 +42,8 @@ def test_struct_layout(struct):
 C_NAMES = {L.Tensor: "mlaf_tensor", L.ModelConfig: "mlaf_model_config",
            L.SplitQkNormParams: "mlaf_split_qk_norm_params", L.RopeParams: "mlaf_rope_params",
            L.RopeScaling: "mlaf_rope_scaling", L.MlaKvCacheParams: "mlaf_mla_kv_cache_params",
-           L.KvCacheDesc: "mlaf_kv_cache_desc", L.MoeGateParams: "mlaf_moe_gate_params"}
+           L.KvCacheDesc: "mlaf_kv_cache_desc", L.MoeGateParams: "mlaf_moe_gate_params",
+           L.IndexerParams: "mlaf_indexer_params", L.IndexerK: "mlaf_indexer_k"}
 HEADER_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__)))), "include")
 CC = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc") or shutil.which("clang")

@@ -14,6 +14,8 @@ const mlaf_backend_iface mlaf_cpu_backend = {
     mlaf_cpu_mla_kv_cache,
     mlaf_cpu_rope_q,
     mlaf_cpu_moe_gate,
+    mlaf_cpu_mla_kv_cache_dsa,
+    mlaf_cpu_indexer_q,
 };
 
 int mlaf_cpu_core_count(void) {

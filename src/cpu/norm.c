@@ -389,11 +389,7 @@ mlaf_status mlaf_cpu_split_qk_norm(mlaf_context *ctx, const mlaf_norm_job *job) 
 
 mlaf_status mlaf_cpu_mla_kv_cache(mlaf_context *ctx, const mlaf_kv_cache_job *job) {
     const mlaf_norm_kern *k = kern_for(ctx);
-    const mlaf_cpu_writer wr[2] = {mlaf_cpu_writer_dense(k, &job->norm),
-                                   job->format == MLAF_KV_FP8          ? mlaf_cpu_writer_fp8(k, job)
-                                   : job->format == MLAF_KV_FP8_DS_MLA ? mlaf_cpu_writer_ds_mla(k, job)
-                                   : job->format == MLAF_KV_FP8_V4     ? mlaf_cpu_writer_v4(k, job)
-                                                                       : mlaf_cpu_writer_paged(k, job)};
+    const mlaf_cpu_writer wr[2] = {mlaf_cpu_writer_dense(k, &job->norm), mlaf_cpu_writer_cache(k, job)};
     int64_t errors = mlaf_cpu_norm_run(ctx, &job->norm, job, wr, 2);
     mlaf_error_count_add(job->error_count, errors);
     return MLAF_OK;

@@ -176,6 +176,13 @@ mlaf_cpu_writer mlaf_cpu_writer_v4(const mlaf_norm_kern *k, const mlaf_kv_cache_
     return w;
 }
 
+mlaf_cpu_writer mlaf_cpu_writer_cache(const mlaf_norm_kern *k, const mlaf_kv_cache_job *job) {
+    return job->format == MLAF_KV_FP8          ? mlaf_cpu_writer_fp8(k, job)
+           : job->format == MLAF_KV_FP8_DS_MLA ? mlaf_cpu_writer_ds_mla(k, job)
+           : job->format == MLAF_KV_FP8_V4     ? mlaf_cpu_writer_v4(k, job)
+                                               : mlaf_cpu_writer_paged(k, job);
+}
+
 /* ---- rstd (diagnostic) ----------------------------------------------------------------- */
 static void rstd_put(const mlaf_cpu_writer *w, const mlaf_cpu_row *r, mlaf_row_part part, int64_t i0, int64_t n,
                      const float *v) {

@@ -56,6 +56,8 @@ mlaf_cpu_writer mlaf_cpu_writer_ds_mla(const mlaf_norm_kern *k, const mlaf_kv_ca
 /* fp8_v4 (SPEC §11): per page, data rows [448 e4m3 | 64 bf16 roped] of 576 B, then scale rows of
  * 8 B (7 UE8M0 bytes and a zero). Needs the kv_rope_tail 64 of a 512-wide kv part. */
 mlaf_cpu_writer mlaf_cpu_writer_v4(const mlaf_norm_kern *k, const mlaf_kv_cache_job *job);
+/* The cache writer of the job's format (one of the four above). */
+mlaf_cpu_writer mlaf_cpu_writer_cache(const mlaf_norm_kern *k, const mlaf_kv_cache_job *job);
 
 /* Each row's two rstd values as f32 out[2 t], out[2 t + 1] (q, kv): a diagnostic writer, for tests. */
 mlaf_cpu_writer mlaf_cpu_writer_rstd(const mlaf_norm_kern *k, float *out);

@@ -16,6 +16,8 @@ const mlaf_backend_iface mlaf_cuda_backend = {
     mlaf_cuda_mla_kv_cache,
     mlaf_cuda_rope_q,
     mlaf_cuda_moe_gate,
+    mlaf_cuda_mla_kv_cache_dsa,
+    mlaf_cuda_indexer_q,
 };
 
 int mlaf_cuda_device_count(void) {

@@ -15,6 +15,8 @@ extern "C" {
 mlaf_status mlaf_cuda_split_qk_norm(mlaf_context *ctx, const mlaf_norm_job *job);
 mlaf_status mlaf_cuda_mla_kv_cache(mlaf_context *ctx, const mlaf_kv_cache_job *job);
 mlaf_status mlaf_cuda_rope_q(mlaf_context *ctx, const mlaf_rope_q_job *job);
+mlaf_status mlaf_cuda_mla_kv_cache_dsa(mlaf_context *ctx, const mlaf_kv_cache_job *job, const mlaf_index_job *ix);
+mlaf_status mlaf_cuda_indexer_q(mlaf_context *ctx, const mlaf_indexer_q_job *job);
 mlaf_status mlaf_cuda_moe_gate(mlaf_context *ctx, const mlaf_moe_gate_job *job);
 }
 

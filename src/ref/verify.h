@@ -124,6 +124,16 @@ typedef struct mlaf_verify_case {
     /* rope_q */
     int head_norm;             /* weightless per-head RMSNorm first (eps: cfg.rms_norm_eps) */
     int64_t q_out_heads;       /* > 0: out of place into q_out [T, q_out_heads, D] (>= heads); 0: in place */
+    /* the DSA indexer (SPEC §10): mla_kv_cache with its key branch (mlaf_mla_kv_cache_dsa, judged
+     * by verify_indexer.c; in_place then means the dense index output is index_k itself), and
+     * indexer_q; the preset's index_n_heads is indexer_q's H */
+    int indexer;               /* mla_kv_cache: 1 = with the key branch */
+    mlaf_rope_style index_style;
+    int index_hadamard;
+    mlaf_index_scale index_scale;
+    int index_q_pe;            /* indexer_q: also rope the MLA q_pe [T, heads, nope + rope] */
+    int index_copies;          /* mla_kv_cache with the key branch: > 1 = the multi-destination
+                                  store into that many index caches (SPEC §12) */
     /* moe_gate */
     int moe_override;          /* 1: use `moe` and `experts` below instead of cfg's router */
     mlaf_moe_gate_params moe;
@@ -179,6 +189,19 @@ mlaf_status mlaf_verify_moe_gate(mlaf_context *ctx, const mlaf_verify_case *c,
                                  mlaf_verify_result *r);
 mlaf_status mlaf_verify_moe_gate_hash(mlaf_context *ctx, const mlaf_verify_case *c,
                                       mlaf_verify_result *r);
+/* mla_kv_cache with the indexer key branch (the case's indexer fields; verify_indexer.c) and
+ * indexer_q. */
+mlaf_status mlaf_verify_mla_kv_cache_dsa(mlaf_context *ctx, const mlaf_verify_case *c,
+                                         mlaf_verify_result *r);
+mlaf_status mlaf_verify_indexer_q(mlaf_context *ctx, const mlaf_verify_case *c,
+                                  mlaf_verify_result *r);
+/* The float64 oracle of one indexer row (SPEC §10), rounded to dt after every step as the op
+ * does: x[128] the input (key: before the LayerNorm, w / b given; query: w NULL, no LayerNorm),
+ * cs the position's cos_sin row. y: the final vector; bound: per value, the largest |got - y|
+ * an implementation that follows the contract may show (one unit of dt per rounding plus what
+ * the earlier steps' allowed differences become through the later ones). */
+void mlaf_ref_index_row(const double *x, const double *w, const double *b, double eps, mlaf_dtype dt,
+                        mlaf_rope_style style, const float *cs, int hadamard, double *y, double *bound);
 /* Dispatch by op. */
 mlaf_status mlaf_verify_op(mlaf_context *ctx, mlaf_op op, const mlaf_verify_case *c,
                            mlaf_verify_result *r);

@@ -343,6 +343,7 @@ static void judge_same_bytes(judge *j, const vbuf *first, const vbuf *second, co
 
 mlaf_status mlaf_verify_mla_kv_cache(mlaf_context *ctx, const mlaf_verify_case *c,
                                      mlaf_verify_result *r) {
+    if (c->indexer) return mlaf_verify_mla_kv_cache_dsa(ctx, c, r);
     mlaf_status s = check_case_common(c, r);
     if (s != MLAF_OK) return s;
     if (c->block_size < 1 || (unsigned)c->kv_format >= MLAF_KV_FORMAT_COUNT_) return MLAF_ERR_INVALID_ARGUMENT;

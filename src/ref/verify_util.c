@@ -228,6 +228,7 @@ mlaf_verify_case mlaf_verify_case_default(const mlaf_model_config *cfg, mlaf_dty
     c.moe_bias = -1;
     if (cfg) c.moe = mlaf_moe_gate_params_from_config(cfg);
     c.experts = cfg ? cfg->n_routed_experts : 1;
+    c.index_style = cfg && cfg->index_n_heads > 0 ? cfg->index_rope_style : MLAF_ROPE_NEOX;
     return c;
 }
 
@@ -238,6 +239,7 @@ mlaf_status mlaf_verify_op(mlaf_context *ctx, mlaf_op op, const mlaf_verify_case
     case MLAF_OP_MLA_KV_CACHE: return mlaf_verify_mla_kv_cache(ctx, c, r);
     case MLAF_OP_ROPE_Q: return mlaf_verify_rope_q(ctx, c, r);
     case MLAF_OP_MOE_GATE: return mlaf_verify_moe_gate(ctx, c, r);
+    case MLAF_OP_INDEXER_Q: return mlaf_verify_indexer_q(ctx, c, r);
     default: return MLAF_ERR_INVALID_ARGUMENT;
     }
 }

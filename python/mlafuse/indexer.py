@@ -1,0 +1,177 @@
+"""The DSA lightning indexer (SPEC §10; DeepSeek-V3.2, GLM-5): mla_kv_cache with the indexer key
+branch, and indexer_q.
+
+numpy arrays run on the CPU backend through ctypes; torch tensors run on their device's backend
+(CUDA: torch's current stream) through the same ctypes calls, eagerly (these two functions are
+not registered as torch custom ops yet, so torch.compile sees them as opaque Python).
+
+    ip = mlafuse.indexer_params(config="deepseek-v3.2")          # once per layer
+    q, k_nope, k_pe, index_out = mlafuse.mla_kv_cache_dsa(
+        latent, w_q, w_kv, positions, cos_sin, slot_mapping, kv_cache,
+        index_k, index_weight, index_bias, index_cache, indexer=ip)
+    q_fp8, w_out = mlafuse.indexer_q(q_idx, positions, cos_sin, weights, indexer=ip)
+"""
+from __future__ import annotations
+
+from . import _core
+from . import _lib as L
+from ._lib import MlafError
+from .ops import (_STYLES, _check_same_kind, _dim, _enum, _is_torch, _kv_format_args, _np_in,
+                  _np_out, _ranks, find_preset)
+
+_SCALES = {"ue8m0": L.INDEX_SCALE_UE8M0, "f32": L.INDEX_SCALE_F32}
+
+
+def indexer_params(style=None, *, hadamard: bool = False, ln_eps: float = 1e-6,
+                   amax_eps: float = 1e-4, scale="ue8m0", config=None) -> L.IndexerParams:
+    """One indexer's settings, shared by its key (mla_kv_cache_dsa) and query (indexer_q) sides.
+
+    style     "neox" (DeepSeek-V3.2) or "interleaved" (GLM-5): the RoPE of dims [0, 64); default
+              the preset's (``config``: a preset name or Preset), else "neox"
+    hadamard  rotate by H_128 * 128^-0.5 after RoPE, on both sides (DeepSeek's reference); off in
+              vLLM's and SGLang's fused paths
+    ln_eps    the key LayerNorm's eps
+    amax_eps  the floor of every amax before the scale
+    scale     "ue8m0" (2^ceil(log2(max(amax, amax_eps) / 448)), vLLM / DeepSeek) or "f32"
+              (max(amax, amax_eps) / 448, SGLang's key cache)
+    """
+    if style is None:
+        p = find_preset(config) if isinstance(config, str) else config
+        has = p is not None and getattr(p, "index_n_heads", 0) > 0
+        style = p.index_rope_style if has else "neox"
+    return L.IndexerParams(_enum(style, _STYLES, "style"), int(bool(hadamard)), float(ln_eps),
+                           float(amax_eps), _enum(scale, _SCALES, "scale"))
+
+
+def _views(torch_path: bool, device, items):
+    """Views of (name, array, writable) for the call's path."""
+    if torch_path:
+        from . import _torch_ops as TO
+
+        return [TO._view(a, n, device) for n, a, _ in items]
+    return [(_np_out(a, n) if w else _np_in(a, n)) for n, a, w in items]
+
+
+def _ctx(torch_path: bool, device):
+    if torch_path:
+        from . import _torch_ops as TO
+
+        return TO._context(device)
+    return _core.context(L.BACKEND_CPU)
+
+
+def mla_kv_cache_dsa(latent, w_q, w_kv, positions, cos_sin, slot_mapping, kv_cache, index_k,
+                     index_weight, index_bias, index_cache, *, indexer=None, index_out=None,
+                     return_index_out: bool = False, topk_fill=None, index_copies: int = 1,
+                     index_copy_stride: int = 0, eps_q: float = 1e-5,
+                     eps_kv: float = 1e-5, style="interleaved", q_lora_rank: int | None = None,
+                     kv_lora_rank: int | None = None, rope_dim: int | None = None, q=None,
+                     k_nope=None, k_pe=None, return_k_nope: bool = False,
+                     return_k_pe: bool = False, error_count=None, cache_format="auto",
+                     k_scale=None, quant_scale=None, amax_out=None, tile_scale=None,
+                     kpe_cache=None):
+    """mla_kv_cache (every argument as there) plus the DSA indexer key branch of every token, in
+    one pass (one launch on CUDA).
+
+    index_k       [T, 128]   latent's dtype, rows strided (e.g. kw[:, :128] of the [T, 128 + H]
+                             GEMM output)
+    index_weight, index_bias [128]  LayerNorm weight and bias, f32 or latent's dtype (both alike)
+    index_cache   [num_blocks, >= 132 * block_size] uint8 | float8_e4m3fn, MUTATED: block-planar,
+                  token at offset o of block b: 128 e4m3 bytes at b * stride + 128 o, its f32
+                  scale at b * stride + 128 * block_size + 4 o (block_size and num_blocks are
+                  kv_cache's; the block stride may be any value, odd too)
+    indexer       indexer_params(...) (default: neox, no Hadamard, ue8m0)
+    index_out     [T, 128] optional output: the vector quantized (latent's dtype); may be index_k
+                  itself (context-parallel in place); return_index_out allocates one
+    topk_fill     [T, K] int32, optional, MUTATED: filled with -1
+    index_copies, index_copy_stride  the multi-destination store (SPEC §12): the same index
+                  records also into copies 1 .. n-1 at index_cache's address + k * stride bytes
+                  (e.g. context-parallel peers' caches); stride >= the bytes one cache spans
+
+    Returns ``(q, k_nope, k_pe, index_out)`` (None where not requested).
+    """
+    Q, C, R = _ranks(latent, w_q, w_kv, q_lora_rank, kv_lora_rank, rope_dim)
+    mla_style = _enum(style, _STYLES, "style")
+    ip = indexer if indexer is not None else indexer_params()
+    torch_path = _is_torch(latent)
+    _check_same_kind(torch_path, w_q=w_q, w_kv=w_kv, positions=positions, cos_sin=cos_sin,
+                     slot_mapping=slot_mapping, kv_cache=kv_cache, index_k=index_k,
+                     index_weight=index_weight, index_bias=index_bias, index_cache=index_cache,
+                     index_out=index_out, topk_fill=topk_fill, q=q, k_nope=k_nope, k_pe=k_pe,
+                     error_count=error_count, k_scale=k_scale, quant_scale=quant_scale,
+                     amax_out=amax_out, kpe_cache=kpe_cache)
+    fmt = _kv_format_args(cache_format, k_scale, quant_scale, amax_out, tile_scale, kpe_cache)
+    T = _dim(latent, 0)
+    if torch_path:
+        new = lambda shape: latent.new_empty(shape)  # noqa: E731
+    else:
+        np = _core._numpy()
+        new = lambda shape: np.empty(shape, latent.dtype)  # noqa: E731
+    if q is None and Q > 0:
+        q = new((T, Q))
+    if k_nope is None and return_k_nope:
+        k_nope = new((T, C))
+    if k_pe is None and return_k_pe:
+        k_pe = new((T, max(R, 0)))
+    if index_out is None and return_index_out:
+        index_out = new((T, 128))
+    f, scale, conv, amax, tile, kpe = fmt if fmt is not None else (L.KV_PLAIN, None, L.FP8_DIV, None,
+                                                                  L.TILE_AMAX, None)
+    device = latent.device if torch_path else None
+    v = _views(torch_path, device, [
+        ("latent", latent, 0), ("w_q", w_q, 0), ("w_kv", w_kv, 0), ("positions", positions, 0),
+        ("cos_sin", cos_sin, 0), ("slot_mapping", slot_mapping, 0), ("kv_cache", kv_cache, 1),
+        ("q", q, 1), ("k_nope", k_nope, 1), ("k_pe", k_pe, 1), ("error_count", error_count, 1),
+        ("index_k", index_k, 0), ("index_weight", index_weight, 0), ("index_bias", index_bias, 0),
+        ("index_cache", index_cache, 1), ("index_out", index_out, 1), ("topk_fill", topk_fill, 1),
+        ("scale", scale, 0), ("amax_out", amax, 1), ("kpe_cache", kpe, 1)])
+    _core.run_mla_kv_cache_dsa(_ctx(torch_path, device), ip, Q, C, R, eps_q, eps_kv, mla_style, *v[:17],
+                               index_copies=index_copies, index_copy_stride=index_copy_stride, cache_format=f, scale=v[17], fp8_conv=conv, amax_out=v[18],
+                               tile_scale=tile, kpe_cache=v[19])
+    return q, k_nope, k_pe, index_out
+
+
+def indexer_q(q_idx, positions, cos_sin, weights, *, indexer=None, q_fp8=None, w_out=None,
+              q_pe=None, q_pe_style="interleaved", error_count=None):
+    """The indexer's query side (SPEC §10): per (token, head) RoPE on dims [0, 64), the optional
+    Hadamard, fp8 e4m3 with one scale s, and the folded head weight
+    ((w * s) * 128^-0.5) * H^-0.5.
+
+    q_idx     [T, H, 128]  f32 | f16 | bf16, strided
+    weights   [T, H]       f32 or q_idx's dtype, rows strided (the last H columns of the
+                           [T, 128 + H] GEMM output)
+    q_fp8     [T, H, 128]  optional output (uint8 | float8_e4m3fn; allocated as uint8 for numpy,
+                           float8_e4m3fn for torch)
+    w_out     [T, H]       optional output, float32
+    q_pe      [T, Hq, D]   optional, MUTATED: the MLA query, RoPE in place on its last 64
+                           columns in q_pe_style (as rope_q), in the same launch
+    Returns ``(q_fp8, w_out)``.
+    """
+    ip = indexer if indexer is not None else indexer_params()
+    torch_path = _is_torch(q_idx)
+    _check_same_kind(torch_path, positions=positions, cos_sin=cos_sin, weights=weights, q_fp8=q_fp8,
+                     w_out=w_out, q_pe=q_pe, error_count=error_count)
+    T, H = _dim(q_idx, 0), _dim(q_idx, 1)
+    if torch_path:
+        import torch
+
+        if q_fp8 is None:
+            q_fp8 = torch.empty((T, H, 128), dtype=torch.float8_e4m3fn, device=q_idx.device)
+        if w_out is None:
+            w_out = torch.empty((T, H), dtype=torch.float32, device=q_idx.device)
+    else:
+        np = _core._numpy()
+        if q_fp8 is None:
+            q_fp8 = np.empty((T, H, 128), np.uint8)
+        if w_out is None:
+            w_out = np.empty((T, H), np.float32)
+    device = q_idx.device if torch_path else None
+    v = _views(torch_path, device, [
+        ("q_idx", q_idx, 0), ("positions", positions, 0), ("cos_sin", cos_sin, 0), ("weights", weights, 0),
+        ("q_fp8", q_fp8, 1), ("w_out", w_out, 1), ("q_pe", q_pe, 1), ("error_count", error_count, 1)])
+    _core.run_indexer_q(_ctx(torch_path, device), ip, *v[:6], q_pe=v[6],
+                        q_pe_style=_enum(q_pe_style, _STYLES, "q_pe_style"), error_count=v[7])
+    return q_fp8, w_out
+
+
+__all__ = ["indexer_params", "mla_kv_cache_dsa", "indexer_q", "MlafError"]

@@ -1,0 +1,142 @@
+/*
+ * indexer.c — CPU DSA indexer (SPEC §10): the key branch of mla_kv_cache as a writer of the row
+ * loop (norm.c: it runs at each row's finish, on the thread that computed the row) and the
+ * indexer_q op. The arithmetic is index_math.h's, in the CUDA kernels' order (same bits).
+ *
+ * Key, per token t: topk_fill's row to -1; when the token is valid (position and slot usable):
+ * LayerNorm, RoPE, Hadamard (each rounded), the dense `out` row, and with a slot >= 0 the 128
+ * e4m3 bytes and the f32 scale block-planar into the index cache (byte stores: any block stride),
+ * and the same bytes into each further copy of the multi-destination store.
+ */
+#include <string.h>
+
+#include "../index_math.h"
+#include "cpu.h"
+#include "norm_writers.h"
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+static void load128(const void *x, mlaf_dtype dt, float *f) {
+    for (int i = 0; i < MLAF_IDX_D; i++) f[i] = mlaf_load_f32(x, dt, i);
+}
+
+/* ---- the key branch (a writer of mla_kv_cache's row loop) -------------------------------- */
+typedef struct index_state {
+    const mlaf_kv_cache_job *kv;
+    const mlaf_index_job *ix;
+    float w[MLAF_IDX_D], b[MLAF_IDX_D];
+} index_state;
+
+static void index_put(const mlaf_cpu_writer *w, const mlaf_cpu_row *r, mlaf_row_part part, int64_t i0, int64_t n,
+                      const float *v) {
+    (void)w, (void)r, (void)part, (void)i0, (void)n, (void)v;
+}
+
+static void index_finish(const mlaf_cpu_writer *w, const mlaf_cpu_row *r) {
+    const index_state *st = (const index_state *)w->state;
+    const mlaf_kv_cache_job *kv = st->kv;
+    const mlaf_index_job *ix = st->ix;
+    const int64_t t = r->t;
+    if (ix->topk) {
+        int32_t *row = ix->topk + t * ix->topk_stride;
+        for (int64_t i = 0; i < ix->topk_n; i++) row[i] = -1;
+    }
+    if (!r->ok) return;
+    const mlaf_dtype dt = kv->norm.dt;
+    const size_t es = mlaf_dtype_size(dt);
+    float x[MLAF_IDX_D], y[MLAF_IDX_D];
+    load128((const char *)ix->k + t * ix->k_stride * (int64_t)es, dt, x);
+    mlaf_index_layernorm(x, st->w, st->b, ix->ln_eps, dt, y);
+    const int64_t pos = mlaf_load_index(kv->rope.positions, kv->rope.pos_dt, t); /* valid: r->ok */
+    mlaf_index_rope(y, ix->style, kv->rope.cos_sin + pos * kv->rope.cos_sin_stride, dt);
+    if (ix->hadamard) mlaf_index_hadamard(y, dt);
+    if (ix->out) {
+        char *o = (char *)ix->out + t * ix->out_stride * (int64_t)es;
+        for (int i = 0; i < MLAF_IDX_D; i++) mlaf_store_f32(o, dt, i, y[i]);
+    }
+    if (r->slot < 0) return;
+    const int64_t blk = r->slot / kv->block_size, off = r->slot % kv->block_size;
+    uint8_t rec[MLAF_IDX_D];
+    const float s = mlaf_index_quantize(y, ix->amax_eps, ix->scale, rec);
+    for (int32_t c = 0; c < ix->copies; c++) { /* the same bytes to every destination */
+        uint8_t *base = ix->cache + c * ix->copy_stride + blk * ix->block_stride;
+        memcpy(base + off * MLAF_IDX_D, rec, MLAF_IDX_D);
+        mlaf_index_put_f32(base + kv->block_size * MLAF_IDX_D + 4 * off, s);
+    }
+}
+
+mlaf_status mlaf_cpu_mla_kv_cache_dsa(mlaf_context *ctx, const mlaf_kv_cache_job *job, const mlaf_index_job *ix) {
+    const mlaf_norm_kern *k = mlaf_cpu_norm_kern(ctx);
+    index_state st;
+    st.kv = job, st.ix = ix;
+    for (int i = 0; i < MLAF_IDX_D; i++) {
+        st.w[i] = mlaf_load_f32(ix->w, ix->w_dt, i);
+        st.b[i] = mlaf_load_f32(ix->b, ix->w_dt, i);
+    }
+    mlaf_cpu_writer wr[3];
+    wr[0] = mlaf_cpu_writer_dense(k, &job->norm);
+    wr[1] = mlaf_cpu_writer_cache(k, job);
+    wr[2].put = index_put, wr[2].finish = index_finish, wr[2].k = k, wr[2].state = &st;
+    const int64_t errors = mlaf_cpu_norm_run(ctx, &job->norm, job, wr, 3);
+    mlaf_error_count_add(job->error_count, errors);
+    return MLAF_OK;
+}
+
+/* ---- indexer_q --------------------------------------------------------------------------- */
+
+/* Item i of the flattened [T, H + pe_H]: an indexer head (h < H) or an MLA q_pe head. A bad
+ * position is counted once per token (at its item 0). */
+static int64_t indexer_q_items(const mlaf_norm_kern *k, const mlaf_indexer_q_job *j, int64_t i0, int64_t i1) {
+    const int64_t HH = j->H + j->pe_H;
+    const mlaf_rope_job *r = &j->rope;
+    const size_t es = mlaf_dtype_size(j->dt), wes = mlaf_dtype_size(j->w_dt);
+    int64_t errors = 0;
+    for (int64_t i = i0; i < i1; i++) {
+        const int64_t t = i / HH, h = i % HH;
+        const int64_t pos = mlaf_load_index(r->positions, r->pos_dt, t);
+        if (pos < 0 || pos >= r->max_pos) {
+            errors += h == 0;
+            continue;
+        }
+        const float *cs = r->cos_sin + pos * r->cos_sin_stride;
+        if (h >= j->H) { /* the MLA q_pe: rope_q's rotation on the head's last 64 columns */
+            const size_t pes = mlaf_dtype_size(j->pe_dt);
+            char *x = (char *)j->q_pe + (t * j->pe_s0 + (h - j->H) * j->pe_s1 + (j->pe_D - MLAF_INDEX_ROPE_DIM)) *
+                                           (int64_t)pes;
+            k->rope(x, j->pe_dt, MLAF_INDEX_ROPE_DIM, j->pe_style, cs, x, j->pe_dt, NULL, j->pe_dt);
+            continue;
+        }
+        float y[MLAF_IDX_D];
+        load128((const char *)j->q + (t * j->q_s0 + h * j->q_s1) * (int64_t)es, j->dt, y);
+        mlaf_index_rope(y, r->style, cs, j->dt);
+        if (j->hadamard) mlaf_index_hadamard(y, j->dt);
+        const float s = mlaf_index_quantize(y, j->amax_eps, j->scale, j->q_fp8 + t * j->f_s0 + h * j->f_s1);
+        const float wv = mlaf_load_f32((const char *)j->w + t * j->w_stride * (int64_t)wes, j->w_dt, h);
+        const float a = wv * s, b = a * j->w_fold;
+        j->w_out[t * j->wo_stride + h] = b * j->h_fold;
+    }
+    return errors;
+}
+
+mlaf_status mlaf_cpu_indexer_q(mlaf_context *ctx, const mlaf_indexer_q_job *job) {
+    const mlaf_norm_kern *k = mlaf_cpu_norm_kern(ctx);
+    const int64_t n = job->T * (job->H + job->pe_H);
+    int nt = ctx->threads > 1 ? ctx->threads : 1;
+    if (n * MLAF_IDX_D < 49152) nt = 1;
+    if (nt > n) nt = (int)n;
+    int64_t errors = 0;
+    if (nt <= 1) {
+        errors = indexer_q_items(k, job, 0, n);
+    } else {
+#pragma omp parallel for num_threads(nt) schedule(static) reduction(+ : errors)
+        for (int c = 0; c < nt; c++) {
+            const int64_t q = n / nt, rm = n % nt;
+            const int64_t lo = c * q + (c < rm ? c : rm), hi = lo + q + (c < rm ? 1 : 0);
+            errors += indexer_q_items(k, job, lo, hi);
+        }
+    }
+    mlaf_error_count_add(job->error_count, errors);
+    return MLAF_OK;
+}

@@ -1,0 +1,174 @@
+/*
+ * index_row.cuh — the DSA indexer's row arithmetic on a warp (SPEC §10): lane l holds values
+ * [4 l, 4 l + 4) of a 128-wide head. The steps and their order are index_math.h's (the CPU
+ * backend's), so both backends give the same bits:
+ *   1. (key) LayerNorm: each lane sums its four values in order, the warp's xor butterfly
+ *      (mlaf_warp_sum); mu = sum / 128; var likewise over (x - mu)^2 (products, no FMA);
+ *      y = ((x - mu) * rstd) * w + b; rounded to T.
+ *   2. RoPE on dims [0, 64) (lanes 0..15): interleaved pairs are inside a lane; NeoX pairs
+ *      (i, i + 32) are lanes l and l ^ 8. Rounded.
+ *   3. Hadamard: strides 1 and 2 inside a lane, 4..64 between lanes l and l ^ (stride / 4)
+ *      (the lower index keeps a + b, the upper a - b), then * f32(128^-0.5). Rounded.
+ *   4. amax by a warp max (fmaxf: NaN ignored), the scale, e4m3(y / s) stored byte by byte
+ *      (the index cache's block stride and q_fp8's strides may be odd).
+ * Every lane of the warp calls every function (shuffles with the full mask).
+ */
+#pragma once
+
+#include "row_writers_fp8.cuh"
+
+#define MLAF_IDX_HADAMARD_K 0.0883883476483184405f /* f32(128^-0.5) */
+
+template <typename T> __device__ __forceinline__ void mlaf_idx_load(const T *row, int lane, float *v) {
+#pragma unroll
+    for (int k = 0; k < 4; k++) v[k] = mlaf_ld(row + 4 * lane + k);
+}
+
+template <typename T>
+__device__ __forceinline__ void mlaf_idx_layernorm(float *v, int lane, const void *w, const void *b, bool wf32,
+                                                   float eps) {
+    const float sum = mlaf_warp_sum(__fadd_rn(__fadd_rn(__fadd_rn(v[0], v[1]), v[2]), v[3]));
+    const float mu = __fdiv_rn(sum, 128.0f);
+    float d[4], sq;
+#pragma unroll
+    for (int k = 0; k < 4; k++) d[k] = __fsub_rn(v[k], mu);
+    sq = __fmul_rn(d[0], d[0]);
+#pragma unroll
+    for (int k = 1; k < 4; k++) sq = __fadd_rn(sq, __fmul_rn(d[k], d[k]));
+    const float rstd = mlaf_rstd(mlaf_warp_sum(sq), 128, eps);
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        const int64_t i = 4 * lane + k;
+        const float y = __fadd_rn(__fmul_rn(__fmul_rn(d[k], rstd), mlaf_ld_weight<T>(w, wf32, i)),
+                                  mlaf_ld_weight<T>(b, wf32, i));
+        v[k] = mlaf_round_as<T>(y);
+    }
+}
+
+/* cs: the position's cos_sin row (cos[0..31] | sin[0..31]). */
+template <typename T> __device__ __forceinline__ void mlaf_idx_rope(float *v, int lane, bool neox, const float *cs) {
+    if (neox) {
+        float p[4];
+#pragma unroll
+        for (int k = 0; k < 4; k++) p[k] = __shfl_xor_sync(0xffffffffu, v[k], 8);
+        if (lane < 16) {
+            const bool first = lane < 8;
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                const int i = 4 * (lane & 7) + k;
+                const float c = __ldg(cs + i), s = __ldg(cs + 32 + i);
+                v[k] = mlaf_round_as<T>(first ? mlaf_rope_x0(v[k], p[k], c, s) : mlaf_rope_x1(p[k], v[k], c, s));
+            }
+        }
+    } else if (lane < 16) {
+#pragma unroll
+        for (int k = 0; k < 4; k += 2) {
+            const int i = 2 * lane + k / 2;
+            const float c = __ldg(cs + i), s = __ldg(cs + 32 + i), x0 = v[k], x1 = v[k + 1];
+            v[k] = mlaf_round_as<T>(mlaf_rope_x0(x0, x1, c, s));
+            v[k + 1] = mlaf_round_as<T>(mlaf_rope_x1(x0, x1, c, s));
+        }
+    }
+}
+
+template <typename T> __device__ __forceinline__ void mlaf_idx_hadamard(float *v, int lane) {
+    float a, b;
+    a = v[0], b = v[1], v[0] = __fadd_rn(a, b), v[1] = __fsub_rn(a, b);
+    a = v[2], b = v[3], v[2] = __fadd_rn(a, b), v[3] = __fsub_rn(a, b);
+    a = v[0], b = v[2], v[0] = __fadd_rn(a, b), v[2] = __fsub_rn(a, b);
+    a = v[1], b = v[3], v[1] = __fadd_rn(a, b), v[3] = __fsub_rn(a, b);
+#pragma unroll
+    for (int m = 1; m < 32; m <<= 1) {
+        const bool upper = (lane & m) != 0;
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const float p = __shfl_xor_sync(0xffffffffu, v[k], m);
+            v[k] = upper ? __fsub_rn(p, v[k]) : __fadd_rn(v[k], p);
+        }
+    }
+#pragma unroll
+    for (int k = 0; k < 4; k++) v[k] = mlaf_round_as<T>(__fmul_rn(v[k], MLAF_IDX_HADAMARD_K));
+}
+
+/* The row's scale (every lane gets it): mode an mlaf_index_scale. */
+__device__ __forceinline__ float mlaf_idx_scale(const float *v, float eps, int mode) {
+    float m = 0.0f;
+#pragma unroll
+    for (int k = 0; k < 4; k++) m = fmaxf(m, fabsf(v[k]));
+    m = mlaf_warp_max(m, 32);
+    const float a = fmaxf(m, eps), q = __fdiv_rn(a, 448.0f);
+    if (mode == 1) return q;
+    const uint32_t u = __float_as_uint(q);
+    const int e = (u & 0x7fffffffu) == 0x7f800000u ? 128 : (int)((u >> 23) & 0xffu) - 127 + ((u & 0x7fffffu) != 0);
+    return __uint_as_float((uint32_t)(e + 127) << 23);
+}
+
+/* The lane's four e4m3 bytes of y / s at p (any alignment). */
+__device__ __forceinline__ void mlaf_idx_store_e4m3(uint8_t *p, const float *v, float s) {
+    const uint32_t lo = mlaf_e4m3x2(__fdiv_rn(v[0], s), __fdiv_rn(v[1], s));
+    const uint32_t hi = mlaf_e4m3x2(__fdiv_rn(v[2], s), __fdiv_rn(v[3], s));
+    p[0] = (uint8_t)lo, p[1] = (uint8_t)(lo >> 8), p[2] = (uint8_t)hi, p[3] = (uint8_t)(hi >> 8);
+}
+
+/* Little-endian f32 at any byte address. */
+__device__ __forceinline__ void mlaf_idx_store_f32(uint8_t *p, float s) {
+    const uint32_t u = __float_as_uint(s);
+    p[0] = (uint8_t)u, p[1] = (uint8_t)(u >> 8), p[2] = (uint8_t)(u >> 16), p[3] = (uint8_t)(u >> 24);
+}
+
+/* The key branch as a writer of mla_kv_cache's row kernels (row_writers.cuh): all of it runs at
+ * the row's finish, on the one warp of the row whose lanes include the row's leader (the warp
+ * shapes: the row's warp; the block shape: warp 0), so the row's own work is not delayed by it.
+ * Token rules are the MLA row's (ti): invalid: nothing but the topk fill; slot < 0: the dense
+ * output only. */
+template <typename T> struct mlaf_wr_index : mlaf_wr_base {
+    struct params {
+        const void *k, *w, *b;
+        int64_t ks;
+        int32_t w_f32, neox, hadamard, mode;
+        float ln_eps, amax_eps;
+        uint8_t *cache;
+        int64_t bstride;
+        void *out;
+        int64_t os;
+        int32_t *topk;
+        int64_t tks, tkn;
+        int32_t copies;      /* >= 1 destination caches, copy_stride bytes apart */
+        int64_t copy_stride;
+    };
+    const params &p_;
+    const mlaf_row_args &a_;
+    int64_t t_;
+    const mlaf_token_info &ti_;
+    __device__ __forceinline__ mlaf_wr_index(const params &p, const mlaf_row_args &a, int64_t t,
+                                             const mlaf_token_info &ti)
+        : p_(p), a_(a), t_(t), ti_(ti) {}
+    __device__ __forceinline__ void finish(float, float, bool leader) {
+        if (!__any_sync(0xffffffffu, leader)) return;
+        const int lane = threadIdx.x & 31;
+        const int64_t t = t_;
+        if (p_.topk)
+            for (int64_t i = lane; i < p_.tkn; i += 32) p_.topk[t * p_.tks + i] = -1;
+        if (!ti_.ok) return;
+        float v[4];
+        mlaf_idx_load(static_cast<const T *>(p_.k) + t * p_.ks, lane, v);
+        mlaf_idx_layernorm<T>(v, lane, p_.w, p_.b, p_.w_f32 != 0, p_.ln_eps);
+        mlaf_idx_rope<T>(v, lane, p_.neox != 0, ti_.cs);
+        if (p_.hadamard) mlaf_idx_hadamard<T>(v, lane);
+        if (p_.out) {
+            T *o = static_cast<T *>(p_.out) + t * p_.os + 4 * lane;
+#pragma unroll
+            for (int k = 0; k < 4; k++) mlaf_st(o + k, v[k]);
+        }
+        if (!ti_.cache) return;
+        const float s = mlaf_idx_scale(v, p_.amax_eps, p_.mode);
+        const int64_t rec = mlaf_token_row(a_, ti_.slot, p_.bstride, MLAF_INDEX_HEAD_DIM);
+        /* the scale: after the block's values, 4 bytes per offset */
+        const int64_t so = mlaf_token_row(a_, ti_.slot, p_.bstride, 4) + a_.block_size * MLAF_INDEX_HEAD_DIM;
+        for (int32_t c = 0; c < p_.copies; c++) { /* the same bytes to every destination */
+            uint8_t *base = p_.cache + (int64_t)c * p_.copy_stride;
+            mlaf_idx_store_e4m3(base + rec + 4 * lane, v, s);
+            if (lane == 0) mlaf_idx_store_f32(base + so, s);
+        }
+    }
+};
