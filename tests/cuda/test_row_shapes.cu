@@ -398,7 +398,8 @@ static void v4_one(int cc, int sms) {
         Wv::params wp;
         wp.a.q = dq, wp.a.qs = Q, wp.a.k_nope = dk, wp.a.ks = C, wp.a.k_pe = nullptr, wp.a.ps = 0, wp.a.pe_raw = 0;
         wp.b.cache = dc, wp.b.s0 = stride;
-        CK(mlaf_row_launch<T, true, Wv>(a, wp, true, sms, cc, 0, shapes[k]));
+        const cudaError_t le = mlaf_row_launch<T, true, Wv>(a, wp, true, sms, cc, 0, shapes[k]);
+        CK(le);
         CK(cudaDeviceSynchronize());
         std::vector<unsigned char> kn((size_t)(T_ * C * es)), cache(cache_bytes);
         int32_t err = 0;
