@@ -218,7 +218,9 @@ mlaf_status mlaf_check_indexer_q(mlaf_context *ctx, const mlaf_indexer_params *i
                                  const mlaf_tensor *q_fp8, const mlaf_tensor *w_out, const mlaf_tensor *q_pe,
                                  const mlaf_rope_params *q_pe_rope, const mlaf_tensor *error_count,
                                  mlaf_indexer_q_job *job);
-/* Shared checks of validate.c, for validate_dsa.c. shape[i] < 0 in want: any extent. */
+/* Shared checks of validate.c, for validate_dsa.c and validate_hash.c. shape[i] < 0 in want:
+ * any extent. */
+mlaf_status mlaf_vcheck_error_count(mlaf_context *ctx, const mlaf_tensor *ec);
 mlaf_status mlaf_vcheck_tensor(mlaf_context *ctx, const mlaf_tensor *t, const char *name, unsigned dtypes, int ndim,
                                const int64_t *want, const char *const *want_expr);
 mlaf_status mlaf_vcheck_no_overlap(mlaf_context *ctx, const mlaf_tensor *out, const char *out_name,

@@ -779,56 +779,7 @@ mlaf_status mlaf_check_moe_gate(mlaf_context *ctx, const mlaf_moe_gate_params *p
     return MLAF_OK;
 }
 
-/* ---- moe_gate_hash --------------------------------------------------------------------- */
-
-mlaf_status mlaf_check_moe_gate_hash(mlaf_context *ctx, const mlaf_moe_gate_params *p,
-                                     const mlaf_tensor *logits, const mlaf_tensor *tid2eid,
-                                     const mlaf_tensor *token_ids, const mlaf_tensor *weights,
-                                     const mlaf_tensor *ids, const mlaf_tensor *scores,
-                                     const mlaf_tensor *error_count, mlaf_moe_gate_job *job) {
-    if (!p) return mlaf_fail(ctx, MLAF_ERR_NULL_POINTER, "params is NULL (required)");
-    /* No selection, so no group limit: the group fields must say "none". */
-    if (p->n_group != 1)
-        return mlaf_fail(ctx, MLAF_ERR_LIMIT, "n_group = %d, expected 1 (hash routing has no group limit)",
-                         p->n_group);
-    if (p->topk_group != 1)
-        return mlaf_fail(ctx, MLAF_ERR_LIMIT,
-                         "topk_group = %d, expected 1 (hash routing has no group limit)", p->topk_group);
-    mlaf_moe_gate_job j;
-    TRY(mlaf_check_moe_gate(ctx, p, logits, NULL, weights, ids, scores, &j));
-    static const char *const texpr[2] = {NULL, "top_k"};
-    int64_t wt[2] = {-1, p->top_k};
-    TRY(check_tensor(ctx, tid2eid, "tid2eid", DT_INDEX, 2, wt, texpr));
-    if (tid2eid->shape[0] < 1)
-        return mlaf_fail(ctx, MLAF_ERR_SHAPE, "tid2eid.shape[0] = 0, expected a vocabulary of >= 1 token ids");
-    static const char *const kexpr[1] = {"logits.shape[0]"};
-    int64_t wk[1] = {j.T};
-    TRY(check_tensor(ctx, token_ids, "token_ids", DT_INDEX, 1, wk, kexpr));
-    TRY(check_error_count(ctx, error_count));
-    const mlaf_tensor *ins[3] = {logits, tid2eid, token_ids};
-    const char *in_names[3] = {"logits", "tid2eid", "token_ids"};
-    const mlaf_tensor *outs[4] = {weights, ids, scores, error_count};
-    const char *out_names[4] = {"weights", "ids", "scores", "error_count"};
-    for (int o = 0; o < 4; o++) {
-        if (!outs[o]) continue;
-        for (int i = 1; i < 3; i++) TRY(no_overlap(ctx, outs[o], out_names[o], ins[i], in_names[i]));
-        if (o == 3) /* the other outputs were checked against each other by moe_gate's check */
-            for (int k = 0; k < 3; k++)
-                if (outs[k]) TRY(no_overlap(ctx, error_count, "error_count", outs[k], out_names[k]));
-    }
-    TRY(no_overlap(ctx, error_count, "error_count", logits, "logits"));
-    j.tid2eid = tid2eid->data;
-    j.tid2eid_dt = tid2eid->dtype;
-    j.tid2eid_stride = tid2eid->stride[0];
-    j.vocab = tid2eid->shape[0];
-    j.token_ids = token_ids->data;
-    j.token_ids_dt = token_ids->dtype;
-    j.error_count = error_count ? (int32_t *)error_count->data : NULL;
-    *job = j;
-    return MLAF_OK;
-}
-
-/* ---- exported for validate_dsa.c ------------------------------------------------------- */
+/* ---- exported for validate_dsa.c and validate_hash.c ---------------------------------- */
 mlaf_status mlaf_vcheck_tensor(mlaf_context *ctx, const mlaf_tensor *t, const char *name, unsigned dtypes, int ndim,
                                const int64_t *want, const char *const *want_expr) {
     return check_tensor(ctx, t, name, dtypes, ndim, want, want_expr);
@@ -841,3 +792,4 @@ mlaf_status mlaf_vcheck_rope_inputs(mlaf_context *ctx, int32_t R, mlaf_rope_styl
                                     const mlaf_tensor *positions, const mlaf_tensor *cos_sin, mlaf_rope_job *rope) {
     return check_rope_inputs(ctx, R, style, T, positions, cos_sin, rope);
 }
+mlaf_status mlaf_vcheck_error_count(mlaf_context *ctx, const mlaf_tensor *ec) { return check_error_count(ctx, ec); }
