@@ -86,47 +86,66 @@ def npu_moe_gating_top_k(x, k, *, bias=None, input_ids=None, tid2eid=None, k_gro
     arguments, so their order does not matter). Without input_ids / tid2eid it is torch_npu
     7.0.0's ``torch_npu.npu_moe_gating_top_k`` (whose norm_type defaults to 1).
 
-    normOut = softmax(x) (norm_type 0) or sigmoid(x) (1); ``bias`` (x's dtype) is added to
-    choose; groups score by their max (group_select_mode 0) or top-2 sum (1) and the
-    ``k_group`` best of ``group_count`` stay; ``y = normOut[ids] / (sum + eps) *
-    routed_scaling_factor`` (the documented formula, for every norm_type). ``renorm`` must be
-    0 (norm before top-k, the only value documented for this op).
+    normOut = softmax(x) (norm_type 0), sigmoid(x) (1) or sqrt(softplus(x)) (2, DeepSeek-V4's
+    score; mlafuse's "sqrt_softplus": the op's documentation names it Softplus, the model it
+    serves routes on the square root); ``bias`` (x's dtype) is added to choose; groups score
+    by their max (group_select_mode 0) or top-2 sum (1) and the ``k_group`` best of
+    ``group_count`` stay; ``y = normOut[ids] / (sum + eps) * routed_scaling_factor`` (the
+    documented formula, for every norm_type). ``renorm`` must be 0 (norm before top-k, the
+    only value documented for this op).
+
+    Hash routing (DeepSeek-V4's first layers): ``input_ids`` [T] int32 / int64 and ``tid2eid``
+    [vocab, k] int32 / int64, both or neither (the op's rule). ``ids = tid2eid[input_ids]`` in
+    table order (nothing is chosen, so ``bias`` has no effect and groups must be 1); weights
+    as above. A row whose token id is outside [0, vocab), or whose table row has an entry
+    outside [0, E) or a repeated one, gets ids 0 .. k-1 with weight 0 (mlafuse's rule; the
+    Ascend op documents no behaviour for it).
 
     Returns ``(y [T, k] in x's dtype, expert_idx [T, k] int32, norm_out)``: norm_out is the
-    [T, E] float32 normOut when ``out_flag``, else an empty [T, 0] tensor. ids are sorted by
-    biased score (ties: lower index).
-
-    Hash routing (input_ids / tid2eid) and norm_type 2 (softplus scores, DeepSeek-V4) raise
-    NotImplementedError: they need moe_gate's hash mode and sqrt-softplus score (SPEC §11),
-    which this mlafuse does not have yet.
+    [T, E] float32 normOut when ``out_flag``, else an empty [T, 0] tensor. Chosen ids are
+    sorted by biased score (ties: lower index).
     """
     fn = "npu_moe_gating_top_k"
     torch = _torch(fn)
     _need_tensor(torch, x, "x", fn)
-    if input_ids is not None or tid2eid is not None:
-        raise NotImplementedError(
-            f"{fn}: hash routing (input_ids / tid2eid, DeepSeek-V4's first layers) needs "
-            "mlafuse moe_gate's hash-routing mode (SPEC §11), which this mlafuse does not have")
-    if norm_type == 2:
-        raise NotImplementedError(
-            f"{fn}: norm_type = 2 (softplus scores, DeepSeek-V4) needs mlafuse moe_gate's "
-            "sqrt_softplus score (SPEC §11), which this mlafuse does not have")
-    if norm_type not in (0, 1):
-        raise ValueError(f"{fn}: norm_type = {norm_type!r}, expected 0 (softmax) or 1 (sigmoid)")
+    if norm_type not in (0, 1, 2):
+        raise ValueError(f"{fn}: norm_type = {norm_type!r}, expected 0 (softmax), 1 (sigmoid) "
+                         "or 2 (softplus: sqrt(softplus), DeepSeek-V4)")
     if group_select_mode not in (0, 1):
         raise ValueError(f"{fn}: group_select_mode = {group_select_mode!r}, expected 0 (group "
                          "max) or 1 (top-2 sum)")
     if renorm != 0:
         raise ValueError(f"{fn}: renorm = {renorm!r}, expected 0 (the only value the op "
                          "documents: norm, then top-k)")
-    sigmoid = norm_type == 1
-    out = _ops.moe_gate(
-        x, _f32_bias(bias), top_k=int(k), n_group=int(group_count), topk_group=int(k_group),
-        score_func="sigmoid" if sigmoid else "softmax",
-        group_score="top2_sum" if group_select_mode == 1 else "max",
-        renormalize=True, routed_scaling_factor=float(routed_scaling_factor),
-        apply_routed_scaling=True, eps=float(eps), return_scores=bool(out_flag),
-        weights_dtype=None if x.dtype == torch.float32 else x.dtype)
+    score = ("softmax", "sigmoid", "sqrt_softplus")[norm_type]
+    wdtype = None if x.dtype == torch.float32 else x.dtype
+    if (input_ids is None) != (tid2eid is None):
+        missing = "tid2eid" if tid2eid is None else "input_ids"
+        raise ValueError(f"{fn}: hash routing needs both input_ids and tid2eid; {missing} is "
+                         "None (the op allows both or neither)")
+    if input_ids is not None:
+        _need_tensor(torch, input_ids, "input_ids", fn)
+        _need_tensor(torch, tid2eid, "tid2eid", fn)
+        if tid2eid.dim() != 2 or tid2eid.shape[1] != int(k):
+            raise ValueError(f"{fn}: tid2eid is {tuple(tid2eid.shape)}, expected [vocab, k = {k}]")
+        if input_ids.dim() != 1 or input_ids.shape[0] != x.shape[0]:
+            raise ValueError(f"{fn}: input_ids is {tuple(input_ids.shape)}, expected [T = "
+                             f"{x.shape[0]}] (one token id per row of x)")
+        if int(group_count) != 1 or int(k_group) != 1:
+            raise ValueError(f"{fn}: group_count = {group_count}, k_group = {k_group} with hash "
+                             "routing; expected 1 and 1 (hash routing chooses no groups)")
+        out = _ops.moe_gate_hash(
+            x, tid2eid, input_ids, top_k=int(k), score_func=score, renormalize=True,
+            routed_scaling_factor=float(routed_scaling_factor), apply_routed_scaling=True,
+            eps=float(eps), return_scores=bool(out_flag), weights_dtype=wdtype)
+    else:
+        out = _ops.moe_gate(
+            x, _f32_bias(bias), top_k=int(k), n_group=int(group_count),
+            topk_group=int(k_group), score_func=score,
+            group_score="top2_sum" if group_select_mode == 1 else "max",
+            renormalize=True, routed_scaling_factor=float(routed_scaling_factor),
+            apply_routed_scaling=True, eps=float(eps), return_scores=bool(out_flag),
+            weights_dtype=wdtype)
     if out_flag:
         return out
     return out[0], out[1], x.new_empty((x.shape[0], 0), dtype=torch.float32)

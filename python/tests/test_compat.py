@@ -37,7 +37,10 @@ def ref_route(logits, bias, topk, n_group, topk_group, score, group_score):
     """Scores, biased choosing scores and the chosen ids (sorted by choosing score), as the
     engines' torch paths select them: score -> + bias -> group score -> keep groups -> top-k."""
     x = logits.detach().double().cpu()
-    s = torch.sigmoid(x) if score == "sigmoid" else torch.softmax(x, dim=-1)
+    if score == "sqrt_softplus":
+        s = torch.sqrt(torch.nn.functional.softplus(x))
+    else:
+        s = torch.sigmoid(x) if score == "sigmoid" else torch.softmax(x, dim=-1)
     c = s + (bias.detach().double().cpu() if bias is not None else 0.0)
     T, E = c.shape
     grouped = c.view(T, n_group, E // n_group)
@@ -126,15 +129,80 @@ def test_npu_moe_gating_top_k(device, case):
     assert empty.shape == (T, 0)
 
 
-def test_npu_moe_gating_top_k_bf16_output_and_unsupported():
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("groups", [1, 8])
+def test_npu_moe_gating_top_k_softplus(device, groups):
+    # norm_type 2 (DeepSeek-V4): normOut = sqrt(softplus(x)), + bias to choose, no groups in V4
+    # (8 groups exercise the group path with this score too).
+    g = gen(21)
+    T, E, k = 37, 256, 6
+    x = (3 * torch.randn(T, E, generator=g)).to(device)
+    bias = (0.1 * torch.randn(E, generator=g)).to(device)
+    kg = 4 if groups > 1 else 1
+    y, idx, norm_out = compat.npu_moe_gating_top_k(
+        x, k, bias=bias, k_group=kg, group_count=groups, group_select_mode=1, norm_type=2,
+        out_flag=True, routed_scaling_factor=1.5)
+    s, c, ids = ref_route(x, bias, k, groups, kg, "sqrt_softplus", "top2_sum")
+    w = s.gather(1, ids)
+    w = w / (w.sum(-1, keepdim=True) + 1e-20) * 1.5
+    check_routing(y, idx, w, ids, c, f"softplus groups={groups}")
+    np.testing.assert_allclose(ref.f64(norm_out), s.numpy(), rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("norm_type,id_dtype", [(2, torch.int64), (1, torch.int32),
+                                                (0, torch.int64)])
+def test_npu_moe_gating_top_k_hash(device, norm_type, id_dtype):
+    # Hash routing: ids = tid2eid[input_ids] in table order; y = normOut[ids] / (sum + eps) * f.
+    g = gen(22)
+    T, E, k, vocab = 29, 64, 6, 50
+    x = torch.randn(T, E, generator=g).to(device)
+    tid2eid = torch.stack([torch.randperm(E, generator=g)[:k] for _ in range(vocab)])
+    tid2eid = tid2eid.to(device=device, dtype=torch.int32)
+    input_ids = torch.randint(0, vocab, (T,), generator=g).to(device=device, dtype=id_dtype)
+    y, idx, norm_out = compat.npu_moe_gating_top_k(
+        x, k, input_ids=input_ids, tid2eid=tid2eid, norm_type=norm_type, out_flag=True,
+        routed_scaling_factor=2.5)
+    xd = x.double().cpu()
+    s = (torch.softmax(xd, -1), torch.sigmoid(xd),
+         torch.sqrt(torch.nn.functional.softplus(xd)))[norm_type]
+    want_ids = tid2eid.long().cpu()[input_ids.long().cpu()]
+    w = s.gather(1, want_ids)
+    w = w / (w.sum(-1, keepdim=True) + 1e-20) * 2.5
+    assert idx.dtype == torch.int32 and torch.equal(idx.long().cpu(), want_ids)
+    np.testing.assert_allclose(ref.f64(y), w.numpy(), rtol=1e-5, atol=0)
+    np.testing.assert_allclose(ref.f64(norm_out), s.numpy(), rtol=1e-5, atol=1e-7)
+    # bf16 logits: weights come back in x's dtype
+    yb, idb, empty = compat.npu_moe_gating_top_k(x.bfloat16(), k, input_ids=input_ids,
+                                                 tid2eid=tid2eid, norm_type=norm_type)
+    assert yb.dtype == torch.bfloat16 and empty.shape == (T, 0)
+    assert torch.equal(idb.long().cpu(), want_ids)
+    # a token id past the table: ids 0 .. k-1, weight 0 (mlafuse's rule)
+    bad = input_ids.clone()
+    bad[3] = vocab
+    yb2, idb2, _ = compat.npu_moe_gating_top_k(x, k, input_ids=bad, tid2eid=tid2eid,
+                                               norm_type=norm_type)
+    assert idb2[3].tolist() == list(range(k)) and float(yb2[3].abs().sum()) == 0.0
+
+
+def test_npu_moe_gating_top_k_bf16_output_and_errors():
     x = torch.randn(5, 64).bfloat16()
     y, idx, _ = compat.npu_moe_gating_top_k(x, 4, bias=torch.zeros(64).bfloat16(), norm_type=1)
     assert y.dtype == torch.bfloat16 and idx.shape == (5, 4)
-    with pytest.raises(NotImplementedError, match="hash-routing"):
+    with pytest.raises(ValueError, match="tid2eid is None"):
+        compat.npu_moe_gating_top_k(x, 4, input_ids=torch.zeros(5, dtype=torch.int64))
+    with pytest.raises(ValueError, match="input_ids is None"):
+        compat.npu_moe_gating_top_k(x, 4, tid2eid=torch.zeros(10, 4, dtype=torch.int32))
+    with pytest.raises(ValueError, match="tid2eid is"):
         compat.npu_moe_gating_top_k(x, 4, input_ids=torch.zeros(5, dtype=torch.int64),
+                                    tid2eid=torch.zeros(10, 3, dtype=torch.int32))
+    with pytest.raises(ValueError, match="input_ids is"):
+        compat.npu_moe_gating_top_k(x, 4, input_ids=torch.zeros(4, dtype=torch.int64),
                                     tid2eid=torch.zeros(10, 4, dtype=torch.int32))
-    with pytest.raises(NotImplementedError, match="sqrt_softplus"):
-        compat.npu_moe_gating_top_k(x, 4, norm_type=2)
+    with pytest.raises(ValueError, match="group_count = 8"):
+        compat.npu_moe_gating_top_k(x, 4, input_ids=torch.zeros(5, dtype=torch.int64),
+                                    tid2eid=torch.zeros(10, 4, dtype=torch.int32),
+                                    group_count=8, k_group=2)
     with pytest.raises(ValueError, match="norm_type"):
         compat.npu_moe_gating_top_k(x, 4, norm_type=5)
     with pytest.raises(ValueError, match="renorm = 1"):
