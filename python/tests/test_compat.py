@@ -395,3 +395,101 @@ def test_concat_and_cache_mla_errors():
         compat.concat_and_cache_mla(kv_c, k_pe, cache, slots, "fp8_ds_mla", torch.ones(1))
     with pytest.raises(ValueError, match="kv_cache_dtype|expected one of"):
         compat.concat_and_cache_mla(kv_c, k_pe, cache, slots, "int4", torch.ones(1))
+
+
+# ---- vLLM indexer_k_quant_and_cache (SPEC §10) -------------------------------------------------
+def ref_index_cache(cache, k, slots, qb, ue8m0):
+    """vLLM's indexer_k_quant_and_cache as plain numpy: per quant block s = max(amax, 1e-4) /
+    448 (ue8m0: 2^ceil(log2 s)), e4m3(x / s); block-planar: values at b * stride + o * D,
+    scales at b * stride + bs * D + 4 * (o * D / qb + j)."""
+    out = cache.clone().cpu().view(torch.uint8).numpy().copy()
+    nb, bs, W = out.shape
+    flat = out.reshape(nb, bs * W)
+    x = ref.f64(k).astype(np.float32)
+    T, D = x.shape
+    nq = D // qb
+    for t in range(T):
+        s_ = int(slots[t])
+        if s_ < 0 or s_ >= nb * bs:
+            continue
+        b, o = divmod(s_, bs)
+        blk = x[t].reshape(nq, qb)
+        s = np.maximum(ref.nan_amax(blk), np.float32(1e-4)) / np.float32(448)
+        if ue8m0:
+            s = np.ldexp(np.float32(1), ref.ceil_log2(s)).astype(np.float32)
+        flat[b, o * D:(o + 1) * D] = ref.e4m3(blk / s[:, None]).reshape(D)
+        flat[b, bs * D + o * 4 * nq:bs * D + (o + 1) * 4 * nq] = \
+            np.asarray(s, "<f4").view(np.uint8)
+    return torch.from_numpy(out)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("qb,fmt", [(128, "ue8m0"), (128, "fp8_e4m3"), (64, "ue8m0")])
+def test_indexer_k_quant_and_cache(device, dtype, qb, fmt):
+    g = gen(31)
+    T, D, nb, bs = 23, 128, 5, 8
+    k = strided(g, T, D, dtype, device) * 3
+    k[0, :3] = torch.tensor([float("nan"), 1e5, -2.0 ** -14])
+    k[1] = 0.0
+    slots = torch.randperm(nb * bs, generator=g)[:T + 2]
+    slots[2] = -1
+    slots[4] = nb * bs + 1                       # past the cache: skipped
+    W = D + 4 * (D // qb)
+    store = torch.full((nb + 1, bs, W), 0xA5, dtype=torch.uint8)
+    cache = store[:nb].to(device)                # (a block-strided view works alike)
+    want = ref_index_cache(cache, k, slots, qb, fmt == "ue8m0")
+    assert compat.indexer_k_quant_and_cache(k, cache, slots.to(device), qb, fmt) is None
+    assert torch.equal(cache.cpu(), want)
+
+
+def test_indexer_k_quant_and_cache_planar_offsets_and_strided_blocks():
+    # block stride larger than the block (other layers' pages in between): bytes only inside
+    k = torch.randn(3, 128, dtype=torch.bfloat16)
+    buf = torch.full((4, 2 * 8 * 132), 0x5A, dtype=torch.uint8)
+    cache = torch.as_strided(buf, (4, 8, 132), (2 * 8 * 132, 132, 1))
+    slots = torch.tensor([9, 0, 31])
+    compat.indexer_k_quant_and_cache(k, cache, slots, 128, "ue8m0")
+    assert torch.all(buf[:, 8 * 132:] == 0x5A)
+    want = ref_index_cache(cache, k, slots, 128, True)
+    assert torch.equal(cache.contiguous(), want)
+    # token 9: block 1, offset 1 -> values at 128, scale at 8 * 128 + 4 (planar, not [bs, 132])
+    s = buf[1, 8 * 128 + 4:8 * 128 + 8].view(torch.float32).item()
+    assert s > 0 and s == 2.0 ** round(np.log2(s))
+
+
+def test_indexer_k_quant_and_cache_matches_fused_writer():
+    """The bytes equal mlafuse.mla_kv_cache_dsa's index cache for its own dense key."""
+    g = gen(32)
+    T, Q, C, R, nb, bs = 17, 32, 512, 64, 4, 8
+    latent = strided(g, T, Q + C + R, torch.bfloat16, "cpu")
+    index_k = strided(g, T, 128, torch.bfloat16, "cpu")
+    iw = 1 + 0.1 * torch.randn(128, generator=g)
+    ib = 0.1 * torch.randn(128, generator=g)
+    pos = torch.randint(0, 64, (T,), generator=g)
+    cos_sin = mlafuse.rope_table(64, R, device="cpu")
+    slots = torch.randperm(nb * bs, generator=g)[:T]
+    kv = torch.zeros(nb, bs, C + R, dtype=torch.bfloat16)
+    fused = torch.zeros(nb, bs * 132, dtype=torch.uint8)
+    _, _, _, dense = mlafuse.mla_kv_cache_dsa(
+        latent, torch.ones(Q), torch.ones(C), pos, cos_sin, slots, kv, index_k, iw, ib, fused,
+        return_index_out=True)
+    mine = torch.zeros(nb, bs, 132, dtype=torch.uint8)
+    compat.indexer_k_quant_and_cache(dense, mine, slots, 128, "ue8m0")
+    assert torch.equal(mine.view(nb, -1), fused)
+
+
+def test_indexer_k_quant_and_cache_errors():
+    k = torch.randn(4, 128)
+    cache = torch.zeros(2, 8, 132, dtype=torch.uint8)
+    s = torch.arange(4)
+    with pytest.raises(ValueError, match="quant_block_size = 96"):
+        compat.indexer_k_quant_and_cache(k, cache, s, 96, "ue8m0")
+    with pytest.raises(ValueError, match="kv_cache.shape\\[2\\] = 132, expected 136"):
+        compat.indexer_k_quant_and_cache(k, cache, s, 64, "ue8m0")
+    with pytest.raises(ValueError, match="slot_mapping.size\\(0\\) = 3"):
+        compat.indexer_k_quant_and_cache(k, cache, s[:3], 128, "ue8m0")
+    with pytest.raises(ValueError, match="kv_cache.dtype"):
+        compat.indexer_k_quant_and_cache(k, cache.float(), s, 128, "ue8m0")
+    with pytest.raises(TypeError, match="kv_cache_dtype"):
+        compat.indexer_k_quant_and_cache(k, cache, s, 128, None)
