@@ -493,3 +493,145 @@ def test_indexer_k_quant_and_cache_errors():
         compat.indexer_k_quant_and_cache(k, cache.float(), s, 128, "ue8m0")
     with pytest.raises(TypeError, match="kv_cache_dtype"):
         compat.indexer_k_quant_and_cache(k, cache, s, 128, None)
+
+
+# ---- vLLM fused_norm_rope_deepseek_v32 -------------------------------------------------------
+def _layernorm_f64(x, w, b, eps):
+    x = ref.f64(x)
+    mu = x.mean(-1, keepdims=True)
+    var = ((x - mu) ** 2).mean(-1, keepdims=True)
+    return (x - mu) / np.sqrt(var + eps) * ref.f64(w) + ref.f64(b)
+
+
+def _to_bf16(a):
+    return torch.from_numpy(np.asarray(a, np.float64)).to(torch.bfloat16)
+
+
+def _dsa_inputs(device, adjacent, seed=41):
+    g = gen(seed)
+    T, Q, C, R, nb, bs = 21, 96, 512, 64, 5, 8
+    if adjacent:
+        qkv = strided(g, T, Q + C + R, torch.bfloat16, device)
+        q_c, kv_c, k_pe = qkv[:, :Q], qkv[:, Q:Q + C], qkv[:, Q + C:]
+    else:
+        q_c, kv_c = strided(g, T, Q, torch.bfloat16, device), strided(g, T, C, torch.bfloat16,
+                                                                       device)
+        k_pe = strided(g, T, R, torch.bfloat16, device)
+    index_k = strided(g, T, 128, torch.bfloat16, device, pad=(0, 32))  # kw[:, :128]
+    d = dict(
+        positions=torch.randint(0, 100, (T,), generator=g).to(device), q_c=q_c,
+        q_rms_norm_w=(1 + 0.1 * torch.randn(Q, generator=g)).bfloat16().to(device),
+        q_rms_eps=1e-6, kv_c=kv_c,
+        kv_rms_norm_w=(1 + 0.1 * torch.randn(C, generator=g)).bfloat16().to(device),
+        kv_rms_eps=1e-6, k_pe=k_pe,
+        k_rope_cos_sin_cache=mlafuse.rope_table(128, R, device=device), index_k=index_k,
+        index_k_layer_norm_w=(1 + 0.1 * torch.randn(128, generator=g)).to(device),
+        index_k_layer_norm_bias=(0.1 * torch.randn(128, generator=g)).to(device),
+        index_k_layer_norm_eps=1e-6)
+    d["index_k_rope_cos_sin_cache"] = d["k_rope_cos_sin_cache"]
+    slots = torch.randperm(nb * bs, generator=g)[:T]
+    slots[4] = -1
+    return d, slots.to(device), nb, bs
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("fmt", ["auto", "fp8_ds_mla"])
+@pytest.mark.parametrize("interleave", [False, True])
+@pytest.mark.parametrize("adjacent", [True, False])
+def test_fused_norm_rope_deepseek_v32(device, fmt, interleave, adjacent):
+    d, slots, nb, bs = _dsa_inputs(device, adjacent)
+    T = slots.shape[0]
+    if fmt == "auto":
+        mla = torch.full((nb, bs, 576), -3584.0, dtype=torch.bfloat16, device=device)
+    else:
+        mla = torch.full((nb, bs, 656), 0xA5, dtype=torch.uint8, device=device)
+    icache = torch.full((nb, bs, 132), 0x5A, dtype=torch.uint8, device=device)
+    topk = torch.randint(0, 9, (T, 16), dtype=torch.int32).to(device)
+    mla0, ic0 = mla.clone(), icache.clone()
+    q_out = compat.fused_norm_rope_deepseek_v32(
+        **d, topk_indices_buffer=topk, slot_mapping=slots, indexer_k_cache=icache,
+        mla_kv_cache=mla, mla_kv_cache_dtype=fmt, index_rope_interleave=interleave)
+    pos = d["positions"].cpu().numpy()
+    cs = d["k_rope_cos_sin_cache"].cpu()
+    # vLLM's unfused path, transcribed: q RMSNorm; kv RMSNorm -> bf16; GPT-J RoPE of k_pe;
+    # index LayerNorm -> bf16 -> RoPE on [0, 64) -> bf16 -> ue8m0 fp8.
+    ref.assert_close_ulp(q_out, ref.rmsnorm(d["q_c"], d["q_rms_norm_w"], 1e-6), "bfloat16", "q")
+    # The implementation's dense rows (SPEC §9 (b): cache bytes from its own dense row).
+    _, kn, kp, dense = mlafuse.mla_kv_cache_dsa(
+        torch.cat([d["q_c"], d["kv_c"], d["k_pe"]], 1), d["q_rms_norm_w"], d["kv_rms_norm_w"],
+        d["positions"], d["k_rope_cos_sin_cache"], slots, mla0.clone(), d["index_k"],
+        d["index_k_layer_norm_w"], d["index_k_layer_norm_bias"], ic0.clone().view(nb, -1),
+        indexer=mlafuse.indexer_params("interleaved" if interleave else "neox"),
+        return_index_out=True, return_k_nope=True, return_k_pe=True, eps_q=1e-6, eps_kv=1e-6,
+        cache_format=fmt)
+    ref.assert_close_ulp(kn, ref.rmsnorm(d["kv_c"], d["kv_rms_norm_w"], 1e-6), "bfloat16", "kv")
+    kp_ref = ref.rope(d["k_pe"], pos, cs, "interleaved")
+    ref.assert_close_ulp(kp, kp_ref, "bfloat16", "k_pe",
+                         mag=ref.rope_magnitude(d["k_pe"], "interleaved"))
+    ln = _to_bf16(_layernorm_f64(d["index_k"], d["index_k_layer_norm_w"],
+                                 d["index_k_layer_norm_bias"], 1e-6))
+    style = "interleaved" if interleave else "neox"
+    ix_ref = ref.f64(ln).copy()
+    ix_ref[:, :64] = ref.rope(ln[:, :64], pos, cs, style)
+    ref.assert_close_ulp(dense, ix_ref, "bfloat16", "index key",
+                         mag=np.concatenate([ref.rope_magnitude(ln[:, :64], style),
+                                             np.zeros((T, 64))], 1))
+    # cache bytes
+    if fmt == "auto":
+        records = torch.cat([kn, kp], 1).cpu()
+    else:
+        records = torch.from_numpy(ref.ds_mla_record(
+            ref.f64(kn).astype(np.float32), kp.cpu().view(torch.int16).numpy().view(np.uint16),
+            "amax"))
+    assert torch.equal(mla.cpu(), _ref_rows(mla0, slots.cpu(), nb, bs, T, records))
+    assert torch.equal(icache.cpu(), ref_index_cache(ic0, dense, slots.cpu(), 128, True))
+    assert torch.all(topk == -1)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_fused_norm_rope_deepseek_v32_shared_layer_fp8_and_profiling(device):
+    d, slots, nb, bs = _dsa_inputs(device, True, seed=42)
+    T = slots.shape[0]
+    mla = torch.full((nb, bs, 576), 0xA5, dtype=torch.uint8, device=device)
+    icache = torch.full((nb, bs, 132), 0x5A, dtype=torch.uint8, device=device)
+    topk = torch.randint(0, 9, (T, 16), dtype=torch.int32).to(device)
+    topk0, mla0 = topk.clone(), mla.clone()
+    q_out = torch.empty_like(d["q_c"])
+    got = compat.fused_norm_rope_deepseek_v32(
+        **d, topk_indices_buffer=topk, slot_mapping=slots, indexer_k_cache=icache,
+        mla_kv_cache=mla, mla_kv_cache_dtype="fp8", mla_k_scale=torch.tensor([0.02]).to(device),
+        has_indexer=False, q_c_out=q_out)
+    assert got is q_out
+    ref.assert_close_ulp(q_out, ref.rmsnorm(d["q_c"], d["q_rms_norm_w"], 1e-6), "bfloat16", "q")
+    assert torch.equal(topk, topk0) and torch.all(icache == 0x5A)  # shared layer: untouched
+    _, kn, kp = mlafuse.mla_kv_cache(
+        torch.cat([d["q_c"], d["kv_c"], d["k_pe"]], 1), d["q_rms_norm_w"], d["kv_rms_norm_w"],
+        d["positions"], d["k_rope_cos_sin_cache"], slots, mla0.clone(), eps_q=1e-6,
+        eps_kv=1e-6, return_k_nope=True, return_k_pe=True, cache_format="fp8",
+        k_scale=torch.tensor([0.02]).to(device))
+    rows = ref.fp8_record(ref.f64(torch.cat([kn, kp], 1)).astype(np.float32), 0.02, "div")
+    assert torch.equal(mla.cpu(), _ref_rows(mla0, slots.cpu(), nb, bs, T, torch.from_numpy(rows)))
+    # profiling: no slot_mapping, no caches: q norm and the -1 fill only
+    q2 = compat.fused_norm_rope_deepseek_v32(**d, topk_indices_buffer=topk)
+    assert torch.equal(q2, q_out) and torch.all(topk == -1)
+
+
+def test_fused_norm_rope_deepseek_v32_errors():
+    d, slots, nb, bs = _dsa_inputs("cpu", True, seed=43)
+    T = slots.shape[0]
+    mla = torch.zeros(nb, bs, 576, dtype=torch.bfloat16)
+    ic = torch.zeros(nb, bs, 132, dtype=torch.uint8)
+    topk = torch.zeros(T, 8, dtype=torch.int32)
+    kw = dict(topk_indices_buffer=topk, slot_mapping=slots, indexer_k_cache=ic, mla_kv_cache=mla)
+    with pytest.raises(NotImplementedError, match="pcp_peer_mla_kv_cache"):
+        compat.fused_norm_rope_deepseek_v32(**d, **kw, pcp_peer_mla_kv_cache=mla[None])
+    d2 = dict(d, index_k_rope_cos_sin_cache=mlafuse.rope_table(128, 64, 5e4,
+                                                                      device="cpu"))
+    with pytest.raises(ValueError, match="index_k_rope_cos_sin_cache differs"):
+        compat.fused_norm_rope_deepseek_v32(**d2, **kw)
+    with pytest.raises(ValueError, match="mla_kv_cache_dtype = 'fp8_e5m2'"):
+        compat.fused_norm_rope_deepseek_v32(**d, **kw, mla_kv_cache_dtype="fp8_e5m2")
+    with pytest.raises(ValueError, match="indexer_k_cache is"):
+        compat.fused_norm_rope_deepseek_v32(**d, **dict(kw, indexer_k_cache=ic[:, :4]))
+    with pytest.raises(ValueError, match="mla_kv_cache is None"):
+        compat.fused_norm_rope_deepseek_v32(**d, **dict(kw, mla_kv_cache=None))
