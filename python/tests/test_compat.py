@@ -635,3 +635,125 @@ def test_fused_norm_rope_deepseek_v32_errors():
         compat.fused_norm_rope_deepseek_v32(**d, **dict(kw, indexer_k_cache=ic[:, :4]))
     with pytest.raises(ValueError, match="mla_kv_cache is None"):
         compat.fused_norm_rope_deepseek_v32(**d, **dict(kw, mla_kv_cache=None))
+
+
+# ---- vLLM fused_deepseek_v4_qnorm_rope_kv_rope_quant_insert ----------------------------------
+def ref_v4_pages(pages, kv_roped, slots, bs):
+    """The fp8_v4 pages (SPEC §11) as plain numpy from the roped bf16 kv rows: per 64-block
+    e = ceil_log2(max(amax, 1e-4) / 448), e4m3(x * 2^-e), byte e + 127; data row
+    [448 e4m3 | 64 bf16] at o * 576, scale row [7 bytes | 0] at bs * 576 + o * 8."""
+    out = pages.clone().cpu().numpy().copy()
+    x = ref.f64(kv_roped).astype(np.float32)
+    bits = kv_roped.cpu().view(torch.int16).numpy().view(np.uint16)
+    nb = out.shape[0]
+    for t in range(len(slots)):
+        s_ = int(slots[t])
+        if s_ < 0 or s_ >= nb * bs:
+            continue
+        b, o = divmod(s_, bs)
+        blk = x[t, :448].reshape(7, 64)
+        e = ref.ceil_log2(np.maximum(ref.nan_amax(blk), np.float32(1e-4)) / np.float32(448))
+        q = ref.e4m3(blk * np.ldexp(np.float32(1), -e)[:, None].astype(np.float32))
+        out[b, o * 576:o * 576 + 448] = q.reshape(448)
+        out[b, o * 576 + 448:o * 576 + 576] = np.asarray(bits[t, 448:], "<u2").view(np.uint8)
+        out[b, bs * 576 + o * 8:bs * 576 + o * 8 + 8] = np.append(np.clip(e + 127, 0, 255), 0)
+    return torch.from_numpy(out)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("apply_q_norm", [True, False])
+def test_fused_deepseek_v4_qnorm_rope_kv_rope_quant_insert(device, apply_q_norm):
+    g = gen(51)
+    T, H, Hp, N, nb, bs, eps = 13, 6, 8, 11, 3, 4, 1e-6
+    qbuf = torch.randn(T, H + 1, 512, generator=g).bfloat16().to(device)
+    q = qbuf[:, 1:]                               # strided heads
+    q0 = q.clone()
+    kv = torch.randn(T, 512, generator=g).bfloat16().to(device)
+    kv[2, :64] = 0.0                              # a zero block: the 1e-4 floor
+    kv[3, 64:128] *= 1e4
+    pos = torch.randint(0, 200, (T,), generator=g).to(device)
+    cos_sin = mlafuse.rope_table(256, 64, device=device)
+    slots = torch.randperm(nb * bs, generator=g)[:N]
+    slots[1] = -1
+    stride = bs * 584 + 32
+    pages = torch.full((nb, stride), 0xA5, dtype=torch.uint8, device=device)
+    pages0 = pages.clone()
+    q_out = compat.fused_deepseek_v4_qnorm_rope_kv_rope_quant_insert(
+        q, kv, pages, slots.to(device), pos, cos_sin, Hp, eps, bs, apply_q_norm)
+    assert q_out.shape == (T, Hp, 512) and q_out.dtype == torch.bfloat16
+    assert torch.equal(q, q0)                     # q is read only
+    assert torch.all(q_out[:, H:].cpu().view(torch.int16) == 0)   # pad heads +0.0
+    # vLLM's reference: per-head x * rsqrt(mean(x^2) + eps), GPT-J RoPE on [448, 512)
+    x = ref.f64(q)
+    if apply_q_norm:
+        x = x / np.sqrt((x * x).mean(-1, keepdims=True) + eps)
+    p = pos.cpu().numpy()
+    cs = cos_sin.cpu()
+    want = x.copy()
+    want[..., 448:] = np.stack([ref.rope(x[:, h, 448:], p, cs, "interleaved") for h in range(H)], 1)
+    mag = np.concatenate([np.zeros((T, H, 448)),
+                          np.stack([ref.rope_magnitude(x[:, h, 448:], "interleaved")
+                                    for h in range(H)], 1)], -1)
+    ref.assert_close_ulp(q_out[:, :H], want, "bfloat16", "q", mag=mag)
+    # kv: the roped row within 1 ulp; the pages exact from the implementation's rounded row
+    kv_ref = ref.f64(kv).copy()
+    kv_ref[:, 448:] = ref.rope(kv[:, 448:], p, cs, "interleaved")
+    bits = pages.cpu()
+    got_rows = []
+    for t in range(N):
+        s_ = int(slots[t])
+        if s_ >= 0:
+            b, o = divmod(s_, bs)
+            got_rows.append((t, bits[b, o * 576 + 448:o * 576 + 576].view(torch.bfloat16)))
+    for t, r in got_rows:
+        ref.assert_close_ulp(r, kv_ref[t, 448:], "bfloat16", "kv rope",
+                             mag=ref.rope_magnitude(kv[t:t + 1, 448:], "interleaved")[0])
+    roped = kv.clone().cpu()
+    for t, r in got_rows:
+        roped[t, 448:] = r
+    want_pages = ref_v4_pages(pages0[:, :bs * 584], roped[:N], slots, bs)
+    assert torch.equal(pages[:, :bs * 584].cpu(), want_pages)
+    assert torch.all(pages[:, bs * 584:] == 0xA5)
+
+
+def test_fused_deepseek_v4_insert_matches_fused_writer():
+    """Fed the normalized kv, the pages equal mlafuse.mla_kv_cache(kv_rope_tail=64, fp8_v4)'s,
+    which normalizes, ropes and quantizes in one pass."""
+    g = gen(52)
+    T, Q, nb, bs = 10, 64, 3, 4
+    latent = strided(g, T, Q + 512, torch.bfloat16, "cpu")
+    w_q = (1 + 0.1 * torch.randn(Q, generator=g)).bfloat16()
+    w_kv = (1 + 0.1 * torch.randn(512, generator=g)).bfloat16()
+    pos = torch.randint(0, 64, (T,), generator=g)
+    cos_sin = mlafuse.rope_table(64, 64, device="cpu")
+    slots = torch.randperm(nb * bs, generator=g)[:T]
+    fused = torch.zeros(nb, bs, 584, dtype=torch.uint8)
+    mlafuse.mla_kv_cache(latent, w_q, w_kv, pos, cos_sin, slots, fused, eps_q=1e-6, eps_kv=1e-6,
+                         kv_rope_tail=64, cache_format="fp8_v4")
+    _, kv_norm, _ = mlafuse.split_qk_norm(latent, w_q, w_kv, eps_q=1e-6, eps_kv=1e-6,
+                                          q_lora_rank=Q, kv_lora_rank=512, rope_dim=0)
+    mine = torch.zeros(nb, bs * 584, dtype=torch.uint8)
+    q = torch.randn(T, 4, 512, generator=g).bfloat16()
+    compat.fused_deepseek_v4_qnorm_rope_kv_rope_quant_insert(q, kv_norm, mine, slots, pos,
+                                                             cos_sin, 4, 1e-6, bs)
+    assert torch.equal(mine, fused.view(nb, -1))
+
+
+def test_fused_deepseek_v4_insert_errors():
+    q = torch.zeros(3, 4, 512, dtype=torch.bfloat16)
+    kv = torch.zeros(3, 512, dtype=torch.bfloat16)
+    cache = torch.zeros(2, 4 * 584, dtype=torch.uint8)
+    pos, cs = torch.arange(3), mlafuse.rope_table(8, 64, device="cpu")
+    f = compat.fused_deepseek_v4_qnorm_rope_kv_rope_quant_insert
+    with pytest.raises(ValueError, match="padded_heads = 2"):
+        f(q, kv, cache, pos, pos, cs, 2, 1e-6, 4)
+    with pytest.raises(ValueError, match="kv is"):
+        f(q, kv[:, :448], cache, pos, pos, cs, 4, 1e-6, 4)
+    with pytest.raises(ValueError, match="bfloat16"):
+        f(q.half(), kv.half(), cache, pos, pos, cs, 4, 1e-6, 4)
+    with pytest.raises(ValueError, match="block_size \\* 584"):
+        f(q, kv, cache, pos, pos, cs, 4, 1e-6, 8)
+    with pytest.raises(ValueError, match="slot_mapping is"):
+        f(q, kv, cache, torch.arange(5), pos, cs, 4, 1e-6, 4)
+    with pytest.raises(ValueError, match="cos_sin_cache.shape\\[1\\] = 32"):
+        f(q, kv, cache, pos, pos, cs[:, :32], 4, 1e-6, 4)
