@@ -519,7 +519,7 @@ def fused_norm_rope_deepseek_v32(positions, q_c, q_rms_norm_w, q_rms_eps, kv_c, 
     With ``has_indexer``: index_k [T, 128] LayerNorm (w, b, index_k_layer_norm_eps), RoPE on
     dims [0, 64) (NeoX, or GPT-J when ``index_rope_interleave``), UE8M0 fp8 into
     ``indexer_k_cache`` [num_blocks, block_size, 132] (block-planar, SPEC §10; the MLA
-    cache's block_size), and ``topk_indices_buffer`` [T, K] filled with -1; without it (a
+    cache's block_size), and rows t < T of ``topk_indices_buffer`` [>= T, K] filled with -1; without it (a
     layer sharing the previous indexer) neither is touched. A negative slot skips the token's
     cache writes; ``slot_mapping`` None (vLLM's profiling run) writes no cache.
 
@@ -572,7 +572,7 @@ def fused_norm_rope_deepseek_v32(positions, q_c, q_rms_norm_w, q_rms_eps, kv_c, 
                            eps_kv=float(kv_rms_eps), q_lora_rank=Q, kv_lora_rank=C, rope_dim=R,
                            q=q_c_out)
         if has_indexer:
-            topk_indices_buffer.fill_(-1)
+            topk_indices_buffer[:T].fill_(-1)
         return q_c_out
     fmt = {"auto": "auto", "fp8": "fp8", "fp8_e4m3": "fp8_e4m3",
            "fp8_ds_mla": "fp8_ds_mla"}.get(mla_kv_cache_dtype)
@@ -592,7 +592,7 @@ def fused_norm_rope_deepseek_v32(positions, q_c, q_rms_norm_w, q_rms_eps, kv_c, 
         _ops.mla_kv_cache(latent, q_rms_norm_w, kv_rms_norm_w, positions, cos_sin, slots,
                           mla_kv_cache, **common)
         if has_indexer:
-            topk_indices_buffer.fill_(-1)
+            topk_indices_buffer[:T].fill_(-1)
         return q_c_out
     for name, t in (("index_k", index_k), ("index_k_layer_norm_w", index_k_layer_norm_w),
                     ("index_k_layer_norm_bias", index_k_layer_norm_bias),
@@ -615,7 +615,7 @@ def fused_norm_rope_deepseek_v32(positions, q_c, q_rms_norm_w, q_rms_eps, kv_c, 
                              float(index_k_layer_norm_eps))
     _mla_kv_cache_dsa(latent, q_rms_norm_w, kv_rms_norm_w, positions, cos_sin, slots,
                       mla_kv_cache, index_k, index_k_layer_norm_w, index_k_layer_norm_bias,
-                      index_2d, indexer=ip, topk_fill=topk_indices_buffer, **common)
+                      index_2d, indexer=ip, topk_fill=topk_indices_buffer[:T], **common)
     return q_c_out
 
 

@@ -546,10 +546,11 @@ def test_fused_norm_rope_deepseek_v32(device, fmt, interleave, adjacent):
     else:
         mla = torch.full((nb, bs, 656), 0xA5, dtype=torch.uint8, device=device)
     icache = torch.full((nb, bs, 132), 0x5A, dtype=torch.uint8, device=device)
-    topk = torch.randint(0, 9, (T, 16), dtype=torch.int32).to(device)
+    topk_buf = torch.randint(0, 9, (T + 3, 16), dtype=torch.int32).to(device)
+    topk, topk_tail = topk_buf[:T], topk_buf[T:].clone()
     mla0, ic0 = mla.clone(), icache.clone()
     q_out = compat.fused_norm_rope_deepseek_v32(
-        **d, topk_indices_buffer=topk, slot_mapping=slots, indexer_k_cache=icache,
+        **d, topk_indices_buffer=topk_buf, slot_mapping=slots, indexer_k_cache=icache,
         mla_kv_cache=mla, mla_kv_cache_dtype=fmt, index_rope_interleave=interleave)
     pos = d["positions"].cpu().numpy()
     cs = d["k_rope_cos_sin_cache"].cpu()
@@ -585,7 +586,7 @@ def test_fused_norm_rope_deepseek_v32(device, fmt, interleave, adjacent):
             "amax"))
     assert torch.equal(mla.cpu(), _ref_rows(mla0, slots.cpu(), nb, bs, T, records))
     assert torch.equal(icache.cpu(), ref_index_cache(ic0, dense, slots.cpu(), 128, True))
-    assert torch.all(topk == -1)
+    assert torch.all(topk == -1) and torch.equal(topk_buf[T:], topk_tail)
 
 
 @pytest.mark.parametrize("device", DEVICES)
