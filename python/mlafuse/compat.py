@@ -632,25 +632,26 @@ def _mla_kv_cache_dsa(*args, **kwargs):
 
 
 # ---- DeepSeek-V4 (SPEC §11) -------------------------------------------------------------------
-def fused_deepseek_v4_qnorm_rope_kv_rope_quant_insert(q, kv, k_cache, slot_mapping,
-                                                      positions, cos_sin_cache, padded_heads,
-                                                      eps, block_size, apply_q_norm=True):
+def fused_deepseek_v4_qnorm_rope_kv_rope_quant_insert(q_in, kv, k_cache, slot_mapping,
+                                                      position_ids, cos_sin_cache, q_head_padded,
+                                                      eps, cache_block_size, apply_q_norm=True):
     """vLLM's DeepSeek-V4 pre-attention op ``torch.ops._C.fused_deepseek_v4_qnorm_rope_kv_
     rope_quant_insert`` (csrc/libtorch_stable/fused_deepseek_v4_qnorm_rope_kv_insert_kernel.cu,
     commit 00ce99f0: ``(q_in, kv, k_cache, slot_mapping, position_ids, cos_sin_cache,
-    q_head_padded, eps, cache_block_size, apply_q_norm) -> q_out``; parameter names here as
-    its Python call sites pass them). The registered schema's default for ``apply_q_norm`` is
-    not in the stored sources; call sites pass nine arguments, so True is taken here.
+    q_head_padded, eps, cache_block_size, apply_q_norm) -> q_out``, the C++ wrapper's names;
+    vLLM's call sites pass them by position). The registered schema's default for
+    ``apply_q_norm`` is not in the stored sources; call sites pass nine arguments, so True is
+    taken here.
 
-    q             [T, H, 512] bf16 / f16 (strided heads allowed), read only
+    q_in          [T, H, 512] bf16 (strided heads allowed), read only
     kv            [T, 512] same dtype, read only: the kv latent AFTER its RMSNorm (vLLM runs
                   fused_q_kv_rmsnorm first)
     k_cache       [num_blocks, block_bytes] uint8 (or a [num_blocks, block_size, 584] view of
                   the same), MUTATED: fp8_v4 pages (SPEC §11) of ``block_size`` tokens, page
                   stride k_cache.stride(0) bytes
     slot_mapping  [N] int32 / int64, N <= T: rows t >= N insert nothing; negative: skipped
-    positions     [T] int32 / int64;  cos_sin_cache [max_pos, 64] (cos | sin; converted to f32)
-    padded_heads  Hpad >= H
+    position_ids  [T] int32 / int64;  cos_sin_cache [max_pos, 64] (cos | sin; converted to f32)
+    q_head_padded Hpad >= H;  cache_block_size  tokens per page
 
     Returns q_out [T, Hpad, 512] in q's dtype: per head RMSNorm without weight (when
     ``apply_q_norm``; eps) and GPT-J RoPE on dims [448, 512), rounded once; heads H .. Hpad-1
@@ -663,23 +664,24 @@ def fused_deepseek_v4_qnorm_rope_kv_rope_quant_insert(q, kv, k_cache, slot_mappi
     """
     fn = "fused_deepseek_v4_qnorm_rope_kv_rope_quant_insert"
     torch = _torch(fn)
-    for name, t in (("q", q), ("kv", kv), ("k_cache", k_cache), ("slot_mapping", slot_mapping),
-                    ("positions", positions)):
+    q, positions, padded_heads, block_size = q_in, position_ids, q_head_padded, cache_block_size
+    for name, t in (("q_in", q), ("kv", kv), ("k_cache", k_cache), ("slot_mapping", slot_mapping),
+                    ("position_ids", positions)):
         _need_tensor(torch, t, name, fn)
     if q.dim() != 3 or q.shape[2] != 512:
-        raise ValueError(f"{fn}: q is {tuple(q.shape)}, expected [T, H, 512]")
+        raise ValueError(f"{fn}: q_in is {tuple(q.shape)}, expected [T, H, 512]")
     T, H = q.shape[0], q.shape[1]
     if kv.dim() != 2 or kv.shape != (T, 512) or kv.dtype != q.dtype:
         raise ValueError(f"{fn}: kv is {tuple(kv.shape)} {kv.dtype}, expected [T = {T}, 512] "
-                         f"{q.dtype} (q's dtype)")
+                         f"{q.dtype} (q_in's dtype)")
     if kv.dtype != torch.bfloat16:
         raise ValueError(f"{fn}: kv.dtype = {kv.dtype}; the fp8_v4 record stores bf16 rope "
-                         "values, so q and kv must be bfloat16")
+                         "values, so q_in and kv must be bfloat16")
     Hp = int(padded_heads)
     if Hp < H:
-        raise ValueError(f"{fn}: padded_heads = {Hp} < q.size(1) = {H}")
+        raise ValueError(f"{fn}: q_head_padded = {Hp} < q_in.size(1) = {H}")
     if positions.dim() != 1 or positions.shape[0] != T:
-        raise ValueError(f"{fn}: positions is {tuple(positions.shape)}, expected [T = {T}]")
+        raise ValueError(f"{fn}: position_ids is {tuple(positions.shape)}, expected [T = {T}]")
     cos_sin = _f32_table(torch, cos_sin_cache, "cos_sin_cache", fn)
     if cos_sin.shape[1] != 64:
         raise ValueError(f"{fn}: cos_sin_cache.shape[1] = {cos_sin.shape[1]}, expected 64")
@@ -689,7 +691,7 @@ def fused_deepseek_v4_qnorm_rope_kv_rope_quant_insert(q, kv, k_cache, slot_mappi
                          f"{slot_mapping.dtype}, expected [N <= {T}] int32 or int64")
     bs = int(block_size)
     if bs <= 0:
-        raise ValueError(f"{fn}: block_size = {block_size}, expected > 0")
+        raise ValueError(f"{fn}: cache_block_size = {block_size}, expected > 0")
     if k_cache.dtype not in (torch.uint8, torch.float8_e4m3fn):
         raise ValueError(f"{fn}: k_cache.dtype = {k_cache.dtype}, expected uint8")
     u8 = k_cache if k_cache.dtype == torch.uint8 else k_cache.view(torch.uint8)
@@ -697,7 +699,7 @@ def fused_deepseek_v4_qnorm_rope_kv_rope_quant_insert(q, kv, k_cache, slot_mappi
     inner = u8[0].numel() if nb else 0
     if inner < bs * 584 or (u8.dim() > 1 and not u8[0].is_contiguous()):
         raise ValueError(f"{fn}: k_cache is {tuple(k_cache.shape)}: each block needs "
-                         f"block_size * 584 = {bs * 584} contiguous bytes")
+                         f"cache_block_size * 584 = {bs * 584} contiguous bytes")
     pages = torch.as_strided(u8, (nb, bs * 584), (u8.stride(0), 1))
 
     q_out = q.new_empty((T, Hp, 512))

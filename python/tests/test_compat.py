@@ -746,13 +746,13 @@ def test_fused_deepseek_v4_insert_errors():
     cache = torch.zeros(2, 4 * 584, dtype=torch.uint8)
     pos, cs = torch.arange(3), mlafuse.rope_table(8, 64, device="cpu")
     f = compat.fused_deepseek_v4_qnorm_rope_kv_rope_quant_insert
-    with pytest.raises(ValueError, match="padded_heads = 2"):
+    with pytest.raises(ValueError, match="q_head_padded = 2"):
         f(q, kv, cache, pos, pos, cs, 2, 1e-6, 4)
     with pytest.raises(ValueError, match="kv is"):
         f(q, kv[:, :448], cache, pos, pos, cs, 4, 1e-6, 4)
     with pytest.raises(ValueError, match="bfloat16"):
         f(q.half(), kv.half(), cache, pos, pos, cs, 4, 1e-6, 4)
-    with pytest.raises(ValueError, match="block_size \\* 584"):
+    with pytest.raises(ValueError, match="cache_block_size \\* 584"):
         f(q, kv, cache, pos, pos, cs, 4, 1e-6, 8)
     with pytest.raises(ValueError, match="slot_mapping is"):
         f(q, kv, cache, torch.arange(5), pos, cs, 4, 1e-6, 4)
