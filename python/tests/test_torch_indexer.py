@@ -282,3 +282,28 @@ def test_torch_compile_fullgraph(device):
     for k in ("kv_cache", "flat", "topk_fill", "error_count"):
         assert torch.equal(a[k], b[k]), k
     assert int(b["error_count"][0]) == 2  # token 4's position, once per op
+
+
+def test_indexer_params_as_op_arguments():
+    """indexer_params' values reach the ops (and torch.compile) through op_args, which follows
+    field assignments; a bare ctypes mlaf_indexer_params works eagerly; others are refused."""
+    from mlafuse import _lib as L
+
+    ip = mlafuse.indexer_params("neox", hadamard=True, scale="f32", ln_eps=1e-5)
+    assert ip.op_args == (1, True, float(np.float32(1e-5)), float(np.float32(1e-4)), 1)
+    ip.style, ip.hadamard = 0, 0
+    assert ip.op_args[:2] == (0, False)
+    g = torch.Generator().manual_seed(4)
+    q_idx = torch.randn(3, 4, 128, generator=g)
+    pos, cos_sin = torch.arange(3), mlafuse.rope_table(8, 64, device="cpu")
+    w = torch.randn(3, 4, generator=g)
+    bare = L.IndexerParams(0, 0, 1e-5, 1e-4, 1)  # the same settings, no op_args
+    got = mlafuse.indexer_q(q_idx, pos, cos_sin, w, indexer=ip)
+    want = mlafuse.indexer_q(q_idx, pos, cos_sin, w, indexer=bare)
+    for x, y in zip(got, want):
+        assert torch.equal(x.view(torch.uint8) if x.dtype == torch.float8_e4m3fn else x,
+                           y.view(torch.uint8) if y.dtype == torch.float8_e4m3fn else y)
+    other = mlafuse.indexer_q(q_idx, pos, cos_sin, w, indexer=mlafuse.indexer_params("neox"))
+    assert not torch.equal(other[1], want[1]), "the settings reach the op"
+    with pytest.raises(TypeError):
+        mlafuse.indexer_q(q_idx, pos, cos_sin, w, indexer=(0, False, 1e-5, 1e-4, 1))
