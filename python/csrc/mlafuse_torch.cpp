@@ -59,6 +59,8 @@ struct Api {
     decltype(&mlaf_context_last_error) context_last_error;
     decltype(&mlaf_split_qk_norm) split_qk_norm;
     decltype(&mlaf_mla_kv_cache_fmt) mla_kv_cache_fmt;
+    decltype(&mlaf_mla_kv_cache_dsa) mla_kv_cache_dsa;
+    decltype(&mlaf_indexer_q) indexer_q;
     decltype(&mlaf_rope_q) rope_q;
     decltype(&mlaf_rope_q_out) rope_q_out;
     decltype(&mlaf_moe_gate) moe_gate;
@@ -419,6 +421,142 @@ void mla_kv_cache_out(const at::Tensor &latent, const std::optional<at::Tensor> 
                 kv_format(cache_format, scale, fp8_conv, amax_out, tile_scale, kpe_cache, kv_rope_tail));
 }
 
+// ---- the DSA indexer (SPEC §10) ------------------------------------------------------------
+// The indexer's settings as plain arguments (index_style an mlaf_rope_style, hadamard, ln_eps,
+// amax_eps, index_scale an mlaf_index_scale). index_copies > 1 (SPEC §12) also writes the same
+// records at index_cache's address + k * index_copy_stride bytes, which the schema cannot name.
+mlaf_indexer_params indexer_params(int64_t index_style, bool hadamard, double ln_eps,
+                                   double amax_eps, int64_t index_scale) {
+    mlaf_indexer_params ip;
+    std::memset(&ip, 0, sizeof ip);
+    ip.style = (mlaf_rope_style)enum_arg(index_style, "index_style");
+    ip.hadamard = hadamard ? 1 : 0;
+    ip.ln_eps = (float)ln_eps;
+    ip.amax_eps = (float)amax_eps;
+    ip.scale = (mlaf_index_scale)enum_arg(index_scale, "index_scale");
+    return ip;
+}
+
+void mla_kv_cache_dsa_out(
+    const at::Tensor &latent, const std::optional<at::Tensor> &w_q, const at::Tensor &w_kv,
+    const std::optional<at::Tensor> &positions, const std::optional<at::Tensor> &cos_sin,
+    const at::Tensor &slot_mapping, const at::Tensor &kv_cache,
+    const std::optional<at::Tensor> &error_count, const at::Tensor &index_k,
+    const at::Tensor &index_weight, const at::Tensor &index_bias, const at::Tensor &index_cache,
+    const std::optional<at::Tensor> &topk_fill, const std::optional<at::Tensor> &q,
+    const std::optional<at::Tensor> &k_nope, const std::optional<at::Tensor> &k_pe,
+    const std::optional<at::Tensor> &index_out, int64_t Q, int64_t C, int64_t R, double eps_q,
+    double eps_kv, int64_t style, int64_t index_style, bool hadamard, double ln_eps,
+    double amax_eps, int64_t index_scale, int64_t index_copies, int64_t index_copy_stride,
+    int64_t cache_format, const std::optional<at::Tensor> &scale, int64_t fp8_conv,
+    const std::optional<at::Tensor> &amax_out, int64_t tile_scale,
+    const std::optional<at::Tensor> &kpe_cache) {
+    need_api();
+    const c10::Device d = latent.device();
+    mlaf_context *ctx = context_for(d);
+    const mlaf_indexer_params ip =
+        indexer_params(index_style, hadamard, ln_eps, amax_eps, index_scale);
+    View vl(latent, "latent", d, false), vwq(w_q, "w_q", d, false), vwkv(w_kv, "w_kv", d, false),
+        vpos(positions, "positions", d, false), vcs(cos_sin, "cos_sin", d, false),
+        vslot(slot_mapping, "slot_mapping", d, false), vcache(kv_cache, "kv_cache", d, true),
+        vq(q, "q", d, true), vk(k_nope, "k_nope", d, true), vp(k_pe, "k_pe", d, true),
+        verr(error_count, "error_count", d, true), vik(index_k, "index_k", d, false),
+        viw(index_weight, "index_weight", d, false), vib(index_bias, "index_bias", d, false),
+        vic(index_cache, "index_cache", d, true), vio(index_out, "index_out", d, true),
+        vtop(topk_fill, "topk_fill", d, true), vscale(scale, "scale", d, false),
+        vamax(amax_out, "amax_out", d, true), vkpe(kpe_cache, "kpe_cache", d, true);
+    const mlaf_mla_kv_cache_params p = {(int32_t)Q,   (int32_t)C,    (int32_t)R,
+                                        (float)eps_q, (float)eps_kv, (mlaf_rope_style)style, 0};
+    mlaf_kv_cache_desc desc;
+    std::memset(&desc, 0, sizeof desc);
+    desc.format = (mlaf_kv_format)enum_arg(cache_format, "cache_format");
+    desc.cache = vcache.p;
+    desc.kpe = vkpe.p;
+    desc.scale = vscale.p;
+    desc.amax_out = vamax.p;
+    desc.conv = (mlaf_fp8_conv)enum_arg(fp8_conv, "fp8_conv");
+    desc.tile_scale = (mlaf_tile_scale)enum_arg(tile_scale, "tile_scale");
+    mlaf_indexer_k ik;
+    std::memset(&ik, 0, sizeof ik);
+    ik.index_k = vik.p;
+    ik.weight = viw.p;
+    ik.bias = vib.p;
+    ik.cache = vic.p;
+    ik.out = vio.p;
+    ik.topk_fill = vtop.p;
+    ik.copies = enum_arg(index_copies, "index_copies");
+    ik.copy_stride = index_copy_stride;
+    check(ctx, api.mla_kv_cache_dsa(ctx, &p, vl.p, vwq.p, vwkv.p, vpos.p, vcs.p, vslot.p, &desc,
+                                    vq.p, vk.p, vp.p, verr.p, &ip, &ik));
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> mla_kv_cache_dsa(
+    const at::Tensor &latent, const std::optional<at::Tensor> &w_q, const at::Tensor &w_kv,
+    const std::optional<at::Tensor> &positions, const std::optional<at::Tensor> &cos_sin,
+    const at::Tensor &slot_mapping, const at::Tensor &kv_cache,
+    const std::optional<at::Tensor> &error_count, const at::Tensor &index_k,
+    const at::Tensor &index_weight, const at::Tensor &index_bias, const at::Tensor &index_cache,
+    const std::optional<at::Tensor> &topk_fill, int64_t Q, int64_t C, int64_t R, double eps_q,
+    double eps_kv, int64_t style, int64_t index_style, bool hadamard, double ln_eps,
+    double amax_eps, int64_t index_scale, bool return_k_nope, bool return_k_pe,
+    bool return_index_out, int64_t index_copies, int64_t index_copy_stride,
+    int64_t cache_format, const std::optional<at::Tensor> &scale, int64_t fp8_conv,
+    const std::optional<at::Tensor> &amax_out, int64_t tile_scale,
+    const std::optional<at::Tensor> &kpe_cache) {
+    const int64_t T = rows_of(latent);
+    at::Tensor q = alloc(latent, T, nonneg(Q)), k = alloc(latent, T, return_k_nope ? nonneg(C) : 0),
+               pe = alloc(latent, T, return_k_pe ? nonneg(R) : 0),
+               io = alloc(latent, T, return_index_out ? MLAF_INDEX_HEAD_DIM : 0);
+    auto opt = [](bool want, const at::Tensor &t) {
+        return want ? std::optional<at::Tensor>(t) : std::nullopt;
+    };
+    mla_kv_cache_dsa_out(latent, w_q, w_kv, positions, cos_sin, slot_mapping, kv_cache,
+                         error_count, index_k, index_weight, index_bias, index_cache, topk_fill,
+                         opt(Q > 0, q), opt(return_k_nope, k), opt(return_k_pe, pe),
+                         opt(return_index_out, io), Q, C, R, eps_q, eps_kv, style, index_style,
+                         hadamard, ln_eps, amax_eps, index_scale, index_copies,
+                         index_copy_stride, cache_format, scale, fp8_conv, amax_out, tile_scale,
+                         kpe_cache);
+    return {q, k, pe, io};
+}
+
+// indexer_q: q_pe (optional, the MLA query) roped in place on its last 64 columns in
+// q_pe_style; q_fp8 [T, H, 128] float8_e4m3fn (the _out form takes uint8 too), w_out [T, H] f32.
+void indexer_q_out(const at::Tensor &q_idx, const at::Tensor &positions,
+                   const at::Tensor &cos_sin, const at::Tensor &weights, const at::Tensor &q_fp8,
+                   const at::Tensor &w_out, int64_t index_style, bool hadamard, double ln_eps,
+                   double amax_eps, int64_t index_scale, const std::optional<at::Tensor> &q_pe,
+                   int64_t q_pe_style, const std::optional<at::Tensor> &error_count) {
+    need_api();
+    const c10::Device d = q_idx.device();
+    mlaf_context *ctx = context_for(d);
+    const mlaf_indexer_params ip =
+        indexer_params(index_style, hadamard, ln_eps, amax_eps, index_scale);
+    View vq(q_idx, "q_idx", d, false), vpos(positions, "positions", d, false),
+        vcs(cos_sin, "cos_sin", d, false), vw(weights, "weights", d, false),
+        vf(q_fp8, "q_fp8", d, true), vwo(w_out, "w_out", d, true), vpe(q_pe, "q_pe", d, true),
+        verr(error_count, "error_count", d, true);
+    mlaf_rope_params pr;
+    std::memset(&pr, 0, sizeof pr);
+    pr.rope_dim = MLAF_INDEX_ROPE_DIM;
+    pr.style = (mlaf_rope_style)enum_arg(q_pe_style, "q_pe_style");
+    check(ctx, api.indexer_q(ctx, &ip, vq.p, vpos.p, vcs.p, vw.p, vf.p, vwo.p, vpe.p, &pr, verr.p));
+}
+
+std::tuple<at::Tensor, at::Tensor> indexer_q(
+    const at::Tensor &q_idx, const at::Tensor &positions, const at::Tensor &cos_sin,
+    const at::Tensor &weights, int64_t index_style, bool hadamard, double ln_eps,
+    double amax_eps, int64_t index_scale, const std::optional<at::Tensor> &q_pe,
+    int64_t q_pe_style, const std::optional<at::Tensor> &error_count) {
+    const int64_t T = rows_of(q_idx), H = q_idx.dim() >= 2 ? q_idx.size(1) : 0;
+    at::Tensor q_fp8 = at::empty({T, H, MLAF_INDEX_HEAD_DIM},
+                                 q_idx.options().dtype(c10::ScalarType::Float8_e4m3fn)),
+               w_out = alloc(q_idx, T, H, c10::ScalarType::Float);
+    indexer_q_out(q_idx, positions, cos_sin, weights, q_fp8, w_out, index_style, hadamard,
+                  ln_eps, amax_eps, index_scale, q_pe, q_pe_style, error_count);
+    return {q_fp8, w_out};
+}
+
 // ---- rope_q ------------------------------------------------------------------------------
 // head_norm (SPEC §11): the weightless per-head RMSNorm first (head_norm_eps 0: 1e-6); q_out:
 // the result out of place into [T, Hpad, D], heads past q's as zeros (mlaf_rope_q_out).
@@ -553,6 +691,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> moe_gate_hash(
 #define KV_FMT(amax, kpe)                                                                    \
     "int cache_format=0, Tensor? scale=None, int fp8_conv=0, Tensor(" amax "!)? "            \
     "amax_out=None, int tile_scale=0, Tensor(" kpe "!)? kpe_cache=None, int kv_rope_tail=0"
+#define IDX_P "int index_style, bool hadamard, float ln_eps, float amax_eps, int index_scale"
+#define KV_DSA_IDX(c, d)                                                                     \
+    "Tensor index_k, Tensor index_weight, Tensor index_bias, Tensor(" c "!) index_cache, "    \
+    "Tensor(" d "!)? topk_fill"
+#define KV_DSA_FMT(amax, kpe)                                                                \
+    "int cache_format=0, Tensor? scale=None, int fp8_conv=0, Tensor(" amax "!)? "            \
+    "amax_out=None, int tile_scale=0, Tensor(" kpe "!)? kpe_cache=None"
 #define GATE_P                                                                               \
     "int top_k, int n_group, int topk_group, int score_func, int group_score, "              \
     "bool renormalize, float routed_scaling_factor, bool apply_routed_scaling, "             \
@@ -573,6 +718,19 @@ TORCH_LIBRARY(mlafuse, m) {
           "bool return_k_pe=False, " KV_FMT("c", "d") ") -> (Tensor, Tensor, Tensor)");
     m.def("mla_kv_cache_out(" KV_IN ", Tensor(c!)? q, Tensor(d!)? k_nope, Tensor(e!)? k_pe, " KV_P
           ", " KV_FMT("f", "g") ") -> ()");
+    m.def("mla_kv_cache_dsa(" KV_IN ", " KV_DSA_IDX("c", "d") ", " KV_P ", " IDX_P ", "
+          "bool return_k_nope=False, bool return_k_pe=False, bool return_index_out=False, "
+          "int index_copies=1, int index_copy_stride=0, " KV_DSA_FMT("e", "f")
+          ") -> (Tensor, Tensor, Tensor, Tensor)");
+    m.def("mla_kv_cache_dsa_out(" KV_IN ", " KV_DSA_IDX("c", "d") ", Tensor(e!)? q, "
+          "Tensor(f!)? k_nope, Tensor(g!)? k_pe, Tensor(h!)? index_out, " KV_P ", " IDX_P ", "
+          "int index_copies=1, int index_copy_stride=0, " KV_DSA_FMT("i", "j") ") -> ()");
+    m.def("indexer_q(Tensor q_idx, Tensor positions, Tensor cos_sin, Tensor weights, " IDX_P
+          ", Tensor(a!)? q_pe=None, int q_pe_style=0, Tensor(b!)? error_count=None) "
+          "-> (Tensor, Tensor)");
+    m.def("indexer_q_out(Tensor q_idx, Tensor positions, Tensor cos_sin, Tensor weights, "
+          "Tensor(a!) q_fp8, Tensor(b!) w_out, " IDX_P ", Tensor(c!)? q_pe=None, "
+          "int q_pe_style=0, Tensor(d!)? error_count=None) -> ()");
     m.def("rope_q(Tensor(a!) q, Tensor positions, Tensor cos_sin, int rope_dim, int style, "
           "Tensor(b!)? error_count=None, bool head_norm=False, float head_norm_eps=0.0, "
           "Tensor(c!)? q_out=None) -> ()");
@@ -595,6 +753,10 @@ TORCH_LIBRARY(mlafuse, m) {
     m.impl("split_qk_norm_inplace", &split_qk_norm_inplace);   \
     m.impl("mla_kv_cache", &mla_kv_cache);                     \
     m.impl("mla_kv_cache_out", &mla_kv_cache_out);             \
+    m.impl("mla_kv_cache_dsa", &mla_kv_cache_dsa);             \
+    m.impl("mla_kv_cache_dsa_out", &mla_kv_cache_dsa_out);     \
+    m.impl("indexer_q", &indexer_q);                           \
+    m.impl("indexer_q_out", &indexer_q_out);                   \
     m.impl("rope_q", &rope_q);                                 \
     m.impl("moe_gate", &moe_gate);                             \
     m.impl("moe_gate_out", &moe_gate_out);                     \
@@ -634,6 +796,8 @@ MLAFUSE_TORCH_EXPORT int mlafuse_torch_init(const char *path, char *err, size_t 
     MLAF_SYM(context_last_error, mlaf_context_last_error)
     MLAF_SYM(split_qk_norm, mlaf_split_qk_norm)
     MLAF_SYM(mla_kv_cache_fmt, mlaf_mla_kv_cache_fmt)
+    MLAF_SYM(mla_kv_cache_dsa, mlaf_mla_kv_cache_dsa)
+    MLAF_SYM(indexer_q, mlaf_indexer_q)
     MLAF_SYM(rope_q, mlaf_rope_q)
     MLAF_SYM(rope_q_out, mlaf_rope_q_out)
     MLAF_SYM(moe_gate, mlaf_moe_gate)

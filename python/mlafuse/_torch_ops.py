@@ -22,7 +22,7 @@ compiled graphs do not depend on which one is loaded.
 Ops (all arguments of the C ops; int enums: style 0 interleaved / 1 neox, score_func 0
 sigmoid / 1 softmax / 2 sqrt_softplus, group_score 0 top-2 sum / 1 max, and mla_kv_cache's cache_format 0 plain /
 1 fp8 / 2 fp8_ds_mla, fp8_conv 0 divide / 1 multiply, tile_scale 0 amax / 1 ue8m0 / 2
-ue8m0_floor_scaled):
+ue8m0_floor_scaled; the indexer's index_style as style, index_scale 0 ue8m0 / 1 f32):
   split_qk_norm          -> (q [T,Q], k_nope [T,C], k_pe [T,R] or [T,0])   functional
   split_qk_norm_out      writes q, k_nope, k_pe                            mutates outputs
   split_qk_norm_inplace  latent row -> [q_norm | k_nope_norm | k_pe]       mutates latent
@@ -32,6 +32,16 @@ ue8m0_floor_scaled):
   mla_kv_cache_out       writes q, k_nope, k_pe                            mutates kv_cache,
                                                                            error_count, amax_out,
                                                                            kpe_cache, outputs
+  mla_kv_cache_dsa       -> (q, k_nope or [T,0], k_pe or [T,0],            mutates kv_cache,
+                              index_out or [T,0])                          error_count,
+                                                                           index_cache, topk_fill,
+                                                                           amax_out, kpe_cache
+  mla_kv_cache_dsa_out   writes q, k_nope, k_pe, index_out                 mutates the same and
+                                                                           the outputs
+  indexer_q              -> (q_fp8 [T,H,128] float8_e4m3fn, w_out [T,H])   mutates q_pe,
+                                                                           error_count
+  indexer_q_out          writes q_fp8 (uint8 or float8_e4m3fn), w_out      mutates outputs, q_pe,
+                                                                           error_count
   rope_q                 rotates q                                         mutates q, error_count
   moe_gate               -> (weights, ids, scores or [T,0])                functional
   moe_gate_out           writes weights, ids, scores                       mutates outputs
@@ -233,6 +243,134 @@ _register(f"mla_kv_cache({_KV_IN}, {_KV_P}, bool return_k_nope=False, "
           _kv_impl, _kv_fake)
 _register(f"mla_kv_cache_out({_KV_IN}, Tensor(c!)? q, Tensor(d!)? k_nope, Tensor(e!)? k_pe, "
           f"{_KV_P}, {_kv_fmt('f', 'g')}) -> ()", _kv_out, _nothing)
+
+
+# ---- the DSA indexer (SPEC §10) ------------------------------------------------------------
+# The indexer's settings (mlafuse.indexer_params) as plain arguments: index_style (the indexer's
+# RoPE, 0 interleaved / 1 neox), hadamard, ln_eps, amax_eps, index_scale (0 ue8m0 / 1 f32).
+# mla_kv_cache_dsa's index_copies > 1 (SPEC §12) also writes the same records at index_cache's
+# address + k * index_copy_stride bytes (peers' caches), which the schema cannot name.
+_IDX_P = "int index_style, bool hadamard, float ln_eps, float amax_eps, int index_scale"
+_KV_DSA_IDX = ("Tensor index_k, Tensor index_weight, Tensor index_bias, Tensor({c}!) index_cache, "
+               "Tensor({d}!)? topk_fill")
+
+
+def _kv_dsa_fmt(amax, kpe):
+    return (f"int cache_format=0, Tensor? scale=None, int fp8_conv=0, Tensor({amax}!)? "
+            f"amax_out=None, int tile_scale=0, Tensor({kpe}!)? kpe_cache=None")
+
+
+def _indexer_params(index_style, hadamard, ln_eps, amax_eps, index_scale):
+    return L.IndexerParams(_core._enum_arg(index_style, "index_style"), int(bool(hadamard)),
+                           float(ln_eps), float(amax_eps),
+                           _core._enum_arg(index_scale, "index_scale"))
+
+
+def _kv_dsa_out(latent, w_q, w_kv, positions, cos_sin, slot_mapping, kv_cache, error_count,
+                index_k, index_weight, index_bias, index_cache, topk_fill, q, k_nope, k_pe,
+                index_out, Q, C, R, eps_q, eps_kv, style, index_style, hadamard, ln_eps,
+                amax_eps, index_scale, index_copies=1, index_copy_stride=0, cache_format=0,
+                scale=None, fp8_conv=0, amax_out=None, tile_scale=0, kpe_cache=None):
+    d = latent.device
+    _core.run_mla_kv_cache_dsa(
+        _context(d), _indexer_params(index_style, hadamard, ln_eps, amax_eps, index_scale),
+        Q, C, R, eps_q, eps_kv, style, _view(latent, "latent", d), _view(w_q, "w_q", d),
+        _view(w_kv, "w_kv", d), _view(positions, "positions", d), _view(cos_sin, "cos_sin", d),
+        _view(slot_mapping, "slot_mapping", d), _view(kv_cache, "kv_cache", d),
+        _view(q, "q", d), _view(k_nope, "k_nope", d), _view(k_pe, "k_pe", d),
+        _view(error_count, "error_count", d), _view(index_k, "index_k", d),
+        _view(index_weight, "index_weight", d), _view(index_bias, "index_bias", d),
+        _view(index_cache, "index_cache", d), _view(index_out, "index_out", d),
+        _view(topk_fill, "topk_fill", d), index_copies=_core._enum_arg(index_copies, "index_copies"),
+        index_copy_stride=index_copy_stride, cache_format=cache_format,
+        scale=_view(scale, "scale", d), fp8_conv=fp8_conv, amax_out=_view(amax_out, "amax_out", d),
+        tile_scale=tile_scale, kpe_cache=_view(kpe_cache, "kpe_cache", d))
+
+
+def _kv_dsa_alloc(latent, Q, C, R, return_k_nope, return_k_pe, return_index_out):
+    T = _T(latent)
+    return (*_kv_alloc(latent, Q, C, R, return_k_nope, return_k_pe),
+            latent.new_empty((T, 128 if return_index_out else 0)))
+
+
+def _kv_dsa_impl(latent, w_q, w_kv, positions, cos_sin, slot_mapping, kv_cache, error_count,
+                 index_k, index_weight, index_bias, index_cache, topk_fill, Q, C, R, eps_q,
+                 eps_kv, style, index_style, hadamard, ln_eps, amax_eps, index_scale,
+                 return_k_nope=False, return_k_pe=False, return_index_out=False,
+                 index_copies=1, index_copy_stride=0, cache_format=0, scale=None, fp8_conv=0,
+                 amax_out=None, tile_scale=0, kpe_cache=None):
+    q, k_nope, k_pe, index_out = _kv_dsa_alloc(latent, Q, C, R, return_k_nope, return_k_pe,
+                                               return_index_out)
+    _kv_dsa_out(latent, w_q, w_kv, positions, cos_sin, slot_mapping, kv_cache, error_count,
+                index_k, index_weight, index_bias, index_cache, topk_fill,
+                q if Q > 0 else None, k_nope if return_k_nope else None,
+                k_pe if return_k_pe else None, index_out if return_index_out else None, Q, C, R,
+                eps_q, eps_kv, style, index_style, hadamard, ln_eps, amax_eps, index_scale,
+                index_copies, index_copy_stride, cache_format, scale, fp8_conv, amax_out,
+                tile_scale, kpe_cache)
+    return q, k_nope, k_pe, index_out
+
+
+def _kv_dsa_fake(latent, w_q, w_kv, positions, cos_sin, slot_mapping, kv_cache, error_count,
+                 index_k, index_weight, index_bias, index_cache, topk_fill, Q, C, R, eps_q,
+                 eps_kv, style, index_style, hadamard, ln_eps, amax_eps, index_scale,
+                 return_k_nope=False, return_k_pe=False, return_index_out=False,
+                 index_copies=1, index_copy_stride=0, cache_format=0, scale=None, fp8_conv=0,
+                 amax_out=None, tile_scale=0, kpe_cache=None):
+    return _kv_dsa_alloc(latent, Q, C, R, return_k_nope, return_k_pe, return_index_out)
+
+
+_register(f"mla_kv_cache_dsa({_KV_IN}, {_KV_DSA_IDX.format(c='c', d='d')}, {_KV_P}, {_IDX_P}, "
+          f"bool return_k_nope=False, bool return_k_pe=False, bool return_index_out=False, "
+          f"int index_copies=1, int index_copy_stride=0, {_kv_dsa_fmt('e', 'f')}) "
+          f"-> (Tensor, Tensor, Tensor, Tensor)", _kv_dsa_impl, _kv_dsa_fake)
+_register(f"mla_kv_cache_dsa_out({_KV_IN}, {_KV_DSA_IDX.format(c='c', d='d')}, Tensor(e!)? q, "
+          f"Tensor(f!)? k_nope, Tensor(g!)? k_pe, Tensor(h!)? index_out, {_KV_P}, {_IDX_P}, "
+          f"int index_copies=1, int index_copy_stride=0, {_kv_dsa_fmt('i', 'j')}) -> ()",
+          _kv_dsa_out, _nothing)
+
+
+# indexer_q: q_pe (the MLA query, optional) is roped in place on its last 64 columns in
+# q_pe_style; q_fp8 [T, H, 128] float8_e4m3fn (the _out form takes uint8 too), w_out [T, H] f32.
+def _idx_q_out(q_idx, positions, cos_sin, weights, q_fp8, w_out, index_style, hadamard, ln_eps,
+               amax_eps, index_scale, q_pe=None, q_pe_style=0, error_count=None):
+    d = q_idx.device
+    _core.run_indexer_q(_context(d), _indexer_params(index_style, hadamard, ln_eps, amax_eps,
+                                                     index_scale),
+                        _view(q_idx, "q_idx", d), _view(positions, "positions", d),
+                        _view(cos_sin, "cos_sin", d), _view(weights, "weights", d),
+                        _view(q_fp8, "q_fp8", d), _view(w_out, "w_out", d),
+                        q_pe=_view(q_pe, "q_pe", d),
+                        q_pe_style=_core._enum_arg(q_pe_style, "q_pe_style"),
+                        error_count=_view(error_count, "error_count", d))
+
+
+def _idx_q_alloc(q_idx):
+    T = q_idx.shape[0] if q_idx.dim() >= 1 else 0
+    H = q_idx.shape[1] if q_idx.dim() >= 2 else 0
+    return (q_idx.new_empty((T, H, 128), dtype=torch.float8_e4m3fn),
+            q_idx.new_empty((T, H), dtype=torch.float32))
+
+
+def _idx_q_impl(q_idx, positions, cos_sin, weights, index_style, hadamard, ln_eps, amax_eps,
+                index_scale, q_pe=None, q_pe_style=0, error_count=None):
+    q_fp8, w_out = _idx_q_alloc(q_idx)
+    _idx_q_out(q_idx, positions, cos_sin, weights, q_fp8, w_out, index_style, hadamard, ln_eps,
+               amax_eps, index_scale, q_pe, q_pe_style, error_count)
+    return q_fp8, w_out
+
+
+def _idx_q_fake(q_idx, positions, cos_sin, weights, index_style, hadamard, ln_eps, amax_eps,
+                index_scale, q_pe=None, q_pe_style=0, error_count=None):
+    return _idx_q_alloc(q_idx)
+
+
+_register(f"indexer_q(Tensor q_idx, Tensor positions, Tensor cos_sin, Tensor weights, {_IDX_P}, "
+          "Tensor(a!)? q_pe=None, int q_pe_style=0, Tensor(b!)? error_count=None) "
+          "-> (Tensor, Tensor)", _idx_q_impl, _idx_q_fake)
+_register(f"indexer_q_out(Tensor q_idx, Tensor positions, Tensor cos_sin, Tensor weights, "
+          f"Tensor(a!) q_fp8, Tensor(b!) w_out, {_IDX_P}, Tensor(c!)? q_pe=None, "
+          "int q_pe_style=0, Tensor(d!)? error_count=None) -> ()", _idx_q_out, _nothing)
 
 
 # ---- rope_q --------------------------------------------------------------------------------

@@ -1,9 +1,9 @@
 """The DSA lightning indexer (SPEC §10; DeepSeek-V3.2, GLM-5): mla_kv_cache with the indexer key
 branch, and indexer_q.
 
-numpy arrays run on the CPU backend through ctypes; torch tensors run on their device's backend
-(CUDA: torch's current stream) through the same ctypes calls, eagerly (these two functions are
-not registered as torch custom ops yet, so torch.compile sees them as opaque Python).
+numpy arrays run on the CPU backend through ctypes; torch tensors go through the custom ops
+torch.ops.mlafuse.mla_kv_cache_dsa / mla_kv_cache_dsa_out / indexer_q / indexer_q_out (on their
+device's backend, CUDA on torch's current stream; traceable by torch.compile, see _torch_ops).
 
     ip = mlafuse.indexer_params(config="deepseek-v3.2")          # once per layer
     q, k_nope, k_pe, index_out = mlafuse.mla_kv_cache_dsa(
@@ -15,11 +15,23 @@ from __future__ import annotations
 
 from . import _core
 from . import _lib as L
+from . import ops as _ops
 from ._lib import MlafError
 from .ops import (_STYLES, _check_same_kind, _dim, _enum, _is_torch, _kv_format_args, _np_in,
-                  _np_out, _ranks, find_preset)
+                  _np_out, _ranks, _torch_error, find_preset)
 
 _SCALES = {"ue8m0": L.INDEX_SCALE_UE8M0, "f32": L.INDEX_SCALE_F32}
+
+
+class _IndexerParams(L.IndexerParams):
+    """L.IndexerParams that also holds its values as the custom ops' arguments (``op_args``,
+    kept current on every field assignment): torch.compile cannot read ctypes fields, but it
+    reads (and guards on) this plain tuple."""
+
+    def __setattr__(self, name, value):
+        super().__setattr__(name, value)
+        self.__dict__["op_args"] = (int(self.style), bool(self.hadamard), float(self.ln_eps),
+                                    float(self.amax_eps), int(self.scale))
 
 
 def indexer_params(style=None, *, hadamard: bool = False, ln_eps: float = 1e-6,
@@ -39,25 +51,24 @@ def indexer_params(style=None, *, hadamard: bool = False, ln_eps: float = 1e-6,
         p = find_preset(config) if isinstance(config, str) else config
         has = p is not None and getattr(p, "index_n_heads", 0) > 0
         style = p.index_rope_style if has else "neox"
-    return L.IndexerParams(_enum(style, _STYLES, "style"), int(bool(hadamard)), float(ln_eps),
-                           float(amax_eps), _enum(scale, _SCALES, "scale"))
+    return _IndexerParams(_enum(style, _STYLES, "style"), int(bool(hadamard)), float(ln_eps),
+                          float(amax_eps), _enum(scale, _SCALES, "scale"))
 
 
-def _views(torch_path: bool, device, items):
-    """Views of (name, array, writable) for the call's path."""
-    if torch_path:
-        from . import _torch_ops as TO
-
-        return [TO._view(a, n, device) for n, a, _ in items]
+def _views(items):
+    """numpy views of (name, array, writable)."""
     return [(_np_out(a, n) if w else _np_in(a, n)) for n, a, w in items]
 
 
-def _ctx(torch_path: bool, device):
-    if torch_path:
-        from . import _torch_ops as TO
-
-        return TO._context(device)
-    return _core.context(L.BACKEND_CPU)
+def _ip_args(ip) -> tuple:
+    """The custom ops' indexer arguments (index_style, hadamard, ln_eps, amax_eps, index_scale).
+    Under torch.compile ip must come from indexer_params() (a bare L.IndexerParams is read
+    through its ctypes fields, which only eager calls can)."""
+    if isinstance(ip, _IndexerParams):
+        return ip.op_args
+    if not isinstance(ip, L.IndexerParams):
+        raise TypeError(f"indexer is a {type(ip).__name__}, expected mlafuse.indexer_params(...)")
+    return int(ip.style), bool(ip.hadamard), float(ip.ln_eps), float(ip.amax_eps), int(ip.scale)
 
 
 def mla_kv_cache_dsa(latent, w_q, w_kv, positions, cos_sin, slot_mapping, kv_cache, index_k,
@@ -103,10 +114,40 @@ def mla_kv_cache_dsa(latent, w_q, w_kv, positions, cos_sin, slot_mapping, kv_cac
     fmt = _kv_format_args(cache_format, k_scale, quant_scale, amax_out, tile_scale, kpe_cache)
     T = _dim(latent, 0)
     if torch_path:
-        new = lambda shape: latent.new_empty(shape)  # noqa: E731
-    else:
-        np = _core._numpy()
-        new = lambda shape: np.empty(shape, latent.dtype)  # noqa: E731
+        # the op's trailing arguments: the copies, then the format's (the plain call's defaults)
+        tail = (int(index_copies), int(index_copy_stride))
+        if fmt is not None:
+            tail += fmt
+        fixed = (latent, w_q, w_kv, positions, cos_sin, slot_mapping, kv_cache, error_count,
+                 index_k, index_weight, index_bias, index_cache, topk_fill)
+        params = (Q, C, R, eps_q, eps_kv, mla_style) + _ip_args(ip)
+        try:
+            if q is None and k_nope is None and k_pe is None and index_out is None:
+                q, k_nope, k_pe, index_out = _ops._torch.ops.mlafuse.mla_kv_cache_dsa(
+                    *fixed, *params, return_k_nope, return_k_pe, return_index_out, *tail)
+                return (q if Q > 0 else None, k_nope if return_k_nope else None,
+                        k_pe if return_k_pe else None,
+                        index_out if return_index_out else None)
+            if q is None and Q > 0:
+                q = latent.new_empty((T, Q))
+            if k_nope is None and return_k_nope:
+                k_nope = latent.new_empty((T, C))
+            if k_pe is None and return_k_pe:
+                k_pe = latent.new_empty((T, max(R, 0)))
+            if index_out is None and return_index_out:
+                index_out = latent.new_empty((T, 128))
+            _ops._torch.ops.mlafuse.mla_kv_cache_dsa_out(*fixed, q, k_nope, k_pe, index_out,
+                                                         *params, *tail)
+            return q, k_nope, k_pe, index_out
+        except RuntimeError as e:
+            raise _torch_error(e, w_q=w_q, w_kv=w_kv, positions=positions, cos_sin=cos_sin,
+                               slot_mapping=slot_mapping, kv_cache=kv_cache, q=q,
+                               k_nope=k_nope, k_pe=k_pe, error_count=error_count,
+                               index_k=index_k, index_weight=index_weight,
+                               index_bias=index_bias, index_cache=index_cache,
+                               index_out=index_out, topk_fill=topk_fill) from None
+    np = _core._numpy()
+    new = lambda shape: np.empty(shape, latent.dtype)  # noqa: E731
     if q is None and Q > 0:
         q = new((T, Q))
     if k_nope is None and return_k_nope:
@@ -117,15 +158,14 @@ def mla_kv_cache_dsa(latent, w_q, w_kv, positions, cos_sin, slot_mapping, kv_cac
         index_out = new((T, 128))
     f, scale, conv, amax, tile, kpe = fmt if fmt is not None else (L.KV_PLAIN, None, L.FP8_DIV, None,
                                                                   L.TILE_AMAX, None)
-    device = latent.device if torch_path else None
-    v = _views(torch_path, device, [
+    v = _views([
         ("latent", latent, 0), ("w_q", w_q, 0), ("w_kv", w_kv, 0), ("positions", positions, 0),
         ("cos_sin", cos_sin, 0), ("slot_mapping", slot_mapping, 0), ("kv_cache", kv_cache, 1),
         ("q", q, 1), ("k_nope", k_nope, 1), ("k_pe", k_pe, 1), ("error_count", error_count, 1),
         ("index_k", index_k, 0), ("index_weight", index_weight, 0), ("index_bias", index_bias, 0),
         ("index_cache", index_cache, 1), ("index_out", index_out, 1), ("topk_fill", topk_fill, 1),
         ("scale", scale, 0), ("amax_out", amax, 1), ("kpe_cache", kpe, 1)])
-    _core.run_mla_kv_cache_dsa(_ctx(torch_path, device), ip, Q, C, R, eps_q, eps_kv, mla_style, *v[:17],
+    _core.run_mla_kv_cache_dsa(_core.context(L.BACKEND_CPU), ip, Q, C, R, eps_q, eps_kv, mla_style, *v[:17],
                                index_copies=index_copies, index_copy_stride=index_copy_stride, cache_format=f, scale=v[17], fp8_conv=conv, amax_out=v[18],
                                tile_scale=tile, kpe_cache=v[19])
     return q, k_nope, k_pe, index_out
@@ -151,26 +191,35 @@ def indexer_q(q_idx, positions, cos_sin, weights, *, indexer=None, q_fp8=None, w
     torch_path = _is_torch(q_idx)
     _check_same_kind(torch_path, positions=positions, cos_sin=cos_sin, weights=weights, q_fp8=q_fp8,
                      w_out=w_out, q_pe=q_pe, error_count=error_count)
+    pe_style = _enum(q_pe_style, _STYLES, "q_pe_style")
     T, H = _dim(q_idx, 0), _dim(q_idx, 1)
     if torch_path:
-        import torch
-
-        if q_fp8 is None:
-            q_fp8 = torch.empty((T, H, 128), dtype=torch.float8_e4m3fn, device=q_idx.device)
-        if w_out is None:
-            w_out = torch.empty((T, H), dtype=torch.float32, device=q_idx.device)
-    else:
-        np = _core._numpy()
-        if q_fp8 is None:
-            q_fp8 = np.empty((T, H, 128), np.uint8)
-        if w_out is None:
-            w_out = np.empty((T, H), np.float32)
-    device = q_idx.device if torch_path else None
-    v = _views(torch_path, device, [
+        idx = _ip_args(ip)
+        try:
+            if q_fp8 is None and w_out is None:
+                return _ops._torch.ops.mlafuse.indexer_q(q_idx, positions, cos_sin, weights, *idx,
+                                                         q_pe, pe_style, error_count)
+            if q_fp8 is None:
+                q_fp8 = q_idx.new_empty((T, H, 128), dtype=_ops._torch.float8_e4m3fn)
+            if w_out is None:
+                w_out = q_idx.new_empty((T, H), dtype=_ops._torch.float32)
+            _ops._torch.ops.mlafuse.indexer_q_out(q_idx, positions, cos_sin, weights, q_fp8,
+                                                  w_out, *idx, q_pe, pe_style, error_count)
+            return q_fp8, w_out
+        except RuntimeError as e:
+            raise _torch_error(e, positions=positions, cos_sin=cos_sin, weights=weights,
+                               q_fp8=q_fp8, w_out=w_out, q_pe=q_pe,
+                               error_count=error_count) from None
+    np = _core._numpy()
+    if q_fp8 is None:
+        q_fp8 = np.empty((T, H, 128), np.uint8)
+    if w_out is None:
+        w_out = np.empty((T, H), np.float32)
+    v = _views([
         ("q_idx", q_idx, 0), ("positions", positions, 0), ("cos_sin", cos_sin, 0), ("weights", weights, 0),
         ("q_fp8", q_fp8, 1), ("w_out", w_out, 1), ("q_pe", q_pe, 1), ("error_count", error_count, 1)])
-    _core.run_indexer_q(_ctx(torch_path, device), ip, *v[:6], q_pe=v[6],
-                        q_pe_style=_enum(q_pe_style, _STYLES, "q_pe_style"), error_count=v[7])
+    _core.run_indexer_q(_core.context(L.BACKEND_CPU), ip, *v[:6], q_pe=v[6],
+                        q_pe_style=pe_style, error_count=v[7])
     return q_fp8, w_out
 
 

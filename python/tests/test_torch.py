@@ -300,8 +300,9 @@ def test_opcheck(device):
     ]
     from mlafuse import _torch_ops
 
-    assert {op._qualified_op_name.split("::")[1] for op, _ in cases} == set(_torch_ops.SCHEMAS), \
-        "every op is checked"
+    indexer_ops = {"mla_kv_cache_dsa", "mla_kv_cache_dsa_out", "indexer_q", "indexer_q_out"}
+    assert {op._qualified_op_name.split("::")[1] for op, _ in cases} == set(
+        _torch_ops.SCHEMAS) - indexer_ops, "every op is checked (the indexer's in test_torch_indexer)"
     for op, args in cases:
         # all of opcheck's checks: schema, autograd registration, fake tensor, AOT dispatch
         torch.library.opcheck(op, args)
