@@ -88,7 +88,7 @@ mlaf_status mlaf_mla_kv_cache_dsa(mlaf_context *ctx, const mlaf_mla_kv_cache_par
                                              slot_mapping, cache, q, k_nope, k_pe,
                                              error_count, &job);
     if (st != MLAF_OK) return st;
-    st = mlaf_check_indexer_k(ctx, ip, ik, p, latent, positions, cos_sin, slot_mapping, cache, q, k_nope, k_pe,
+    st = mlaf_check_indexer_k(ctx, ip, ik, p, latent, w_q, w_kv, positions, cos_sin, slot_mapping, cache, q, k_nope, k_pe,
                               error_count, &job, &ix);
     if (st != MLAF_OK) return st;
     const mlaf_backend_iface *f = iface_of(ctx);

@@ -209,6 +209,7 @@ static inline mlaf_kv_cache_desc mlaf_kv_desc_plain(const mlaf_tensor *kv_cache)
 /* The indexer key branch (validate_dsa.c), after mlaf_check_mla_kv_cache filled kv. */
 mlaf_status mlaf_check_indexer_k(mlaf_context *ctx, const mlaf_indexer_params *ip, const mlaf_indexer_k *ik,
                                  const mlaf_mla_kv_cache_params *p, const mlaf_tensor *latent,
+                                 const mlaf_tensor *w_q, const mlaf_tensor *w_kv,
                                  const mlaf_tensor *positions, const mlaf_tensor *cos_sin,
                                  const mlaf_tensor *slot_mapping, const mlaf_kv_cache_desc *cache,
                                  const mlaf_tensor *q, const mlaf_tensor *k_nope, const mlaf_tensor *k_pe,

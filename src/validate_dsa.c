@@ -45,6 +45,7 @@ static mlaf_status check_rope64(mlaf_context *ctx, int32_t R, const char *what) 
 
 mlaf_status mlaf_check_indexer_k(mlaf_context *ctx, const mlaf_indexer_params *ip, const mlaf_indexer_k *ik,
                                  const mlaf_mla_kv_cache_params *p, const mlaf_tensor *latent,
+                                 const mlaf_tensor *w_q, const mlaf_tensor *w_kv,
                                  const mlaf_tensor *positions, const mlaf_tensor *cos_sin,
                                  const mlaf_tensor *slot_mapping, const mlaf_kv_cache_desc *cache,
                                  const mlaf_tensor *q, const mlaf_tensor *k_nope, const mlaf_tensor *k_pe,
@@ -96,10 +97,10 @@ mlaf_status mlaf_check_indexer_k(mlaf_context *ctx, const mlaf_indexer_params *i
     /* out may be index_k itself (the in-place form); any other overlap is an error. */
     const int out_in_place = ik->out && ik->out->data == ik->index_k->data &&
                              (T <= 1 || ik->out->stride[0] == ik->index_k->stride[0]);
-    const mlaf_tensor *ins[9] = {latent, positions, cos_sin, slot_mapping, cache->scale, ik->index_k, ik->weight,
-                                 ik->bias, NULL};
-    const char *in_names[9] = {"latent", "positions", "cos_sin", "slot_mapping", "scale", "index_k", "index_weight",
-                               "index_bias", NULL};
+    const mlaf_tensor *ins[10] = {latent, positions, cos_sin, slot_mapping, cache->scale, ik->index_k, ik->weight,
+                                  ik->bias, w_q, w_kv};
+    const char *in_names[10] = {"latent", "positions", "cos_sin", "slot_mapping", "scale", "index_k", "index_weight",
+                                "index_bias", "w_q", "w_kv"};
     const mlaf_tensor *mla_outs[7] = {q, k_nope, k_pe, cache->cache, cache->kpe, cache->amax_out, error_count};
     const char *mla_names[7] = {"q", "k_nope", "k_pe", "kv_cache", "kpe", "amax_out", "error_count"};
     const mlaf_tensor *outs[3] = {ik->cache, ik->out, ik->topk_fill};
@@ -108,14 +109,14 @@ mlaf_status mlaf_check_indexer_k(mlaf_context *ctx, const mlaf_indexer_params *i
     mlaf_tensor cp = *ik->cache;
     for (int32_t k = 1; k < copies; k++) {
         cp.data = (char *)ik->cache->data + (int64_t)k * ik->copy_stride;
-        for (int i = 0; i < 8; i++) TRY(mlaf_vcheck_no_overlap(ctx, &cp, "an index_cache copy", ins[i], in_names[i]));
+        for (int i = 0; i < 10; i++) TRY(mlaf_vcheck_no_overlap(ctx, &cp, "an index_cache copy", ins[i], in_names[i]));
         for (int i = 0; i < 7; i++) TRY(mlaf_vcheck_no_overlap(ctx, &cp, "an index_cache copy", mla_outs[i], mla_names[i]));
         TRY(mlaf_vcheck_no_overlap(ctx, &cp, "an index_cache copy", ik->out, "index_out"));
         TRY(mlaf_vcheck_no_overlap(ctx, &cp, "an index_cache copy", ik->topk_fill, "topk_fill"));
     }
     for (int i = 0; i < 3; i++) {
         if (!outs[i]) continue;
-        for (int k = 0; k < 8; k++) {
+        for (int k = 0; k < 10; k++) {
             if (i == 1 && k == 5 && out_in_place) continue;
             TRY(mlaf_vcheck_no_overlap(ctx, outs[i], out_names[i], ins[k], in_names[k]));
         }

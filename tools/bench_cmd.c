@@ -659,7 +659,7 @@ static int call_unfused(void *arg, int set, char *err, size_t cap) {
         /* kv_rope_tail: RoPE on the dense k_nope's last columns, in place */
         void *tail_x = (char *)v.kn_s.data + (size_t)(o->C - o->tail) * mlaf_dtype_size(o->dt);
         mlaf_index_job ix;
-        if (o->indexer && api_err(o, mlaf_check_indexer_k(o->ctx, &o->ip, &v.ix, &p, &v.latent, &v.pos, &v.cos_sin,
+        if (o->indexer && api_err(o, mlaf_check_indexer_k(o->ctx, &o->ip, &v.ix, &p, &v.latent, hasq ? &v.w_q : NULL, &v.w_kv, &v.pos, &v.cos_sin,
                                                           &v.slots, &v.cd, hasq ? &v.q : NULL, NULL, NULL, NULL, &j,
                                                           &ix),
                                   "unfused indexer key", err, cap))
