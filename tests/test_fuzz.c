@@ -1,6 +1,7 @@
 /*
  * test_fuzz.c — a deterministic random-call driver over every entry point: split_qk_norm,
- * mla_kv_cache, rope_q, moe_gate, and the context, preset, name and RoPE-table helpers.
+ * mla_kv_cache, rope_q, moe_gate, rope_q_out, indexer_q, moe_gate_hash, mla_kv_cache_dsa,
+ * mla_kv_cache_fmt's fp8_v4 format, and the context, preset, name and RoPE-table helpers.
  *
  * Each call is drawn from its own seed (MLAF_FUZZ_SEED, the op and the call's index), so any
  * call can be replayed alone. A call starts as a valid configuration (dtypes, dims, padded and
@@ -22,8 +23,14 @@
  * images through a job that the same validation layer makes from the same views (over a CPU
  * context), so it sees exactly what the op saw.
  *
+ * The newer entry points (rope_q_out with head_norm, indexer_q, moe_gate_hash, mla_kv_cache_dsa's
+ * indexer key branch, kv_rope_tail into the fp8_v4 cache) get the same mutations and the same
+ * rejection checks; on success they are judged by what they wrote where (see fuzz_ropeout), and
+ * a call with no mutation must succeed.
+ *
  * MLAF_FUZZ_CALLS: calls per op (default 4000). MLAF_FUZZ_SEED: the base seed.
- * MLAF_FUZZ_ONLY=op:index replays one call and describes it (op: split, kv, rope, gate, ctx).
+ * MLAF_FUZZ_ONLY=op:index replays one call and describes it (op: split, kv, rope, gate, ctx,
+ * ropeout, idxq, hash, dsa, v4).
  * CPU always; CUDA when a device is visible.
  */
 #define _POSIX_C_SOURCE 200809L /* sigaction, write */
@@ -38,7 +45,7 @@
 #include "half.h"
 #include "testlib.h"
 
-enum { FZ_MAXB = 24, FZ_MAXT = 16, FZ_SHOW_FAILS = 6 };
+enum { FZ_MAXB = 24, FZ_MAXT = 20, FZ_SHOW_FAILS = 6, FZ_NOPS = 10 };
 
 /* ---- random draws ---------------------------------------------------------------------- */
 static uint64_t U(mlaf_rng *r, uint64_t n) { return n ? mlaf_rng_u64(r) % n : 0; }
@@ -476,6 +483,7 @@ static int mutate_once(fz *f, param_mutator pm, void *params, const fz_t *lat, i
     case 9: /* an odd address, or one whose view runs past the top of the address space */
         if (!(x = pick(f, nonempty_t))) return 0;
         if (CHANCE(&f->r, 0.7)) {
+            if (mlaf_dtype_size(x->t.dtype) == 1) return 0; /* bytes have no alignment to break */
             x->boff += 1;
             note(f, " %s.data+1 byte", x->name);
         } else {
@@ -1040,6 +1048,543 @@ static int fuzz_gate(fz *f) {
     return 1;
 }
 
+/* ---- the newer entry points: rope_q_out / head_norm, indexer_q, moe_gate_hash, the DSA key
+ * branch of mla_kv_cache_dsa, and kv_rope_tail into the fp8_v4 cache ------------------------
+ * These judge a success by where it wrote, not by its values (test_indexer, test_v4_attn,
+ * test_moe_gate_hash and test_rope_q_out hold the value oracles): every byte outside the views
+ * the op may write stays as it was, the guards hold, the rows of a token the header says is not
+ * written stay as they were, error_count is its start + the bad tokens where the header defines
+ * it, rope_q_out's padding heads are +0.0 and moe_gate_hash's ids are the table's (or 0 .. k-1
+ * for a bad row). A valid call (no mutation) must succeed. */
+static void set_idx(fz *f, const fz_t *x, int64_t i, int64_t v) {
+    unsigned char *p = f->b[x->buf].init + x->boff;
+    if (x->t.dtype == MLAF_I32) {
+        int32_t w = (int32_t)v;
+        memcpy(p + 4 * i * x->t.stride[0], &w, 4);
+    } else {
+        memcpy(p + 8 * i * x->t.stride[0], &v, 8);
+    }
+}
+static int64_t get_idx(const unsigned char *p, mlaf_dtype dt, int64_t e) {
+    if (dt == MLAF_I32) {
+        int32_t w;
+        memcpy(&w, p + 4 * e, 4);
+        return w;
+    }
+    int64_t w;
+    memcpy(&w, p + 8 * e, 8);
+    return w;
+}
+
+/* Claims every element of x whose first index is in [t0, t1) (the whole view: 0, shape[0]). */
+static void claim_rows(fz *f, const fz_t *x, int64_t t0, int64_t t1) {
+    if (!x->present || x->buf < 0 || is_empty(&x->t)) return;
+    const int64_t es = (int64_t)mlaf_dtype_size(x->t.dtype);
+    const int64_t n1 = x->t.ndim > 1 ? x->t.shape[1] : 1, n2 = x->t.ndim > 2 ? x->t.shape[2] : 1;
+    const int64_t s1 = x->t.ndim > 1 ? x->t.stride[1] : 0;
+    for (int64_t a = t0; a < t1; a++)
+        for (int64_t b = 0; b < n1; b++) {
+            if (x->t.ndim == 3)
+                claim(f, x->buf, x->boff + (a * x->t.stride[0] + b * s1) * es, (size_t)(n2 * es));
+            else if (x->t.ndim == 2)
+                claim(f, x->buf, x->boff + a * x->t.stride[0] * es, (size_t)(n1 * es)), b = n1;
+            else
+                claim(f, x->buf, x->boff + a * es, (size_t)es), b = n1;
+        }
+}
+static void claim_all(fz *f, const fz_t *x) { claim_rows(f, x, 0, x->present && x->t.ndim ? x->t.shape[0] : 0); }
+
+/* A valid call must succeed; the status frame of judge_status otherwise. */
+static int judge_new(fz *f, mlaf_status st) {
+    if (st != MLAF_OK && !f->mutated)
+        fail(f, "a valid call was rejected: %s: %s", mlaf_status_name(st), mlaf_context_last_error(f->ctx));
+    return judge_status(f, st);
+}
+
+static void fill_table(fz *f, const fz_t *cs, int64_t max_pos, int32_t R) {
+    float *tab = (float *)malloc(sizeof(float) * (size_t)(max_pos * R));
+    mlaf_rope_table_init(tab, max_pos, R, 10000.0);
+    for (int64_t p = 0; p < max_pos; p++)
+        memcpy(f->b[cs->buf].init + cs->boff + p * cs->t.stride[0] * 4, tab + p * R, sizeof(float) * (size_t)R);
+    free(tab);
+}
+
+/* positions: ~10% outside [0, max_pos); returns the count of bad ones among the first T. */
+static int64_t fill_positions(fz *f, const fz_t *pos, int64_t T, int64_t max_pos) {
+    int64_t bad = 0;
+    for (int64_t t = 0; t < T; t++) {
+        int64_t p = CHANCE(&f->r, 0.1) ? (CHANCE(&f->r, 0.5) ? -RANGE(&f->r, 1, 3) : max_pos + (int64_t)U(&f->r, 3))
+                                       : (int64_t)U(&f->r, (uint64_t)max_pos);
+        bad += p < 0 || p >= max_pos;
+        set_idx(f, pos, t, p);
+    }
+    return bad;
+}
+static void fill_slots(fz *f, const fz_t *slot, int64_t N, int64_t nslots) {
+    int64_t next = (int64_t)U(&f->r, 3);
+    for (int64_t t = 0; t < N; t++) {
+        double u = mlaf_rng_uniform(&f->r);
+        int64_t s = u < 0.15 ? -RANGE(&f->r, 1, 4) : u < 0.25 ? nslots + (int64_t)U(&f->r, 4) : (next < nslots ? next++ : -1);
+        set_idx(f, slot, t, s);
+    }
+}
+static void add_error_count(fz *f, fz_t *ec) {
+    fz_1d(f, ec, "error_count", MLAF_I32, 1, 0, 0, DTM(MLAF_I32), 1u, 0, 1);
+    int32_t start = (int32_t)U(&f->r, 1000);
+    memcpy(f->b[ec->buf].init + ec->boff, &start, 4);
+}
+static int64_t bad_positions(fz *f, const fz_t *pos, int64_t T, int64_t max_pos, int64_t t, int *is_bad) {
+    (void)T;
+    int64_t p = get_idx(f->b[pos->buf].init + pos->boff, pos->t.dtype, t * pos->t.stride[0]);
+    *is_bad = p < 0 || p >= max_pos;
+    return p;
+}
+
+/* -- rope_q_out and rope_q's head_norm -- */
+typedef struct ropeout_case {
+    mlaf_rope_params p;
+} ropeout_case;
+
+static int ropeout_params_mutate(fz *f, void *vp) {
+    ropeout_case *c = (ropeout_case *)vp;
+    switch (U(&f->r, 3)) {
+    case 0:
+        c->p.rope_dim = CHANCE(&f->r, 0.5) ? -(int32_t)U(&f->r, 3) : c->p.rope_dim + 1;
+        note(f, " rope_dim=%d", c->p.rope_dim);
+        return 1;
+    case 1:
+        c->p.style = (mlaf_rope_style)(CHANCE(&f->r, 0.5) ? -1 : RANGE(&f->r, 2, 7));
+        note(f, " style=%d", (int)c->p.style);
+        return 1;
+    default: {
+        static const float bad[4] = {-1e-6f, NAN, INFINITY, -INFINITY};
+        c->p.head_norm = 1;
+        c->p.head_norm_eps = bad[U(&f->r, 4)];
+        note(f, " head_norm=1 head_norm_eps=%g", (double)c->p.head_norm_eps);
+        return 1;
+    }
+    }
+}
+
+static int fuzz_ropeout(fz *f) {
+    mlaf_rng *r = &f->r;
+    set_state(f);
+    ropeout_case rc;
+    const int32_t R = 2 * (int32_t)RANGE(r, 1, 16), nope = CHANCE(r, 0.2) ? 0 : (int32_t)RANGE(r, 1, 40), D = nope + R;
+    static const float eps[4] = {0.0f, 1e-6f, 1e-3f, 1e-12f};
+    rc.p = (mlaf_rope_params){R, CHANCE(r, 0.5) ? MLAF_ROPE_INTERLEAVED : MLAF_ROPE_NEOX, CHANCE(r, 0.5), eps[U(r, 4)]};
+    const int64_t T = draw_T(r), H = CHANCE(r, 0.05) ? 0 : RANGE(r, 1, 6), max_pos = RANGE(r, 1, 40);
+    const int64_t Hpad = H + (CHANCE(r, 0.5) ? 0 : RANGE(r, 1, 3));
+    const int has_out = CHANCE(r, 0.7);
+    const mlaf_dtype dt = FLOAT_DT(r);
+    fz_t q, pos, cs, qo, ec;
+    memset(&qo, 0, sizeof qo), memset(&ec, 0, sizeof ec);
+    int64_t s1 = D + (CHANCE(r, 0.5) ? 0 : RANGE(r, 1, 4)), s0 = H * s1 + (CHANCE(r, 0.5) ? 0 : RANGE(r, 1, 9));
+    int64_t sh[3] = {T, H, D}, st[3] = {s0, s1, 1};
+    fz_tensor(f, &q, "q", dt, 3, sh, st, 1, CHANCE(r, 0.2) ? 50.0 : 1.0, DT_FLOATS, 0u, 1, !has_out);
+    fz_1d(f, &pos, "positions", INDEX_DT(r), T, 0, 0, DT_INDEX, 1u, 1, 0);
+    fz_2d(f, &cs, "cos_sin", MLAF_F32, max_pos, R, RANGE(r, 0, 4), 1, 1.0, DTM(MLAF_F32), 2u, 1, 0);
+    fill_table(f, &cs, max_pos, R);
+    if (has_out) {
+        int64_t o1 = D + (CHANCE(r, 0.5) ? 0 : RANGE(r, 1, 4)), o0 = Hpad * o1 + (CHANCE(r, 0.5) ? 0 : RANGE(r, 1, 9));
+        int64_t osh[3] = {T, Hpad, D}, ost[3] = {o0, o1, 1};
+        fz_tensor(f, &qo, "q_out", dt, 3, osh, ost, 0, 0, DTM(dt), 5u, 0, 1);
+    }
+    if (CHANCE(r, 0.7)) add_error_count(f, &ec);
+    fill_positions(f, &pos, T, max_pos);
+    mutate(f, ropeout_params_mutate, &rc, NULL, 0, 0);
+    if (!fz_commit(f)) return -1;
+    mlaf_status s = mlaf_rope_q_out(f->ctx, &rc.p, DEV(f, &q), DEV(f, &pos), DEV(f, &cs), DEV(f, &qo), DEV(f, &ec));
+    if (!judge_new(f, s)) return s == MLAF_OK;
+    int64_t bad = 0;
+    const fz_t *dst = has_out ? &qo : &q;
+    const size_t es = mlaf_dtype_size(dt);
+    for (int64_t t = 0; t < T; t++) {
+        int isbad;
+        bad_positions(f, &pos, T, max_pos, t, &isbad);
+        if (isbad) {
+            bad++; /* nothing of the token written: its row unclaimed */
+            continue;
+        }
+        claim_rows(f, dst, t, t + 1);
+        for (int64_t h = H; h < Hpad && has_out; h++)
+            for (int32_t i = 0; i < D; i++) {
+                const unsigned char *v = body(f, qo.buf) + at_byte(&qo, t * qo.t.stride[0] + h * qo.t.stride[1] + i);
+                for (size_t k = 0; k < es; k++)
+                    if (v[k]) {
+                        fail(f, "q_out[%lld, %lld, %d]: a padding head value is not +0.0", (long long)t, (long long)h, i);
+                        k = es, i = D, h = Hpad;
+                    }
+            }
+    }
+    check_count(f, &ec, H == 0 && (!has_out || Hpad == 0) ? 0 : bad); /* H = 0 and no padding heads: a no-op, nothing counted */
+    check_untouched(f);
+    return 1;
+}
+
+/* -- indexer_q -- */
+typedef struct idx_case {
+    mlaf_indexer_params ip;
+    mlaf_rope_params pr;
+    int has_pe;
+} idx_case;
+
+static int indexer_params_mutate(fz *f, mlaf_indexer_params *ip) {
+    switch (U(&f->r, 4)) {
+    case 0: ip->style = (mlaf_rope_style)(CHANCE(&f->r, 0.5) ? -1 : RANGE(&f->r, 2, 5)); note(f, " ip.style=%d", (int)ip->style); return 1;
+    case 1: ip->scale = (mlaf_index_scale)(CHANCE(&f->r, 0.5) ? -1 : RANGE(&f->r, 2, 5)); note(f, " ip.scale=%d", (int)ip->scale); return 1;
+    case 2: {
+        static const float bad[5] = {0.0f, -1e-6f, NAN, INFINITY, -INFINITY};
+        ip->ln_eps = bad[U(&f->r, 5)];
+        note(f, " ip.ln_eps=%g", (double)ip->ln_eps);
+        return 1;
+    }
+    default: {
+        static const float bad[5] = {0.0f, 1e-31f, NAN, INFINITY, -1.0f};
+        ip->amax_eps = bad[U(&f->r, 5)];
+        note(f, " ip.amax_eps=%g", (double)ip->amax_eps);
+        return 1;
+    }
+    }
+}
+
+static int idx_params_mutate(fz *f, void *vp) {
+    idx_case *c = (idx_case *)vp;
+    if (c->has_pe && CHANCE(&f->r, 0.4)) {
+        if (CHANCE(&f->r, 0.5)) c->pr.rope_dim = CHANCE(&f->r, 0.5) ? 32 : 66;
+        else c->pr.style = (mlaf_rope_style)RANGE(&f->r, 2, 4);
+        note(f, " q_pe_rope=(%d, %d)", c->pr.rope_dim, (int)c->pr.style);
+        return 1;
+    }
+    return indexer_params_mutate(f, &c->ip);
+}
+
+static mlaf_indexer_params draw_ip(mlaf_rng *r) {
+    mlaf_indexer_params ip = {CHANCE(r, 0.5) ? MLAF_ROPE_INTERLEAVED : MLAF_ROPE_NEOX, (int32_t)U(r, 2), 1e-6f,
+                              CHANCE(r, 0.5) ? 1e-4f : 1e-30f, CHANCE(r, 0.5) ? MLAF_INDEX_SCALE_UE8M0 : MLAF_INDEX_SCALE_F32};
+    return ip;
+}
+
+static int fuzz_idxq(fz *f) {
+    mlaf_rng *r = &f->r;
+    set_state(f);
+    idx_case c;
+    memset(&c, 0, sizeof c);
+    c.ip = draw_ip(r);
+    c.pr = (mlaf_rope_params){64, CHANCE(r, 0.5) ? MLAF_ROPE_INTERLEAVED : MLAF_ROPE_NEOX, 0, 0.0f};
+    const mlaf_dtype dt = FLOAT_DT(r);
+    const int64_t T = draw_T(r) % 9, H = CHANCE(r, 0.05) ? 0 : RANGE(r, 1, 4), max_pos = RANGE(r, 1, 30);
+    c.has_pe = CHANCE(r, 0.4);
+    fz_t qi, pos, cs, w, qf, wo, pe, ec;
+    memset(&pe, 0, sizeof pe), memset(&ec, 0, sizeof ec);
+    int64_t s1 = 128 + (CHANCE(r, 0.5) ? 0 : RANGE(r, 1, 4)), s0 = H * s1 + (CHANCE(r, 0.5) ? 0 : RANGE(r, 1, 9));
+    int64_t sh[3] = {T, H, 128}, st[3] = {s0, s1, 1};
+    fz_tensor(f, &qi, "q_idx", dt, 3, sh, st, 1, 1.0, DT_FLOATS, 4u, 1, 0);
+    fz_1d(f, &pos, "positions", INDEX_DT(r), T, 0, 0, DT_INDEX, 1u, 1, 0);
+    fz_2d(f, &cs, "cos_sin", MLAF_F32, max_pos, 64, RANGE(r, 0, 4), 1, 1.0, DTM(MLAF_F32), 2u, 1, 0);
+    fill_table(f, &cs, max_pos, 64);
+    fz_2d(f, &w, "w", CHANCE(r, 0.5) ? dt : MLAF_F32, T, H, RANGE(r, 0, 3), 1, 1.0, DTM(dt) | DTM(MLAF_F32), 3u, 1, 0);
+    int64_t f1 = 128 + (CHANCE(r, 0.5) ? 0 : RANGE(r, 1, 8)), f0 = H * f1 + RANGE(r, 0, 8);
+    int64_t fsh[3] = {T, H, 128}, fst[3] = {f0, f1, 1};
+    fz_tensor(f, &qf, "q_fp8", CHANCE(r, 0.5) ? MLAF_U8 : MLAF_FP8_E4M3, 3, fsh, fst, 0, 0, DTM(MLAF_U8) | DTM(MLAF_FP8_E4M3), 7u, 1, 1);
+    fz_2d(f, &wo, "w_out", MLAF_F32, T, H, RANGE(r, 0, 3), 0, 0, DTM(MLAF_F32), 3u, 1, 1);
+    if (c.has_pe) {
+        const int64_t Hq = RANGE(r, 1, 4), Dq = 64 + (CHANCE(r, 0.3) ? 0 : RANGE(r, 1, 20));
+        int64_t p1 = Dq + RANGE(r, 0, 3), p0 = Hq * p1 + RANGE(r, 0, 5), psh[3] = {T, Hq, Dq}, pst[3] = {p0, p1, 1};
+        fz_tensor(f, &pe, "q_pe", FLOAT_DT(r), 3, psh, pst, 1, 1.0, DT_FLOATS, 1u, 0, 1);
+    }
+    if (CHANCE(r, 0.7)) add_error_count(f, &ec);
+    fill_positions(f, &pos, T, max_pos);
+    mutate(f, idx_params_mutate, &c, NULL, 0, 0);
+    if (!fz_commit(f)) return -1;
+    mlaf_status s = mlaf_indexer_q(f->ctx, &c.ip, DEV(f, &qi), DEV(f, &pos), DEV(f, &cs), DEV(f, &w), DEV(f, &qf), DEV(f, &wo),
+                                   DEV(f, &pe), c.has_pe ? &c.pr : NULL, DEV(f, &ec));
+    if (!judge_new(f, s)) return s == MLAF_OK;
+    int64_t bad = 0;
+    for (int64_t t = 0; t < T; t++) {
+        int isbad;
+        bad_positions(f, &pos, T, max_pos, t, &isbad);
+        if (isbad) {
+            bad++; /* q_fp8, w_out, q_pe of the token untouched */
+            continue;
+        }
+        claim_rows(f, &qf, t, t + 1), claim_rows(f, &wo, t, t + 1), claim_rows(f, &pe, t, t + 1);
+    }
+    check_count(f, &ec, H > 0 || c.has_pe ? bad : 0); /* H = 0 without q_pe: a no-op */
+    check_untouched(f);
+    return 1;
+}
+
+/* -- moe_gate_hash -- */
+static int hash_params_mutate(fz *f, void *vp) {
+    mlaf_moe_gate_params *p = (mlaf_moe_gate_params *)vp;
+    switch (U(&f->r, 4)) {
+    case 0: p->n_group = CHANCE(&f->r, 0.5) ? 0 : (int32_t)RANGE(&f->r, 2, 8); note(f, " n_group=%d", p->n_group); return 1;
+    case 1: p->topk_group = CHANCE(&f->r, 0.5) ? 0 : (int32_t)RANGE(&f->r, 2, 8); note(f, " topk_group=%d", p->topk_group); return 1;
+    default: return gate_params_mutate(f, vp);
+    }
+}
+
+static int fuzz_hash(fz *f) {
+    mlaf_rng *r = &f->r;
+    set_state(f);
+    const mlaf_dtype dt = FLOAT_DT(r);
+    const int64_t T = draw_T(r), E = RANGE(r, 1, 40), V = RANGE(r, 1, 12);
+    const int32_t K = (int32_t)RANGE(r, 1, E < 8 ? E : 8), S = CHANCE(r, 0.7) ? 0 : (int32_t)RANGE(r, 1, 2);
+    static const mlaf_score_func sf[3] = {MLAF_SCORE_SIGMOID, MLAF_SCORE_SOFTMAX, MLAF_SCORE_SQRT_SOFTPLUS};
+    mlaf_moe_gate_params p = {K, 1, 1, sf[U(r, 3)], MLAF_GROUP_TOP2_SUM, (int32_t)U(r, 2), CHANCE(r, 0.5) ? 1.0f : 2.5f,
+                              S ? 0 : (int32_t)U(r, 2), 1e-20f, S};
+    fz_t lg, tab, tok, wt, ids, sc, ec;
+    memset(&sc, 0, sizeof sc), memset(&ec, 0, sizeof ec);
+    fz_2d(f, &lg, "logits", dt, T, E, RANGE(r, 0, 5), 1, CHANCE(r, 0.2) ? 30.0 : 2.0, DT_FLOATS, 0u, 1, 0);
+    fz_2d(f, &tab, "tid2eid", INDEX_DT(r), V, K, RANGE(r, 0, 3), 0, 0, DT_INDEX, 2u, 1, 0);
+    fz_1d(f, &tok, "token_ids", INDEX_DT(r), T, 0, 0, DT_INDEX, 1u, 1, 0);
+    fz_2d(f, &wt, "weights", CHANCE(r, 0.5) ? dt : MLAF_F32, T, K + S, RANGE(r, 0, 3), 0, 0, DTM(dt) | DTM(MLAF_F32), 3u, 1, 1);
+    fz_2d(f, &ids, "ids", MLAF_I32, T, K + S, RANGE(r, 0, 3), 0, 0, DTM(MLAF_I32), 3u, 1, 1);
+    if (CHANCE(r, 0.5)) fz_2d(f, &sc, "scores", MLAF_F32, T, E, RANGE(r, 0, 3), 0, 0, DTM(MLAF_F32), 3u, 0, 1);
+    if (CHANCE(r, 0.7)) add_error_count(f, &ec);
+    /* the table: distinct experts per row, some rows with an entry out of range or repeated */
+    for (int64_t v = 0; v < V; v++) {
+        int64_t perm[64];
+        for (int64_t e = 0; e < E; e++) perm[e] = e;
+        for (int32_t k = 0; k < K; k++) {
+            int64_t j = k + (int64_t)U(r, (uint64_t)(E - k)), tmp = perm[k];
+            perm[k] = perm[j], perm[j] = tmp;
+        }
+        if (CHANCE(r, 0.08)) perm[U(r, (uint64_t)K)] = CHANCE(r, 0.5) ? -1 : E + (int64_t)U(r, 3);
+        else if (K > 1 && CHANCE(r, 0.05)) perm[K - 1] = perm[0];
+        for (int32_t k = 0; k < K; k++) {
+            unsigned char *q = f->b[tab.buf].init + tab.boff + (v * tab.t.stride[0] + k) * (int64_t)mlaf_dtype_size(tab.t.dtype);
+            if (tab.t.dtype == MLAF_I32) { int32_t w = (int32_t)perm[k]; memcpy(q, &w, 4); }
+            else memcpy(q, &perm[k], 8);
+        }
+    }
+    for (int64_t t = 0; t < T; t++) set_idx(f, &tok, t, CHANCE(r, 0.08) ? (CHANCE(r, 0.5) ? -1 : V + (int64_t)U(r, 2)) : (int64_t)U(r, (uint64_t)V));
+    mutate(f, hash_params_mutate, &p, NULL, 0, 0);
+    if (!fz_commit(f)) return -1;
+    mlaf_status s = mlaf_moe_gate_hash(f->ctx, &p, DEV(f, &lg), DEV(f, &tab), DEV(f, &tok), DEV(f, &wt), DEV(f, &ids), DEV(f, &sc), DEV(f, &ec));
+    if (!judge_new(f, s)) return s == MLAF_OK;
+    int64_t bad = 0;
+    claim_all(f, &wt), claim_all(f, &sc);
+    for (int64_t t = 0; t < T && !f->failed; t++) {
+        const int64_t id = get_idx(f->b[tok.buf].init + tok.boff, tok.t.dtype, t);
+        int64_t want[72];
+        int isbad = id < 0 || id >= V;
+        for (int32_t k = 0; k < K && !isbad; k++) {
+            want[k] = get_idx(f->b[tab.buf].init + tab.boff, tab.t.dtype, id * tab.t.stride[0] + k);
+            if (want[k] < 0 || want[k] >= E) isbad = 1;
+            for (int32_t m = 0; m < k && !isbad; m++)
+                if (want[m] == want[k]) isbad = 1;
+        }
+        bad += isbad;
+        for (int32_t k = 0; k < K + S; k++) {
+            const int64_t b = at_byte(&ids, t * ids.t.stride[0] + k);
+            int32_t got;
+            memcpy(&got, body(f, ids.buf) + b, 4);
+            claim(f, ids.buf, b, 4);
+            const int64_t w = k >= K ? E + (k - K) : isbad ? k : want[k];
+            if (got != w) fail(f, "token %lld: ids[%d] = %d, expected %lld%s", (long long)t, k, got, (long long)w, isbad ? " (a bad row)" : "");
+            float wv = mlaf_load_f32(body(f, wt.buf) + at_byte(&wt, t * wt.t.stride[0] + k), wt.t.dtype, 0);
+            if (!isfinite(wv) || (isbad && wv != 0.0f)) fail(f, "token %lld: weights[%d] = %g", (long long)t, k, (double)wv);
+        }
+    }
+    check_count(f, &ec, bad);
+    check_untouched(f);
+    return 1;
+}
+
+/* -- mla_kv_cache_dsa (the DSA indexer key branch) and kv_rope_tail into fp8_v4 -- */
+typedef struct dsa_case {
+    mlaf_mla_kv_cache_params kp;
+    mlaf_indexer_params ip;
+    mlaf_indexer_k ik;
+    mlaf_kv_cache_desc cd;
+    int v4;
+    int64_t span; /* bytes one index cache view spans */
+} dsa_case;
+
+static int dsa_params_mutate(fz *f, void *vp) {
+    dsa_case *c = (dsa_case *)vp;
+    mlaf_rng *r = &f->r;
+    static const float bad_eps[5] = {0.0f, -1e-6f, NAN, INFINITY, -INFINITY};
+    switch (U(r, c->v4 ? 6 : 7)) {
+    case 0: c->kp.eps_kv = bad_eps[U(r, 5)]; note(f, " eps_kv=%g", (double)c->kp.eps_kv); return 1;
+    case 1:
+        if (c->v4) {
+            static const int32_t tails[5] = {-2, 0, 62, 66, 63};
+            c->kp.kv_rope_tail = tails[U(r, 5)];
+        } else {
+            c->kp.kv_rope_tail = 2 * (int32_t)RANGE(r, 1, c->kp.kv_lora_rank / 2 > 1 ? c->kp.kv_lora_rank / 2 : 1);
+            if (c->kp.kv_rope_tail > c->kp.kv_lora_rank) c->kp.kv_rope_tail = -2;
+        }
+        note(f, " kv_rope_tail=%d", c->kp.kv_rope_tail);
+        return 1;
+    case 2:
+        c->kp.rope_dim = c->v4 ? (CHANCE(r, 0.5) ? 64 : -2) : (CHANCE(r, 0.5) ? 32 : 66);
+        note(f, " rope_dim=%d", c->kp.rope_dim);
+        return 1;
+    case 3:
+        if (c->v4) {
+            c->kp.kv_lora_rank = CHANCE(r, 0.5) ? 448 : 576;
+            note(f, " kv_lora_rank=%d", c->kp.kv_lora_rank);
+        } else {
+            c->kp.style = (mlaf_rope_style)(CHANCE(r, 0.5) ? -1 : RANGE(r, 2, 9));
+            note(f, " style=%d", (int)c->kp.style);
+        }
+        return 1;
+    case 4:
+        if (c->v4) {
+            c->kp.style = CHANCE(r, 0.5) ? MLAF_ROPE_NEOX : (mlaf_rope_style)RANGE(r, 2, 9);
+            note(f, " style=%d", (int)c->kp.style);
+        } else {
+            c->ik.copies = CHANCE(r, 0.5) ? -(int32_t)RANGE(r, 1, 3) : (int32_t)RANGE(r, 9, 40);
+            note(f, " copies=%d", c->ik.copies);
+        }
+        return 1;
+    case 5:
+        if (c->v4) {
+            c->cd.format = CHANCE(r, 0.5) ? MLAF_KV_FP8_DS_MLA : (mlaf_kv_format)(CHANCE(r, 0.5) ? -1 : RANGE(r, 4, 9));
+            note(f, " cache.format=%d", (int)c->cd.format);
+            return 1;
+        }
+        if (c->ik.copies < 2 || c->span <= 0) return 0;
+        c->ik.copy_stride = c->span - RANGE(r, 1, c->span);
+        note(f, " copy_stride=%lld < span %lld", (long long)c->ik.copy_stride, (long long)c->span);
+        return 1;
+    default: return indexer_params_mutate(f, &c->ip);
+    }
+}
+
+static int fuzz_dsa(fz *f, int v4) {
+    mlaf_rng *r = &f->r;
+    set_state(f);
+    dsa_case c;
+    memset(&c, 0, sizeof c);
+    c.v4 = v4;
+    const mlaf_dtype dt = v4 ? MLAF_BF16 : FLOAT_DT(r);
+    const int64_t T = draw_T(r) % (v4 ? 7 : 13);
+    const int32_t Q = CHANCE(r, 0.25) ? 0 : (int32_t)RANGE(r, 1, 24), C = v4 ? 512 : (int32_t)RANGE(r, 1, 40), R = v4 ? 0 : 64;
+    c.kp = (mlaf_mla_kv_cache_params){Q, C, R, (float)pow(10.0, -RANGE(r, 1, 8)), (float)pow(10.0, -RANGE(r, 1, 8)),
+                                      v4 ? MLAF_ROPE_INTERLEAVED : (CHANCE(r, 0.5) ? MLAF_ROPE_INTERLEAVED : MLAF_ROPE_NEOX), v4 ? 64 : 0};
+    c.ip = draw_ip(r);
+    const int32_t W = Q + C + R;
+    const unsigned wdts = DTM(dt) | DTM(MLAF_F32);
+    fz_t lat, wq, wkv, q, kn, kp, pos, cs, slot, cache, ec, ik, iw, ib, icache, iout, topk;
+    memset(&wq, 0, sizeof wq), memset(&q, 0, sizeof q), memset(&kn, 0, sizeof kn), memset(&kp, 0, sizeof kp);
+    memset(&ec, 0, sizeof ec), memset(&iout, 0, sizeof iout), memset(&topk, 0, sizeof topk), memset(&ik, 0, sizeof ik);
+    memset(&iw, 0, sizeof iw), memset(&ib, 0, sizeof ib), memset(&icache, 0, sizeof icache);
+    fz_2d(f, &lat, "latent", dt, T, W, CHANCE(r, 0.4) ? 0 : RANGE(r, 1, 9), 1, 1.0, v4 ? DTM(MLAF_BF16) : DT_FLOATS, 3u, 1, 0);
+    if (Q > 0) fz_1d(f, &wq, "w_q", CHANCE(r, 0.5) ? dt : MLAF_F32, Q, 1, 0.3, wdts, 1u, 1, 0);
+    fz_1d(f, &wkv, "w_kv", CHANCE(r, 0.5) ? dt : MLAF_F32, C, 1, 0.3, wdts, 1u, 1, 0);
+    if (Q > 0) {
+        if (CHANCE(r, 0.2)) fz_columns(f, &q, "q", &lat, 0, Q, 3u);
+        else fz_2d(f, &q, "q", dt, T, Q, RANGE(r, 0, 5), 0, 1, DTM(dt), 3u, 1, 1);
+        q.required = 1;
+    }
+    if (CHANCE(r, 0.6)) {
+        if (CHANCE(r, 0.2)) fz_columns(f, &kn, "k_nope", &lat, Q, C, 3u);
+        else fz_2d(f, &kn, "k_nope", dt, T, C, RANGE(r, 0, 5), 0, 1, DTM(dt), 3u, 0, 1);
+    }
+    if (!v4 && CHANCE(r, 0.5)) fz_2d(f, &kp, "k_pe", dt, T, R, RANGE(r, 0, 5), 0, 1, DTM(dt), 3u, 0, 1);
+    const int64_t max_pos = RANGE(r, 1, 30);
+    fz_1d(f, &pos, "positions", INDEX_DT(r), T, 0, 0, DT_INDEX, 1u, 1, 0);
+    fz_2d(f, &cs, "cos_sin", MLAF_F32, max_pos, 64, RANGE(r, 0, 4), 1, 1.0, DTM(MLAF_F32), 2u, 1, 0);
+    fill_table(f, &cs, max_pos, 64);
+    const int64_t nb = CHANCE(r, 0.05) ? 0 : RANGE(r, 1, v4 ? 3 : 4), bs = RANGE(r, 1, v4 ? 3 : 5), nslots = nb * bs;
+    if (v4) { /* planar pages: stride[1] = 584, stride[0] a multiple of 16 >= block_size * 584, data 16-aligned */
+        int64_t sh[3] = {nb, bs, 584}, st[3] = {(bs * 584 + 15) / 16 * 16 + 16 * RANGE(r, 0, 2), 584, 1};
+        fz_tensor(f, &cache, "kv_cache", CHANCE(r, 0.5) ? MLAF_U8 : MLAF_FP8_E4M3, 3, sh, st, 2, 0, DTM(MLAF_U8) | DTM(MLAF_FP8_E4M3), 4u, 1, 1);
+        cache.boff = 0;
+        c.cd = (mlaf_kv_cache_desc){MLAF_KV_FP8_V4, NULL, NULL, NULL, NULL, MLAF_FP8_DIV, MLAF_TILE_AMAX};
+    } else {
+        int64_t s1 = C + R + (CHANCE(r, 0.5) ? 0 : RANGE(r, 1, 4)), s0 = bs * s1 + (CHANCE(r, 0.5) ? 0 : RANGE(r, 1, 7));
+        int64_t sh[3] = {nb, bs, C + R}, st[3] = {s0, s1, 1};
+        fz_tensor(f, &cache, "kv_cache", FLOAT_DT(r), 3, sh, st, 1, 1.0, DT_FLOATS, 4u, 1, 1);
+        c.cd = (mlaf_kv_cache_desc){MLAF_KV_PLAIN, NULL, NULL, NULL, NULL, MLAF_FP8_DIV, MLAF_TILE_AMAX};
+    }
+    const int64_t N = CHANCE(r, 0.2) && T > 0 ? T - RANGE(r, 0, T < 3 ? T : 3) : T;
+    fz_1d(f, &slot, "slot_mapping", INDEX_DT(r), N, 0, 0, DT_INDEX, 1u, 1, 0);
+    slot.max0 = T;
+    if (CHANCE(r, 0.7)) add_error_count(f, &ec);
+    fill_positions(f, &pos, T, max_pos);
+    fill_slots(f, &slot, N, nslots);
+    if (!v4) { /* the indexer key branch */
+        fz_2d(f, &ik, "index_k", dt, T, 128, CHANCE(r, 0.5) ? 0 : RANGE(r, 1, 40), 1, 1.0, DTM(dt), 3u, 1, 0);
+        const mlaf_dtype wdt = CHANCE(r, 0.5) ? dt : MLAF_F32;
+        fz_1d(f, &iw, "index_weight", wdt, 128, 1, 0.5, wdts, 1u, 1, 0);
+        fz_1d(f, &ib, "index_bias", wdt, 128, 1, 0.5, DTM(wdt), 1u, 1, 0);
+        const int64_t bytes = 132 * bs + (CHANCE(r, 0.5) ? 0 : RANGE(r, 1, 9));
+        const int32_t copies = CHANCE(r, 0.7) ? (int32_t)U(r, 2) : (int32_t)RANGE(r, 2, 3);
+        const int64_t bstride = bytes + (CHANCE(r, 0.5) ? 0 : RANGE(r, 1, 5));
+        c.span = nb == 0 ? 0 : (nb - 1) * bstride + bytes;
+        const int64_t cstride = c.span + RANGE(r, 0, 7);
+        int64_t sh[2] = {nb, bytes}, st[2] = {bstride, 1};
+        fz_tensor(f, &icache, "index_cache", CHANCE(r, 0.5) ? MLAF_U8 : MLAF_FP8_E4M3, 2, sh, st, 2, 0, DTM(MLAF_U8) | DTM(MLAF_FP8_E4M3), 1u, 1, 1);
+        if (copies > 1) { /* room for the copies, past the first view, in the same buffer */
+            fz_buf *b = &f->b[icache.buf];
+            size_t more = (size_t)(cstride * (copies - 1)) + 8;
+            b->init = (unsigned char *)realloc(b->init, b->bytes + more);
+            b->claim = (unsigned char *)realloc(b->claim, b->bytes + more);
+            for (size_t k = 0; k < more; k++) b->init[b->bytes + k] = (unsigned char)(mlaf_rng_u64(r) >> 56), b->claim[b->bytes + k] = 0;
+            b->bytes += more;
+        }
+        c.ik.copies = copies;
+        c.ik.copy_stride = copies > 1 ? cstride : (int64_t)U(r, 5);
+        if (CHANCE(r, 0.5)) {
+            if (CHANCE(r, 0.3)) { /* in place over index_k */
+                iout = ik;
+                iout.name = "index_out";
+                iout.required = 0;
+                fz_register(f, &iout);
+            } else {
+                fz_2d(f, &iout, "index_out", dt, T, 128, RANGE(r, 0, 5), 0, 0, DTM(dt), 3u, 0, 1);
+            }
+            iout.output = 0; /* an alias of it onto index_k could be the allowed in-place form */
+        }
+        if (CHANCE(r, 0.4)) fz_2d(f, &topk, "topk_fill", MLAF_I32, T, RANGE(r, 1, 6), RANGE(r, 0, 3), 0, 0, DTM(MLAF_I32), 1u, 0, 1);
+    }
+    mutate(f, dsa_params_mutate, &c, &lat, Q, C);
+    if (!fz_commit(f)) return -1;
+    c.cd.cache = DEV(f, &cache);
+    c.ik.index_k = DEV(f, &ik), c.ik.weight = DEV(f, &iw), c.ik.bias = DEV(f, &ib), c.ik.cache = DEV(f, &icache);
+    c.ik.out = DEV(f, &iout), c.ik.topk_fill = DEV(f, &topk);
+    mlaf_status s = v4 ? mlaf_mla_kv_cache_fmt(f->ctx, &c.kp, DEV(f, &lat), DEV(f, &wq), DEV(f, &wkv), DEV(f, &pos), DEV(f, &cs),
+                                               DEV(f, &slot), &c.cd, DEV(f, &q), DEV(f, &kn), DEV(f, &kp), DEV(f, &ec))
+                       : mlaf_mla_kv_cache_dsa(f->ctx, &c.kp, DEV(f, &lat), DEV(f, &wq), DEV(f, &wkv), DEV(f, &pos), DEV(f, &cs),
+                                               DEV(f, &slot), &c.cd, DEV(f, &q), DEV(f, &kn), DEV(f, &kp), DEV(f, &ec), &c.ip, &c.ik);
+    if (!judge_new(f, s)) return s == MLAF_OK;
+    /* where it may write: q and k_nope whole, k_pe / index_out rows of tokens with a valid
+     * position and slot, the cache rows of the slots named, every index cache copy, topk_fill,
+     * error_count */
+    claim_all(f, &q), claim_all(f, &kn), claim_all(f, &topk), claim_all(f, &ec);
+    const int64_t es_c = (int64_t)mlaf_dtype_size(cache.t.dtype);
+    int64_t bad = 0;
+    for (int64_t t = 0; t < T; t++) {
+        int isbad;
+        bad_positions(f, &pos, T, max_pos, t, &isbad);
+        const int64_t sl = t < N ? get_idx(f->b[slot.buf].init + slot.boff, slot.t.dtype, t) : -1;
+        const int past = sl >= nslots;
+        if (isbad || past) bad++; /* counted once */
+        if (!isbad && !past) claim_rows(f, &kp, t, t + 1), claim_rows(f, &iout, t, t + 1);
+        if (isbad || sl < 0 || past) continue;
+        const int64_t blk = sl / bs, off = sl % bs;
+        if (v4) {
+            claim(f, cache.buf, cache.boff + blk * cache.t.stride[0] + off * 576, 576);
+            claim(f, cache.buf, cache.boff + blk * cache.t.stride[0] + bs * 576 + off * 8, 8);
+        } else {
+            claim(f, cache.buf, cache.boff + (blk * cache.t.stride[0] + off * cache.t.stride[1]) * es_c, (size_t)((C + R) * es_c));
+            for (int32_t k = 0; k < (c.ik.copies > 1 ? c.ik.copies : 1); k++) {
+                const int64_t base = icache.boff + k * (c.ik.copies > 1 ? c.ik.copy_stride : 0) + blk * icache.t.stride[0];
+                claim(f, icache.buf, base + 128 * off, 128);
+                claim(f, icache.buf, base + 128 * bs + 4 * off, 4);
+            }
+        }
+    }
+    check_count(f, &ec, bad);
+    check_untouched(f);
+    return 1;
+}
+
 /* ---- context, presets, names, RoPE tables --------------------------------------------------- */
 static int yarn_ok(const mlaf_rope_scaling *s) {
     if (!s || s->type == MLAF_ROPE_SCALING_NONE) return 1;
@@ -1186,12 +1731,12 @@ static volatile sig_atomic_t CUR_OP = -1;
 static volatile int64_t CUR_CALL = -1;
 #if !defined(__SANITIZE_ADDRESS__)
 static void on_crash(int sig) {
-    static const char *const ops[5] = {"split", "kv", "rope", "gate", "ctx"};
+    static const char *const ops[FZ_NOPS] = {"split", "kv", "rope", "gate", "ctx", "ropeout", "idxq", "hash", "dsa", "v4"};
     char line[160];
     int n = 0;
     const char *a = "\nFUZZ: crashed in call MLAF_FUZZ_ONLY=";
     while (*a && n < 100) line[n++] = *a++;
-    for (const char *o = CUR_OP >= 0 && CUR_OP < 5 ? ops[CUR_OP] : "?"; *o; o++) line[n++] = *o;
+    for (const char *o = CUR_OP >= 0 && CUR_OP < FZ_NOPS ? ops[CUR_OP] : "?"; *o; o++) line[n++] = *o;
     line[n++] = ':';
     char digits[24];
     int d = 0;
@@ -1205,8 +1750,9 @@ static void on_crash(int sig) {
 }
 #endif
 
-static const char *const OPS[5] = {"split", "kv", "rope", "gate", "ctx"};
-static const char *const OP_NAMES[5] = {"split_qk_norm", "mla_kv_cache", "rope_q", "moe_gate", "context_and_tables"};
+static const char *const OPS[FZ_NOPS] = {"split", "kv", "rope", "gate", "ctx", "ropeout", "idxq", "hash", "dsa", "v4"};
+static const char *const OP_NAMES[FZ_NOPS] = {"split_qk_norm", "mla_kv_cache", "rope_q", "moe_gate", "context_and_tables",
+                                              "rope_q_out", "indexer_q", "moe_gate_hash", "mla_kv_cache_dsa", "mla_kv_cache_fp8_v4"};
 
 static int run_one(fz *f, int op) {
     switch (op) {
@@ -1214,7 +1760,12 @@ static int run_one(fz *f, int op) {
     case 1: return fuzz_norm(f, 1);
     case 2: return fuzz_rope(f);
     case 3: return fuzz_gate(f);
-    default: return fuzz_ctx(f);
+    case 4: return fuzz_ctx(f);
+    case 5: return fuzz_ropeout(f);
+    case 6: return fuzz_idxq(f);
+    case 7: return fuzz_hash(f);
+    case 8: return fuzz_dsa(f, 0);
+    default: return fuzz_dsa(f, 1);
     }
 }
 
@@ -1240,12 +1791,12 @@ int main(void) {
     int only_op = -1;
     int64_t only_i = -1;
     if ((e = getenv("MLAF_FUZZ_ONLY")) != NULL) {
-        for (int k = 0; k < 5; k++) {
+        for (int k = 0; k < FZ_NOPS; k++) {
             size_t n = strlen(OPS[k]);
             if (!strncmp(e, OPS[k], n) && e[n] == ':') only_op = k, only_i = atoll(e + n + 1);
         }
         if (only_op < 0) {
-            printf("MLAF_FUZZ_ONLY=%s: expected op:index, op one of split, kv, rope, gate, ctx\n", e);
+            printf("MLAF_FUZZ_ONLY=%s: expected op:index, op one of split, kv, rope, gate, ctx, ropeout, idxq, hash, dsa, v4\n", e);
             return 2;
         }
     }
@@ -1260,7 +1811,7 @@ int main(void) {
         f.host = host;
         f.ctx = tl_context(f.be);
         if (!f.ctx) continue;
-        for (int op = 0; op < 5; op++) {
+        for (int op = 0; op < FZ_NOPS; op++) {
             if (only_op >= 0 && op != only_op) continue;
             int64_t ok_calls = 0, rejected = 0, failures = 0, by_status[MLAF_STATUS_COUNT_] = {0};
             char first[1200] = "";
@@ -1291,6 +1842,10 @@ int main(void) {
             if (tl_case(failures == 0, name, "%lld of the calls failed; first: %s", (long long)failures, first)) {
                 if (op == 4)
                     printf("  %lld helper calls, each status and result as the header says", (long long)ok_calls);
+                else if (op > 4)
+                    printf("  %lld succeeded with every write inside the views the header lets it write, %lld rejected with a "
+                           "message and nothing written",
+                           (long long)ok_calls, (long long)rejected);
                 else
                     printf("  %lld succeeded and matched the oracle, %lld rejected with a message and nothing written",
                            (long long)ok_calls, (long long)rejected);
