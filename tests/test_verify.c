@@ -84,6 +84,19 @@ int main(void) {
         c.strided = 1;
         expect(ctx, "moe_gate_hash", mlaf_verify_moe_gate, c, 1500, "token %lld:");
     }
+    {
+        /* indexer_q: byte 0 of a head altered by one e4m3 step; with the f32 scale several
+         * neighbouring scales fold to the same w_out and the check tries each of them */
+        const mlaf_model_config *g5 = mlaf_preset_find("glm-5");
+        mlaf_verify_case c = mlaf_verify_case_default(g5, MLAF_BF16, 1200, 11);
+        c.strided = 1;
+        c.index_style = g5->index_rope_style;
+        c.index_scale = MLAF_INDEX_SCALE_UE8M0;
+        expect(ctx, "indexer_q,scale=ue8m0", mlaf_verify_indexer_q, c, 601, "[t=%lld,");
+        c.dtype = c.weight_dtype = MLAF_F32;
+        c.index_scale = MLAF_INDEX_SCALE_F32;
+        expect(ctx, "indexer_q,scale=f32", mlaf_verify_indexer_q, c, 601, "[t=%lld,");
+    }
     mlaf_context_free(ctx);
     return tl_finish();
 }

@@ -368,6 +368,15 @@ static float next_in(float a, mlaf_dtype dt) {
 /* The e4m3 value of x / s. */
 static double e4m3_val(double x, float s) { return (double)mlaf_e4m3_to_f32(mlaf_f32_to_e4m3((float)(x / s))); }
 
+/* The first of a row's n e4m3 bytes that is not the e4m3 of (y +- bound) / s, or -1. */
+static int e4m3_row_bad(const uint8_t *fb, const double *y, const double *bound, int n, float s) {
+    for (int i = 0; i < n; i++) {
+        const double g = (double)mlaf_e4m3_to_f32(fb[i]);
+        if (!(g >= e4m3_val(y[i] - bound[i], s) && g <= e4m3_val(y[i] + bound[i], s))) return i;
+    }
+    return -1;
+}
+
 mlaf_status mlaf_verify_indexer_q(mlaf_context *ctx, const mlaf_verify_case *c, mlaf_verify_result *r) {
     memset(r, 0, sizeof *r);
     if (c->T < 0 || (c->dtype != MLAF_F32 && c->dtype != MLAF_F16 && c->dtype != MLAF_BF16)) {
@@ -452,41 +461,41 @@ mlaf_status mlaf_verify_indexer_q(mlaf_context *ctx, const mlaf_verify_case *c, 
             float got_wo;
             memcpy(&got_wo, (unsigned char *)wo_b.g.body + (t * wos + h) * 4, 4);
             memset(wo_b.claimed + (t * wos + h) * 4, 1, 4);
-            /* the scale: the one w_out was folded with, inside [s_lo, s_hi]: a power of two (UE8M0),
-             * or amax / 448 for an amax that the dtype holds (F32) */
+            /* The scale: one that w_out's bits fold from, inside [s_lo, s_hi] (a power of two for
+             * UE8M0, amax / 448 for an amax the dtype holds for F32), and under which all 128
+             * bytes are the e4m3 of the oracle's values. Neighbouring F32 scales can fold to the
+             * same w_out bits, so every such scale is tried before the row is judged wrong. */
+            const uint8_t *fb = (const uint8_t *)f_b.g.body + t * f0 + h * f1;
+            memset(f_b.claimed + t * f0 + h * f1, 1, (size_t)D);
             float sc = 0.0f;
-            int found = 0;
-            if (c->index_scale == MLAF_INDEX_SCALE_UE8M0) {
-                for (float cand = s_lo; !found && cand <= s_hi; cand *= 2.0f)
-                    if (mlaf_f32_bits(((wv * cand) * wf) * hf) == mlaf_f32_bits(got_wo)) sc = cand, found = 1;
-            } else {
-                const float a_lo = nextafterf((float)lo, 0.0f), a_hi = nextafterf((float)hi, INFINITY);
-                int steps = 0;
-                for (float a = mlaf_index_round(a_lo, dt); !found && a <= a_hi && steps < 100000; steps++) {
-                    const float cand = mlaf_index_scale_of(a, 1e-4f, MLAF_INDEX_SCALE_F32);
-                    if (mlaf_f32_bits(((wv * cand) * wf) * hf) == mlaf_f32_bits(got_wo)) sc = cand, found = 1;
-                    a = next_in(a, dt);
+            int folds = 0, bad_i = -1, steps = 0;
+            const int ue = c->index_scale == MLAF_INDEX_SCALE_UE8M0;
+            const float a_hi = nextafterf((float)hi, INFINITY);
+            float a = mlaf_index_round(nextafterf((float)lo, 0.0f), dt);
+            for (float cand = s_lo; ue ? cand <= s_hi : (a <= a_hi && steps < 100000); steps++) {
+                if (!ue) cand = mlaf_index_scale_of(a, 1e-4f, MLAF_INDEX_SCALE_F32);
+                if (mlaf_f32_bits(((wv * cand) * wf) * hf) == mlaf_f32_bits(got_wo)) {
+                    const int bi = e4m3_row_bad(fb, y, bound, D, cand);
+                    if (folds++ == 0 || bi < 0) sc = cand, bad_i = bi;
+                    if (bi < 0) break;
                 }
+                if (ue) cand *= 2.0f;
+                else a = next_in(a, dt);
             }
-            j.values++;
-            if (!found) {
+            j.values += 1 + D;
+            if (!folds) {
                 judge_fail(&j, "w_out[t=%lld,h=%lld] = %.9g: not ((w %.9g * s) * 128^-0.5) * H^-0.5 for a scale s in "
                                "[%.9g, %.9g] (the oracle's amax %.9g .. %.9g)",
                            (long long)t, (long long)h, (double)got_wo, (double)wv, (double)s_lo, (double)s_hi, lo, hi);
                 break;
             }
-            const uint8_t *fb = (const uint8_t *)f_b.g.body + t * f0 + h * f1;
-            for (int i = 0; i < D; i++) {
-                f_b.claimed[t * f0 + h * f1 + i] = 1;
-                const double g = (double)mlaf_e4m3_to_f32(fb[i]);
-                const double elo = e4m3_val(y[i] - bound[i], sc), ehi = e4m3_val(y[i] + bound[i], sc);
-                j.values++;
-                if (!(g >= elo && g <= ehi)) {
-                    judge_fail(&j, "q_fp8[t=%lld,h=%lld,i=%d] = 0x%02x (%.9g), expected e4m3 of (%.9g +- %.3g) / %.9g in "
-                                   "[%.9g, %.9g]",
-                               (long long)t, (long long)h, i, fb[i], g, y[i], bound[i], (double)sc, elo, ehi);
-                    break;
-                }
+            if (bad_i >= 0) {
+                const int i = bad_i;
+                judge_fail(&j, "q_fp8[t=%lld,h=%lld,i=%d] = 0x%02x (%.9g), expected e4m3 of (%.9g +- %.3g) / %.9g in "
+                               "[%.9g, %.9g] (%d scale(s) fold to w_out; none fits every byte)",
+                           (long long)t, (long long)h, i, fb[i], (double)mlaf_e4m3_to_f32(fb[i]), y[i], bound[i],
+                           (double)sc, e4m3_val(y[i] - bound[i], sc), e4m3_val(y[i] + bound[i], sc), folds);
+                break;
             }
         }
         for (int64_t h = 0; h < Hq && !j.failed; h++) { /* q_pe: rope_q's rotation of the last 64 columns */
