@@ -267,11 +267,26 @@ def fused_topk_deepseek(scores, bias, n_group, topk_group, topk, routed_scaling_
 _E4M3_MAX = 448.0
 
 
+def _div448(torch, v):
+    """v / 448 correctly rounded on every device: torch's CUDA division by a Python number
+    multiplies by its reciprocal, which is not 1 / 448 exactly, so scales would differ from
+    SPEC §9's amax / 448 by an ulp (and bytes at e4m3 ties with them)."""
+    return v / torch.full_like(v, _E4M3_MAX)
+
+
 def _e4m3_bytes(torch, x):
     """f32 -> e4m3 bytes as CUDA's __nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3): round
-    to nearest even, saturate to +-448 (inf included), NaN of either sign -> 0x7F (SPEC §9)."""
-    b = x.clamp(-_E4M3_MAX, _E4M3_MAX).to(torch.float8_e4m3fn).view(torch.uint8)
-    return torch.where(torch.isnan(x), torch.full_like(b, 0x7F), b)
+    to nearest even, saturate to +-448 (inf included), NaN of either sign -> 0x7F, the sign kept
+    on zero (SPEC §9). Integer arithmetic on the f32 bits, so the bytes are the same on every
+    device and CPU (torch's own float8 casts are not held to one rounding across backends)."""
+    x = x.float().contiguous()
+    sign = (x.view(torch.int32) >> 24) & 0x80
+    a = torch.nan_to_num(x.abs(), nan=0.0).clamp(max=_E4M3_MAX)
+    u = a.view(torch.int32)
+    normal = ((u + 0x7FFFF + ((u >> 20) & 1)) >> 20) - (120 << 3)  # mantissa to 3 bits, RNE
+    sub = torch.round(a * 512.0).to(torch.int32)  # below 2^-6: m * 2^-9, ties to even
+    code = torch.where(a < 2.0 ** -6, sub, normal) | sign
+    return torch.where(torch.isnan(x), torch.full_like(code, 0x7F), code).to(torch.uint8)
 
 
 def concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale):
@@ -367,7 +382,7 @@ def concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, sca
         return None
     x = kv.float().view(-1, C // 128, 128)
     amax = torch.nan_to_num(x.abs(), nan=0.0).amax(dim=2, keepdim=True)
-    tile = torch.clamp(amax / _E4M3_MAX, min=torch.finfo(torch.float32).tiny)
+    tile = torch.clamp(_div448(torch, amax), min=torch.finfo(torch.float32).tiny)
     q = _e4m3_bytes(torch, x / tile).view(-1, C)
     record = torch.cat([q, tile.view(-1, C // 128).contiguous().view(torch.uint8),
                         pe.contiguous().view(torch.uint8)], dim=1)
@@ -459,7 +474,7 @@ def indexer_k_quant_and_cache(k, kv_cache, slot_mapping, quant_block_size, kv_ca
     b, o = slots // bs, slots % bs
     x = k[rows].float().view(-1, nq, qb)
     amax = torch.nan_to_num(x.abs(), nan=0.0).amax(dim=2)
-    s = torch.clamp(amax, min=1e-4) / _E4M3_MAX
+    s = _div448(torch, torch.clamp(amax, min=1e-4))
     if kv_cache_dtype == "ue8m0":
         e = _ceil_log2_f32(torch, s)
         s = torch.where(e >= 128, torch.full_like(s, float("inf")),
@@ -717,7 +732,7 @@ def fused_deepseek_v4_qnorm_rope_kv_rope_quant_insert(q_in, kv, k_cache, slot_ma
     x = x[:, 0]
     nope = x[:, :448].float().view(-1, 7, 64)
     amax = torch.nan_to_num(nope.abs(), nan=0.0).amax(dim=2)
-    e = _ceil_log2_f32(torch, torch.clamp(amax, min=1e-4) / _E4M3_MAX)      # [n, 7]
+    e = _ceil_log2_f32(torch, _div448(torch, torch.clamp(amax, min=1e-4)))      # [n, 7]
     inv = torch.ldexp(torch.ones_like(amax), (-e).clamp(-126, 127))
     data = torch.cat([_e4m3_bytes(torch, nope * inv.unsqueeze(2)).view(-1, 448),
                       x[:, 448:].contiguous().view(torch.uint8)], dim=1)    # [n, 576]
