@@ -183,7 +183,7 @@ def _fused_a_weight(attn, st):
     return st["w_a"], st["b_a"]
 
 
-def _mla_attention(self, hidden_states, attention_mask, past_key_values, kwargs):
+def _mla_attention(self, hidden_states, attention_mask, past_key_values, kwargs, new_cache=False):
     torch = _torch()
     F = torch.nn.functional
     st = getattr(self, _STATE)
@@ -207,14 +207,15 @@ def _mla_attention(self, hidden_states, attention_mask, past_key_values, kwargs)
     q = q.view(T, -1, self.qk_head_dim)
     shared = st["shared"]
     cos_sin = shared.cos_sin(latent.device, R)
-    positions = position_ids.expand(B, S).reshape(T)
+    positions = position_ids.expand(B, S).reshape(T).contiguous()
     if R > 0:
         _ops.rope_q(q, positions, cos_sin, style=shared.style)
         _ops.rope_q(latent[:, Q + C:].unsqueeze(1), positions, cos_sin, style=shared.style)
     kv_nope = k_nope.view(B, 1, S, C)
     k_rot = latent[:, Q + C:].reshape(B, 1, S, R)
-    if past_key_values is not None:
-        kv_nope, k_rot = past_key_values.update(kv_nope, k_rot, self.layer_idx)
+    if past_key_values is not None:  # the cache API of the installed transformers
+        kv_nope, k_rot = (past_key_values.update(kv_nope, k_rot, self.layer_idx, kwargs=kwargs) if new_cache
+                          else past_key_values.update(kv_nope, k_rot, self.layer_idx))
     query_states = q.view(B, S, -1, self.qk_head_dim).transpose(1, 2)
     key_states, value_states = self.expand_kv(kv_nope, k_rot)
     attention_interface = st["attention_functions"].get_interface(
@@ -228,15 +229,18 @@ def _mla_attention(self, hidden_states, attention_mask, past_key_values, kwargs)
 
 
 def _forward_v3(self, hidden_states, position_embeddings=None, attention_mask=None,
-                past_key_values=None, **kwargs):
-    """DeepseekV3Attention / Glm4MoeLiteAttention.forward's signature."""
-    return _mla_attention(self, hidden_states, attention_mask, past_key_values, kwargs)
+                past_key_values=None, cache=None, **kwargs):
+    """DeepseekV3Attention / Glm4MoeLiteAttention.forward's signature (the layer cache is
+    ``cache`` in newer transformers, ``past_key_values`` in older ones)."""
+    return _mla_attention(self, hidden_states, attention_mask,
+                          cache if cache is not None else past_key_values, kwargs, cache is not None)
 
 
 def _forward_v2(self, hidden_states, attention_mask=None, past_key_values=None,
-                position_embeddings=None, **kwargs):
+                position_embeddings=None, cache=None, **kwargs):
     """DeepseekV2Attention.forward's signature."""
-    return _mla_attention(self, hidden_states, attention_mask, past_key_values, kwargs)
+    return _mla_attention(self, hidden_states, attention_mask,
+                          cache if cache is not None else past_key_values, kwargs, cache is not None)
 
 
 def _router_forward(self, hidden_states):
