@@ -106,6 +106,11 @@ int bcu_copy_time(double bytes, int reps, int graph_calls, bench_stats *out, cha
 /* The same bytes moved by SM copy kernels (no copy engines), timed like an op in stream mode:
  * the faster of the kinds this GPU has (see bench_cuda.cu), each checked once. */
 int bcu_kcopy_time(double bytes, int reps, bench_stats *out, char *err, size_t cap);
+/* rope_q's ceiling: n pieces of piece_bytes at byte off of rows pitch bytes apart (q's rope
+ * columns) copied between two such buffers by SM kernels, the faster of two, stream mode. All
+ * three in 16-byte units. */
+int bcu_piece_copy_time(int64_t n, int64_t piece_bytes, int64_t pitch, int64_t off, int reps, bench_stats *out,
+                        char *err, size_t cap);
 
 int blg_split_qk_norm(const mlaf_norm_job *job, void *q_dense, void *kv_dense, void *stream);
 int blg_rope_rows(void *x, mlaf_dtype dt, int64_t T, int64_t stride, const mlaf_rope_job *rope,

@@ -87,7 +87,8 @@ static void help(void) {
         "CUDA rows also time a device-to-device copy of those same bytes the same way (copy_us;\n"
         "%%cpy= is copy_us / fused_us): the copy path's own time at that size. CUDA stream rows\n"
         "also time SM copy kernels moving those bytes (kcopy_us, the faster of two; %%kcpy= is\n"
-        "kcopy_us / fused_us): what a kernel with no arithmetic reaches at that size.\n");
+        "kcopy_us / fused_us): what a kernel with no arithmetic reaches at that size; for rope_q,\n"
+        "a copy of q's rope pieces at q's own strides (the op's access pattern).\n");
 }
 
 /* --hash: token ids of the tid2eid table (a DeepSeek-size vocabulary) */
@@ -1504,7 +1505,13 @@ int cmd_bench(int argc, char **argv) {
                 /* and through SM copy kernels (stream rows): the ceiling of a kernel at this size */
                 if (be == MLAF_BACKEND_CUDA && r->bytes > 0 && graph_calls == 0) {
                     err[0] = '\0';
-                    if (bcu_kcopy_time(r->bytes, (int)reps, &r->kcopy, err, sizeof err) == 0)
+                    /* rope_q reads and writes the R rope values of each head row: its ceiling is a copy of
+                     * those pieces at q's strides, not a contiguous run of the same bytes */
+                    const int64_t es = (int64_t)mlaf_dtype_size(o.dt);
+                    const int pieces = o.op == MLAF_OP_ROPE_Q && o.tail == 0;
+                    if (pieces ? bcu_piece_copy_time(o.T * o.H, o.RP * es, o.D * es, (o.D - o.RP) * es, (int)reps,
+                                                     &r->kcopy, err, sizeof err) == 0
+                               : bcu_kcopy_time(r->bytes, (int)reps, &r->kcopy, err, sizeof err) == 0)
                         r->have_kcopy = 1;
                     else
                         fprintf(stderr, "mlafuse bench: warning: kernel copy failed: %s\n", err);

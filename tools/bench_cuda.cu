@@ -484,6 +484,111 @@ extern "C" int bcu_kcopy_time(double bytes, int reps, bench_stats *out, char *er
     return rc;
 }
 
+/* ---- strided piece copy (rope_q's ceiling) ----------------------------------------------- */
+/* n pieces of u 16-byte units, piece i at byte i * pitch + off of both buffers; U units per thread
+ * (loads first, then stores). */
+template <int U>
+__global__ void __launch_bounds__(256) bcu_piece_copy(const uint4 *__restrict__ s, uint4 *__restrict__ d, int64_t n,
+                                                      int64_t u, int64_t pitch16, int64_t off16) {
+    const int64_t total = n * u, first = ((int64_t)blockIdx.x * 256 + threadIdx.x) * U;
+    uint4 v[U];
+    int64_t at[U];
+#pragma unroll
+    for (int k = 0; k < U; k++) {
+        const int64_t i = first + k;
+        at[k] = i < total ? (i / u) * pitch16 + off16 + i % u : -1;
+        if (at[k] >= 0) v[k] = __ldcs(s + at[k]);
+    }
+#pragma unroll
+    for (int k = 0; k < U; k++)
+        if (at[k] >= 0) __stcs(d + at[k], v[k]);
+}
+
+typedef struct bcu_piece_arg {
+    const uint4 *src;
+    uint4 *dst;
+    int64_t n, u, pitch16, off16;
+    int kind; /* units per thread: 1 or 4 */
+} bcu_piece_arg;
+
+static int bcu_piece_call(void *arg, int set, char *err, size_t cap) {
+    (void)set;
+    const bcu_piece_arg *c = (const bcu_piece_arg *)arg;
+    const int U = c->kind;
+    const int64_t blocks = (c->n * c->u + 256 * U - 1) / (256 * U);
+    if (U == 4)
+        bcu_piece_copy<4><<<(unsigned)blocks, 256, 0, g_stream>>>(c->src, c->dst, c->n, c->u, c->pitch16, c->off16);
+    else
+        bcu_piece_copy<1><<<(unsigned)blocks, 256, 0, g_stream>>>(c->src, c->dst, c->n, c->u, c->pitch16, c->off16);
+    CK(cudaGetLastError());
+    return 0;
+}
+
+extern "C" int bcu_piece_copy_time(int64_t n, int64_t piece_bytes, int64_t pitch, int64_t off, int reps,
+                                   bench_stats *out, char *err, size_t cap) {
+    if (!g_stream) {
+        snprintf(err, cap, "bcu_piece_copy_time before bcu_setup");
+        return -1;
+    }
+    if (n <= 0 || piece_bytes <= 0 || piece_bytes % 16 || pitch % 16 || off % 16 || off + piece_bytes > pitch) {
+        snprintf(err, cap, "piece copy: pieces of %lld bytes at %lld in rows of %lld: not in 16-byte units",
+                 (long long)piece_bytes, (long long)off, (long long)pitch);
+        return -1;
+    }
+    const size_t nbytes = (size_t)(n * pitch);
+    void *a = NULL, *b = NULL;
+    cudaError_t e = cudaMalloc(&a, nbytes);
+    if (e == cudaSuccess) e = cudaMalloc(&b, nbytes);
+    if (e == cudaSuccess) e = cudaMemsetAsync(a, 5, nbytes, g_stream);
+    if (e != cudaSuccess) {
+        if (a) (void)cudaFree(a);
+        if (b) (void)cudaFree(b);
+        return fail(err, cap, "piece copy buffers", e);
+    }
+    int rc = 0;
+    const int kinds[2] = {1, 4};
+    for (int i = 0; i < 2 && rc == 0; i++) {
+        bcu_piece_arg c = {(const uint4 *)a, (uint4 *)b, n, piece_bytes / 16, pitch / 16, off / 16, kinds[i]};
+        e = cudaMemsetAsync(b, 0, nbytes, g_stream);
+        if (e != cudaSuccess) {
+            rc = fail(err, cap, "piece copy check", e);
+            break;
+        }
+        if (bcu_piece_call(&c, 0, err, cap)) {
+            rc = -1;
+            break;
+        }
+        /* check: the first and the last row, each byte inside a piece 5, outside 0 */
+        unsigned char *hb = (unsigned char *)malloc((size_t)pitch);
+        if (!hb) {
+            snprintf(err, cap, "out of host memory");
+            rc = -1;
+            break;
+        }
+        for (int k = 0; k < 2 && rc == 0; k++) {
+            const int64_t row = k ? n - 1 : 0;
+            e = cudaMemcpy(hb, (unsigned char *)b + row * pitch, (size_t)pitch, cudaMemcpyDeviceToHost);
+            int bad = e != cudaSuccess;
+            for (int64_t j = 0; j < pitch && !bad; j++) bad = hb[j] != (j >= off && j < off + piece_bytes ? 5 : 0);
+            if (bad) {
+                snprintf(err, cap, "piece copy (%d units per thread) did not copy its pieces", kinds[i]);
+                rc = -1;
+            }
+        }
+        free(hb);
+        bench_stats st;
+        if (rc == 0 && bcu_time(bcu_piece_call, &c, reps, 0, &st, err, cap) == 0) {
+            if (i == 0 || st.median_us < out->median_us) *out = st;
+        } else if (rc == 0) {
+            rc = -1;
+        }
+    }
+    (void)cudaStreamSynchronize(g_stream);
+    (void)cudaFree(a);
+    (void)cudaFree(b);
+    return rc;
+}
+
 extern "C" int bcu_copy_time(double bytes, int reps, int graph_calls, bench_stats *out, char *err,
                              size_t cap) {
     if (!g_stream) {
