@@ -73,8 +73,8 @@
  *        no spill). Same arithmetic, same bits. H200, mlafuse bench, T = 32768, same calls:
  *        mla_kv_cache GLM 47.04-47.49 vs 47.49-48.02 us (92.1-93.0% vs 91.1-92.1% of copy),
  *        DeepSeek-V3 71.3-71.5 vs 72.3-72.9; split_qk_norm GLM 44.0-44.2 vs 44.7, DeepSeek-V3
- *        67.7-68.5 vs 68.6-68.8 (dev/README.md, sixth session of 2026-12-01).
- *   STAGE (dev/ only since 2026-12-01; sm_90) WAVE's shape, but lane 0 brings the row into
+ *        67.7-68.5 vs 68.6-68.8 (dev/README.md).
+ *   STAGE (dev/ only; sm_90) WAVE's shape, but lane 0 brings the row into
  *        the warp's shared-memory slot with one bulk copy on an mbarrier and the lanes read
  *        their vectors from the slot (40 registers, 12 resident blocks). It beat WAVE at large
  *        T while WAVE's loads were ld.global.cs; with the loads below WAVE is ahead at every T
@@ -85,7 +85,7 @@
  *        182.9-183.1 and 280.1 vs 285.5).
  * Cache policy of the row's loads and the outputs' stores (every mode): ld.global.cg and
  *   st.global.cg, the default L2 policy. With evict-first (ld.global.cs / st.global.cs, the
- *   policy before 2026-12-01) the same WAVE kernel was slower: H200, T = 32768 single call,
+ *   earlier policy) the same WAVE kernel was slower: H200, T = 32768 single call,
  *   split GLM 46.6 vs 44.8 us, DeepSeek-V3 72.4 vs 69.3, mla DeepSeek-V3 77.8 vs 74.5; 20
  *   calls back to back (where a call cannot leave more of its writes in L2 than the last one
  *   of the train) 47.7 vs 47.1, 73.2 vs 71.9, 79.4 vs 76.6; T = 131072 mla DeepSeek-V3 299.0
