@@ -417,6 +417,14 @@ static int bcu_copy_buffers(double bytes, int fill, void **a, void **b, size_t *
     return 0;
 }
 
+/* Times one copy kernel in stream mode into *out when it is the first or faster than *out. */
+static int bcu_time_faster(bench_call_fn fn, void *arg, int reps, int first, bench_stats *out, char *err, size_t cap) {
+    bench_stats st;
+    if (bcu_time(fn, arg, reps, 0, &st, err, cap)) return -1;
+    if (first || st.median_us < out->median_us) *out = st;
+    return 0;
+}
+
 extern "C" int bcu_kcopy_time(double bytes, int reps, bench_stats *out, char *err, size_t cap) {
     if (!g_stream) {
         snprintf(err, cap, "bcu_kcopy_time before bcu_setup");
@@ -470,12 +478,7 @@ extern "C" int bcu_kcopy_time(double bytes, int reps, bench_stats *out, char *er
                     rc = -1;
                 }
             }
-            bench_stats st;
-            if (rc == 0 && bcu_time(bcu_kcopy_call, &c, reps, 0, &st, err, cap) == 0) {
-                if (i == 0 || st.median_us < out->median_us) *out = st;
-            } else if (rc == 0) {
-                rc = -1;
-            }
+            if (rc == 0) rc = bcu_time_faster(bcu_kcopy_call, &c, reps, i == 0, out, err, cap);
         }
     }
     (void)cudaStreamSynchronize(g_stream);
@@ -576,12 +579,7 @@ extern "C" int bcu_piece_copy_time(int64_t n, int64_t piece_bytes, int64_t pitch
             }
         }
         free(hb);
-        bench_stats st;
-        if (rc == 0 && bcu_time(bcu_piece_call, &c, reps, 0, &st, err, cap) == 0) {
-            if (i == 0 || st.median_us < out->median_us) *out = st;
-        } else if (rc == 0) {
-            rc = -1;
-        }
+        if (rc == 0) rc = bcu_time_faster(bcu_piece_call, &c, reps, i == 0, out, err, cap);
     }
     (void)cudaStreamSynchronize(g_stream);
     (void)cudaFree(a);

@@ -357,45 +357,6 @@ static mlaf_context *g_ctx = nullptr;
         }                                                                                          \
     } while (0)
 
-/* GateArgs from a validated job, field by field as mlaf_cuda_moe_gate (src/cuda/moe_gate.cu). */
-static GateArgs gate_args_of(const mlaf_moe_gate_job &j) {
-    GateArgs a{};
-    a.T = j.T;
-    a.E = j.E;
-    a.top_k = j.top_k;
-    a.n_group = j.n_group;
-    a.topk_group = j.topk_group;
-    a.n_shared = j.n_shared;
-    a.K = j.K;
-    a.P = j.E / j.n_group;
-    a.P_magic = a.P == 1 ? 0u : (uint32_t)((0x100000000ull + (uint64_t)a.P - 1) / (uint64_t)a.P);
-    a.softmax = j.score_func == MLAF_SCORE_SOFTMAX;
-    a.sqrt_softplus = j.score_func == MLAF_SCORE_SQRT_SOFTPLUS;
-    a.group_max = j.group_score == MLAF_GROUP_MAX;
-    a.renormalize = j.renormalize;
-    a.apply_scaling = j.apply_scaling;
-    a.scaling = j.scaling;
-    a.eps = j.eps;
-    a.logits = j.logits;
-    a.logits_stride = j.logits_stride;
-    a.bias = j.bias;
-    a.weights = j.weights;
-    a.weights_f32 = j.weights_dt == MLAF_F32;
-    a.weights_stride = j.weights_stride;
-    a.ids = j.ids;
-    a.ids_stride = j.ids_stride;
-    a.scores = j.scores;
-    a.scores_stride = j.scores_stride;
-    a.tid2eid = j.tid2eid;
-    a.tid2eid_i64 = j.tid2eid_dt == MLAF_I64;
-    a.tid2eid_stride = j.tid2eid_stride;
-    a.vocab = j.vocab;
-    a.token_ids = j.token_ids;
-    a.token_ids_i64 = j.token_ids_dt == MLAF_I64;
-    a.error_count = j.error_count;
-    return a;
-}
-
 /* One input set on the device. */
 struct Inputs {
     int64_t T;

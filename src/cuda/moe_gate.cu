@@ -82,40 +82,7 @@ bool try_team(const GateArgs &a, int sm_count, cudaStream_t stream) {
 #ifndef MLAF_MOE_GATE_NO_ENTRY /* dev/moe_gate includes this file for its kernels */
 extern "C" mlaf_status mlaf_cuda_moe_gate(mlaf_context *ctx, const mlaf_moe_gate_job *job) {
     mlaf_cuda_device_guard guard(ctx);
-    GateArgs a;
-    a.T = job->T;
-    a.E = job->E;
-    a.top_k = job->top_k;
-    a.n_group = job->n_group;
-    a.topk_group = job->topk_group;
-    a.n_shared = job->n_shared;
-    a.K = job->K;
-    a.P = job->E / job->n_group;
-    a.P_magic = a.P == 1 ? 0u : (uint32_t)((0x100000000ull + (uint64_t)a.P - 1) / (uint64_t)a.P);
-    a.softmax = job->score_func == MLAF_SCORE_SOFTMAX;
-    a.sqrt_softplus = job->score_func == MLAF_SCORE_SQRT_SOFTPLUS;
-    a.group_max = job->group_score == MLAF_GROUP_MAX;
-    a.renormalize = job->renormalize;
-    a.apply_scaling = job->apply_scaling;
-    a.scaling = job->scaling;
-    a.eps = job->eps;
-    a.logits = job->logits;
-    a.logits_stride = job->logits_stride;
-    a.bias = job->bias;
-    a.weights = job->weights;
-    a.weights_f32 = job->weights_dt == MLAF_F32;
-    a.weights_stride = job->weights_stride;
-    a.ids = job->ids;
-    a.ids_stride = job->ids_stride;
-    a.scores = job->scores;
-    a.scores_stride = job->scores_stride;
-    a.tid2eid = job->tid2eid;
-    a.tid2eid_i64 = job->tid2eid_dt == MLAF_I64;
-    a.tid2eid_stride = job->tid2eid_stride;
-    a.vocab = job->vocab;
-    a.token_ids = job->token_ids;
-    a.token_ids_i64 = job->token_ids_dt == MLAF_I64;
-    a.error_count = job->error_count;
+    const GateArgs a = gate_args_of(*job);
     cudaStream_t stream = (cudaStream_t)ctx->cuda_stream;
     const int sm = ctx->cuda_sm_count;
     if (job->tid2eid) {
