@@ -38,7 +38,9 @@ static inline int mlaf_row_block_threads(int qv, int cv, int rv) {
     return (qv + 31) / 32 * 32 + (cv + 31) / 32 * 32 + (rv > 0 ? 32 : 0);
 }
 
-template <typename T, bool ROPE, class Wr>
+/* TAIL: the call has a kv_rope_tail (rows without a rope part; the launch picks the instance, so
+ * other rows carry none of its registers). */
+template <typename T, bool ROPE, bool TAIL, class Wr>
 __global__ void __launch_bounds__(1024) mlaf_row_block_kernel(const mlaf_row_args a, const typename Wr::params wp) {
     constexpr int W = mlaf_vec<T>::W;
     __shared__ float red[32];
@@ -80,7 +82,7 @@ __global__ void __launch_bounds__(1024) mlaf_row_block_kernel(const mlaf_row_arg
     const mlaf_token_info ti = ROPE ? mlaf_token_decide(a, ix, tid == 0) : mlaf_token_none();
     mlaf_tail_cs<T> tcs;
     tcs.j = -1;
-    if (ROPE && !isq && ok) tcs = mlaf_tail_early<T>(a, ti.cs, j);
+    if (TAIL && !isq && ok) tcs = mlaf_tail_early<T>(a, ti.cs, j);
 
     float f[W];
     mlaf_vec<T>::unpack(x, f);
@@ -101,7 +103,7 @@ __global__ void __launch_bounds__(1024) mlaf_row_block_kernel(const mlaf_row_arg
     if (isq) {
         w.q(j, ok, f, o);
     } else { /* the tail rotated first (o is passed by value) */
-        const bool kok = ROPE && ok && mlaf_tail_vec<T>(a, ti.cs, j, f, o, tcs) ? ti.ok : ok;
+        const bool kok = TAIL && ok && mlaf_tail_vec<T>(a, ti.cs, j, f, o, tcs) ? ti.ok : ok;
         w.kv(j, kok, f, o);
     }
     w.finish(rq, rkv, tid == 0);
@@ -197,8 +199,9 @@ __device__ __forceinline__ void mlaf_row_warp_body(const mlaf_row_args &a, const
             uint4 o = mlaf_vec<T>::pack(f);
             if (isq) {
                 w.q(j, ok, f, o);
-            } else { /* the tail rotated first (o is passed by value) */
-                const bool kok = ROPE && ok && mlaf_tail_vec<T>(a, ti.cs, j, f, o, tcs) ? ti.ok : ok;
+            } else { /* the tail rotated first (o is passed by value); only rows without a rope
+                      * part have one (validation), so layouts with NP > 0 compile without it */
+                const bool kok = ROPE && NP == 0 && ok && mlaf_tail_vec<T>(a, ti.cs, j, f, o, tcs) ? ti.ok : ok;
                 w.kv(j, kok, f, o);
             }
         } else if constexpr (ROPE) {

@@ -120,7 +120,9 @@ static cudaError_t mlaf_row_launch(const mlaf_row_args &a0, const typename Wr::p
                                                                           : MLAF_ROW_GENERIC;
     }
     if (s == MLAF_ROW_BLOCK) {
-        mlaf_row_block_kernel<T, ROPE, Wr><<<(unsigned)a.T, mlaf_row_block_threads(qv, cv, rv), 0, stream>>>(a, wp);
+        const unsigned threads = (unsigned)mlaf_row_block_threads(qv, cv, rv);
+        if (ROPE && a.tail > 0) mlaf_row_block_kernel<T, ROPE, true, Wr><<<(unsigned)a.T, threads, 0, stream>>>(a, wp);
+        else mlaf_row_block_kernel<T, ROPE, false, Wr><<<(unsigned)a.T, threads, 0, stream>>>(a, wp);
         return cudaGetLastError();
     }
     if (s == MLAF_ROW_GENERIC) {
