@@ -406,6 +406,80 @@ __global__ void __launch_bounds__(IQ_WARPS * 32) iq_half_kernel(const mlaf_index
     }
 }
 
+
+/* ---- v6 / v7: flat, a warp per NP pairs of heads of one token, no loop ------------------- */
+/* Half h of the warp takes heads 2 NP g + 2 u + h (u < NP); every load is issued before any
+ * arithmetic; 8 warps a block, one item per warp, as many warps resident as registers allow. */
+#define IQ_FLAT_WARPS 8
+template <typename T, int NP>
+__global__ void __launch_bounds__(IQ_FLAT_WARPS * 32) iq_flat_kernel(const mlaf_indexer_q_job j, const iq_cfg c) {
+    const int lane = threadIdx.x & 31, half = lane >> 4, hl = lane & 15;
+    const int item = (int)blockIdx.x * IQ_FLAT_WARPS + (int)(threadIdx.x >> 5);
+    if (item >= c.items) return;
+    const int t32 = item / c.ngroups, g = item - t32 * c.ngroups;
+    const int64_t t = t32;
+    const T *qt = static_cast<const T *>(j.q) + t * j.q_s0 + 8 * hl;
+    uint32_t x[NP][4];
+#pragma unroll
+    for (int u = 0; u < NP; u++) {
+        const int h = 2 * NP * g + 2 * u + half;
+        if (h < j.H) iq_ldq<4>(qt + (int64_t)h * j.q_s1, c.qvec != 0, x[u]);
+        else x[u][0] = x[u][1] = x[u][2] = x[u][3] = 0u;
+    }
+    const bool wf32 = j.w_dt == MLAF_F32;
+    const char *wrow = static_cast<const char *>(j.w) + t * j.w_stride * (int64_t)(wf32 ? 4 : sizeof(T));
+    float wv[NP];
+#pragma unroll
+    for (int u = 0; u < NP; u++) {
+        const int h = 2 * NP * g + 2 * u + half;
+        wv[u] = hl == 0 && h < j.H ? mlaf_ld_weight<T>(wrow, wf32, h) : 0.0f;
+    }
+    const int64_t pos = mlaf_ld_index(j.rope.positions, j.rope.pos_dt == MLAF_I64, t);
+    if (pos < 0 || pos >= j.rope.max_pos) {
+        if (g == 0 && lane == 0 && j.error_count) mlaf_cuda_error_count_add(j.error_count, 1);
+        return;
+    }
+    const bool neox = j.rope.style == MLAF_ROPE_NEOX;
+    float cc[8], ss[8];
+#pragma unroll
+    for (int k = 0; k < 8; k++) cc[k] = ss[k] = 0.0f;
+    if (hl < 8) {
+        const float *cs = j.rope.cos_sin + pos * j.rope.cos_sin_stride;
+        const bool v4 = c.csvec != 0;
+        if (neox) {
+            const int i = 8 * (hl & 3);
+            iq_ld4(cs + i, v4, cc);
+            iq_ld4(cs + i + 4, v4, cc + 4);
+            iq_ld4(cs + 32 + i, v4, ss);
+            iq_ld4(cs + 32 + i + 4, v4, ss + 4);
+        } else {
+            iq_ld4(cs + 4 * hl, v4, cc);
+            iq_ld4(cs + 32 + 4 * hl, v4, ss);
+        }
+    }
+    uint8_t *ft = j.q_fp8 + t * j.f_s0 + 8 * hl;
+    float *wo = j.w_out + t * j.wo_stride;
+#pragma unroll
+    for (int u = 0; u < NP; u++) {
+        const int h = 2 * NP * g + 2 * u + half;
+        float v[8];
+        iq_unpack<4, T>(x[u], v);
+        iq_rope8<T>(v, hl, neox, cc, ss);
+        if (j.hadamard) iq_hadamard8<T>(v, hl);
+        float m = 0.0f;
+#pragma unroll
+        for (int k = 0; k < 8; k++) m = fmaxf(m, fabsf(v[k]));
+        m = mlaf_warp_max(m, 16);
+        const float s = iq_scale_of(m, j.amax_eps, (int)j.scale);
+        if (h < j.H) {
+            uint32_t q[2];
+            iq_quant<8, true>(v, s, q);
+            iq_st<2>(ft + (int64_t)h * j.f_s1, q, c.fw);
+            if (hl == 0) wo[h] = iq_fold(j, wv[u], s);
+        }
+    }
+}
+
 /* ---- host side: the variants ----------------------------------------------------------- */
 struct iq_variant {
     const char *name;
@@ -413,6 +487,7 @@ struct iq_variant {
     const void *fn; /* the bf16 instance, for the occupancy query */
     void (*launch)(const mlaf_indexer_q_job &, const iq_cfg &);
     int blocks_per_sm, regs;
+    int np; /* flat variants: pairs of heads per warp (hg = 2 np); 0: hg chosen per call */
 };
 
 template <bool HALF, bool PF, bool RCP> static void iq_launch(const mlaf_indexer_q_job &j, const iq_cfg &c) {
@@ -427,12 +502,21 @@ template <bool HALF, bool PF, bool RCP> static void iq_launch(const mlaf_indexer
     CK(cudaGetLastError());
 }
 
+template <int NP> static void iq_launch_flat(const mlaf_indexer_q_job &j, const iq_cfg &c) {
+    const unsigned blocks = (unsigned)((c.items + IQ_FLAT_WARPS - 1) / IQ_FLAT_WARPS);
+    if (j.dt == MLAF_F16) iq_flat_kernel<__half, NP><<<blocks, IQ_FLAT_WARPS * 32>>>(j, c);
+    else iq_flat_kernel<__nv_bfloat16, NP><<<blocks, IQ_FLAT_WARPS * 32>>>(j, c);
+    CK(cudaGetLastError());
+}
+
 static iq_variant variants[] = {
     {"v1 warp", false, (const void *)iq_warp_kernel<__nv_bfloat16, false, false>, iq_launch<false, false, false>, 0, 0},
     {"v2 warp pf rcp", false, (const void *)iq_warp_kernel<__nv_bfloat16, true, true>, iq_launch<false, true, true>, 0, 0},
     {"v3 half", true, (const void *)iq_half_kernel<__nv_bfloat16, false, false>, iq_launch<true, false, false>, 0, 0},
     {"v4 half pf", true, (const void *)iq_half_kernel<__nv_bfloat16, true, false>, iq_launch<true, true, false>, 0, 0},
     {"v5 half pf rcp", true, (const void *)iq_half_kernel<__nv_bfloat16, true, true>, iq_launch<true, true, true>, 0, 0},
+    {"v6 flat 2 heads", true, (const void *)iq_flat_kernel<__nv_bfloat16, 1>, iq_launch_flat<1>, 0, 0, 1},
+    {"v7 flat 4 heads", true, (const void *)iq_flat_kernel<__nv_bfloat16, 2>, iq_launch_flat<2>, 0, 0, 2},
 };
 static const int n_variants = (int)(sizeof variants / sizeof variants[0]);
 
@@ -444,6 +528,7 @@ static int round4(int64_t h) { return (int)((h + 3) / 4 * 4); }
 /* The largest of {H, 32, 16, 8, 4} (rounded up to a multiple of 4, at most H's) giving at least
  * 2 waves of resident warps; else 4. */
 static int auto_hg(const iq_variant &v, int64_t T, int64_t H) {
+    if (v.np) return 2 * v.np;
     if (g_force_hg > 0) return g_force_hg;
     const int64_t resident = (int64_t)g_sms * v.blocks_per_sm * IQ_WARPS;
     const int hmax = round4(H);
@@ -460,7 +545,7 @@ static iq_cfg make_cfg(const mlaf_indexer_q_job &j, bool half, int hg) {
     c.hg = hg;
     c.ngroups = (int32_t)((j.H + hg - 1) / hg);
     const int64_t items = j.T * c.ngroups;
-    if (hg < 4 || hg % 4 != 0 || items >= ((int64_t)1 << 31)) {
+    if (hg < 2 || hg % 2 != 0 || items >= ((int64_t)1 << 31)) {
         fprintf(stderr, "indexer_q_v1: hg = %d (a multiple of 4) with T * groups = %lld (< 2^31) expected\n", hg,
                 (long long)items);
         exit(1);
@@ -670,7 +755,8 @@ static void validate(mlaf_context *ctx, mlaf_context *cpu, int64_t H, int neox, 
         iq_variant &v = variants[vi];
         int64_t bad = 0, err_bad = 0;
         for (int hg : {4, 8, 32, 64}) {
-            const iq_cfg c = make_cfg(j, v.half, hg);
+            if (v.np && hg != 4) continue; /* one shape */
+            const iq_cfg c = make_cfg(j, v.half, v.np ? 2 * v.np : hg);
             reset();
             v.launch(j, c);
             std::vector<uint8_t> f, o;
@@ -846,10 +932,11 @@ int main(int argc, char **argv) {
         iq_variant &v = variants[vi];
         cudaFuncAttributes fa;
         CK(cudaFuncGetAttributes(&fa, v.fn));
-        CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v.blocks_per_sm, v.fn, IQ_WARPS * 32, 0));
+        const int wpb = v.np ? IQ_FLAT_WARPS : IQ_WARPS;
+        CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v.blocks_per_sm, v.fn, wpb * 32, 0));
         v.regs = fa.numRegs;
         printf("  %-16s %3d registers, %zu B local, %2d blocks of %d warps per SM\n", v.name, fa.numRegs,
-               (size_t)fa.localSizeBytes, v.blocks_per_sm, IQ_WARPS);
+               (size_t)fa.localSizeBytes, v.blocks_per_sm, wpb);
     }
     mlaf_context *ctx = nullptr, *cpu = nullptr;
     if (mlaf_context_create(&ctx, MLAF_BACKEND_CUDA) != MLAF_OK || mlaf_context_create(&cpu, MLAF_BACKEND_CPU) != MLAF_OK) {
