@@ -266,9 +266,11 @@ __global__ void __launch_bounds__(kV2Warps * 32) hash_v2_kernel(const GateArgs a
         bool mine_bad = mine && (v < 0 || v >= E);
         if constexpr (MATCH) {
             /* lanes without an entry get distinct negative keys; a real entry equal to one is
-             * negative or >= 2^31 as int64, so already out of range */
+             * negative or >= 2^31 as int64, so already out of range. Every lane executes the
+             * match (full mask): it must not sit behind the || / && short circuit. */
             const int32_t key = mine ? e : (int32_t)(0x80000000u | (unsigned)lane);
-            mine_bad = mine_bad || (mine && __popc(__match_any_sync(kFull, key) & team) > 1);
+            const unsigned peers = __match_any_sync(kFull, key);
+            mine_bad = mine_bad || (mine && __popc(peers & team) > 1);
         } else {
 #pragma unroll
             for (int m = 0; m < kHashKMax; m++) {
@@ -756,6 +758,7 @@ static void validate_dtype(const HostVal &h, const char *dtn, mlaf_dtype ldt, co
                 }
             printf("  validate %-4s logits, %s token ids / %s table: %d checks, %s\n", dtn, idx_name(kdt), idx_name(tdt),
                    checks, fails ? "FAIL" : "OK (every variant bit-identical to v0, v0 = float64 reference)");
+            fflush(stdout);
             dev_failures += fails;
         }
     CK(cudaFree(lg));
@@ -855,6 +858,7 @@ int main(int argc, char **argv) {
 
     printf("\nvalidation: T = 1, 33, %lld; %d parameter sets; bad rows, non-finite and |x| >= 20 logits\n",
            (long long)kValT, (int)(sizeof kValParams / sizeof kValParams[0]));
+    fflush(stdout);
     const HostVal h = make_val_host();
     validate_dtype<float>(h, "f32", MLAF_F32, o[0], o[1]);
     validate_dtype<__nv_bfloat16>(h, "bf16", MLAF_BF16, o[0], o[1]);
