@@ -20,6 +20,10 @@ MLAFUSE_BUILD_JOBS (parallel jobs; default: all cores), MLAFUSE_TORCH_EXT (auto:
 torch extension when torch imports, skipping it with a warning if its build fails; 1: build it
 or fail; 0: never).
 
+MLAFUSE_PREBUILT_LIBRARY=/path/libmlafuse.so skips steps 1-2 and bundles that file instead (a
+library built from this same checkout, e.g. by scripts/gpu-pack: the package and the library
+must agree on the C API); only the torch extension is compiled then.
+
 MLAFUSE_CUDA picks the CUDA backend: unset or "auto" builds it when nvcc is found, "0" (or
 "off") builds the CPU backend only (no nvcc run, a small library), "1" (or "on") requires it.
 MLAFUSE_CMAKE_ARGS come after it on the CMake line, so a -DMLAF_CUDA there still wins.
@@ -58,6 +62,11 @@ def cuda_mode():
 
 
 def build_library():
+    pre = os.environ.get("MLAFUSE_PREBUILT_LIBRARY", "").strip()
+    if pre:
+        if not os.path.isfile(pre):
+            raise RuntimeError(f"MLAFUSE_PREBUILT_LIBRARY={pre!r}: no such file")
+        return os.path.realpath(pre)
     build_dir = os.path.join(HERE, "build", "cmake")
     cmd = ["cmake", "-S", ROOT, "-B", build_dir, "-DCMAKE_BUILD_TYPE=Release",
            "-DMLAF_BUILD_TESTS=OFF", "-DMLAF_BUILD_TOOLS=OFF", "-DMLAF_BUILD_DEV=OFF",

@@ -53,3 +53,16 @@ def test_mlafuse_torch_ext_unknown(monkeypatch):
     monkeypatch.setenv("MLAFUSE_TORCH_EXT", "maybe")
     with pytest.raises(RuntimeError, match="MLAFUSE_TORCH_EXT='maybe'"):
         setup_fn("torch_ext_mode")()
+
+
+def test_prebuilt_library(monkeypatch, tmp_path):
+    """MLAFUSE_PREBUILT_LIBRARY: that file is bundled as it is (no CMake run); a missing one is an
+    error, never a silent rebuild."""
+    fn = setup_fn("build_library")
+    lib = tmp_path / "libmlafuse.so"
+    lib.write_bytes(b"\x7fELF")
+    monkeypatch.setenv("MLAFUSE_PREBUILT_LIBRARY", str(lib))
+    assert fn() == os.path.realpath(lib)
+    monkeypatch.setenv("MLAFUSE_PREBUILT_LIBRARY", str(tmp_path / "missing.so"))
+    with pytest.raises(RuntimeError, match="no such file"):
+        fn()
