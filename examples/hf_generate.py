@@ -5,8 +5,8 @@ with mlafuse.integrations.transformers, on one device.
     python examples/hf_generate.py --device cuda --model deepseek_v3 --tokens 8192
 
 Each model is built from its transformers config class with random (seeded) weights: the real
-model's attention and router shapes (GLM-4.7-Flash or DeepSeek-V3: q_lora, kv_lora, rope, nope,
-v, heads, experts, top-k, groups), fewer layers and a smaller hidden / expert width so that it
+model's attention and router shapes (GLM-4.7-Flash, DeepSeek-V3, and GLM-5 with its DSA indexer
+where transformers has it: q_lora, kv_lora, rope, nope, v, heads, experts, top-k, groups), fewer layers and a smaller hidden / expert width so that it
 fits anywhere. For each model:
   1. generate: 20 greedy tokens from a seeded 2 x 8 prompt, unpatched then patched, in float32
      (there the logits agree to ~1e-6, so the tokens must be identical; in bf16 transformers
@@ -41,6 +41,13 @@ SHAPES = {
         num_experts_per_tok=4, n_group=1, topk_group=1, routed_scaling_factor=1.8,
         norm_topk_prob=True, rms_norm_eps=1e-5)),
 }
+if hasattr(transformers, "GlmMoeDsaConfig"):  # GLM-5: MLA + the DSA indexer (transformers' own)
+    SHAPES["glm_moe_dsa"] = (transformers.GlmMoeDsaConfig, transformers.GlmMoeDsaForCausalLM, dict(
+        q_lora_rank=2048, kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=192,
+        v_head_dim=256, num_attention_heads=64, num_key_value_heads=64, n_routed_experts=256,
+        num_experts_per_tok=8, n_group=1, topk_group=1, routed_scaling_factor=2.5,
+        norm_topk_prob=True, rms_norm_eps=1e-5, index_n_heads=32, index_head_dim=128,
+        index_topk=2048))
 NEW_TOKENS = 20
 
 

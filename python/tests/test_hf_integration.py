@@ -1,5 +1,6 @@
-"""mlafuse.integrations.transformers: tiny random (seeded, 2-layer) DeepSeek-V2 / V3 and
-GLM-4.7-Flash models from the transformers config classes, patched vs unpatched: f32 logits
+"""mlafuse.integrations.transformers: tiny random (seeded, 2-layer) DeepSeek-V2 / V3,
+GLM-4.7-Flash and (where the installed transformers has them) GLM-5 / DeepSeek-V3.2 DSA models
+from the transformers config classes, patched vs unpatched: f32 logits
 within 1e-4 relative, greedy generate of 20 tokens identical, bf16 logits as BF16_* below;
 the mlafuse ops are checked to have run; unsupported models and configs are refused."""
 import pytest
@@ -57,6 +58,21 @@ def _v2(**kw):
     return transformers.DeepseekV2Config(**c), transformers.DeepseekV2ForCausalLM
 
 
+def _dsa(kind, **kw):
+    """GLM-5 (glm_moe_dsa) or DeepSeek-V3.2 (deepseek_v32): MLA + the DSA indexer, whose top-8
+    selection really masks the attention at 11+ tokens."""
+    names = {"glm": ("GlmMoeDsaConfig", "GlmMoeDsaForCausalLM"),
+             "v32": ("DeepseekV32Config", "DeepseekV32ForCausalLM")}[kind]
+    if not all(hasattr(transformers, n) for n in names):
+        pytest.skip(f"transformers {transformers.__version__} has no {names[1]}")
+    c = dict(SMALL, **MLA, q_lora_rank=48, n_routed_experts=16, num_experts_per_tok=4,
+             n_group=4 if kind == "v32" else 1, topk_group=2 if kind == "v32" else 1,
+             routed_scaling_factor=2.5, norm_topk_prob=True, index_n_heads=4,
+             index_head_dim=32, index_topk=8)
+    c.update(kw)
+    return getattr(transformers, names[0])(**c), getattr(transformers, names[1])
+
+
 YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
         "original_max_position_embeddings": 64, "beta_fast": 32, "beta_slow": 1, "mscale": 1.0,
         "mscale_all_dim": 1.0}
@@ -68,6 +84,9 @@ MODELS = {
     "glm4_moe_lite_neox": lambda: _glm(rope_interleave=False),
     "deepseek_v2_lite": lambda: _v2(topk_method="greedy", n_group=None, topk_group=None),
     "deepseek_v2_q_lora": lambda: _v2(q_lora_rank=48),
+    "glm5_dsa": lambda: _dsa("glm"),
+    "glm5_dsa_shared_topk": lambda: _dsa("glm", indexer_types=["full", "shared"]),
+    "deepseek_v32": lambda: _dsa("v32"),
 }
 
 
@@ -128,7 +147,8 @@ def test_f32_logits_and_greedy_generate(name, device, monkeypatch):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("name", ["deepseek_v3", "glm4_moe_lite", "deepseek_v2_lite"])
+@pytest.mark.parametrize("name", ["deepseek_v3", "glm4_moe_lite", "deepseek_v2_lite", "glm5_dsa",
+                                  "deepseek_v32"])
 def test_bf16_logits(name, device):
     model = build(name, device, torch.bfloat16)
     ids = torch.randint(0, 160, (3, 17), generator=torch.Generator().manual_seed(2)).to(device)
@@ -219,11 +239,11 @@ def test_refused_configs(kind):
     assert not is_patched(model)
 
 
-@pytest.mark.parametrize("model_type,match", [("glm_moe_dsa", "DSA indexer"),
-                                              ("deepseek_v32", "DSA indexer"),
-                                              ("deepseek_v4", "sqrt-softplus")])
+@pytest.mark.parametrize("model_type,match", [("deepseek_v4", "sqrt-softplus")])
 def test_refused_model_types(model_type, match):
-    """GLM-5, DeepSeek-V3.2 and V4 (present in transformers 5.x) need ops this mlafuse lacks."""
+    """DeepSeek-V4 (present in transformers 5.x) is not wrapped: refused with a reason."""
+    if model_type not in transformers.models.auto.configuration_auto.CONFIG_MAPPING:
+        pytest.skip(f"transformers {transformers.__version__} has no {model_type}")
     cfg = transformers.AutoConfig.for_model(model_type)
 
     class Stub(torch.nn.Module):  # patch() refuses on the config alone, before any module

@@ -7,8 +7,10 @@
     unpatch(model)        # the original forwards again
 
 Covered (transformers 5.x): DeepSeek-V2 / V2-Lite (``deepseek_v2``), DeepSeek-V3 / R1 and
-Kimi-K2 (``deepseek_v3``), GLM-4.7-Flash (``glm4_moe_lite``). ``patch`` replaces, by instance
-attribute, the forward of
+Kimi-K2 (``deepseek_v3``), GLM-4.7-Flash (``glm4_moe_lite``), and the DSA models GLM-5
+(``glm_moe_dsa``) and DeepSeek-V3.2 (``deepseek_v32``), whose lightning indexer stays
+transformers' own (fed mlafuse's q-a norm output; its top-k masks the attention as in their
+forwards). ``patch`` replaces, by instance attribute, the forward of
 - every MLA attention module: the q-a and kv-a projections become one GEMM (their weights
   concatenated: one extra copy of them, e.g. 30 MB per DeepSeek-V3 layer in bf16; rebuilt
   when a weight changes) whose output goes through ONE
@@ -32,9 +34,8 @@ The keys' rope dims are stored in the cache in mlafuse's layout (pairs in place)
 transformers' de-interleaved one; queries use the same layout, so attention is unchanged, but
 a cache filled while patched must not be continued unpatched (or the reverse).
 
-Refused with UnsupportedModelError: other model types (GLM-5 ``glm_moe_dsa`` and DeepSeek-V3.2
-``deepseek_v32`` need the DSA indexer ops, DeepSeek-V4 ``deepseek_v4`` its own attention and
-sqrt-softplus / hash router, none of which this mlafuse has), rope types other than default /
+Refused with UnsupportedModelError: other model types (DeepSeek-V4 ``deepseek_v4``: its own
+attention and sqrt-softplus / hash routers are not wrapped here), rope types other than default /
 YaRN, partial rotary factors, quantized (non-nn.Linear) q-a / kv-a projections, a
 DeepSeek-V2 topk_method other than greedy /
 group_limited_greedy or with norm_topk_prob (transformers' V2 router ignores it), and module
@@ -50,21 +51,20 @@ from .. import ops as _ops
 
 __all__ = ["patch", "unpatch", "is_patched", "UnsupportedModelError", "SUPPORTED_MODEL_TYPES"]
 
-SUPPORTED_MODEL_TYPES = ("deepseek_v2", "deepseek_v3", "glm4_moe_lite")
+SUPPORTED_MODEL_TYPES = ("deepseek_v2", "deepseek_v3", "glm4_moe_lite", "glm_moe_dsa", "deepseek_v32")
 _REFUSED = {
-    "glm_moe_dsa": "GLM-5 (glm_moe_dsa) needs the DSA indexer ops (SPEC §10: indexer key "
-                   "LayerNorm + RoPE + fp8 index cache, indexer_q), which this mlafuse does not "
-                   "have",
-    "deepseek_v32": "DeepSeek-V3.2 (deepseek_v32) needs the DSA indexer ops (SPEC §10), which "
-                    "this mlafuse does not have",
-    "deepseek_v4": "DeepSeek-V4 (deepseek_v4) needs its 512-wide kv with a rope tail, per-head q "
-                   "norm and the sqrt-softplus / hash router (SPEC §11), which this mlafuse does "
-                   "not have",
+    "deepseek_v4": "DeepSeek-V4 (deepseek_v4): its attention (the 512-wide kv with a rope tail, "
+                   "the per-head q norm) and its sqrt-softplus / hash routers are not covered by "
+                   "this integration (mlafuse's ops for them are called directly: mla_kv_cache "
+                   "with kv_rope_tail, rope_q head_norm, moe_gate score_func='sqrt_softplus')",
 }
 _ATTN_CLASSES = {"deepseek_v2": "DeepseekV2Attention", "deepseek_v3": "DeepseekV3Attention",
-                 "glm4_moe_lite": "Glm4MoeLiteAttention"}
+                 "glm4_moe_lite": "Glm4MoeLiteAttention", "glm_moe_dsa": "GlmMoeDsaAttention",
+                 "deepseek_v32": "DeepseekV32Attention"}
 _ROUTER_CLASSES = {"deepseek_v2": "DeepseekV2TopkRouter", "deepseek_v3": "DeepseekV3TopkRouter",
-                   "glm4_moe_lite": "Glm4MoeLiteTopkRouter"}
+                   "glm4_moe_lite": "Glm4MoeLiteTopkRouter", "glm_moe_dsa": "GlmMoeDsaTopkRouter",
+                   "deepseek_v32": "DeepseekV32TopkRouter"}
+_DSA = ("glm_moe_dsa", "deepseek_v32")  # MLA + the DSA indexer (transformers' own, fed our q norm)
 _STATE = "_mlafuse_state"
 
 
@@ -114,6 +114,8 @@ def _rope_settings(cfg, model_type):
                 scaling["original_max_position_embeddings"]
     if model_type == "deepseek_v2":
         style = "interleaved"  # complex multiplication of (2i, 2i+1) pairs
+    elif model_type in _DSA:
+        style = "interleaved"  # their MLA attention always ropes interleaved pairs
     else:
         style = "interleaved" if getattr(cfg, "rope_interleave", True) else "neox"
     return style, float(base), scaling, int(cfg.max_position_embeddings)
@@ -137,7 +139,7 @@ def _router_params(cfg, model_type):
                     group_score="max", renormalize=False,
                     routed_scaling_factor=float(cfg.routed_scaling_factor),
                     apply_routed_scaling=True, eps=1e-20)
-    score = getattr(cfg, "scoring_func", "sigmoid")
+    score = getattr(cfg, "scoring_func", None) or "sigmoid"
     if score != "sigmoid":
         raise UnsupportedModelError(f"{model_type}: scoring_func = {score!r}, but the "
                                     "transformers router computes sigmoid scores")
@@ -183,11 +185,12 @@ def _fused_a_weight(attn, st):
     return st["w_a"], st["b_a"]
 
 
-def _mla_attention(self, hidden_states, attention_mask, past_key_values, kwargs, new_cache=False):
+def _mla_qkv(self, hidden_states, position_ids, past_key_values, kwargs, new_cache):
+    """q / k / v of the MLA attention (the cache updated on the way), and the q-a norm output
+    [T, Q] (the DSA indexer's input)."""
     torch = _torch()
     F = torch.nn.functional
     st = getattr(self, _STATE)
-    position_ids = kwargs.get("position_ids")
     if position_ids is None:
         raise RuntimeError("mlafuse-patched attention needs position_ids (the transformers "
                            "decoder layer passes them)")
@@ -218,14 +221,57 @@ def _mla_attention(self, hidden_states, attention_mask, past_key_values, kwargs,
                           else past_key_values.update(kv_nope, k_rot, self.layer_idx))
     query_states = q.view(B, S, -1, self.qk_head_dim).transpose(1, 2)
     key_states, value_states = self.expand_kv(kv_nope, k_rot)
+    return query_states, key_states, value_states, q_norm
+
+
+def _attend(self, q, k, v, attention_mask, kwargs):
+    st = getattr(self, _STATE)
     attention_interface = st["attention_functions"].get_interface(
         self.config._attn_implementation, st["eager_attention"])
     attn_output, attn_weights = attention_interface(
-        self, query_states, key_states, value_states, attention_mask,
+        self, q, k, v, attention_mask,
         dropout=0.0 if not self.training else self.attention_dropout, scaling=self.scaling,
         **kwargs)
-    attn_output = attn_output.reshape(B, S, -1).contiguous()
-    return self.o_proj(attn_output), attn_weights
+    B, S = q.shape[0], q.shape[2]
+    return self.o_proj(attn_output.reshape(B, S, -1).contiguous()), attn_weights
+
+
+def _mla_attention(self, hidden_states, attention_mask, past_key_values, kwargs, new_cache=False):
+    q, k, v, _ = _mla_qkv(self, hidden_states, kwargs.get("position_ids"), past_key_values, kwargs,
+                          new_cache)
+    return _attend(self, q, k, v, attention_mask, kwargs)
+
+
+def _forward_dsa(self, hidden_states, position_embeddings=None, attention_mask=None, cache=None,
+                 position_ids=None, prev_topk_indices=None, past_key_values=None, **kwargs):
+    """GlmMoeDsaAttention / DeepseekV32Attention.forward: the MLA part through mlafuse, then
+    transformers' own DSA indexer on the q-a norm output and its top-k as a sparse mask (or, for
+    kernels that take them, as indices), as those forwards do. GLM-5's returns the top-k too
+    (its "shared" layers reuse the previous full layer's)."""
+    torch = _torch()
+    cache = cache if cache is not None else past_key_values
+    q, k, v, q_norm = _mla_qkv(self, hidden_states, position_ids, cache, kwargs, True)
+    B, S = hidden_states.shape[:-1]
+    indexer = getattr(self, "indexer", None)
+    if indexer is not None:
+        topk = indexer(hidden_states, q_norm.view(B, S, -1), position_embeddings,
+                       attention_mask[:, 0, :, :], position_ids, cache=cache)
+    elif prev_topk_indices is not None:
+        topk = prev_topk_indices
+    else:
+        raise ValueError("shared DSA layers need the top-k indices of a previous full layer")
+    sparse = None
+    if self.config._attn_implementation in ("eager", "sdpa"):
+        masked = topk.new_ones((B, S, k.shape[2]), dtype=torch.bool).scatter(
+            -1, topk.long(), False).unsqueeze(1)
+        if attention_mask.dtype == torch.bool:
+            attention_mask = attention_mask & ~masked
+        else:
+            attention_mask = attention_mask.masked_fill(masked, torch.finfo(hidden_states.dtype).min)
+    else:
+        sparse = topk
+    out, weights = _attend(self, q, k, v, attention_mask, dict(kwargs, indices=sparse))
+    return (out, weights, topk) if getattr(self, _STATE)["returns_topk"] else (out, weights)
 
 
 def _forward_v3(self, hidden_states, position_embeddings=None, attention_mask=None,
@@ -320,13 +366,14 @@ def patch(model, *, attention: bool = True, router: bool = True):
             if eager is None:
                 raise UnsupportedModelError(f"{type(mod).__module__} has no "
                                             "eager_attention_forward")
-            fwd = _forward_v2 if mt == "deepseek_v2" else _forward_v3
+            fwd = _forward_v2 if mt == "deepseek_v2" else _forward_dsa if mt in _DSA else _forward_v3
             plan.append((mod, fwd, dict(shared=shared, eager_attention=eager,
-                                        attention_functions=ALL_ATTENTION_FUNCTIONS)))
+                                        attention_functions=ALL_ATTENTION_FUNCTIONS,
+                                        returns_topk=mt == "glm_moe_dsa")))
         elif name == router_name and router:
             biased = hasattr(mod, "e_score_correction_bias") and mt != "deepseek_v2"
             plan.append((mod, _router_forward, dict(gate=gate, biased=biased)))
-    if attention and not any(f in (_forward_v2, _forward_v3) for _, f, _ in plan):
+    if attention and not any(f in (_forward_v2, _forward_v3, _forward_dsa) for _, f, _ in plan):
         raise UnsupportedModelError(f"no {attn_name} module found in {type(model).__name__}")
     if router and not any(f is _router_forward for _, f, _ in plan) and \
             getattr(cfg, "n_routed_experts", None):
