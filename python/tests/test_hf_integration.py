@@ -239,9 +239,10 @@ def test_refused_configs(kind):
     assert not is_patched(model)
 
 
-@pytest.mark.parametrize("model_type,match", [("deepseek_v4", "sqrt-softplus")])
+@pytest.mark.parametrize("model_type,match", [("deepseek_v4", "attention=False")])
 def test_refused_model_types(model_type, match):
-    """DeepSeek-V4 (present in transformers 5.x) is not wrapped: refused with a reason."""
+    """DeepSeek-V4's attention (transformers 5.x has the model) is not wrapped: patch(model)
+    refuses with the reason and the routers-only form."""
     if model_type not in transformers.models.auto.configuration_auto.CONFIG_MAPPING:
         pytest.skip(f"transformers {transformers.__version__} has no {model_type}")
     cfg = transformers.AutoConfig.for_model(model_type)
@@ -250,3 +251,60 @@ def test_refused_model_types(model_type, match):
         config = cfg
     with pytest.raises(UnsupportedModelError, match=match):
         patch(Stub())
+
+
+def _v4(device):
+    """A tiny DeepSeek-V4: a hash-routed layer, then a sqrt-softplus top-k layer; the hash table
+    holds distinct experts per token id, as a checkpoint's does (transformers starts it at 0)."""
+    if not hasattr(transformers, "DeepseekV4Config"):
+        pytest.skip(f"transformers {transformers.__version__} has no DeepseekV4ForCausalLM")
+    cfg = transformers.DeepseekV4Config(
+        vocab_size=160, hidden_size=64, intermediate_size=96, moe_intermediate_size=32,
+        num_hidden_layers=2, num_attention_heads=4, head_dim=32, q_lora_rank=32, o_groups=2,
+        o_lora_rank=16, num_local_experts=16, num_experts_per_tok=4,
+        mlp_layer_types=["hash_moe", "moe"],
+        layer_types=["sliding_attention", "sliding_attention"], max_position_embeddings=256,
+        tie_word_embeddings=False)
+    torch.manual_seed(0)
+    model = transformers.DeepseekV4ForCausalLM(cfg).eval()
+    g = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for mod in model.modules():
+            name = type(mod).__name__
+            if name in ("DeepseekV4TopKRouter", "DeepseekV4HashRouter"):
+                mod.weight.normal_(0, 0.3)
+            if name == "DeepseekV4HashRouter":
+                mod.tid2eid.copy_(torch.stack([torch.randperm(16, generator=g)[:4]
+                                               for _ in range(160)]))
+            if hasattr(mod, "e_score_correction_bias"):
+                mod.e_score_correction_bias.normal_(0, 0.02)
+    return model.to(device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_v4_routers(device, monkeypatch):
+    """DeepSeek-V4, patch(model, attention=False): the sqrt-softplus router through moe_gate,
+    the hash router through moe_gate_hash; f32 logits and greedy tokens as unpatched."""
+    model = _v4(device)
+    ids = torch.randint(0, 160, (2, 11), generator=torch.Generator().manual_seed(1)).to(device)
+    hashed = {"n": 0}
+    real_hash = mlafuse.ops.moe_gate_hash
+
+    def counted(*a, **k):
+        hashed["n"] += 1
+        return real_hash(*a, **k)
+    with torch.no_grad():
+        want = model(ids).logits
+        gen_want = model.generate(ids, max_new_tokens=20, min_new_tokens=20, do_sample=False)
+        with pytest.raises(UnsupportedModelError, match="attention=False"):
+            patch(model)
+        assert not is_patched(model)
+        count = Counting(monkeypatch)
+        monkeypatch.setattr(mlafuse.ops, "moe_gate_hash", counted)
+        patch(model, attention=False)
+        got = model(ids).logits
+        assert count.calls == {"split_qk_norm": 0, "rope_q": 0, "moe_gate": 1} and hashed["n"] == 1
+        gen_got = model.generate(ids, max_new_tokens=20, min_new_tokens=20, do_sample=False)
+        unpatch(model)
+    assert rel(got, want) <= F32_TOL, f"deepseek_v4: logits differ by {rel(got, want):.2e}"
+    assert torch.equal(gen_got, gen_want), "deepseek_v4: greedy tokens differ"

@@ -34,8 +34,12 @@ The keys' rope dims are stored in the cache in mlafuse's layout (pairs in place)
 transformers' de-interleaved one; queries use the same layout, so attention is unchanged, but
 a cache filled while patched must not be continued unpatched (or the reverse).
 
-Refused with UnsupportedModelError: other model types (DeepSeek-V4 ``deepseek_v4``: its own
-attention and sqrt-softplus / hash routers are not wrapped here), rope types other than default /
+DeepSeek-V4 (``deepseek_v4``): routers only, with ``patch(model, attention=False)``: its
+sqrt-softplus top-k router through ``moe_gate`` and its hash routers through ``moe_gate_hash``
+(logits as transformers computes them, in the weights' dtype; weights returned in that dtype);
+its attention is not wrapped, so ``patch(model)`` refuses it and says so.
+
+Refused with UnsupportedModelError: other model types, rope types other than default /
 YaRN, partial rotary factors, quantized (non-nn.Linear) q-a / kv-a projections, a
 DeepSeek-V2 topk_method other than greedy /
 group_limited_greedy or with norm_topk_prob (transformers' V2 router ignores it), and module
@@ -51,19 +55,22 @@ from .. import ops as _ops
 
 __all__ = ["patch", "unpatch", "is_patched", "UnsupportedModelError", "SUPPORTED_MODEL_TYPES"]
 
-SUPPORTED_MODEL_TYPES = ("deepseek_v2", "deepseek_v3", "glm4_moe_lite", "glm_moe_dsa", "deepseek_v32")
-_REFUSED = {
-    "deepseek_v4": "DeepSeek-V4 (deepseek_v4): its attention (the 512-wide kv with a rope tail, "
-                   "the per-head q norm) and its sqrt-softplus / hash routers are not covered by "
-                   "this integration (mlafuse's ops for them are called directly: mla_kv_cache "
-                   "with kv_rope_tail, rope_q head_norm, moe_gate score_func='sqrt_softplus')",
+SUPPORTED_MODEL_TYPES = ("deepseek_v2", "deepseek_v3", "glm4_moe_lite", "glm_moe_dsa", "deepseek_v32",
+                         "deepseek_v4")
+# DeepSeek-V4: routers only (patch(model, attention=False)); its attention is not wrapped.
+_ROUTERS_ONLY = {
+    "deepseek_v4": "DeepSeek-V4 (deepseek_v4): its attention (the 512-wide shared kv with the "
+                   "rope inside it, the per-head q norm, per-layer-type rope tables, compressed "
+                   "kv) is not wrapped by this integration; patch(model, attention=False) routes "
+                   "its sqrt-softplus and hash routers through mlafuse",
 }
 _ATTN_CLASSES = {"deepseek_v2": "DeepseekV2Attention", "deepseek_v3": "DeepseekV3Attention",
                  "glm4_moe_lite": "Glm4MoeLiteAttention", "glm_moe_dsa": "GlmMoeDsaAttention",
                  "deepseek_v32": "DeepseekV32Attention"}
 _ROUTER_CLASSES = {"deepseek_v2": "DeepseekV2TopkRouter", "deepseek_v3": "DeepseekV3TopkRouter",
                    "glm4_moe_lite": "Glm4MoeLiteTopkRouter", "glm_moe_dsa": "GlmMoeDsaTopkRouter",
-                   "deepseek_v32": "DeepseekV32TopkRouter"}
+                   "deepseek_v32": "DeepseekV32TopkRouter", "deepseek_v4": "DeepseekV4TopKRouter"}
+_HASH_ROUTER_CLASSES = {"deepseek_v4": "DeepseekV4HashRouter"}
 _DSA = ("glm_moe_dsa", "deepseek_v32")  # MLA + the DSA indexer (transformers' own, fed our q norm)
 _STATE = "_mlafuse_state"
 
@@ -138,6 +145,14 @@ def _router_params(cfg, model_type):
                     topk_group=int(cfg.topk_group) if grouped else 1, score_func="softmax",
                     group_score="max", renormalize=False,
                     routed_scaling_factor=float(cfg.routed_scaling_factor),
+                    apply_routed_scaling=True, eps=1e-20)
+    if model_type == "deepseek_v4":  # transformers' V4 routers: no groups, always renormalized
+        score = getattr(cfg, "scoring_func", None) or "sqrtsoftplus"
+        if score != "sqrtsoftplus":
+            raise UnsupportedModelError(f"deepseek_v4: scoring_func = {score!r} is not supported "
+                                        "(sqrtsoftplus)")
+        return dict(top_k=int(cfg.num_experts_per_tok), score_func="sqrt_softplus",
+                    renormalize=True, routed_scaling_factor=float(cfg.routed_scaling_factor),
                     apply_routed_scaling=True, eps=1e-20)
     score = getattr(cfg, "scoring_func", None) or "sigmoid"
     if score != "sigmoid":
@@ -303,6 +318,30 @@ def _router_forward(self, hidden_states):
     return logits, w, ids.long()
 
 
+def _router_forward_v4(self, hidden_states):
+    """DeepseekV4TopKRouter's contract: logits as transformers computes them (in the weight's
+    dtype), sqrt-softplus scores chosen with the bias, weights in the logits' dtype, int64 ids."""
+    torch = _torch()
+    st = getattr(self, _STATE)
+    logits = torch.nn.functional.linear(hidden_states.reshape(-1, self.hidden_dim), self.weight)
+    bias = self.e_score_correction_bias
+    w, ids = _ops.moe_gate(logits, bias if bias.dtype == torch.float32 else bias.float(),
+                           n_group=1, topk_group=1, **st["gate"])
+    return logits, w.to(logits.dtype), ids.long()
+
+
+def _hash_router_forward(self, hidden_states, input_ids):
+    """DeepseekV4HashRouter's contract: ids = tid2eid[input_ids] through moe_gate_hash (which
+    also checks every row: an id or entry out of range, or a repeated entry, gives ids
+    0 .. k-1 with weight 0 instead of indexing past the table)."""
+    torch = _torch()
+    st = getattr(self, _STATE)
+    logits = torch.nn.functional.linear(hidden_states.reshape(-1, self.hidden_dim), self.weight)
+    w, ids = _ops.moe_gate_hash(logits, self.tid2eid, input_ids.reshape(-1).contiguous(),
+                                **st["gate"])
+    return logits, w.to(logits.dtype), ids.long()
+
+
 def _rotary_forward(self, x, position_ids):
     torch = _torch()
     st = getattr(self, _STATE)
@@ -333,19 +372,22 @@ def patch(model, *, attention: bool = True, router: bool = True):
     if is_patched(model):
         return model
     cfg, mt = _model_type(model)
-    if mt in _REFUSED:
-        raise UnsupportedModelError(_REFUSED[mt])
+    if mt in _ROUTERS_ONLY and attention:
+        raise UnsupportedModelError(_ROUTERS_ONLY[mt])
     if mt not in SUPPORTED_MODEL_TYPES:
         raise UnsupportedModelError(f"model_type {mt!r} is not covered; mlafuse patches "
                                     f"{list(SUPPORTED_MODEL_TYPES)}")
-    style, base, scaling, max_pos = _rope_settings(cfg, mt)
     gate = _router_params(cfg, mt)
-    if scaling is not None:
-        _ops._rope_scaling(scaling, base)  # rejects keys or values the library cannot build
-    shared = _Shared(style, base, scaling, max_pos)
+    shared = None
+    if attention:
+        style, base, scaling, max_pos = _rope_settings(cfg, mt)
+        if scaling is not None:
+            _ops._rope_scaling(scaling, base)  # rejects keys or values the library cannot build
+        shared = _Shared(style, base, scaling, max_pos)
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-    attn_name, router_name = _ATTN_CLASSES[mt], _ROUTER_CLASSES[mt]
+    attn_name, router_name = _ATTN_CLASSES.get(mt), _ROUTER_CLASSES[mt]
+    hash_name = _HASH_ROUTER_CLASSES.get(mt)
     plan = []
     for mod in model.modules():
         name = type(mod).__name__
@@ -372,11 +414,14 @@ def patch(model, *, attention: bool = True, router: bool = True):
                                         returns_topk=mt == "glm_moe_dsa")))
         elif name == router_name and router:
             biased = hasattr(mod, "e_score_correction_bias") and mt != "deepseek_v2"
-            plan.append((mod, _router_forward, dict(gate=gate, biased=biased)))
+            fwd = _router_forward_v4 if mt == "deepseek_v4" else _router_forward
+            plan.append((mod, fwd, dict(gate=gate, biased=biased)))
+        elif name == hash_name and router:
+            plan.append((mod, _hash_router_forward, dict(gate=gate)))
     if attention and not any(f in (_forward_v2, _forward_v3, _forward_dsa) for _, f, _ in plan):
         raise UnsupportedModelError(f"no {attn_name} module found in {type(model).__name__}")
-    if router and not any(f is _router_forward for _, f, _ in plan) and \
-            getattr(cfg, "n_routed_experts", None):
+    if router and not any(f in (_router_forward, _router_forward_v4) for _, f, _ in plan) and \
+            (getattr(cfg, "n_routed_experts", None) or mt == "deepseek_v4"):
         raise UnsupportedModelError(f"no {router_name} module found in {type(model).__name__}")
     inner = getattr(model, "model", model)
     rotary = getattr(inner, "rotary_emb", None)
