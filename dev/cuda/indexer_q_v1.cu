@@ -5,9 +5,11 @@
  * it ships). Every variant keeps index_row.cuh's arithmetic step for step, so its q_fp8 bytes and
  * w_out bits must equal the library's; the program checks that before it times anything.
  *
- *   v0  library: a warp per (token, head) item, 4 warps a block; per item a 64-bit division for
- *       (t, h), the position and the cos / sin row loaded again, 4 two-byte loads and 4 one-byte
- *       stores per lane, lane 0 loads w and stores w_out (~256 B read per warp at a time).
+ *   v0  the library as it ships (v5's shape since it was adopted). The kernel v1 .. v5 were
+ *       written against (git history of src/cuda/indexer_q.cu): a warp per (token, head) item,
+ *       4 warps a block; per item a 64-bit division for (t, h), the position and the cos / sin
+ *       row loaded again, 4 two-byte loads and 4 one-byte stores per lane, lane 0 loads w and
+ *       stores w_out (~256 B read per warp at a time).
  *   v1  warp: a warp per item of hg heads of one token (hg = all heads of the token from
  *       T = 32768: a warp per token), lane l holds values [4 l, 4 l + 4) as in the library
  *       (mlaf_idx_hadamard, mlaf_idx_scale called as they are); the position and the lane's
