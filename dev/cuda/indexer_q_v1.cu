@@ -108,17 +108,7 @@ template <int W, typename T> __device__ __forceinline__ void iq_unpack(const uin
 #pragma unroll
     for (int k = 0; k < W; k++) v[2 * k] = iq_lo<T>(x[k]), v[2 * k + 1] = iq_hi<T>(x[k]);
 }
-__device__ __forceinline__ void iq_ld4(const float *p, bool vec, float *o) {
-    if (vec) {
-        const float4 u = __ldg(reinterpret_cast<const float4 *>(p));
-        o[0] = u.x, o[1] = u.y, o[2] = u.z, o[3] = u.w;
-    } else {
-#pragma unroll
-        for (int k = 0; k < 4; k++) o[k] = __ldg(p + k);
-    }
-}
-
-/* ---- the arithmetic (index_row.cuh's, in these lane layouts) ------------------------------ */
+/* ---- the arithmetic (index_row.cuh's; the half-warp layout's RoPE, Hadamard and scale are there) */
 /* Warp shape: lane l holds [4 l, 4 l + 4); c, s: cos / sin of its pairs (mlaf_idx_rope's). */
 template <typename T>
 __device__ __forceinline__ void iq_rope4(float *v, int lane, bool neox, const float *c, const float *s) {
@@ -140,65 +130,6 @@ __device__ __forceinline__ void iq_rope4(float *v, int lane, bool neox, const fl
             v[2 * k + 1] = mlaf_round_as<T>(mlaf_rope_x1(x0, x1, c[k], s[k]));
         }
     }
-}
-
-/* Half shape: lane hl (= lane & 15) of a half holds [8 hl, 8 hl + 8). Interleaved: pairs
- * 4 hl + k inside the lane (c[k], k < 4); NeoX: pair (i, i + 32) is lanes hl and hl ^ 4 of the
- * half (c[k] = cos[8 (hl & 3) + k], k < 8). Only lanes hl < 8 hold dims [0, 64). */
-template <typename T>
-__device__ __forceinline__ void iq_rope8(float *v, int hl, bool neox, const float *c, const float *s) {
-    if (neox) {
-        float p[8];
-#pragma unroll
-        for (int k = 0; k < 8; k++) p[k] = __shfl_xor_sync(IQ_FULL, v[k], 4);
-        if (hl < 8) {
-            const bool first = hl < 4;
-#pragma unroll
-            for (int k = 0; k < 8; k++)
-                v[k] = mlaf_round_as<T>(first ? mlaf_rope_x0(v[k], p[k], c[k], s[k]) : mlaf_rope_x1(p[k], v[k], c[k], s[k]));
-        }
-    } else if (hl < 8) {
-#pragma unroll
-        for (int k = 0; k < 4; k++) {
-            const float x0 = v[2 * k], x1 = v[2 * k + 1];
-            v[2 * k] = mlaf_round_as<T>(mlaf_rope_x0(x0, x1, c[k], s[k]));
-            v[2 * k + 1] = mlaf_round_as<T>(mlaf_rope_x1(x0, x1, c[k], s[k]));
-        }
-    }
-}
-
-/* mlaf_idx_hadamard's butterflies on the half shape: index strides 1, 2, 4 inside the lane,
- * 8, 16, 32, 64 between lanes hl and hl ^ 1, 2, 4, 8; the lower index keeps a + b, the upper
- * a - b; then * f32(128^-0.5), rounded. */
-template <typename T> __device__ __forceinline__ void iq_hadamard8(float *v, int hl) {
-#pragma unroll
-    for (int m = 1; m < 8; m <<= 1)
-#pragma unroll
-        for (int i = 0; i < 8; i++)
-            if (!(i & m)) {
-                const float a = v[i], b = v[i + m];
-                v[i] = __fadd_rn(a, b), v[i + m] = __fsub_rn(a, b);
-            }
-#pragma unroll
-    for (int m = 1; m < 16; m <<= 1) {
-        const bool upper = (hl & m) != 0;
-#pragma unroll
-        for (int k = 0; k < 8; k++) {
-            const float p = __shfl_xor_sync(IQ_FULL, v[k], m);
-            v[k] = upper ? __fsub_rn(p, v[k]) : __fadd_rn(v[k], p);
-        }
-    }
-#pragma unroll
-    for (int k = 0; k < 8; k++) v[k] = mlaf_round_as<T>(__fmul_rn(v[k], MLAF_IDX_HADAMARD_K));
-}
-
-/* mlaf_idx_scale from the head's amax m. */
-__device__ __forceinline__ float iq_scale_of(float m, float eps, int mode) {
-    const float a = fmaxf(m, eps), q = __fdiv_rn(a, 448.0f);
-    if (mode == 1) return q;
-    const uint32_t u = __float_as_uint(q);
-    const int e = (u & 0x7fffffffu) == 0x7f800000u ? 128 : (int)((u >> 23) & 0xffu) - 127 + ((u & 0x7fffffu) != 0);
-    return __uint_as_float((uint32_t)(e + 127) << 23);
 }
 
 /* r = 1 / s when s is a positive normal power of two whose reciprocal is normal: then x * r and
@@ -271,8 +202,8 @@ __global__ void __launch_bounds__(IQ_WARPS * 32) iq_warp_kernel(const mlaf_index
     if (lane < 16) {
         const float *cs = j.rope.cos_sin + pos * j.rope.cos_sin_stride;
         if (neox) {
-            iq_ld4(cs + 4 * (lane & 7), c.csvec != 0, cc);
-            iq_ld4(cs + 32 + 4 * (lane & 7), c.csvec != 0, ss);
+            mlaf_idx_ld4(cs + 4 * (lane & 7), c.csvec != 0, cc);
+            mlaf_idx_ld4(cs + 32 + 4 * (lane & 7), c.csvec != 0, ss);
         } else {
 #pragma unroll
             for (int k = 0; k < 2; k++) cc[k] = __ldg(cs + 2 * lane + k), ss[k] = __ldg(cs + 32 + 2 * lane + k);
@@ -349,13 +280,13 @@ __global__ void __launch_bounds__(IQ_WARPS * 32) iq_half_kernel(const mlaf_index
         const bool v4 = c.csvec != 0;
         if (neox) {
             const int i = 8 * (hl & 3);
-            iq_ld4(cs + i, v4, cc);
-            iq_ld4(cs + i + 4, v4, cc + 4);
-            iq_ld4(cs + 32 + i, v4, ss);
-            iq_ld4(cs + 32 + i + 4, v4, ss + 4);
+            mlaf_idx_ld4(cs + i, v4, cc);
+            mlaf_idx_ld4(cs + i + 4, v4, cc + 4);
+            mlaf_idx_ld4(cs + 32 + i, v4, ss);
+            mlaf_idx_ld4(cs + 32 + i + 4, v4, ss + 4);
         } else {
-            iq_ld4(cs + 4 * hl, v4, cc);
-            iq_ld4(cs + 32 + 4 * hl, v4, ss);
+            mlaf_idx_ld4(cs + 4 * hl, v4, cc);
+            mlaf_idx_ld4(cs + 32 + 4 * hl, v4, ss);
         }
     }
     const bool wf32 = j.w_dt == MLAF_F32;
@@ -377,13 +308,13 @@ __global__ void __launch_bounds__(IQ_WARPS * 32) iq_half_kernel(const mlaf_index
                 const int h = hs + half;
                 float v[8];
                 iq_unpack<4, T>(cur[u], v);
-                iq_rope8<T>(v, hl, neox, cc, ss);
-                if (j.hadamard) iq_hadamard8<T>(v, hl);
+                mlaf_idx_rope8<T>(v, hl, neox, cc, ss);
+                if (j.hadamard) mlaf_idx_hadamard8<T>(v, hl);
                 float m = 0.0f;
 #pragma unroll
                 for (int k = 0; k < 8; k++) m = fmaxf(m, fabsf(v[k]));
                 m = mlaf_warp_max(m, 16);
-                const float s = iq_scale_of(m, j.amax_eps, (int)j.scale);
+                const float s = mlaf_idx_scale_of(m, j.amax_eps, (int)j.scale);
                 if (h < h1) {
                     uint32_t q[2];
                     iq_quant<8, RCP>(v, s, q);
@@ -450,13 +381,13 @@ __global__ void __launch_bounds__(IQ_FLAT_WARPS * 32) iq_flat_kernel(const mlaf_
         const bool v4 = c.csvec != 0;
         if (neox) {
             const int i = 8 * (hl & 3);
-            iq_ld4(cs + i, v4, cc);
-            iq_ld4(cs + i + 4, v4, cc + 4);
-            iq_ld4(cs + 32 + i, v4, ss);
-            iq_ld4(cs + 32 + i + 4, v4, ss + 4);
+            mlaf_idx_ld4(cs + i, v4, cc);
+            mlaf_idx_ld4(cs + i + 4, v4, cc + 4);
+            mlaf_idx_ld4(cs + 32 + i, v4, ss);
+            mlaf_idx_ld4(cs + 32 + i + 4, v4, ss + 4);
         } else {
-            iq_ld4(cs + 4 * hl, v4, cc);
-            iq_ld4(cs + 32 + 4 * hl, v4, ss);
+            mlaf_idx_ld4(cs + 4 * hl, v4, cc);
+            mlaf_idx_ld4(cs + 32 + 4 * hl, v4, ss);
         }
     }
     uint8_t *ft = j.q_fp8 + t * j.f_s0 + 8 * hl;
@@ -466,13 +397,13 @@ __global__ void __launch_bounds__(IQ_FLAT_WARPS * 32) iq_flat_kernel(const mlaf_
         const int h = 2 * NP * g + 2 * u + half;
         float v[8];
         iq_unpack<4, T>(x[u], v);
-        iq_rope8<T>(v, hl, neox, cc, ss);
-        if (j.hadamard) iq_hadamard8<T>(v, hl);
+        mlaf_idx_rope8<T>(v, hl, neox, cc, ss);
+        if (j.hadamard) mlaf_idx_hadamard8<T>(v, hl);
         float m = 0.0f;
 #pragma unroll
         for (int k = 0; k < 8; k++) m = fmaxf(m, fabsf(v[k]));
         m = mlaf_warp_max(m, 16);
-        const float s = iq_scale_of(m, j.amax_eps, (int)j.scale);
+        const float s = mlaf_idx_scale_of(m, j.amax_eps, (int)j.scale);
         if (h < j.H) {
             uint32_t q[2];
             iq_quant<8, true>(v, s, q);

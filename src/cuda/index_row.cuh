@@ -11,7 +11,8 @@
  *      (the lower index keeps a + b, the upper a - b), then * f32(128^-0.5). Rounded.
  *   4. amax by a warp max (fmaxf: NaN ignored), the scale, e4m3(y / s) stored byte by byte
  *      (the index cache's block stride and q_fp8's strides may be odd).
- * Every lane of the warp calls every function (shuffles with the full mask).
+ * Every lane of the warp calls every function (shuffles with the full mask). indexer_q's
+ * half-warp layout (8 values a lane) has its own RoPE and Hadamard below, in the same order.
  */
 #pragma once
 
@@ -90,12 +91,9 @@ template <typename T> __device__ __forceinline__ void mlaf_idx_hadamard(float *v
     for (int k = 0; k < 4; k++) v[k] = mlaf_round_as<T>(__fmul_rn(v[k], MLAF_IDX_HADAMARD_K));
 }
 
-/* The row's scale (every lane gets it): mode an mlaf_index_scale. */
-__device__ __forceinline__ float mlaf_idx_scale(const float *v, float eps, int mode) {
-    float m = 0.0f;
-#pragma unroll
-    for (int k = 0; k < 4; k++) m = fmaxf(m, fabsf(v[k]));
-    m = mlaf_warp_max(m, 32);
+/* The scale of a row whose amax is m: mode an mlaf_index_scale (1: f32 amax / 448, else the
+ * UE8M0 power of two at or above it). */
+__device__ __forceinline__ float mlaf_idx_scale_of(float m, float eps, int mode) {
     const float a = fmaxf(m, eps), q = __fdiv_rn(a, 448.0f);
     if (mode == 1) return q;
     const uint32_t u = __float_as_uint(q);
@@ -103,11 +101,81 @@ __device__ __forceinline__ float mlaf_idx_scale(const float *v, float eps, int m
     return __uint_as_float((uint32_t)(e + 127) << 23);
 }
 
+/* The row's scale (every lane gets it): mode an mlaf_index_scale. */
+__device__ __forceinline__ float mlaf_idx_scale(const float *v, float eps, int mode) {
+    float m = 0.0f;
+#pragma unroll
+    for (int k = 0; k < 4; k++) m = fmaxf(m, fabsf(v[k]));
+    return mlaf_idx_scale_of(mlaf_warp_max(m, 32), eps, mode);
+}
+
 /* The lane's four e4m3 bytes of y / s at p (any alignment). */
 __device__ __forceinline__ void mlaf_idx_store_e4m3(uint8_t *p, const float *v, float s) {
     const uint32_t lo = mlaf_e4m3x2(__fdiv_rn(v[0], s), __fdiv_rn(v[1], s));
     const uint32_t hi = mlaf_e4m3x2(__fdiv_rn(v[2], s), __fdiv_rn(v[3], s));
     p[0] = (uint8_t)lo, p[1] = (uint8_t)(lo >> 8), p[2] = (uint8_t)hi, p[3] = (uint8_t)(hi >> 8);
+}
+
+
+/* ---- the half-warp layout (indexer_q): lane hl = lane & 15 of a half holds values
+ * [8 hl, 8 hl + 8) of a head; the same steps in the same order as above. ---------------------- */
+/* Four f32 at p: one float4 load (vec: p 16-byte aligned) or four. */
+__device__ __forceinline__ void mlaf_idx_ld4(const float *p, bool vec, float *o) {
+    if (vec) {
+        const float4 u = __ldg(reinterpret_cast<const float4 *>(p));
+        o[0] = u.x, o[1] = u.y, o[2] = u.z, o[3] = u.w;
+    } else {
+#pragma unroll
+        for (int k = 0; k < 4; k++) o[k] = __ldg(p + k);
+    }
+}
+
+/* RoPE on dims [0, 64) on lane hl of a half (c, s: the cos / sin of its pairs): interleaved
+ * pairs 4 hl + k inside the lane (k < 4); NeoX pair (i, i + 32) between lanes hl and hl ^ 4. */
+template <typename T>
+__device__ __forceinline__ void mlaf_idx_rope8(float *v, int hl, bool neox, const float *c, const float *s) {
+    if (neox) {
+        float p[8];
+#pragma unroll
+        for (int k = 0; k < 8; k++) p[k] = __shfl_xor_sync(0xffffffffu, v[k], 4);
+        if (hl < 8) {
+            const bool first = hl < 4;
+#pragma unroll
+            for (int k = 0; k < 8; k++)
+                v[k] = mlaf_round_as<T>(first ? mlaf_rope_x0(v[k], p[k], c[k], s[k]) : mlaf_rope_x1(p[k], v[k], c[k], s[k]));
+        }
+    } else if (hl < 8) {
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const float x0 = v[2 * k], x1 = v[2 * k + 1];
+            v[2 * k] = mlaf_round_as<T>(mlaf_rope_x0(x0, x1, c[k], s[k]));
+            v[2 * k + 1] = mlaf_round_as<T>(mlaf_rope_x1(x0, x1, c[k], s[k]));
+        }
+    }
+}
+
+/* mlaf_idx_hadamard's butterflies in this layout: strides 1, 2, 4 inside the lane, 8 .. 64
+ * between lanes hl and hl ^ 1 .. 8. */
+template <typename T> __device__ __forceinline__ void mlaf_idx_hadamard8(float *v, int hl) {
+#pragma unroll
+    for (int m = 1; m < 8; m <<= 1)
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            if (!(i & m)) {
+                const float a = v[i], b = v[i + m];
+                v[i] = __fadd_rn(a, b), v[i + m] = __fsub_rn(a, b);
+            }
+#pragma unroll
+    for (int m = 1; m < 16; m <<= 1) {
+        const bool upper = (hl & m) != 0;
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            const float p = __shfl_xor_sync(0xffffffffu, v[k], m);
+            v[k] = upper ? __fsub_rn(p, v[k]) : __fadd_rn(v[k], p);
+        }
+    }
+#pragma unroll
+    for (int k = 0; k < 8; k++) v[k] = mlaf_round_as<T>(__fmul_rn(v[k], MLAF_IDX_HADAMARD_K));
 }
 
 /* Little-endian f32 at any byte address. */

@@ -77,71 +77,6 @@ template <typename T> __device__ __forceinline__ void iq_unpack(const iq_raw<T> 
     }
 }
 
-__device__ __forceinline__ void iq_ld4(const float *p, bool vec, float *o) {
-    if (vec) {
-        const float4 u = __ldg(reinterpret_cast<const float4 *>(p));
-        o[0] = u.x, o[1] = u.y, o[2] = u.z, o[3] = u.w;
-    } else {
-#pragma unroll
-        for (int k = 0; k < 4; k++) o[k] = __ldg(p + k);
-    }
-}
-
-/* Step 2 on lane hl of a half (c, s: the cos / sin of its pairs). */
-template <typename T>
-__device__ __forceinline__ void iq_rope8(float *v, int hl, bool neox, const float *c, const float *s) {
-    if (neox) {
-        float p[8];
-#pragma unroll
-        for (int k = 0; k < 8; k++) p[k] = __shfl_xor_sync(IQ_FULL, v[k], 4);
-        if (hl < 8) {
-            const bool first = hl < 4;
-#pragma unroll
-            for (int k = 0; k < 8; k++)
-                v[k] = mlaf_round_as<T>(first ? mlaf_rope_x0(v[k], p[k], c[k], s[k]) : mlaf_rope_x1(p[k], v[k], c[k], s[k]));
-        }
-    } else if (hl < 8) {
-#pragma unroll
-        for (int k = 0; k < 4; k++) {
-            const float x0 = v[2 * k], x1 = v[2 * k + 1];
-            v[2 * k] = mlaf_round_as<T>(mlaf_rope_x0(x0, x1, c[k], s[k]));
-            v[2 * k + 1] = mlaf_round_as<T>(mlaf_rope_x1(x0, x1, c[k], s[k]));
-        }
-    }
-}
-
-/* Step 3: mlaf_idx_hadamard's butterflies in this lane layout. */
-template <typename T> __device__ __forceinline__ void iq_hadamard8(float *v, int hl) {
-#pragma unroll
-    for (int m = 1; m < 8; m <<= 1)
-#pragma unroll
-        for (int i = 0; i < 8; i++)
-            if (!(i & m)) {
-                const float a = v[i], b = v[i + m];
-                v[i] = __fadd_rn(a, b), v[i + m] = __fsub_rn(a, b);
-            }
-#pragma unroll
-    for (int m = 1; m < 16; m <<= 1) {
-        const bool upper = (hl & m) != 0;
-#pragma unroll
-        for (int k = 0; k < 8; k++) {
-            const float p = __shfl_xor_sync(IQ_FULL, v[k], m);
-            v[k] = upper ? __fsub_rn(p, v[k]) : __fadd_rn(v[k], p);
-        }
-    }
-#pragma unroll
-    for (int k = 0; k < 8; k++) v[k] = mlaf_round_as<T>(__fmul_rn(v[k], MLAF_IDX_HADAMARD_K));
-}
-
-/* Step 4's scale from the head's amax m (mlaf_idx_scale's). */
-__device__ __forceinline__ float iq_scale_of(float m, float eps, int mode) {
-    const float a = fmaxf(m, eps), q = __fdiv_rn(a, 448.0f);
-    if (mode == 1) return q;
-    const uint32_t u = __float_as_uint(q);
-    const int e = (u & 0x7fffffffu) == 0x7f800000u ? 128 : (int)((u >> 23) & 0xffu) - 127 + ((u & 0x7fffffu) != 0);
-    return __uint_as_float((uint32_t)(e + 127) << 23);
-}
-
 /* Step 4's bytes: e4m3(v / s) as two little-endian words; v * (1 / s) when s is a normal power
  * of two with a normal reciprocal (x * 2^-e and x / 2^e are the same real). */
 __device__ __forceinline__ void iq_quant8(const float *v, float s, uint32_t *out) {
@@ -225,13 +160,13 @@ __global__ void __launch_bounds__(IQ_WARPS * 32) mlaf_indexer_q_kernel(const mla
             const bool v4 = c.csvec != 0;
             if (neox) {
                 const int i = 8 * (hl & 3);
-                iq_ld4(cs + i, v4, cc);
-                iq_ld4(cs + i + 4, v4, cc + 4);
-                iq_ld4(cs + 32 + i, v4, ss);
-                iq_ld4(cs + 32 + i + 4, v4, ss + 4);
+                mlaf_idx_ld4(cs + i, v4, cc);
+                mlaf_idx_ld4(cs + i + 4, v4, cc + 4);
+                mlaf_idx_ld4(cs + 32 + i, v4, ss);
+                mlaf_idx_ld4(cs + 32 + i + 4, v4, ss + 4);
             } else {
-                iq_ld4(cs + 4 * hl, v4, cc);
-                iq_ld4(cs + 32 + 4 * hl, v4, ss);
+                mlaf_idx_ld4(cs + 4 * hl, v4, cc);
+                mlaf_idx_ld4(cs + 32 + 4 * hl, v4, ss);
             }
         }
         const bool wf32 = j.w_dt == MLAF_F32;
@@ -251,13 +186,13 @@ __global__ void __launch_bounds__(IQ_WARPS * 32) mlaf_indexer_q_kernel(const mla
                     const int h = hs + half;
                     float v[8];
                     iq_unpack<T>(cur[u], v);
-                    iq_rope8<T>(v, hl, neox, cc, ss);
-                    if (j.hadamard) iq_hadamard8<T>(v, hl);
+                    mlaf_idx_rope8<T>(v, hl, neox, cc, ss);
+                    if (j.hadamard) mlaf_idx_hadamard8<T>(v, hl);
                     float m = 0.0f;
 #pragma unroll
                     for (int k = 0; k < 8; k++) m = fmaxf(m, fabsf(v[k]));
                     m = mlaf_warp_max(m, 16);
-                    const float s = iq_scale_of(m, j.amax_eps, (int)j.scale);
+                    const float s = mlaf_idx_scale_of(m, j.amax_eps, (int)j.scale);
                     if (h < h1) {
                         uint32_t q[2];
                         iq_quant8(v, s, q);
