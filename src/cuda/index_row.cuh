@@ -130,6 +130,22 @@ __device__ __forceinline__ void mlaf_idx_ld4(const float *p, bool vec, float *o)
     }
 }
 
+/* Lane hl's cos (c) and sin (s) for mlaf_idx_rope8 from the position's row cs (cos[0..31] |
+ * sin[0..31]); zeros on lanes hl >= 8, which hold no rope dims. vec: float4 loads (cs 16-byte
+ * aligned). */
+__device__ __forceinline__ void mlaf_idx_cs8(const float *cs, int hl, bool neox, bool vec, float *c, float *s) {
+#pragma unroll
+    for (int k = 0; k < 8; k++) c[k] = s[k] = 0.0f;
+    if (hl >= 8) return;
+    const float *p = cs + (neox ? 8 * (hl & 3) : 4 * hl);
+    mlaf_idx_ld4(p, vec, c);
+    mlaf_idx_ld4(p + 32, vec, s);
+    if (neox) {
+        mlaf_idx_ld4(p + 4, vec, c + 4);
+        mlaf_idx_ld4(p + 36, vec, s + 4);
+    }
+}
+
 /* RoPE on dims [0, 64) on lane hl of a half (c, s: the cos / sin of its pairs): interleaved
  * pairs 4 hl + k inside the lane (k < 4); NeoX pair (i, i + 32) between lanes hl and hl ^ 4. */
 template <typename T>
@@ -176,6 +192,14 @@ template <typename T> __device__ __forceinline__ void mlaf_idx_hadamard8(float *
     }
 #pragma unroll
     for (int k = 0; k < 8; k++) v[k] = mlaf_round_as<T>(__fmul_rn(v[k], MLAF_IDX_HADAMARD_K));
+}
+
+/* mlaf_idx_scale in this layout: the half's amax (every lane of the half gets the scale). */
+__device__ __forceinline__ float mlaf_idx_scale8(const float *v, float eps, int mode) {
+    float m = 0.0f;
+#pragma unroll
+    for (int k = 0; k < 8; k++) m = fmaxf(m, fabsf(v[k]));
+    return mlaf_idx_scale_of(mlaf_warp_max(m, 16), eps, mode);
 }
 
 /* Little-endian f32 at any byte address. */

@@ -153,22 +153,7 @@ __global__ void __launch_bounds__(IQ_WARPS * 32) mlaf_indexer_q_kernel(const mla
         }
         const bool neox = j.rope.style == MLAF_ROPE_NEOX;
         float cc[8], ss[8];
-#pragma unroll
-        for (int k = 0; k < 8; k++) cc[k] = ss[k] = 0.0f;
-        if (hl < 8) {
-            const float *cs = j.rope.cos_sin + pos * j.rope.cos_sin_stride;
-            const bool v4 = c.csvec != 0;
-            if (neox) {
-                const int i = 8 * (hl & 3);
-                mlaf_idx_ld4(cs + i, v4, cc);
-                mlaf_idx_ld4(cs + i + 4, v4, cc + 4);
-                mlaf_idx_ld4(cs + 32 + i, v4, ss);
-                mlaf_idx_ld4(cs + 32 + i + 4, v4, ss + 4);
-            } else {
-                mlaf_idx_ld4(cs + 4 * hl, v4, cc);
-                mlaf_idx_ld4(cs + 32 + 4 * hl, v4, ss);
-            }
-        }
+        mlaf_idx_cs8(j.rope.cos_sin + pos * j.rope.cos_sin_stride, hl, neox, c.csvec != 0, cc, ss);
         const bool wf32 = j.w_dt == MLAF_F32;
         const char *wrow = static_cast<const char *>(j.w) + t * j.w_stride * (int64_t)(wf32 ? 4 : sizeof(T));
         uint8_t *ft = j.q_fp8 + t * j.f_s0 + 8 * hl;
@@ -188,11 +173,7 @@ __global__ void __launch_bounds__(IQ_WARPS * 32) mlaf_indexer_q_kernel(const mla
                     iq_unpack<T>(cur[u], v);
                     mlaf_idx_rope8<T>(v, hl, neox, cc, ss);
                     if (j.hadamard) mlaf_idx_hadamard8<T>(v, hl);
-                    float m = 0.0f;
-#pragma unroll
-                    for (int k = 0; k < 8; k++) m = fmaxf(m, fabsf(v[k]));
-                    m = mlaf_warp_max(m, 16);
-                    const float s = mlaf_idx_scale_of(m, j.amax_eps, (int)j.scale);
+                    const float s = mlaf_idx_scale8(v, j.amax_eps, (int)j.scale);
                     if (h < h1) {
                         uint32_t q[2];
                         iq_quant8(v, s, q);

@@ -305,28 +305,21 @@ def _forward_v2(self, hidden_states, attention_mask=None, past_key_values=None,
 
 
 def _router_forward(self, hidden_states):
-    """The TopkRouter's contract: (router_logits f32, topk_weights f32, topk_indices int64)."""
+    """The TopkRouter's contract: (router_logits, topk_weights, topk_indices int64). The
+    DeepSeek / GLM routers compute f32 logits and return f32 weights; DeepSeek-V4's keep the
+    weight's dtype for both (st["f32"] False)."""
     torch = _torch()
     st = getattr(self, _STATE)
-    hidden_states = hidden_states.view(-1, self.hidden_dim)
-    logits = torch.nn.functional.linear(hidden_states.type(torch.float32),
-                                        self.weight.type(torch.float32))
+    hidden_states = hidden_states.reshape(-1, self.hidden_dim)
+    if st["f32"]:
+        logits = torch.nn.functional.linear(hidden_states.type(torch.float32),
+                                            self.weight.type(torch.float32))
+    else:
+        logits = torch.nn.functional.linear(hidden_states, self.weight)
     bias = getattr(self, "e_score_correction_bias", None) if st["biased"] else None
     if bias is not None and bias.dtype != torch.float32:
         bias = bias.float()
     w, ids = _ops.moe_gate(logits, bias, **st["gate"])
-    return logits, w, ids.long()
-
-
-def _router_forward_v4(self, hidden_states):
-    """DeepseekV4TopKRouter's contract: logits as transformers computes them (in the weight's
-    dtype), sqrt-softplus scores chosen with the bias, weights in the logits' dtype, int64 ids."""
-    torch = _torch()
-    st = getattr(self, _STATE)
-    logits = torch.nn.functional.linear(hidden_states.reshape(-1, self.hidden_dim), self.weight)
-    bias = self.e_score_correction_bias
-    w, ids = _ops.moe_gate(logits, bias if bias.dtype == torch.float32 else bias.float(),
-                           n_group=1, topk_group=1, **st["gate"])
     return logits, w.to(logits.dtype), ids.long()
 
 
@@ -414,13 +407,12 @@ def patch(model, *, attention: bool = True, router: bool = True):
                                         returns_topk=mt == "glm_moe_dsa")))
         elif name == router_name and router:
             biased = hasattr(mod, "e_score_correction_bias") and mt != "deepseek_v2"
-            fwd = _router_forward_v4 if mt == "deepseek_v4" else _router_forward
-            plan.append((mod, fwd, dict(gate=gate, biased=biased)))
+            plan.append((mod, _router_forward, dict(gate=gate, biased=biased, f32=mt != "deepseek_v4")))
         elif name == hash_name and router:
             plan.append((mod, _hash_router_forward, dict(gate=gate)))
     if attention and not any(f in (_forward_v2, _forward_v3, _forward_dsa) for _, f, _ in plan):
         raise UnsupportedModelError(f"no {attn_name} module found in {type(model).__name__}")
-    if router and not any(f in (_router_forward, _router_forward_v4) for _, f, _ in plan) and \
+    if router and not any(f is _router_forward for _, f, _ in plan) and \
             (getattr(cfg, "n_routed_experts", None) or mt == "deepseek_v4"):
         raise UnsupportedModelError(f"no {router_name} module found in {type(model).__name__}")
     inner = getattr(model, "model", model)
