@@ -269,8 +269,9 @@ def _forward_dsa(self, hidden_states, position_embeddings=None, attention_mask=N
     B, S = hidden_states.shape[:-1]
     indexer = getattr(self, "indexer", None)
     if indexer is not None:
+        # the cache positionally: transformers renamed that argument (past_key_values -> cache)
         topk = indexer(hidden_states, q_norm.view(B, S, -1), position_embeddings,
-                       attention_mask[:, 0, :, :], position_ids, cache=cache)
+                       attention_mask[:, 0, :, :], position_ids, cache)
     elif prev_topk_indices is not None:
         topk = prev_topk_indices
     else:
