@@ -30,17 +30,20 @@ static void test_cases(mlaf_context *ctx) {
     const mlaf_model_config *v4 = mlaf_preset_find("deepseek-v4-flash");
     for (int d = 0; d < 3; d++)
         for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0]; ti++)
-            for (int v = 0; v < 3; v++) {
+            for (int v = 0; v < 4; v++) { /* v = 0, 3: contiguous f32 outputs (CUDA's staged stores) */
                 mlaf_verify_case c = mlaf_verify_case_default(v4, dts[d], Ts[ti], 7000u + 31u * ti + 7u * (unsigned)d + v);
                 c.weight_dtype = MLAF_F32;
-                c.moe_hash = v == 2 ? 2 : 1;
+                c.moe_hash = v >= 2 ? 2 : 1;
                 c.strided = v == 1;
                 c.want_scores = v == 1;
-                c.moe_wide = v != 0;
+                c.moe_wide = v == 1 || v == 2;
                 c.index_dtype = (ti + (size_t)v) % 2 ? MLAF_I32 : MLAF_I64;
                 char label[128];
                 snprintf(label, sizeof label, "preset=deepseek-v4-flash,score=sqrt_softplus,%s,table=%s",
-                         v == 0 ? "contiguous" : v == 1 ? "strided,scores,wide" : "bad rows,wide",
+                         v == 0   ? "contiguous"
+                         : v == 1 ? "strided,scores,wide"
+                         : v == 2 ? "bad rows,wide"
+                                  : "bad rows,contiguous",
                          mlaf_dtype_name(c.index_dtype));
                 run_case(ctx, label, &c);
             }

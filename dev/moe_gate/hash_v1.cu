@@ -7,8 +7,8 @@
  * reads 8 + 6·4 + 6·4 bytes (V4-Flash, f32, int64 ids, int32 table) through a chain of three
  * dependent loads: the token id, then its table row, then k logits of its row.
  *
- *   v0  the library (public API, mlaf_moe_gate_hash on a CUDA context): one warp per token,
- *       lanes j < k active, grid-stride, 4 warps per block, at most 16 blocks per SM. At most
+ *   v0  the warp kernel of moe_gate_hash.cuh (the library's for softmax, scores, k > 8): one
+ *       warp per token, lanes j < k active, grid-stride, 4 warps per block, at most 16 blocks per SM. At most
  *       64 tokens in flight per SM (64 warps, each waiting on its own chain), plus a k-round
  *       shuffle loop for duplicates and 5-step warp sums per token.
  *   v1  one thread per token. Its k table entries are loaded back to back, then its k logits
@@ -31,6 +31,8 @@
  *       T = 131072, so expected between v0 and v1 there, and close to v1 at small T.
  *   The fast paths take top_k <= 8 with sigmoid or sqrt_softplus scores and no scores output;
  *   anything else (softmax, scores, k > 8) runs v0's kernel (moe_gate_hash.cuh, included).
+ *   "library (API)" is mlaf_moe_gate_hash on a CUDA context: v1 F=4's kernel, in src/ since
+ *   F=4 won (F=1 and F=2 did not earn their code there).
  *
  * Bit identity with v0: the same score function (hash_score: sqrt_softplus_f / the sigmoid of
  * moe_gate_hash.cuh), the same operations in the same order. The library's sum is
@@ -71,7 +73,6 @@
 
 namespace {
 
-constexpr int kHashKMax = 8;  /* fast paths: top_k <= 8 */
 constexpr int kV1Threads = 128;
 constexpr int kV2Warps = 4;   /* v2: 128-thread blocks, 16 tokens per block */
 
@@ -93,15 +94,6 @@ HashFast hash_fast_of(const GateArgs &a) {
     f.out_stage = wf && a.K == a.top_k && a.ids_stride == a.K && a.weights_stride == a.K &&
                   reinterpret_cast<uintptr_t>(a.ids) % 16 == 0 && reinterpret_cast<uintptr_t>(a.weights) % 16 == 0;
     return f;
-}
-
-/* The library's warp_sum(w0 + w1) for k <= 8, in registers (see the header): w[j] = +0 for
- * j >= k. */
-__device__ __forceinline__ float hash_sum8(const float (&w)[kHashKMax]) {
-    float v[kHashKMax];
-#pragma unroll
-    for (int j = 0; j < kHashKMax; j++) v[j] = w[j] + 0.0f;
-    return ((v[0] + v[4]) + (v[2] + v[6])) + ((v[1] + v[5]) + (v[3] + v[7]));
 }
 
 /* ---- v1: one thread per token ------------------------------------------------------------ */
@@ -322,7 +314,7 @@ template <typename K> int resident_blocks(K kernel, int threads, int &cache) {
 template <typename T, int F> void launch_v1(const GateArgs &a, cudaStream_t s) {
     if (a.T == 0) return; /* as the API: nothing read or written */
     if (!hash_fast_ok(a)) {
-        launch_hash<T>(a, g_sm, s);
+        launch_hash_warp<T>(a, g_sm, s);
         return;
     }
     static int resident = 0;
@@ -334,7 +326,7 @@ template <typename T, int F> void launch_v1(const GateArgs &a, cudaStream_t s) {
 template <typename T, bool MATCH> void launch_v2(const GateArgs &a, cudaStream_t s) {
     if (a.T == 0) return; /* as the API: nothing read or written */
     if (!hash_fast_ok(a)) {
-        launch_hash<T>(a, g_sm, s);
+        launch_hash_warp<T>(a, g_sm, s);
         return;
     }
     static int resident = 0;
@@ -444,7 +436,10 @@ struct Variant {
 
 template <typename T> static std::vector<Variant> variants() {
     std::vector<Variant> v;
-    v.push_back({"v0 library (API)", [](const Call &c, cudaStream_t s) {
+    v.push_back({"v0 warp per token", [](const Call &c, cudaStream_t s) {
+                     if (c.a.T > 0) launch_hash_warp<T>(c.a, g_sm, s);
+                 }});
+    v.push_back({"library (API)", [](const Call &c, cudaStream_t s) {
                      API(mlaf_context_set_cuda_stream(g_ctx, (void *)s));
                      API(mlaf_moe_gate_hash(g_ctx, &c.p, &c.logits, &c.tab, &c.tok, &c.weights, &c.ids, NULL, &c.ec));
                  }});

@@ -1,24 +1,35 @@
 /*
  * moe_gate_hash.cuh — hash routing (mlaf_moe_gate_hash, SPEC §11: DeepSeek-V4's first MoE
- * layers). One warp per token:
- *   1. Lane j (and j + 32 for k > 32) reads token_ids[t] and entry j of its tid2eid row; the row
- *      is bad when the token id is outside [0, vocab), an entry is outside [0, E), or an entry
- *      equals another (each lane compares its entries with all k by shuffles); a warp vote
- *      makes it one verdict. A bad row takes ids 0 .. k-1, weight 0, and lane 0 adds 1 to the
- *      error counter (saturating).
- *   2. Scores: sigmoid and sqrt_softplus need only the k chosen logits (each lane loads its
- *      own); softmax needs the row's max and sum over its finite logits (two strided passes of
- *      the row, the second from L1 / L2). With the scores output every lane writes s of the
- *      experts e = lane + 32 i.
- *   3. Weights, renormalization (skipped when sum + eps is 0), scaling and shared experts as the
- *      general kernel does them (warp sums), coalesced stores.
- * Memory bound: a token reads one index, k table entries and k logits (the whole row for
- * softmax or the scores output). Any stride, alignment, E <= 2048, k <= 64, 64-bit offsets.
- * Launch: 128 threads per block, grid-stride over tokens, at most 16 blocks per SM.
+ * layers). Two kernels, the same operations in the same order (bit-identical results):
+ *
+ * Thread per token (top_k <= 8, sigmoid or sqrt_softplus, no scores output; DeepSeek-V4):
+ *   1. Load the token id, then its k table entries back to back; the row is bad when the id is
+ *      outside [0, vocab), an entry outside [0, E) or repeated (k(k-1)/2 compares in
+ *      registers). A bad row takes ids 0 .. k-1, weight 0; lane 0 adds the warp's count of bad
+ *      rows to the error counter (saturating).
+ *   2. Load the k chosen logits back to back; s = score(x), 0 for a non-finite x.
+ *   3. Sum, renormalize (skipped when sum + eps is 0), scale, shared experts: the warp kernel's
+ *      sum tree written out in registers (hash_sum8).
+ *   4. Contiguous [T, k] f32 outputs: the warp's 32 rows go through shared memory and out as
+ *      16-byte stores (k-word rows stored per thread touch a sector per word per warp store).
+ *      Anything else: per-thread stores.
+ *   The call is three dependent loads per token: one thread per token keeps ~1200 tokens in
+ *   flight per SM (9-10 blocks of 128), so T = 131072 is one wave of those chains.
+ * Warp per token (softmax, the scores output or k > 8; E <= 2048, k <= 64):
+ *   1. Lane j (and j + 32) reads entry j of the row; duplicates by k rounds of shuffles, a warp
+ *      vote makes one verdict.
+ *   2. sigmoid / sqrt_softplus need only the k chosen logits; softmax the row's max and sum over
+ *      its finite logits (two strided passes). With the scores output every lane writes s of
+ *      the experts e = lane + 32 i.
+ *   3. Weights as above by warp sums; coalesced stores.
+ * Any stride, alignment and 64-bit offsets in both. Grid: the tokens' blocks up to the
+ * resident count (thread kernel), at most 16 blocks of 4 warps per SM (warp kernel).
  */
 #pragma once
 
 #include "moe_gate_common.cuh"
+
+#include <atomic>
 
 namespace {
 
@@ -133,11 +144,161 @@ __global__ void __launch_bounds__(kHashWarps * 32) moe_gate_hash_kernel(const Ga
     }
 }
 
-template <typename T> void launch_hash(const GateArgs &a, int sm_count, cudaStream_t stream) {
+/* ---- thread per token ------------------------------------------------------------------ */
+constexpr int kHashKMax = 8;       /* the thread kernel's top_k bound */
+constexpr int kHashThreads = 128;
+
+/* The warp kernel's warp_sum(w0 + w1) for k <= 8, in registers: w[j] = +0 for j >= k. There
+ * the xor-16 and xor-8 steps add +0, then lanes j and j^4, j^2, j^1 pair up, so every lane
+ * gets ((w0+w4)+(w2+w6)) + ((w1+w5)+(w3+w7)); "+ 0.0f" is its w0 + w1 with w1 = +0. */
+__device__ __forceinline__ float hash_sum8(const float (&w)[kHashKMax]) {
+    float v[kHashKMax];
+#pragma unroll
+    for (int j = 0; j < kHashKMax; j++) v[j] = w[j] + 0.0f;
+    return ((v[0] + v[4]) + (v[2] + v[6])) + ((v[1] + v[5]) + (v[3] + v[7]));
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kHashThreads) moe_gate_hash_thread_kernel(const GateArgs a, const int stage_out) {
+    constexpr int KM = kHashKMax;
+    __shared__ __align__(16) uint32_t stage[(kHashThreads / 32) * 2 * 32 * KM]; /* per warp: ids, weights */
+    const int lane = threadIdx.x & 31;
+    const int32_t E = a.E, k = a.top_k;
+    const T *__restrict__ logits = static_cast<const T *>(a.logits);
+    const int64_t step = (int64_t)gridDim.x * kHashThreads;
+    /* warp-uniform loop: base is the warp's first token */
+    for (int64_t base = (int64_t)blockIdx.x * kHashThreads + (threadIdx.x & ~31); base < a.T; base += step) {
+        const int64_t t = base + lane;
+        const bool live = t < a.T;
+        /* 1. the token id, then its k table entries, all loads before any test */
+        int64_t tok = 0;
+        if (live) tok = hash_index(a.token_ids, a.token_ids_i64, t);
+        bool bad = live && (tok < 0 || tok >= a.vocab);
+        const bool go = live && !bad;
+        const int64_t trow = (go ? tok : 0) * a.tid2eid_stride;
+        int32_t e[KM];
+        bool range_bad = false;
+        if (a.tid2eid_i64) {
+            const int64_t *row = static_cast<const int64_t *>(a.tid2eid) + trow;
+            int64_t v[KM];
+#pragma unroll
+            for (int j = 0; j < KM; j++) v[j] = (go && j < k) ? row[j] : 0;
+#pragma unroll
+            for (int j = 0; j < KM; j++) {
+                range_bad = range_bad || (go && j < k && (v[j] < 0 || v[j] >= E));
+                e[j] = (int32_t)v[j]; /* exact in range; a row with an entry out of range is bad */
+            }
+        } else {
+            const int32_t *row = static_cast<const int32_t *>(a.tid2eid) + trow;
+#pragma unroll
+            for (int j = 0; j < KM; j++) e[j] = (go && j < k) ? row[j] : 0;
+#pragma unroll
+            for (int j = 0; j < KM; j++) range_bad = range_bad || (go && j < k && (e[j] < 0 || e[j] >= E));
+        }
+        bool dup = false;
+#pragma unroll
+        for (int i = 1; i < KM; i++)
+#pragma unroll
+            for (int m = 0; m < i; m++) dup = dup || (i < k && e[i] == e[m]);
+        bad = bad || (go && (range_bad || dup));
+        const unsigned bad_lanes = __ballot_sync(kFull, bad);
+        if (lane == 0 && bad_lanes && a.error_count) mlaf_cuda_error_count_add(a.error_count, __popc(bad_lanes));
+
+        /* 2. the k logits, then the scores */
+        const bool ok = live && !bad;
+        const T *row = logits + (ok ? t : 0) * a.logits_stride;
+        float x[KM], w[KM];
+#pragma unroll
+        for (int j = 0; j < KM; j++) x[j] = (ok && j < k) ? mlaf_ld(row + e[j]) : 0.0f;
+#pragma unroll
+        for (int j = 0; j < KM; j++) w[j] = (ok && j < k) ? (!isfinite(x[j]) ? 0.0f : hash_score(a, x[j])) : 0.0f;
+
+        /* 3. weights */
+        const float sum = hash_sum8(w);
+        float routed = sum;
+        if (a.renormalize) {
+            const float denom = sum + a.eps;
+            if (denom > 0.0f) {
+#pragma unroll
+                for (int j = 0; j < KM; j++) w[j] = w[j] / denom;
+            }
+            if (a.n_shared > 0) routed = hash_sum8(w);
+        }
+        if (a.apply_scaling) {
+#pragma unroll
+            for (int j = 0; j < KM; j++) w[j] *= a.scaling;
+        }
+        const float shared_w = routed / a.scaling;
+
+        /* 4. stores */
+        if (stage_out && base + 32 <= a.T) {
+            uint32_t *sid = stage + (threadIdx.x >> 5) * (2 * 32 * KM);
+            uint32_t *sw = sid + 32 * k; /* 128 k bytes in: 16-byte aligned */
+#pragma unroll
+            for (int j = 0; j < KM; j++)
+                if (j < k) {
+                    sid[lane * k + j] = (uint32_t)(bad ? j : e[j]);
+                    sw[lane * k + j] = __float_as_uint(w[j]);
+                }
+            __syncwarp();
+            /* the warp's rows: 32 k words of each output at base * k words, 16-byte aligned */
+            uint4 *gid = reinterpret_cast<uint4 *>(a.ids + base * a.K);
+            uint4 *gw = reinterpret_cast<uint4 *>(static_cast<float *>(a.weights) + base * a.K);
+            const uint4 *s_id = reinterpret_cast<const uint4 *>(sid);
+            const uint4 *s_w = reinterpret_cast<const uint4 *>(sw);
+            for (int v = lane; v < 8 * k; v += 32) {
+                gid[v] = s_id[v];
+                gw[v] = s_w[v];
+            }
+            __syncwarp(); /* the next round rewrites the stage */
+        } else if (live) {
+            int32_t *ids = a.ids + t * a.ids_stride;
+#pragma unroll
+            for (int j = 0; j < KM; j++)
+                if (j < k) {
+                    ids[j] = bad ? j : e[j];
+                    gate_put_weight<T>(a, t, j, w[j]);
+                }
+            for (int j = k; j < a.K; j++) {
+                ids[j] = E + (j - k);
+                gate_put_weight<T>(a, t, j, shared_w);
+            }
+        }
+    }
+}
+
+template <typename T> static int hash_thread_resident(int sms) {
+    static std::atomic<int> cached{0};
+    int v = cached.load(std::memory_order_relaxed);
+    if (v == 0) {
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, moe_gate_hash_thread_kernel<T>, kHashThreads, 0) !=
+                cudaSuccess ||
+            v < 1) {
+            (void)cudaGetLastError();
+            v = 8;
+        }
+        cached.store(v, std::memory_order_relaxed);
+    }
+    return v * (sms > 0 ? sms : 132);
+}
+
+template <typename T> void launch_hash_warp(const GateArgs &a, int sm_count, cudaStream_t stream) {
     const int64_t want = (a.T + kHashWarps - 1) / kHashWarps;
     const int64_t cap = (int64_t)(sm_count > 0 ? sm_count : 1) * 16;
-    const int blocks = (int)(want < cap ? want : cap);
-    moe_gate_hash_kernel<T><<<blocks, kHashWarps * 32, 0, stream>>>(a);
+    moe_gate_hash_kernel<T><<<(int)(want < cap ? want : cap), kHashWarps * 32, 0, stream>>>(a);
+}
+
+template <typename T> void launch_hash(const GateArgs &a, int sm_count, cudaStream_t stream) {
+    if (a.top_k <= kHashKMax && !a.softmax && !a.scores) {
+        const uintptr_t ids = reinterpret_cast<uintptr_t>(a.ids), w = reinterpret_cast<uintptr_t>(a.weights);
+        const int stage_out = a.weights_f32 && a.K == a.top_k && a.ids_stride == a.K && a.weights_stride == a.K &&
+                              ids % 16 == 0 && w % 16 == 0;
+        const int64_t want = (a.T + kHashThreads - 1) / kHashThreads;
+        const int64_t cap = hash_thread_resident<T>(sm_count);
+        moe_gate_hash_thread_kernel<T><<<(int)(want < cap ? want : cap), kHashThreads, 0, stream>>>(a, stage_out);
+        return;
+    }
+    launch_hash_warp<T>(a, sm_count, stream);
 }
 
 } // namespace
