@@ -31,8 +31,8 @@
  *       T = 131072, so expected between v0 and v1 there, and close to v1 at small T.
  *   The fast paths take top_k <= 8 with sigmoid or sqrt_softplus scores and no scores output;
  *   anything else (softmax, scores, k > 8) runs v0's kernel (moe_gate_hash.cuh, included).
- *   "library (API)" is mlaf_moe_gate_hash on a CUDA context: v1 F=4's kernel, in src/ since
- *   F=4 won (F=1 and F=2 did not earn their code there).
+ *   "library (API)" is mlaf_moe_gate_hash on a CUDA context: v2 shfl's kernel below 65536
+ *   tokens, v1 F=4's from there (moe_gate_hash.cuh; F=1 and F=2 did not earn their code).
  *
  * Bit identity with v0: the same score function (hash_score: sqrt_softplus_f / the sigmoid of
  * moe_gate_hash.cuh), the same operations in the same order. The library's sum is
@@ -61,7 +61,8 @@
  * the median of 21 event-timed calls, each after a 256 MB memset + read of the flush buffer;
  * "x memcpy" = time over a cudaMemcpyAsync of half the op's bytes (read + write = the op's
  * bytes: token id, k entries, k logits, K ids and weights per token) timed the same way.
- *   build/dev/moe_gate/hash_v1 [--quick]     (--quick: T = 131072 only)
+ *   build/dev/moe_gate/hash_v1 [--quick] [--ts LIST]  (--quick: T = 131072 only; --ts: these
+ *                                                     T, the bench's index dtypes only)
  */
 #include "cuda/moe_gate_hash.cuh" /* GateArgs, hash_score, hash_index, team_sum; v0's kernel */
 
@@ -778,7 +779,7 @@ template <typename T> __global__ void fill_logits(T *p, size_t n, uint64_t seed)
 }
 
 template <typename T>
-static void bench_dtype(const char *dtn, mlaf_dtype ldt, bool quick, const Outs &o0, const Outs &o1, void *tab32,
+static void bench_dtype(const char *dtn, mlaf_dtype ldt, bool quick, const std::vector<int64_t> &ts, const Outs &o0, const Outs &o1, void *tab32,
                         void *tab64, void *tok32, void *tok64, void *cpy_a, void *cpy_b, const flusher &fl) {
     T *lg;
     const size_t nl = (size_t)kMaxT * kE;
@@ -788,10 +789,12 @@ static void bench_dtype(const char *dtn, mlaf_dtype ldt, bool quick, const Outs 
     const auto vs = variants<T>();
     std::vector<int64_t> Ts = {1, 64, 4096, 32768, kMaxT};
     if (quick) Ts = {kMaxT};
+    if (!ts.empty()) Ts = ts;
     const Params ps = kValParams[0];
     const mlaf_dtype idx[3][2] = {{MLAF_I64, MLAF_I32}, {MLAF_I32, MLAF_I32}, {MLAF_I64, MLAF_I64}};
     for (const auto &ix : idx) {
         const mlaf_dtype kdt = ix[0], tdt = ix[1];
+        if (!ts.empty() && !(kdt == MLAF_I64 && tdt == MLAF_I32)) continue; /* --ts: the bench's ids only */
         Inputs in{kMaxT, kE, lg, ldt, kE, tdt == MLAF_I64 ? tab64 : tab32, tdt, kVocab, kK, kK,
                   kdt == MLAF_I64 ? tok64 : tok32, kdt};
         printf("\n%s logits, %s token ids, %s table (deepseek-v4-flash: E %d, k %d, sqrt_softplus, x1.5; f32 "
@@ -831,10 +834,21 @@ static void bench_dtype(const char *dtn, mlaf_dtype ldt, bool quick, const Outs 
 
 int main(int argc, char **argv) {
     bool quick = false;
+    std::vector<int64_t> ts;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) quick = true;
-        else {
-            fprintf(stderr, "usage: %s [--quick]\n", argv[0]);
+        else if (!strcmp(argv[i], "--ts") && i + 1 < argc) {
+            for (char *p = argv[++i]; *p;) {
+                const long long v = strtoll(p, &p, 10);
+                if (v < 1 || v > kMaxT) {
+                    fprintf(stderr, "--ts: token counts in 1 .. %lld\n", (long long)kMaxT);
+                    return 2;
+                }
+                ts.push_back(v);
+                if (*p == ',') p++;
+            }
+        } else {
+            fprintf(stderr, "usage: %s [--quick] [--ts T1,T2,...]\n", argv[0]);
             return 2;
         }
     }
@@ -893,8 +907,8 @@ int main(int argc, char **argv) {
     CK(cudaMalloc(&cpy_b, cpy_cap));
     CK(cudaMemset(cpy_a, 1, cpy_cap));
     flusher fl;
-    bench_dtype<float>("f32", MLAF_F32, quick, o[0], o[1], d_tab32, d_tab64, d_tok32, d_tok64, cpy_a, cpy_b, fl);
-    bench_dtype<__nv_bfloat16>("bf16", MLAF_BF16, quick, o[0], o[1], d_tab32, d_tab64, d_tok32, d_tok64, cpy_a, cpy_b,
+    bench_dtype<float>("f32", MLAF_F32, quick, ts, o[0], o[1], d_tab32, d_tab64, d_tok32, d_tok64, cpy_a, cpy_b, fl);
+    bench_dtype<__nv_bfloat16>("bf16", MLAF_BF16, quick, ts, o[0], o[1], d_tab32, d_tab64, d_tok32, d_tok64, cpy_a, cpy_b,
                                fl);
     CK(cudaFree(d_tab32));
     CK(cudaFree(d_tab64));

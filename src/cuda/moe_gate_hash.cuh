@@ -1,29 +1,30 @@
 /*
  * moe_gate_hash.cuh — hash routing (mlaf_moe_gate_hash, SPEC §11: DeepSeek-V4's first MoE
- * layers). Two kernels, the same operations in the same order (bit-identical results):
+ * layers). Three kernels, the same operations in the same order (bit-identical results):
  *
- * Thread per token (top_k <= 8, sigmoid or sqrt_softplus, no scores output; DeepSeek-V4):
- *   1. Load the token id, then its k table entries back to back; the row is bad when the id is
- *      outside [0, vocab), an entry outside [0, E) or repeated (k(k-1)/2 compares in
- *      registers). A bad row takes ids 0 .. k-1, weight 0; lane 0 adds the warp's count of bad
- *      rows to the error counter (saturating).
+ * Top_k <= 8 with sigmoid or sqrt_softplus scores and no scores output (DeepSeek-V4): a token
+ * is three dependent loads (its id, then k table entries, then k of its logits).
+ *   Thread per token, from kHashThreadFromT tokens:
+ *   1. Load the token id, then its k entries back to back; the row is bad when the id is
+ *      outside [0, vocab), an entry outside [0, E) or repeated (k(k-1)/2 register compares).
+ *      A bad row takes ids 0 .. k-1, weight 0; lane 0 adds the warp's count of bad rows to the
+ *      error counter (saturating).
  *   2. Load the k chosen logits back to back; s = score(x), 0 for a non-finite x.
- *   3. Sum, renormalize (skipped when sum + eps is 0), scale, shared experts: the warp kernel's
- *      sum tree written out in registers (hash_sum8).
+ *   3. Sum, renormalize (skipped when sum + eps is 0), scale, shared experts: the warp
+ *      kernel's sum tree written out in registers (hash_sum8).
  *   4. Contiguous [T, k] f32 outputs: the warp's 32 rows go through shared memory and out as
- *      16-byte stores (k-word rows stored per thread touch a sector per word per warp store).
- *      Anything else: per-thread stores.
- *   The call is three dependent loads per token: one thread per token keeps ~1200 tokens in
- *   flight per SM (9-10 blocks of 128), so T = 131072 is one wave of those chains.
- * Warp per token (softmax, the scores output or k > 8; E <= 2048, k <= 64):
- *   1. Lane j (and j + 32) reads entry j of the row; duplicates by k rounds of shuffles, a warp
- *      vote makes one verdict.
- *   2. sigmoid / sqrt_softplus need only the k chosen logits; softmax the row's max and sum over
- *      its finite logits (two strided passes). With the scores output every lane writes s of
- *      the experts e = lane + 32 i.
+ *      16-byte stores (k-word rows stored per thread touch a sector per word per store).
+ *   ~1200 tokens in flight per SM, so a large call is one wave of chains.
+ *   Eight lanes per token below it (more of the GPU busy when tokens are few): lane j < k
+ *   loads entry j and its logit, duplicates by 8-wide shuffles, sums by team_sum<8>.
+ * Softmax, the scores output or k > 8: a warp per token.
+ *   1. Lane j (and j + 32) reads entry j; duplicates by k rounds of shuffles, one warp vote.
+ *   2. Sigmoid / sqrt_softplus need only the k chosen logits; softmax the row's max and sum
+ *      over its finite logits (two strided passes). With the scores output every lane writes
+ *      s of the experts e = lane + 32 i.
  *   3. Weights as above by warp sums; coalesced stores.
- * Any stride, alignment and 64-bit offsets in both. Grid: the tokens' blocks up to the
- * resident count (thread kernel), at most 16 blocks of 4 warps per SM (warp kernel).
+ * Any stride, alignment and 64-bit offsets in all three. The measurements behind the
+ * threshold: dev/README.md (moe_gate/hash_v1).
  */
 #pragma once
 
@@ -145,7 +146,7 @@ __global__ void __launch_bounds__(kHashWarps * 32) moe_gate_hash_kernel(const Ga
 }
 
 /* ---- thread per token ------------------------------------------------------------------ */
-constexpr int kHashKMax = 8;       /* the thread kernel's top_k bound */
+constexpr int kHashKMax = 8;       /* the thread and eight-lane kernels: top_k <= 8 */
 constexpr int kHashThreads = 128;
 
 /* The warp kernel's warp_sum(w0 + w1) for k <= 8, in registers: w[j] = +0 for j >= k. There
@@ -267,6 +268,61 @@ __global__ void __launch_bounds__(kHashThreads) moe_gate_hash_thread_kernel(cons
     }
 }
 
+/* ---- eight lanes per token ----------------------------------------------------------------- */
+template <typename T>
+__global__ void __launch_bounds__(kHashWarps * 32) moe_gate_hash_octet_kernel(const GateArgs a) {
+    const int lane = threadIdx.x & 31, g = lane >> 3, tl = lane & 7;
+    const unsigned team = 0xffu << (8 * g);
+    const int32_t E = a.E, k = a.top_k;
+    const T *__restrict__ logits = static_cast<const T *>(a.logits);
+    const int64_t step = (int64_t)gridDim.x * kHashWarps * 4;
+    /* warp-uniform loop over the warp's 4 tokens base .. base + 3 */
+    for (int64_t base = ((int64_t)blockIdx.x * kHashWarps + (threadIdx.x >> 5)) * 4; base < a.T; base += step) {
+        const int64_t t = base + g;
+        const bool live = t < a.T;
+        int64_t tok = 0;
+        if (live) tok = hash_index(a.token_ids, a.token_ids_i64, t);
+        const bool tok_bad = live && (tok < 0 || tok >= a.vocab);
+        const bool mine = live && !tok_bad && tl < k;
+        int64_t v = 0;
+        if (mine) v = hash_index(a.tid2eid, a.tid2eid_i64, tok * a.tid2eid_stride + tl);
+        const int32_t e = (int32_t)v; /* exact in range; out of range makes the row bad anyway */
+        bool mine_bad = mine && (v < 0 || v >= E);
+#pragma unroll
+        for (int m = 0; m < kHashKMax; m++) {
+            const int32_t o = __shfl_sync(kFull, e, m, 8);
+            mine_bad = mine_bad || (mine && m < k && m != tl && o == e);
+        }
+        const bool bad = (__ballot_sync(kFull, mine_bad || tok_bad) & team) != 0u;
+        const unsigned bad_teams = __ballot_sync(kFull, bad && tl == 0);
+        if (lane == 0 && bad_teams && a.error_count) mlaf_cuda_error_count_add(a.error_count, __popc(bad_teams));
+
+        float w = 0.0f;
+        if (mine && !bad) {
+            const float x = mlaf_ld(logits + t * a.logits_stride + e);
+            w = !isfinite(x) ? 0.0f : hash_score(a, x);
+        }
+        /* the warp kernel's sum: its xor-16 and xor-8 steps add +0 for k <= 8 */
+        const float sum = team_sum<8>(w + 0.0f);
+        float routed = sum;
+        if (a.renormalize) {
+            const float denom = sum + a.eps;
+            if (denom > 0.0f) w = w / denom;
+            if (a.n_shared > 0) routed = team_sum<8>(w + 0.0f);
+        }
+        if (a.apply_scaling) w *= a.scaling;
+        const float shared_w = routed / a.scaling;
+        if (live) {
+            int32_t *ids = a.ids + t * a.ids_stride;
+            for (int j = tl; j < a.K; j += 8) { /* j < k only at j = tl (k <= 8) */
+                const bool routed_slot = j < k;
+                ids[j] = routed_slot ? (bad ? j : e) : E + (j - k);
+                gate_put_weight<T>(a, t, j, routed_slot ? w : shared_w);
+            }
+        }
+    }
+}
+
 template <typename T> static int hash_thread_resident(int sms) {
     static std::atomic<int> cached{0};
     int v = cached.load(std::memory_order_relaxed);
@@ -288,8 +344,19 @@ template <typename T> void launch_hash_warp(const GateArgs &a, int sm_count, cud
     moe_gate_hash_kernel<T><<<(int)(want < cap ? want : cap), kHashWarps * 32, 0, stream>>>(a);
 }
 
+/* From this many tokens the thread kernel (H200, V4-Flash: 19.0 against 21.3 us at 131072,
+ * even at 65536, 8.7 against 10.0 at 32768). */
+constexpr int64_t kHashThreadFromT = 65536;
+
 template <typename T> void launch_hash(const GateArgs &a, int sm_count, cudaStream_t stream) {
-    if (a.top_k <= kHashKMax && !a.softmax && !a.scores) {
+    const bool fast = a.top_k <= kHashKMax && !a.softmax && !a.scores;
+    if (fast && a.T < kHashThreadFromT) {
+        const int64_t want = (a.T + kHashWarps * 4 - 1) / (kHashWarps * 4);
+        const int64_t cap = (int64_t)(sm_count > 0 ? sm_count : 1) * 16;
+        moe_gate_hash_octet_kernel<T><<<(int)(want < cap ? want : cap), kHashWarps * 32, 0, stream>>>(a);
+        return;
+    }
+    if (fast) {
         const uintptr_t ids = reinterpret_cast<uintptr_t>(a.ids), w = reinterpret_cast<uintptr_t>(a.weights);
         const int stage_out = a.weights_f32 && a.K == a.top_k && a.ids_stride == a.K && a.weights_stride == a.K &&
                               ids % 16 == 0 && w % 16 == 0;
