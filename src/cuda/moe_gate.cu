@@ -19,7 +19,8 @@
  * sqrt_softplus routers (DeepSeek-V4) go straight to the general kernel, the one kernel that
  * computes that score (its libm-grade expf / log1pf / sqrtf would cost the specialized kernels
  * registers they tune for; their ex2.approx sigmoid has no counterpart). Hash routing
- * (mlaf_moe_gate_hash, job->tid2eid set) has its own warp-per-token kernel (moe_gate_hash.cuh).
+ * (mlaf_moe_gate_hash, job->tid2eid set) has its own kernels (moe_gate_hash.cuh: 8 lanes or a
+ * thread per token for top_k <= 8, a warp per token for softmax, scores or top_k > 8).
  * The figures behind these thresholds are in dev/moe_gate/README.md.
  * Never allocates or synchronizes; graph-capturable.
  */
