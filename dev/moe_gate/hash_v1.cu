@@ -7,42 +7,23 @@
  * reads 8 + 6·4 + 6·4 bytes (V4-Flash, f32, int64 ids, int32 table) through a chain of three
  * dependent loads: the token id, then its table row, then k logits of its row.
  *
- *   v0  the warp kernel of moe_gate_hash.cuh (the library's for softmax, scores, k > 8): one
- *       warp per token, lanes j < k active, grid-stride, 4 warps per block, at most 16 blocks per SM. At most
- *       64 tokens in flight per SM (64 warps, each waiting on its own chain), plus a k-round
- *       shuffle loop for duplicates and 5-step warp sums per token.
- *   v1  one thread per token. Its k table entries are loaded back to back, then its k logits
- *       back to back; the duplicate test is k(k-1)/2 compares in registers; the sums are the
- *       library's butterfly written out in registers (hash_sum8). A block of 128 threads covers
- *       128 tokens; at 43-52 registers (ptxas, sm_90) 9-10 blocks fit per SM, ~1200 tokens in
- *       flight per SM against v0's 64, so T = 131072 (~990 tokens per SM on 132 SMs) is one
- *       wave and the call should cost about one chain of three DRAM latencies plus the
- *       traffic, instead of ~16 chains back to back.
- *       Flags F: 1 = an int32 table row read as 8-byte pairs (rows 8-byte aligned: 3 loads
- *       instead of 6 for k = 6); 2 = ids / f32 weights stored as 8-byte pairs; 4 = the warp's
- *       32 x k ids and weights staged in shared memory and stored as contiguous 16-byte
- *       vectors (contiguous [T, k] outputs, no shared experts), instead of 24-byte-strided
- *       4-byte stores that each touch 24 sectors per warp instruction.
- *   v2  8 lanes per token (4 tokens per warp): lane j < k loads entry j and its logit; the
- *       duplicate test is k width-8 shuffles ("shfl") or one __match_any_sync ("match"); the
- *       sums are team_sum<8> (xor 4, 2, 1). 4x v0's tokens in flight per warp (256 per SM),
- *       and fewer instructions per token (3-step instead of 5-step reductions, 32-bit instead
- *       of 64-bit shuffles, no 32-lane vote per token); still ~4 chains back to back at
- *       T = 131072, so expected between v0 and v1 there, and close to v1 at small T.
- *   The fast paths take top_k <= 8 with sigmoid or sqrt_softplus scores and no scores output;
- *   anything else (softmax, scores, k > 8) runs v0's kernel (moe_gate_hash.cuh, included).
- *   "library (API)" is mlaf_moe_gate_hash on a CUDA context: v2 shfl's kernel below 65536
- *   tokens, v1 F=4's from there (moe_gate_hash.cuh; F=1 and F=2 did not earn their code).
+ * The three kernels of moe_gate_hash.cuh, each launched directly, and the library's choice:
+ *   v0                 a warp per token (the library's for softmax, scores, k > 8): at most 64
+ *                      tokens in flight per SM, each a chain of three dependent loads.
+ *   8 lanes per token  4 tokens per warp, 3-step team sums, 8-wide shuffles for duplicates.
+ *   thread per token   its k entries, then its k logits, loaded back to back; ~1200 tokens in
+ *                      flight per SM; contiguous f32 outputs staged per warp in shared memory
+ *                      and stored as 16-byte vectors.
+ *   library (API)      mlaf_moe_gate_hash on a CUDA context (8 lanes below 65536 tokens).
+ * The fast two take top_k <= 8 with sigmoid or sqrt_softplus scores and no scores output; here
+ * anything else runs v0. Variants that lost (git history, figures in dev/README.md): the thread
+ * kernel with 8-byte table loads or 8-byte stores instead of the staging, 8 lanes per token
+ * with __match_any_sync for duplicates.
  *
- * Bit identity with v0: the same score function (hash_score: sqrt_softplus_f / the sigmoid of
- * moe_gate_hash.cuh), the same operations in the same order. The library's sum is
- * warp_sum(w0 + w1) over 32 lanes with w = +0 at lanes j >= k: for k <= 8 the xor-16 and xor-8
- * steps add +0, then lanes j and j^4, j^2, j^1 pair up, so every lane gets
- * ((w0+w4)+(w2+w6)) + ((w1+w5)+(w3+w7)) (IEEE addition commutes; "+ 0.0f" is the library's
- * w0 + w1 with w1 = +0). v1 computes exactly that expression, v2 the same tree by xor 4, 2, 1.
- * Then denom = sum + eps, w / denom when denom > 0, the shared-expert sum the same way, w *=
- * scaling, shared w = routed / scaling: as moe_gate_hash.cuh. The error counter gets one
- * saturating add of the warp's bad-row count instead of one per row (the same final value).
+ * Bit identity with v0: the same score function and operations in the same order; the thread
+ * kernel's hash_sum8 writes out v0's warp_sum tree, the 8-lane kernel's team_sum<8> is that
+ * tree by xor 4, 2, 1 (see moe_gate_hash.cuh). The error counter gets one saturating add of a
+ * warp's bad-row count instead of one per row (the same final value).
  *
  * Validation (before any timing; FAIL and exit 1 on a mismatch): every variant against v0 bit
  * for bit (ids, weight bytes, error counter, padding columns untouched) at T = 1, 33, 4099 on
@@ -64,7 +45,7 @@
  *   build/dev/moe_gate/hash_v1 [--quick] [--ts LIST]  (--quick: T = 131072 only; --ts: these
  *                                                     T, the bench's index dtypes only)
  */
-#include "cuda/moe_gate_hash.cuh" /* GateArgs, hash_score, hash_index, team_sum; v0's kernel */
+#include "cuda/moe_gate_hash.cuh" /* GateArgs, the three kernels and their launches */
 
 #include "common.cuh"
 
@@ -74,267 +55,7 @@
 
 namespace {
 
-constexpr int kV1Threads = 128;
-constexpr int kV2Warps = 4;   /* v2: 128-thread blocks, 16 tokens per block */
-
-/* What the host works out once per call for the fast paths (warp-uniform in the kernels). */
-struct HashFast {
-    int tab_vec;   /* int32 table with 8-byte aligned rows: entries read in pairs */
-    int out_vec;   /* f32 weights; ids and weights rows 8-byte aligned: stored in pairs */
-    int out_stage; /* f32 weights; contiguous [T, K] ids and weights, K == top_k, 16-byte bases */
-};
-
-bool hash_fast_ok(const GateArgs &a) { return a.top_k <= kHashKMax && !a.softmax && !a.scores; }
-
-HashFast hash_fast_of(const GateArgs &a) {
-    HashFast f{};
-    f.tab_vec = !a.tid2eid_i64 && reinterpret_cast<uintptr_t>(a.tid2eid) % 8 == 0 && a.tid2eid_stride % 2 == 0;
-    const bool wf = a.weights_f32 != 0;
-    f.out_vec = wf && reinterpret_cast<uintptr_t>(a.ids) % 8 == 0 && reinterpret_cast<uintptr_t>(a.weights) % 8 == 0 &&
-                a.ids_stride % 2 == 0 && a.weights_stride % 2 == 0;
-    f.out_stage = wf && a.K == a.top_k && a.ids_stride == a.K && a.weights_stride == a.K &&
-                  reinterpret_cast<uintptr_t>(a.ids) % 16 == 0 && reinterpret_cast<uintptr_t>(a.weights) % 16 == 0;
-    return f;
-}
-
-/* ---- v1: one thread per token ------------------------------------------------------------ */
-template <typename T, int F>
-__global__ void __launch_bounds__(kV1Threads) hash_v1_kernel(const GateArgs a, const HashFast f) {
-    constexpr int KM = kHashKMax;
-    /* F & 4: per warp 32 x KM ids, then 32 x KM weights */
-    __shared__ __align__(16) uint32_t stage[(F & 4) ? (kV1Threads / 32) * 2 * 32 * KM : 4];
-    const int lane = threadIdx.x & 31;
-    const int32_t E = a.E, k = a.top_k;
-    const T *__restrict__ logits = static_cast<const T *>(a.logits);
-    const int64_t step = (int64_t)gridDim.x * kV1Threads;
-    /* warp-uniform loop: base is the warp's first token (a multiple of 32) */
-    for (int64_t base = (int64_t)blockIdx.x * kV1Threads + (threadIdx.x & ~31); base < a.T; base += step) {
-        const int64_t t = base + lane;
-        const bool live = t < a.T;
-        /* 1. the token id, then its k table entries, all loads issued before any test */
-        int64_t tok = 0;
-        if (live) tok = hash_index(a.token_ids, a.token_ids_i64, t);
-        bool bad = live && (tok < 0 || tok >= a.vocab);
-        const bool go = live && !bad;
-        const int64_t trow = (go ? tok : 0) * a.tid2eid_stride;
-        int32_t e[KM];
-        bool range_bad = false;
-        if (a.tid2eid_i64) {
-            const int64_t *row = static_cast<const int64_t *>(a.tid2eid) + trow;
-            int64_t v[KM];
-#pragma unroll
-            for (int j = 0; j < KM; j++) v[j] = (go && j < k) ? row[j] : 0;
-#pragma unroll
-            for (int j = 0; j < KM; j++) {
-                range_bad = range_bad || (go && j < k && (v[j] < 0 || v[j] >= E));
-                e[j] = (int32_t)v[j]; /* exact for entries in range; a row with one out of range is bad */
-            }
-        } else {
-            const int32_t *row = static_cast<const int32_t *>(a.tid2eid) + trow;
-            if ((F & 1) && f.tab_vec) {
-#pragma unroll
-                for (int j = 0; j < KM; j += 2) {
-                    if (go && j + 1 < k) {
-                        const int2 p = *reinterpret_cast<const int2 *>(row + j);
-                        e[j] = p.x, e[j + 1] = p.y;
-                    } else {
-                        e[j] = (go && j < k) ? row[j] : 0;
-                        e[j + 1] = 0;
-                    }
-                }
-            } else {
-#pragma unroll
-                for (int j = 0; j < KM; j++) e[j] = (go && j < k) ? row[j] : 0;
-            }
-#pragma unroll
-            for (int j = 0; j < KM; j++) range_bad = range_bad || (go && j < k && (e[j] < 0 || e[j] >= E));
-        }
-        bool dup = false;
-#pragma unroll
-        for (int i = 1; i < KM; i++)
-#pragma unroll
-            for (int m = 0; m < i; m++) dup = dup || (i < k && e[i] == e[m]);
-        bad = bad || (go && (range_bad || dup));
-        const unsigned bad_lanes = __ballot_sync(kFull, bad);
-        if (lane == 0 && bad_lanes && a.error_count) mlaf_cuda_error_count_add(a.error_count, __popc(bad_lanes));
-
-        /* 2. the k logits back to back, then the scores */
-        const bool ok = live && !bad;
-        const T *row = logits + (ok ? t : 0) * a.logits_stride;
-        float x[KM], w[KM];
-#pragma unroll
-        for (int j = 0; j < KM; j++) x[j] = (ok && j < k) ? mlaf_ld(row + e[j]) : 0.0f;
-#pragma unroll
-        for (int j = 0; j < KM; j++) w[j] = (ok && j < k) ? (!isfinite(x[j]) ? 0.0f : hash_score(a, x[j])) : 0.0f;
-
-        /* 3. weights: moe_gate_hash.cuh's operations in its order */
-        const float sum = hash_sum8(w);
-        float routed = sum;
-        if (a.renormalize) {
-            const float denom = sum + a.eps;
-            if (denom > 0.0f) {
-#pragma unroll
-                for (int j = 0; j < KM; j++) w[j] = w[j] / denom;
-            }
-            if (a.n_shared > 0) routed = hash_sum8(w);
-        }
-        if (a.apply_scaling) {
-#pragma unroll
-            for (int j = 0; j < KM; j++) w[j] *= a.scaling;
-        }
-        const float shared_w = routed / a.scaling;
-
-        /* 4. stores */
-        if ((F & 4) && f.out_stage && base + 32 <= a.T) {
-            uint32_t *sid = stage + (threadIdx.x >> 5) * (2 * 32 * KM);
-            uint32_t *sw = sid + 32 * k; /* 128 k bytes in: 16-byte aligned */
-#pragma unroll
-            for (int j = 0; j < KM; j++)
-                if (j < k) {
-                    sid[lane * k + j] = (uint32_t)(bad ? j : e[j]);
-                    sw[lane * k + j] = __float_as_uint(w[j]);
-                }
-            __syncwarp();
-            /* the warp's rows are 32 k contiguous words of each output, at base * k words: a
-             * multiple of 128 bytes from 16-byte aligned bases */
-            uint4 *gid = reinterpret_cast<uint4 *>(a.ids + base * a.K);
-            uint4 *gw = reinterpret_cast<uint4 *>(static_cast<float *>(a.weights) + base * a.K);
-            const uint4 *s_id = reinterpret_cast<const uint4 *>(sid);
-            const uint4 *s_w = reinterpret_cast<const uint4 *>(sw);
-            for (int v = lane; v < 8 * k; v += 32) {
-                gid[v] = s_id[v];
-                gw[v] = s_w[v];
-            }
-            __syncwarp(); /* the stage is rewritten by the next round */
-        } else if (live) {
-            int32_t *ids = a.ids + t * a.ids_stride;
-            if ((F & 2) && f.out_vec) {
-                float *wr = static_cast<float *>(a.weights) + t * a.weights_stride;
-#pragma unroll
-                for (int j = 0; j < KM; j += 2) {
-                    const int32_t i0 = bad ? j : e[j], i1 = bad ? j + 1 : e[j + 1];
-                    if (j + 1 < k) {
-                        *reinterpret_cast<int2 *>(ids + j) = make_int2(i0, i1);
-                        *reinterpret_cast<float2 *>(wr + j) = make_float2(w[j], w[j + 1]);
-                    } else if (j < k) {
-                        ids[j] = i0;
-                        wr[j] = w[j];
-                    }
-                }
-            } else {
-#pragma unroll
-                for (int j = 0; j < KM; j++)
-                    if (j < k) {
-                        ids[j] = bad ? j : e[j];
-                        gate_put_weight<T>(a, t, j, w[j]);
-                    }
-            }
-            for (int j = k; j < a.K; j++) {
-                ids[j] = E + (j - k);
-                gate_put_weight<T>(a, t, j, shared_w);
-            }
-        }
-    }
-}
-
-/* ---- v2: 8 lanes per token ----------------------------------------------------------------- */
-template <typename T, bool MATCH>
-__global__ void __launch_bounds__(kV2Warps * 32) hash_v2_kernel(const GateArgs a) {
-    const int lane = threadIdx.x & 31, g = lane >> 3, tl = lane & 7;
-    const unsigned team = 0xffu << (8 * g);
-    const int32_t E = a.E, k = a.top_k;
-    const T *__restrict__ logits = static_cast<const T *>(a.logits);
-    const int64_t step = (int64_t)gridDim.x * kV2Warps * 4;
-    /* warp-uniform loop over the warp's 4 tokens base .. base + 3 */
-    for (int64_t base = ((int64_t)blockIdx.x * kV2Warps + (threadIdx.x >> 5)) * 4; base < a.T; base += step) {
-        const int64_t t = base + g;
-        const bool live = t < a.T;
-        int64_t tok = 0;
-        if (live) tok = hash_index(a.token_ids, a.token_ids_i64, t); /* one address per team */
-        const bool tok_bad = live && (tok < 0 || tok >= a.vocab);
-        const bool mine = live && !tok_bad && tl < k;
-        int64_t v = 0;
-        if (mine) v = hash_index(a.tid2eid, a.tid2eid_i64, tok * a.tid2eid_stride + tl);
-        const int32_t e = (int32_t)v; /* exact in range; out of range makes the row bad anyway */
-        bool mine_bad = mine && (v < 0 || v >= E);
-        if constexpr (MATCH) {
-            /* lanes without an entry get distinct negative keys; a real entry equal to one is
-             * negative or >= 2^31 as int64, so already out of range. Every lane executes the
-             * match (full mask): it must not sit behind the || / && short circuit. */
-            const int32_t key = mine ? e : (int32_t)(0x80000000u | (unsigned)lane);
-            const unsigned peers = __match_any_sync(kFull, key);
-            mine_bad = mine_bad || (mine && __popc(peers & team) > 1);
-        } else {
-#pragma unroll
-            for (int m = 0; m < kHashKMax; m++) {
-                const int32_t o = __shfl_sync(kFull, e, m, 8);
-                mine_bad = mine_bad || (mine && m < k && m != tl && o == e);
-            }
-        }
-        const bool bad = (__ballot_sync(kFull, mine_bad || tok_bad) & team) != 0u;
-        const unsigned bad_teams = __ballot_sync(kFull, bad && tl == 0);
-        if (lane == 0 && bad_teams && a.error_count) mlaf_cuda_error_count_add(a.error_count, __popc(bad_teams));
-
-        float w = 0.0f;
-        if (mine && !bad) {
-            const float x = mlaf_ld(logits + t * a.logits_stride + e);
-            w = !isfinite(x) ? 0.0f : hash_score(a, x);
-        }
-        const float sum = team_sum<8>(w + 0.0f);
-        float routed = sum;
-        if (a.renormalize) {
-            const float denom = sum + a.eps;
-            if (denom > 0.0f) w = w / denom;
-            if (a.n_shared > 0) routed = team_sum<8>(w + 0.0f);
-        }
-        if (a.apply_scaling) w *= a.scaling;
-        const float shared_w = routed / a.scaling;
-        if (live) {
-            int32_t *ids = a.ids + t * a.ids_stride;
-            for (int j = tl; j < a.K; j += 8) { /* j < k only at j = tl (k <= 8) */
-                const bool routed_slot = j < k;
-                ids[j] = routed_slot ? (bad ? j : e) : E + (j - k);
-                gate_put_weight<T>(a, t, j, routed_slot ? w : shared_w);
-            }
-        }
-    }
-}
-
 int g_sm = 0;
-
-/* Blocks that fit on one SM, asked once per kernel (before any graph capture: the first call
- * of every variant is a validation call). */
-template <typename K> int resident_blocks(K kernel, int threads, int &cache) {
-    if (cache == 0) {
-        CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&cache, kernel, threads, 0));
-        if (cache < 1) cache = 1;
-    }
-    return cache;
-}
-
-template <typename T, int F> void launch_v1(const GateArgs &a, cudaStream_t s) {
-    if (a.T == 0) return; /* as the API: nothing read or written */
-    if (!hash_fast_ok(a)) {
-        launch_hash_warp<T>(a, g_sm, s);
-        return;
-    }
-    static int resident = 0;
-    const int64_t cap = (int64_t)g_sm * resident_blocks(hash_v1_kernel<T, F>, kV1Threads, resident);
-    const int64_t want = (a.T + kV1Threads - 1) / kV1Threads;
-    hash_v1_kernel<T, F><<<(int)std::min(want, cap), kV1Threads, 0, s>>>(a, hash_fast_of(a));
-}
-
-template <typename T, bool MATCH> void launch_v2(const GateArgs &a, cudaStream_t s) {
-    if (a.T == 0) return; /* as the API: nothing read or written */
-    if (!hash_fast_ok(a)) {
-        launch_hash_warp<T>(a, g_sm, s);
-        return;
-    }
-    static int resident = 0;
-    const int64_t cap = (int64_t)g_sm * resident_blocks(hash_v2_kernel<T, MATCH>, kV2Warps * 32, resident);
-    const int64_t want = (a.T + kV2Warps * 4 - 1) / (kV2Warps * 4);
-    hash_v2_kernel<T, MATCH><<<(int)std::min(want, cap), kV2Warps * 32, 0, s>>>(a);
-}
 
 } // namespace
 
@@ -444,17 +165,17 @@ template <typename T> static std::vector<Variant> variants() {
                      API(mlaf_context_set_cuda_stream(g_ctx, (void *)s));
                      API(mlaf_moe_gate_hash(g_ctx, &c.p, &c.logits, &c.tab, &c.tok, &c.weights, &c.ids, NULL, &c.ec));
                  }});
-    v.push_back({"v1 thread/token F=0", [](const Call &c, cudaStream_t s) { launch_v1<T, 0>(c.a, s); }});
-    v.push_back({"v1 thread/token F=1", [](const Call &c, cudaStream_t s) { launch_v1<T, 1>(c.a, s); }});
-    v.push_back({"v1 thread/token F=3", [](const Call &c, cudaStream_t s) { launch_v1<T, 3>(c.a, s); }});
-    v.push_back({"v1 thread/token F=4", [](const Call &c, cudaStream_t s) { launch_v1<T, 4>(c.a, s); }});
-    v.push_back({"v1 thread/token F=5", [](const Call &c, cudaStream_t s) { launch_v1<T, 5>(c.a, s); }});
-    v.push_back({"v2 8 lanes/token shfl", [](const Call &c, cudaStream_t s) { launch_v2<T, false>(c.a, s); }});
-    v.push_back({"v2 8 lanes/token match", [](const Call &c, cudaStream_t s) { launch_v2<T, true>(c.a, s); }});
+    /* the two fast kernels at every T (the fallback's where they do not apply) */
+    v.push_back({"8 lanes per token", [](const Call &c, cudaStream_t s) {
+                     if (c.a.T > 0) (hash_fast_ok(c.a) ? launch_hash_octet<T> : launch_hash_warp<T>)(c.a, g_sm, s);
+                 }});
+    v.push_back({"thread per token", [](const Call &c, cudaStream_t s) {
+                     if (c.a.T > 0) (hash_fast_ok(c.a) ? launch_hash_thread<T> : launch_hash_warp<T>)(c.a, g_sm, s);
+                 }});
     return v;
 }
 
-/* Registers, local memory and resident blocks of the variants' kernels. */
+/* Registers, local memory and resident blocks of the kernels. */
 template <typename T> static void print_kernels(const char *dtn) {
     auto one = [&](const char *name, const void *fn, int threads) {
         cudaFuncAttributes at;
@@ -464,14 +185,9 @@ template <typename T> static void print_kernels(const char *dtn) {
         printf("  %-5s %-24s %3d registers, %3zu B local, %5zu B shared, %2d blocks of %d per SM\n", dtn, name,
                at.numRegs, at.localSizeBytes, at.sharedSizeBytes, res, threads);
     };
-    one("v0 (moe_gate_hash)", (const void *)moe_gate_hash_kernel<T>, kHashWarps * 32);
-    one("v1 F=0", (const void *)hash_v1_kernel<T, 0>, kV1Threads);
-    one("v1 F=1", (const void *)hash_v1_kernel<T, 1>, kV1Threads);
-    one("v1 F=3", (const void *)hash_v1_kernel<T, 3>, kV1Threads);
-    one("v1 F=4", (const void *)hash_v1_kernel<T, 4>, kV1Threads);
-    one("v1 F=5", (const void *)hash_v1_kernel<T, 5>, kV1Threads);
-    one("v2 shfl", (const void *)hash_v2_kernel<T, false>, kV2Warps * 32);
-    one("v2 match", (const void *)hash_v2_kernel<T, true>, kV2Warps * 32);
+    one("warp per token", (const void *)moe_gate_hash_kernel<T>, kHashWarps * 32);
+    one("8 lanes per token", (const void *)moe_gate_hash_octet_kernel<T>, kHashWarps * 32);
+    one("thread per token", (const void *)moe_gate_hash_thread_kernel<T>, kHashThreads);
 }
 
 /* ---- comparison ------------------------------------------------------------------------------ */

@@ -344,28 +344,35 @@ template <typename T> void launch_hash_warp(const GateArgs &a, int sm_count, cud
     moe_gate_hash_kernel<T><<<(int)(want < cap ? want : cap), kHashWarps * 32, 0, stream>>>(a);
 }
 
+/* top_k <= 8, no softmax, no scores output (the eight-lane and thread kernels) */
+static inline bool hash_fast_ok(const GateArgs &a) { return a.top_k <= kHashKMax && !a.softmax && !a.scores; }
+
+template <typename T> void launch_hash_octet(const GateArgs &a, int sm_count, cudaStream_t stream) {
+    const int64_t want = (a.T + kHashWarps * 4 - 1) / (kHashWarps * 4);
+    const int64_t cap = (int64_t)(sm_count > 0 ? sm_count : 1) * 16;
+    moe_gate_hash_octet_kernel<T><<<(int)(want < cap ? want : cap), kHashWarps * 32, 0, stream>>>(a);
+}
+
+template <typename T> void launch_hash_thread(const GateArgs &a, int sm_count, cudaStream_t stream) {
+    const uintptr_t ids = reinterpret_cast<uintptr_t>(a.ids), w = reinterpret_cast<uintptr_t>(a.weights);
+    const int stage_out = a.weights_f32 && a.K == a.top_k && a.ids_stride == a.K && a.weights_stride == a.K &&
+                          ids % 16 == 0 && w % 16 == 0;
+    const int64_t want = (a.T + kHashThreads - 1) / kHashThreads;
+    const int64_t cap = hash_thread_resident<T>(sm_count);
+    moe_gate_hash_thread_kernel<T><<<(int)(want < cap ? want : cap), kHashThreads, 0, stream>>>(a, stage_out);
+}
+
 /* From this many tokens the thread kernel (H200, V4-Flash: 19.0 against 21.3 us at 131072,
  * even at 65536, 8.7 against 10.0 at 32768). */
 constexpr int64_t kHashThreadFromT = 65536;
 
 template <typename T> void launch_hash(const GateArgs &a, int sm_count, cudaStream_t stream) {
-    const bool fast = a.top_k <= kHashKMax && !a.softmax && !a.scores;
-    if (fast && a.T < kHashThreadFromT) {
-        const int64_t want = (a.T + kHashWarps * 4 - 1) / (kHashWarps * 4);
-        const int64_t cap = (int64_t)(sm_count > 0 ? sm_count : 1) * 16;
-        moe_gate_hash_octet_kernel<T><<<(int)(want < cap ? want : cap), kHashWarps * 32, 0, stream>>>(a);
-        return;
-    }
-    if (fast) {
-        const uintptr_t ids = reinterpret_cast<uintptr_t>(a.ids), w = reinterpret_cast<uintptr_t>(a.weights);
-        const int stage_out = a.weights_f32 && a.K == a.top_k && a.ids_stride == a.K && a.weights_stride == a.K &&
-                              ids % 16 == 0 && w % 16 == 0;
-        const int64_t want = (a.T + kHashThreads - 1) / kHashThreads;
-        const int64_t cap = hash_thread_resident<T>(sm_count);
-        moe_gate_hash_thread_kernel<T><<<(int)(want < cap ? want : cap), kHashThreads, 0, stream>>>(a, stage_out);
-        return;
-    }
-    launch_hash_warp<T>(a, sm_count, stream);
+    if (!hash_fast_ok(a))
+        launch_hash_warp<T>(a, sm_count, stream);
+    else if (a.T < kHashThreadFromT)
+        launch_hash_octet<T>(a, sm_count, stream);
+    else
+        launch_hash_thread<T>(a, sm_count, stream);
 }
 
 } // namespace
