@@ -72,23 +72,29 @@ template <typename T> __device__ __forceinline__ void mlaf_idx_rope(float *v, in
     }
 }
 
+/* The Hadamard's butterflies between lanes (lane ^ 1 .. lane ^ (L / 2), each lane's N values),
+ * then the scale and the rounding: the part both lane layouts share. */
+template <typename T, int N, int L> __device__ __forceinline__ void mlaf_idx_hadamard_lanes(float *v, int lane) {
+#pragma unroll
+    for (int m = 1; m < L; m <<= 1) {
+        const bool upper = (lane & m) != 0;
+#pragma unroll
+        for (int k = 0; k < N; k++) {
+            const float p = __shfl_xor_sync(0xffffffffu, v[k], m);
+            v[k] = upper ? __fsub_rn(p, v[k]) : __fadd_rn(v[k], p);
+        }
+    }
+#pragma unroll
+    for (int k = 0; k < N; k++) v[k] = mlaf_round_as<T>(__fmul_rn(v[k], MLAF_IDX_HADAMARD_K));
+}
+
 template <typename T> __device__ __forceinline__ void mlaf_idx_hadamard(float *v, int lane) {
     float a, b;
     a = v[0], b = v[1], v[0] = __fadd_rn(a, b), v[1] = __fsub_rn(a, b);
     a = v[2], b = v[3], v[2] = __fadd_rn(a, b), v[3] = __fsub_rn(a, b);
     a = v[0], b = v[2], v[0] = __fadd_rn(a, b), v[2] = __fsub_rn(a, b);
     a = v[1], b = v[3], v[1] = __fadd_rn(a, b), v[3] = __fsub_rn(a, b);
-#pragma unroll
-    for (int m = 1; m < 32; m <<= 1) {
-        const bool upper = (lane & m) != 0;
-#pragma unroll
-        for (int k = 0; k < 4; k++) {
-            const float p = __shfl_xor_sync(0xffffffffu, v[k], m);
-            v[k] = upper ? __fsub_rn(p, v[k]) : __fadd_rn(v[k], p);
-        }
-    }
-#pragma unroll
-    for (int k = 0; k < 4; k++) v[k] = mlaf_round_as<T>(__fmul_rn(v[k], MLAF_IDX_HADAMARD_K));
+    mlaf_idx_hadamard_lanes<T, 4, 32>(v, lane);
 }
 
 /* The scale of a row whose amax is m: mode an mlaf_index_scale (1: f32 amax / 448, else the
@@ -181,17 +187,7 @@ template <typename T> __device__ __forceinline__ void mlaf_idx_hadamard8(float *
                 const float a = v[i], b = v[i + m];
                 v[i] = __fadd_rn(a, b), v[i + m] = __fsub_rn(a, b);
             }
-#pragma unroll
-    for (int m = 1; m < 16; m <<= 1) {
-        const bool upper = (hl & m) != 0;
-#pragma unroll
-        for (int k = 0; k < 8; k++) {
-            const float p = __shfl_xor_sync(0xffffffffu, v[k], m);
-            v[k] = upper ? __fsub_rn(p, v[k]) : __fadd_rn(v[k], p);
-        }
-    }
-#pragma unroll
-    for (int k = 0; k < 8; k++) v[k] = mlaf_round_as<T>(__fmul_rn(v[k], MLAF_IDX_HADAMARD_K));
+    mlaf_idx_hadamard_lanes<T, 8, 16>(v, hl);
 }
 
 /* mlaf_idx_scale in this layout: the half's amax (every lane of the half gets the scale). */
