@@ -65,6 +65,13 @@ static void test_presets(mlaf_context *ctx) {
                                                       65537, 77);
         c.weight_dtype = MLAF_F32;
         run_case(ctx, "preset=deepseek-v3", &c);
+        /* DeepSeek-V4's sqrt_softplus router where CUDA takes the team kernel */
+        c = mlaf_verify_case_default(mlaf_preset_find("deepseek-v4-flash"), MLAF_F32, 65537, 78);
+        c.weight_dtype = MLAF_F32;
+        run_case(ctx, "preset=deepseek-v4-flash", &c);
+        c = mlaf_verify_case_default(mlaf_preset_find("deepseek-v4-flash"), MLAF_BF16, 16400, 79);
+        c.weight_dtype = MLAF_F32;
+        run_case(ctx, "preset=deepseek-v4-flash", &c);
     }
 }
 
@@ -159,6 +166,7 @@ static void test_shapes(mlaf_context *ctx) {
         c = custom(256, 6, 1, 1, MLAF_SCORE_SQRT_SOFTPLUS, MLAF_GROUP_TOP2_SUM, 1, dt, 1025, 51);
         c.moe.routed_scaling_factor = 1.5f;
         c.moe_wide = 1;
+        run_case(ctx, "E=256,sqrt_softplus,wide", &c);
         c.want_scores = 1;
         run_case(ctx, "E=256,sqrt_softplus,wide,scores", &c);
         c.strided = 1;

@@ -16,11 +16,12 @@
  *      then the 32-lane shapes, which alone serve smaller T (the shortest chain per token);
  *   7. everything else: the general kernel (moe_gate_warp.cuh), E up to 2048, any stride or
  *      alignment.
- * sqrt_softplus routers (DeepSeek-V4) go straight to the general kernel, the one kernel that
- * computes that score (its libm-grade expf / log1pf / sqrtf would cost the specialized kernels
- * registers they tune for; their ex2.approx sigmoid has no counterpart). Hash routing
- * (mlaf_moe_gate_hash, job->tid2eid set) has its own kernels (moe_gate_hash.cuh: 8 lanes or a
- * thread per token for top_k <= 8, a warp per token for softmax, scores or top_k > 8).
+ * sqrt_softplus routers (DeepSeek-V4) take steps 2, 3, 6 (from 16384 tokens with 2-byte
+ * logits, 65536 with f32) and 7: the tiny and team kernels compute that score in the general
+ * kernel's accurate form (the same bits); the solo and warp-step kernels have sigmoid alone.
+ * Hash routing (mlaf_moe_gate_hash, job->tid2eid set) has its own kernels (moe_gate_hash.cuh:
+ * 8 lanes or a thread per token for top_k <= 8, a warp per token for softmax, scores or
+ * top_k > 8).
  * The figures behind these thresholds are in dev/moe_gate/README.md.
  * Never allocates or synchronizes; graph-capturable.
  */
@@ -42,15 +43,21 @@ constexpr int64_t kTeamWideBelowT = 1024;
 /* Calls from this many tokens take the solo kernel where it fits. */
 constexpr int64_t kSoloFromT = 1024;
 
+/* sqrt_softplus calls from this many tokens take the team kernel (2- / 4-byte logits); below,
+ * the general kernel, whose score chain is the shorter one there. */
+constexpr int64_t kSqrtSoftplusTeamFromT2 = 16384, kSqrtSoftplusTeamFromT4 = 65536;
+
 template <typename T>
 bool try_team(const GateArgs &a, int sm_count, cudaStream_t stream) {
-    if (a.sqrt_softplus) return false; /* the general kernel alone computes it */
-    if (a.T >= kSoloFromT && try_solo<T>(a, sm_count, stream)) return true;
+    const bool ssp = a.sqrt_softplus != 0; /* not in the solo and warp-step kernels */
+    if (!ssp && a.T >= kSoloFromT && try_solo<T>(a, sm_count, stream)) return true;
     if (a.T <= kTinyMaxT && try_tiny<T>(a, sm_count, stream)) return true;
     if (a.E <= 64 && a.T <= 64) return false; /* shorter chain in the general kernel */
+    if (ssp && a.T < (sizeof(T) == 2 ? kSqrtSoftplusTeamFromT2 : kSqrtSoftplusTeamFromT4))
+        return false;
     const int unit = fast_copy_unit<T>(a);
     if (unit == 0) return false;
-    if (a.T >= kTeamWideBelowT && a.n_group == 1 && a.E <= 128) {
+    if (!ssp && a.T >= kTeamWideBelowT && a.n_group == 1 && a.E <= 128) {
         if (fast_fits(a, 8, 8)) {
             launch_fast<T, 8, 8>(a, unit, sm_count, stream);
             return true;
@@ -63,9 +70,11 @@ bool try_team(const GateArgs &a, int sm_count, cudaStream_t stream) {
 #define MLAF_TEAM(N, L, MINB)                                                                     \
     if (team_fits(a, N, L)) {                                                                     \
         if (a.softmax)                                                                            \
-            launch_team<T, N, L, true, 4096, MINB>(a, unit, sm_count, stream);                    \
+            launch_team<T, N, L, kScoreSoftmax, 4096, MINB>(a, unit, sm_count, stream);           \
+        else if (ssp)                                                                             \
+            launch_team<T, N, L, kScoreSqrtSoftplus, 4096, MINB>(a, unit, sm_count, stream);      \
         else                                                                                      \
-            launch_team<T, N, L, false, 4096, MINB>(a, unit, sm_count, stream);                   \
+            launch_team<T, N, L, kScoreSigmoid, 4096, MINB>(a, unit, sm_count, stream);           \
         return true;                                                                              \
     }
     /* MINB: resident blocks the register allocation must allow; the kernel is latency-bound,

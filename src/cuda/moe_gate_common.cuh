@@ -42,8 +42,8 @@ struct GateArgs {
     int64_t ids_stride;
     float *scores;
     int64_t scores_stride;
-    /* sqrt_softplus score (DeepSeek-V4): only the general kernel computes it (moe_gate.cu routes
-     * it there); softmax is 0 then. */
+    /* sqrt_softplus score (DeepSeek-V4): the tiny, team and general kernels compute it
+     * (moe_gate.cu routes it there); softmax is 0 then. */
     int32_t sqrt_softplus;
     /* hash routing (moe_gate_hash.cuh) */
     const void *tid2eid;
@@ -196,6 +196,18 @@ __device__ __forceinline__ float sqrt_softplus_f(float x) {
     if (x > 20.0f) return sqrtf(x);
     if (x < -20.0f) return expf(0.5f * x);
     return sqrtf(log1pf(expf(x)));
+}
+
+/* A kernel's score as a template argument (the tiny and team kernels). */
+constexpr int kScoreSigmoid = 0, kScoreSoftmax = 1, kScoreSqrtSoftplus = 2;
+
+/* s of one logit for the elementwise scores: sigmoid by ex2 / rcp, sqrt_softplus in the
+ * general kernel's accurate form (the same bits, so every kernel ranks alike). */
+template <int kScore> __device__ __forceinline__ float gate_score(float x) {
+    if constexpr (kScore == kScoreSqrtSoftplus)
+        return sqrt_softplus_f(x);
+    else
+        return sigmoid_fast(x);
 }
 
 /* Group selection for a team: every lane holds the best two c of its experts; a group is Lg

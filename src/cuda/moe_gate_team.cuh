@@ -76,7 +76,7 @@ template <class S, int L> __device__ __forceinline__ int team_phys(int team, int
  * popped; writes the winners in rank order to list[0, k). Returns the softmax max and
  * 1 / sum the weights need.
  */
-template <typename T, int N, int L, class S, bool kSoftmax>
+template <typename T, int N, int L, class S, int kScore>
 __device__ __noinline__ float2 team_exact(const GateArgs &a, const unsigned char *row, int team,
                                           int tl, unsigned team_mask, unsigned long long *list,
                                           int64_t t) {
@@ -89,7 +89,7 @@ __device__ __noinline__ float2 team_exact(const GateArgs &a, const unsigned char
                             row + team_phys<S, L>(team, (e0 + i) * (int)sizeof(T))))
                       : 0.0f;
     float smax = 0.0f, rinv = 1.0f;
-    if constexpr (kSoftmax) {
+    if constexpr (kScore == kScoreSoftmax) {
         float m = kNegInf;
 #pragma unroll
         for (int i = 0; i < N; i++)
@@ -107,7 +107,7 @@ __device__ __noinline__ float2 team_exact(const GateArgs &a, const unsigned char
         for (int i = 0; i < N; i++) c[i] = __fmul_rn(c[i], rinv);
     } else {
 #pragma unroll
-        for (int i = 0; i < N; i++) c[i] = sigmoid_fast(x[i]);
+        for (int i = 0; i < N; i++) c[i] = gate_score<kScore>(x[i]);
     }
     if (a.scores) {
         float *srow = a.scores + t * a.scores_stride;
@@ -144,7 +144,7 @@ __device__ __noinline__ float2 team_exact(const GateArgs &a, const unsigned char
 }
 
 /* One token per team of L lanes: the steps of the opening comment. */
-template <typename T, int N, int L, int Ahead, bool kSoftmax, int MinB>
+template <typename T, int N, int L, int Ahead, int kScore, int MinB>
 __global__ void __launch_bounds__(kTeamWarps * 32, MinB)
 moe_gate_team_kernel(const GateArgs a, const int copy_unit) {
     using S = TeamShape<T, N, L, Ahead>;
@@ -224,7 +224,7 @@ moe_gate_team_kernel(const GateArgs a, const int copy_unit) {
                 raw[j] = *reinterpret_cast<const V *>(
                     row + team_phys<S, L>(team, e0 * (int)sizeof(T) + j * S::kVec));
             const T *el = reinterpret_cast<const T *>(raw);
-            if constexpr (kSoftmax) {
+            if constexpr (kScore == kScoreSoftmax) {
                 float m = kNegInf;
 #pragma unroll
                 for (int i = 0; i < N; i++) {
@@ -251,7 +251,7 @@ moe_gate_team_kernel(const GateArgs a, const int copy_unit) {
                         acc1 = fmaf(xi, 0.0f, acc1);
                     else
                         acc = fmaf(xi, 0.0f, acc);
-                    c[i] = sigmoid_fast(xi) + breg[i];
+                    c[i] = gate_score<kScore>(xi) + breg[i];
                 }
                 acc += acc1;
             }
@@ -304,7 +304,7 @@ moe_gate_team_kernel(const GateArgs a, const int copy_unit) {
             }
         }
         if (exact) {
-            const float2 sm = team_exact<T, N, L, S, kSoftmax>(a, row, team, tl, team_mask, list, t);
+            const float2 sm = team_exact<T, N, L, S, kScore>(a, row, team, tl, team_mask, list, t);
             smax = sm.x;
             rinv = sm.y;
             n = K;
@@ -334,10 +334,10 @@ moe_gate_team_kernel(const GateArgs a, const int copy_unit) {
                         const float xv = mlaf_elem<T>::load(*reinterpret_cast<const T *>(
                             row + team_phys<S, L>(team, e * (int)sizeof(T))));
                         float w;
-                        if constexpr (kSoftmax)
+                        if constexpr (kScore == kScoreSoftmax)
                             w = __fmul_rn(__expf(xv - smax), rinv);
                         else
-                            w = sigmoid_fast(xv);
+                            w = gate_score<kScore>(xv);
                         if ((uint32_t)(kj >> 32) == kOrdNegInf) w = 0.0f; /* invalid: weight 0 */
                         wr[jj] = r;
                         wid[jj] = e;
@@ -377,12 +377,12 @@ moe_gate_team_kernel(const GateArgs a, const int copy_unit) {
     cp_async_wait<0>(); /* no copy outlives the block */
 }
 
-template <typename T, int N, int L, int Ahead, bool kSoftmax, int MinB> int team_blocks_per_sm() {
+template <typename T, int N, int L, int Ahead, int kScore, int MinB> int team_blocks_per_sm() {
     static std::atomic<int> cached{0};
     int v = cached.load(std::memory_order_relaxed);
     if (v == 0) {
         if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-                &v, moe_gate_team_kernel<T, N, L, Ahead, kSoftmax, MinB>, kTeamWarps * 32,
+                &v, moe_gate_team_kernel<T, N, L, Ahead, kScore, MinB>, kTeamWarps * 32,
                 TeamShape<T, N, L, Ahead>::kSmemBytes) != cudaSuccess ||
             v < 1) {
             (void)cudaGetLastError();
@@ -393,19 +393,19 @@ template <typename T, int N, int L, int Ahead, bool kSoftmax, int MinB> int team
     return v;
 }
 
-template <typename T, int N, int L, bool kSoftmax, int Ahead = 4096, int MinB = 1>
+template <typename T, int N, int L, int kScore, int Ahead = 4096, int MinB = 1>
 void launch_team(const GateArgs &a, int copy_unit, int sm_count, cudaStream_t stream) {
     using S = TeamShape<T, N, L, Ahead>;
     static_assert(S::kSmemBytes <= 227 * 1024, "team kernel shared memory");
     if (S::kSmemBytes > 48 * 1024)
-        (void)cudaFuncSetAttribute(moe_gate_team_kernel<T, N, L, Ahead, kSoftmax, MinB>,
+        (void)cudaFuncSetAttribute(moe_gate_team_kernel<T, N, L, Ahead, kScore, MinB>,
                                    cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmemBytes);
     const int64_t per_block = (int64_t)kTeamWarps * S::R;
     const int64_t want = (a.T + per_block - 1) / per_block;
     const int64_t cap =
-        (int64_t)(sm_count > 0 ? sm_count : 1) * team_blocks_per_sm<T, N, L, Ahead, kSoftmax, MinB>();
+        (int64_t)(sm_count > 0 ? sm_count : 1) * team_blocks_per_sm<T, N, L, Ahead, kScore, MinB>();
     const int blocks = (int)(want < cap ? want : cap);
-    moe_gate_team_kernel<T, N, L, Ahead, kSoftmax, MinB>
+    moe_gate_team_kernel<T, N, L, Ahead, kScore, MinB>
         <<<blocks, kTeamWarps * 32, S::kSmemBytes, stream>>>(a, copy_unit);
 }
 

@@ -8,8 +8,9 @@
  * group g (<= 32 experts) in lanes [0, P) of warp g, or experts [32 w, 32 w + 32) in warp w
  * for one group. Per token:
  *   0. Thread (w, l) loads its logit and its bias entry first (L2-resident in a decode loop).
- *   1. s = sigmoid_fast(x), or softmax over the finite logits (block max of ord32, exp, block
- *      sum: two barriers); v = ord32(s + b), kOrdNegInf for an invalid expert, 0 for padding.
+ *   1. s = sigmoid_fast(x), sqrt_softplus_f(x), or softmax over the finite logits (block max
+ *      of ord32, exp, block sum: two barriers); v = ord32(s + b), kOrdNegInf for an invalid
+ *      expert, 0 for padding.
  *   2. The unit's best two keys by two warp reductions; lane 0 writes the unit's group score
  *      and its second best. Barrier 1.
  *   3. Every warp alike: kept groups by a rank count and a ballot; tau = the ceil(k/2)-th
@@ -61,7 +62,7 @@ __device__ __forceinline__ void tiny_load_words(const uint32_t *p, uint32_t (&o)
     }
 }
 
-template <typename T, int NW, bool kSoftmax>
+template <typename T, int NW, int kScore>
 __global__ void __launch_bounds__(NW * 32, 1) moe_gate_tiny_kernel(const GateArgs a) {
     static_assert(NW >= 2 && NW <= 16 && NW % 2 == 0, "tiny: 2..16 warps");
     constexpr int kCap = NW * 32; /* every real expert fits in the list */
@@ -97,7 +98,7 @@ __global__ void __launch_bounds__(NW * 32, 1) moe_gate_tiny_kernel(const GateArg
     /* 1. scores, rank values */
     const bool xf = in && isfinite(x);
     float s;
-    if constexpr (kSoftmax) {
+    if constexpr (kScore == kScoreSoftmax) {
         const uint32_t mk = warp_max_u32(xf ? ord32(x) : 0u);
         if (lane == 0) s_red[w] = mk;
         __syncthreads();
@@ -118,7 +119,7 @@ __global__ void __launch_bounds__(NW * 32, 1) moe_gate_tiny_kernel(const GateArg
         const float rinv = 1.0f / (sum > 0.0f ? sum : 1.0f);
         s = __fmul_rn(ex, rinv);
     } else {
-        s = sigmoid_fast(x);
+        s = gate_score<kScore>(x);
     }
     const bool valid = xf && isfinite(b);
     const uint32_t v = valid ? ord32(s + b) : (in ? kOrdNegInf : 0u);
@@ -261,9 +262,11 @@ __global__ void __launch_bounds__(NW * 32, 1) moe_gate_tiny_kernel(const GateArg
 template <typename T, int NW>
 void launch_tiny(const GateArgs &a, cudaStream_t stream) {
     if (a.softmax)
-        moe_gate_tiny_kernel<T, NW, true><<<(unsigned)a.T, NW * 32, 0, stream>>>(a);
+        moe_gate_tiny_kernel<T, NW, kScoreSoftmax><<<(unsigned)a.T, NW * 32, 0, stream>>>(a);
+    else if (a.sqrt_softplus)
+        moe_gate_tiny_kernel<T, NW, kScoreSqrtSoftplus><<<(unsigned)a.T, NW * 32, 0, stream>>>(a);
     else
-        moe_gate_tiny_kernel<T, NW, false><<<(unsigned)a.T, NW * 32, 0, stream>>>(a);
+        moe_gate_tiny_kernel<T, NW, kScoreSigmoid><<<(unsigned)a.T, NW * 32, 0, stream>>>(a);
 }
 
 /* Takes decode-size calls (see the limits above); false launches nothing. */
