@@ -5,7 +5,8 @@
     python -m mlafuse.bench_overhead --compare       # both bindings (ext and ctypes), one table
 
 Each row is the wall clock per call of one Python-level call (many calls, one synchronize at
-the end, the best of --repeats timed runs), eagerly and inside torch.compile(fullgraph=True).
+the end, the best of --repeats timed runs, garbage collection off as in timeit), eagerly and
+inside torch.compile(fullgraph=True); every eager row runs before the first compile.
 At T = 1 the kernels take a few microseconds of device time, so the numbers are the host's
 cost of issuing the call: Python, the dispatcher, output allocation and the launch. Rows:
 
@@ -24,6 +25,7 @@ Python custom ops); MLAFUSE_BINDING=ext|ctypes chooses it.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import subprocess
@@ -60,12 +62,20 @@ def _timer(sync, iters, repeats):
             fn(*args)
         sync()
         best = float("inf")
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            for _ in range(iters):
-                fn(*args)
-            sync()
-            best = min(best, (time.perf_counter() - t0) / iters)
+        # As timeit: no garbage collection inside a timed run (after torch.compile has run,
+        # a collection walks its many objects and lands on whichever call triggers it).
+        enabled = gc.isenabled()
+        gc.disable()
+        try:
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                for _ in range(iters):
+                    fn(*args)
+                sync()
+                best = min(best, (time.perf_counter() - t0) / iters)
+        finally:
+            if enabled:
+                gc.enable()
         return best * 1e6
 
     return per_call_us
@@ -181,11 +191,11 @@ def measure(args) -> dict:
     if args.rows:
         words = [w.strip() for w in args.rows.split(",") if w.strip()]
         rows = [r for r in rows if any(w in r[0] for w in words)]
-    out = []
-    for name, fn, args_for in rows:
+    # Every eager row first: nothing compiled yet in the process, as an eager engine runs.
+    out = [{"name": name, "eager_us": per_call_us(fn, *args_for(0)), "compiled_us": None,
+            "compiled_k_us": None, "graphs": None} for name, fn, args_for in rows]
+    for row, (name, fn, args_for) in zip(out, rows):
         a0 = args_for(0)
-        row = {"name": name, "eager_us": per_call_us(fn, *a0), "compiled_us": None,
-               "compiled_k_us": None, "graphs": None}
         if not args.no_compile:
             torch._dynamo.reset()
             counters.clear()
@@ -201,7 +211,6 @@ def measure(args) -> dict:
                 graphs = max(graphs, counters["stats"]["unique_graphs"])
             # 1 = compiled once; more means it recompiled while it was being timed
             row["graphs"] = graphs
-        out.append(row)
     return {"binding": mlafuse.BINDING, "device": str(device), "torch": torch.__version__,
             "T": T, "iters": iters, "K": K, "rows": out}
 

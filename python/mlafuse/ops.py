@@ -325,6 +325,13 @@ def _np_out(a, name):
 
 
 def _ranks(latent, w_q, w_kv, q_lora_rank, kv_lora_rank, rope_dim):
+    if q_lora_rank is None and kv_lora_rank is None and rope_dim is None:
+        try:  # the common call, on the host's per-call path: the shapes as they are
+            Q = w_q.shape[0] if w_q is not None else 0
+            C = w_kv.shape[0]
+            return Q, C, latent.shape[1] - Q - C
+        except (AttributeError, IndexError, TypeError):
+            pass  # not arrays, or too few dimensions: the checked form below
     Q = int(q_lora_rank) if q_lora_rank is not None else (_dim(w_q, 0) if w_q is not None else 0)
     C = int(kv_lora_rank) if kv_lora_rank is not None else _dim(w_kv, 0)
     R = int(rope_dim) if rope_dim is not None else _dim(latent, 1) - Q - C
