@@ -212,6 +212,19 @@ MLAF_API const char *mlaf_cpu_isa_name(mlaf_cpu_isa isa);
 /* CUDA device ordinal and stream (a cudaStream_t passed as void*; NULL = legacy default). */
 MLAF_API mlaf_status mlaf_context_set_cuda_device(mlaf_context *ctx, int device);
 MLAF_API mlaf_status mlaf_context_set_cuda_stream(mlaf_context *ctx, void *stream);
+/* Programmatic dependent launch (sm_90 and newer), off by default. On, every kernel of the
+ * context's ops launches with the programmatic-stream-serialization attribute and, as its
+ * first steps, waits for the kernels before it in the stream to complete and flush
+ * (griddepcontrol.wait), then lets the kernel after it launch (launch_dependents). The ops'
+ * results are unchanged; a launch overlaps the tail of the kernel before it, and in a CUDA
+ * graph captured from the stream consecutive launches become programmatic edges. What a
+ * caller may no longer assume: a kernel of its own launched after an op with that attribute
+ * may start before the op has finished, so it must wait the same way before reading the op's
+ * outputs (kernels launched without the attribute see plain stream order). Enabling on a
+ * device below sm_90 is MLAF_ERR_UNSUPPORTED; on a device changed later to one below sm_90
+ * the setting is kept and launches go without the attribute. */
+MLAF_API mlaf_status mlaf_context_set_cuda_pdl(mlaf_context *ctx, int enable);
+MLAF_API int mlaf_context_cuda_pdl(const mlaf_context *ctx); /* 1 when enabled, else 0 */
 
 /* Message of the last failed call on this context ("" after a success). Never NULL; valid
  * until the next call on the context. */

@@ -227,6 +227,24 @@ mlaf_status mlaf_context_set_cuda_stream(mlaf_context *ctx, void *stream) {
     return MLAF_OK;
 }
 
+mlaf_status mlaf_context_set_cuda_pdl(mlaf_context *ctx, int enable) {
+    if (!ctx) return MLAF_ERR_NULL_POINTER;
+    if (ctx->backend != MLAF_BACKEND_CUDA)
+        return mlaf_fail(ctx, MLAF_ERR_INVALID_ARGUMENT,
+                         "set_cuda_pdl on a %s context", mlaf_backend_name(ctx->backend));
+    if (enable && ctx->cuda_cc < 90)
+        return mlaf_fail(ctx, MLAF_ERR_UNSUPPORTED,
+                         "programmatic dependent launch needs sm_90 or newer; cuda device %d is "
+                         "sm_%d", ctx->cuda_device, ctx->cuda_cc);
+    ctx->cuda_pdl = enable != 0;
+    ctx->err[0] = '\0';
+    return MLAF_OK;
+}
+
+int mlaf_context_cuda_pdl(const mlaf_context *ctx) {
+    return ctx && ctx->backend == MLAF_BACKEND_CUDA ? ctx->cuda_pdl : 0;
+}
+
 const char *mlaf_context_last_error(const mlaf_context *ctx) {
     return ctx ? ctx->err : "context is NULL";
 }

@@ -29,6 +29,7 @@ struct mlaf_context {
     void *cuda_stream;     /* cudaStream_t */
     int cuda_sm_count;     /* multiprocessors of cuda_device, read when the device is set */
     int cuda_cc;           /* its compute capability, major * 10 + minor (90 = sm_90) */
+    int cuda_pdl;          /* programmatic dependent launch requested (mlaf_context_set_cuda_pdl) */
     char err[MLAF_ERR_CAP];
 };
 

@@ -60,6 +60,8 @@ static void help(void) {
         "  --reps N             timed samples per measurement (default cpu 10, cuda 100)\n"
         "  --graph              CUDA: time replays of a CUDA graph of 100 calls for every T\n"
         "                       (always done for T <= 64); per-call time\n"
+        "  --pdl                CUDA: the ops launch as programmatic dependents\n"
+        "                       (mlaf_context_set_cuda_pdl; sm_90+); a graph's calls then overlap\n"
         "  --json               print one JSON object with an array of rows instead of a table\n"
         "  --cache-order ORDER  mla_kv_cache's paged-cache blocks: shuffled (default: a random\n"
         "                       permutation of every block, as a long-running allocator hands\n"
@@ -1154,7 +1156,7 @@ int cmd_bench(int argc, char **argv) {
     int64_t tokens[CLI_MAX_LIST];
     int ntok = 0;
     long long threads = 0, reps = 0;
-    int graph = 0, json = 0, cache_order = CO_SHUFFLED, sweep = 0, hash = 0, indexer = 0;
+    int graph = 0, pdl = 0, json = 0, cache_order = CO_SHUFFLED, sweep = 0, hash = 0, indexer = 0;
     cache_opt co = {0, MLAF_KV_PLAIN, MLAF_TILE_AMAX, 1.0};
     int tile_set = 0, kv_scale_set = 0;
 
@@ -1167,6 +1169,8 @@ int cmd_bench(int argc, char **argv) {
         }
         if (!strcmp(argv[i], "--graph")) {
             graph = 1;
+        } else if (!strcmp(argv[i], "--pdl")) {
+            pdl = 1;
         } else if (!strcmp(argv[i], "--hash")) {
             hash = 1;
         } else if (!strcmp(argv[i], "--indexer")) {
@@ -1296,6 +1300,7 @@ int cmd_bench(int argc, char **argv) {
     double copy_gbps = 0.0, copy_bytes = 0.0;
     size_t llc = bench_cpu_llc_bytes();
     if (be == MLAF_BACKEND_CPU) {
+        if (pdl) fprintf(stderr, "mlafuse bench: note: --pdl applies to the cuda backend only\n");
         if (threads > 0 && mlaf_context_set_threads(ctx, (int)threads) != MLAF_OK) {
             fprintf(stderr, "mlafuse bench: --threads: %s\n", mlaf_context_last_error(ctx));
             mlaf_context_free(ctx);
@@ -1320,6 +1325,12 @@ int cmd_bench(int argc, char **argv) {
             bcu_teardown();
             mlaf_context_free(ctx);
             return CLI_EXIT_FAIL;
+        }
+        if (pdl && mlaf_context_set_cuda_pdl(ctx, 1) != MLAF_OK) {
+            fprintf(stderr, "mlafuse bench: --pdl: %s\n", mlaf_context_last_error(ctx));
+            bcu_teardown();
+            mlaf_context_free(ctx);
+            return CLI_EXIT_USAGE;
         }
         snprintf(device, sizeof device, "%s", bcu_device_name());
         size_t cb = (size_t)1 << 30;
@@ -1358,6 +1369,7 @@ int cmd_bench(int argc, char **argv) {
         else printf(" --preset %s", preset ? preset : models[0].name);
         if (be == MLAF_BACKEND_CPU) printf(" --threads %lld", threads);
         if (graph) printf(" --graph");
+        if (pdl) printf(" --pdl");
         if (hash) printf(" --hash");
         if (cache_order != CO_SHUFFLED) printf(" --cache-order %s", cache_order_names[cache_order]);
         if (co.show) printf(" --cache %s", mlaf_kv_format_name(co.fmt));

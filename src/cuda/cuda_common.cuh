@@ -23,20 +23,61 @@ mlaf_status mlaf_cuda_moe_gate(mlaf_context *ctx, const mlaf_moe_gate_job *job);
 /* Returns MLAF_ERR_DEVICE with a message if the last launch failed. */
 mlaf_status mlaf_cuda_check_launch(mlaf_context *ctx, const char *op);
 
+/* Whether the launches of the op running on this thread are programmatic dependents (the
+ * context's mlaf_context_set_cuda_pdl on an sm_90+ device); set by mlaf_cuda_device_guard. */
+inline thread_local bool mlaf_cuda_pdl_now = false;
+
 /* Makes ctx's device current for the scope of a call and restores the caller's after:
- * the op runs on the context's device without changing the calling thread's state. */
+ * the op runs on the context's device without changing the calling thread's state. Also
+ * carries the context's launch attribute to mlaf_launch for the call's scope. */
 struct mlaf_cuda_device_guard {
     int prev = -1;
     bool switched = false;
+    bool prev_pdl = false;
     explicit mlaf_cuda_device_guard(const mlaf_context *ctx) {
         if (cudaGetDevice(&prev) == cudaSuccess && prev != ctx->cuda_device) {
             switched = cudaSetDevice(ctx->cuda_device) == cudaSuccess;
         }
+        prev_pdl = mlaf_cuda_pdl_now;
+        mlaf_cuda_pdl_now = ctx->cuda_pdl && ctx->cuda_cc >= 90;
     }
     ~mlaf_cuda_device_guard() {
+        mlaf_cuda_pdl_now = prev_pdl;
         if (switched) (void)cudaSetDevice(prev);
     }
 };
+
+/* Launches kernel<<<grid, block, smem, stream>>>(args...), as a programmatic dependent when
+ * the call's context asks for it. Errors surface through cudaGetLastError, as for <<<>>>. */
+template <typename... KArgs, typename... Args>
+inline void mlaf_launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
+                        cudaStream_t stream, Args... args) {
+    if (!mlaf_cuda_pdl_now) {
+        kernel<<<grid, block, smem, stream>>>(args...);
+        return;
+    }
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    (void)cudaLaunchKernelEx(&cfg, kernel, args...);
+}
+
+/* Every kernel's first statement. Launched as a programmatic dependent, the kernel waits here
+ * for the grids before it to complete and their writes to be visible, then lets the next
+ * dependent launch; otherwise both are no-ops. Before sm_90: nothing. */
+__device__ __forceinline__ void mlaf_pdl_begin() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
 
 /* Adds n >= 1 to a caller's error counter, atomically and saturating at INT32_MAX: a counter
  * at the top stays there instead of wrapping negative (the header's promise). A CAS loop, as

@@ -121,6 +121,7 @@ __device__ __forceinline__ void iq_pe_head(const mlaf_indexer_q_job &j, int64_t 
 
 template <typename T, typename P>
 __global__ void __launch_bounds__(IQ_WARPS * 32) mlaf_indexer_q_kernel(const mlaf_indexer_q_job j, const iq_cfg c) {
+    mlaf_pdl_begin();
     const int lane = threadIdx.x & 31, half = lane >> 4, hl = lane & 15;
     const int64_t step = (int64_t)gridDim.x * IQ_WARPS;
     for (int64_t it = (int64_t)blockIdx.x * IQ_WARPS + (threadIdx.x >> 5); it < c.items; it += step) {
@@ -239,7 +240,7 @@ template <typename T, typename P> static cudaError_t iq_go(const mlaf_indexer_q_
     c.csvec = (uintptr_t)job->rope.cos_sin % 16 == 0 && job->rope.cos_sin_stride % 4 == 0;
     int64_t blocks = (c.items + IQ_WARPS - 1) / IQ_WARPS;
     if (blocks > ((int64_t)1 << 24)) blocks = (int64_t)1 << 24;
-    mlaf_indexer_q_kernel<T, P><<<(unsigned)blocks, IQ_WARPS * 32, 0, stream>>>(*job, c);
+    mlaf_launch(mlaf_indexer_q_kernel<T, P>, (unsigned)blocks, IQ_WARPS * 32, 0, stream, *job, c);
     return cudaGetLastError();
 }
 

@@ -49,6 +49,7 @@ template <typename T, int N, int L, int Ahead = kAheadBytes> struct FastShape {
 template <typename T, int N, int L, int Ahead = kAheadBytes, int MinB = 1>
 __global__ void __launch_bounds__(kFastWarps * 32, MinB)
 moe_gate_fast_kernel(const GateArgs a, const int copy_unit) {
+    mlaf_pdl_begin();
     using S = FastShape<T, N, L, Ahead>;
     extern __shared__ __align__(16) unsigned char fsmem[];
     const int lane = threadIdx.x & 31;
@@ -290,7 +291,8 @@ void launch_fast(const GateArgs &a, int copy_unit, int sm_count, cudaStream_t st
     const int64_t want = (a.T + per_block - 1) / per_block;
     const int64_t cap = (int64_t)(sm_count > 0 ? sm_count : 1) * fast_blocks_per_sm<T, N, L, Ahead, MinB>();
     const int blocks = (int)(want < cap ? want : cap);
-    moe_gate_fast_kernel<T, N, L, Ahead, MinB><<<blocks, kFastWarps * 32, S::kSmemBytes, stream>>>(a, copy_unit);
+    mlaf_launch(moe_gate_fast_kernel<T, N, L, Ahead, MinB>,
+        blocks, kFastWarps * 32, S::kSmemBytes, stream, a, copy_unit);
 }
 
 /* Whether the shape (N experts per lane, L lanes per token) can run call a. */

@@ -47,6 +47,7 @@ __device__ __forceinline__ float hash_score(const GateArgs &a, float x) {
 
 template <typename T>
 __global__ void __launch_bounds__(kHashWarps * 32) moe_gate_hash_kernel(const GateArgs a) {
+    mlaf_pdl_begin();
     const int lane = threadIdx.x & 31;
     const int64_t warp0 = (int64_t)blockIdx.x * kHashWarps + (threadIdx.x >> 5);
     const int64_t nwarps = (int64_t)gridDim.x * kHashWarps;
@@ -161,6 +162,7 @@ __device__ __forceinline__ float hash_sum8(const float (&w)[kHashKMax]) {
 
 template <typename T>
 __global__ void __launch_bounds__(kHashThreads) moe_gate_hash_thread_kernel(const GateArgs a, const int stage_out) {
+    mlaf_pdl_begin();
     constexpr int KM = kHashKMax;
     __shared__ __align__(16) uint32_t stage[(kHashThreads / 32) * 2 * 32 * KM]; /* per warp: ids, weights */
     const int lane = threadIdx.x & 31;
@@ -271,6 +273,7 @@ __global__ void __launch_bounds__(kHashThreads) moe_gate_hash_thread_kernel(cons
 /* ---- eight lanes per token ----------------------------------------------------------------- */
 template <typename T>
 __global__ void __launch_bounds__(kHashWarps * 32) moe_gate_hash_octet_kernel(const GateArgs a) {
+    mlaf_pdl_begin();
     const int lane = threadIdx.x & 31, g = lane >> 3, tl = lane & 7;
     const unsigned team = 0xffu << (8 * g);
     const int32_t E = a.E, k = a.top_k;
@@ -341,7 +344,8 @@ template <typename T> static int hash_thread_resident(int sms) {
 template <typename T> void launch_hash_warp(const GateArgs &a, int sm_count, cudaStream_t stream) {
     const int64_t want = (a.T + kHashWarps - 1) / kHashWarps;
     const int64_t cap = (int64_t)(sm_count > 0 ? sm_count : 1) * 16;
-    moe_gate_hash_kernel<T><<<(int)(want < cap ? want : cap), kHashWarps * 32, 0, stream>>>(a);
+    mlaf_launch(moe_gate_hash_kernel<T>,
+        (int)(want < cap ? want : cap), kHashWarps * 32, 0, stream, a);
 }
 
 /* top_k <= 8, no softmax, no scores output (the eight-lane and thread kernels) */
@@ -350,7 +354,8 @@ static inline bool hash_fast_ok(const GateArgs &a) { return a.top_k <= kHashKMax
 template <typename T> void launch_hash_octet(const GateArgs &a, int sm_count, cudaStream_t stream) {
     const int64_t want = (a.T + kHashWarps * 4 - 1) / (kHashWarps * 4);
     const int64_t cap = (int64_t)(sm_count > 0 ? sm_count : 1) * 16;
-    moe_gate_hash_octet_kernel<T><<<(int)(want < cap ? want : cap), kHashWarps * 32, 0, stream>>>(a);
+    mlaf_launch(moe_gate_hash_octet_kernel<T>,
+        (int)(want < cap ? want : cap), kHashWarps * 32, 0, stream, a);
 }
 
 template <typename T> void launch_hash_thread(const GateArgs &a, int sm_count, cudaStream_t stream) {
@@ -359,7 +364,8 @@ template <typename T> void launch_hash_thread(const GateArgs &a, int sm_count, c
                           ids % 16 == 0 && w % 16 == 0;
     const int64_t want = (a.T + kHashThreads - 1) / kHashThreads;
     const int64_t cap = hash_thread_resident<T>(sm_count);
-    moe_gate_hash_thread_kernel<T><<<(int)(want < cap ? want : cap), kHashThreads, 0, stream>>>(a, stage_out);
+    mlaf_launch(moe_gate_hash_thread_kernel<T>,
+        (int)(want < cap ? want : cap), kHashThreads, 0, stream, a, stage_out);
 }
 
 /* From this many tokens the thread kernel (H200, V4-Flash: 19.0 against 21.3 us at 131072,

@@ -226,6 +226,7 @@ __device__ __noinline__ void solo_exact_warp(const GateArgs a, int64_t t, int ow
 template <typename T, int E, int G, int VB, int KMAX, int F>
 __global__ void __launch_bounds__(kSoloWarps * 32)
 moe_gate_solo_kernel(const GateArgs a) {
+    mlaf_pdl_begin();
     using S = SoloShape<T, E, G, VB, F>;
     constexpr int P = S::P, U = S::U, EPC = S::EPC, NS = S::NS;
     constexpr bool RC = S::RC;
@@ -568,7 +569,8 @@ void launch_solo(const GateArgs &a, int sm_count, cudaStream_t stream) {
     const int64_t want = (tiles + kSoloWarps - 1) / kSoloWarps;
     const int64_t cap = (int64_t)(sm_count > 0 ? sm_count : 1) * solo_blocks_per_sm<T, E, G, VB, KMAX, F>();
     const int blocks = (int)(want < cap ? want : cap);
-    moe_gate_solo_kernel<T, E, G, VB, KMAX, F><<<blocks, kSoloWarps * 32, S::kSmemBytes, stream>>>(a);
+    mlaf_launch(moe_gate_solo_kernel<T, E, G, VB, KMAX, F>,
+        blocks, kSoloWarps * 32, S::kSmemBytes, stream, a);
 }
 
 /* Whether the solo kernel (E, G experts / groups, units of VB, KMAX) can run call a. */

@@ -147,6 +147,7 @@ __device__ __noinline__ float2 team_exact(const GateArgs &a, const unsigned char
 template <typename T, int N, int L, int Ahead, int kScore, int MinB>
 __global__ void __launch_bounds__(kTeamWarps * 32, MinB)
 moe_gate_team_kernel(const GateArgs a, const int copy_unit) {
+    mlaf_pdl_begin();
     using S = TeamShape<T, N, L, Ahead>;
     extern __shared__ __align__(16) unsigned char tsmem[];
     const int lane = threadIdx.x & 31;
@@ -405,8 +406,8 @@ void launch_team(const GateArgs &a, int copy_unit, int sm_count, cudaStream_t st
     const int64_t cap =
         (int64_t)(sm_count > 0 ? sm_count : 1) * team_blocks_per_sm<T, N, L, Ahead, kScore, MinB>();
     const int blocks = (int)(want < cap ? want : cap);
-    moe_gate_team_kernel<T, N, L, Ahead, kScore, MinB>
-        <<<blocks, kTeamWarps * 32, S::kSmemBytes, stream>>>(a, copy_unit);
+    mlaf_launch(moe_gate_team_kernel<T, N, L, Ahead, kScore, MinB>,
+        blocks, kTeamWarps * 32, S::kSmemBytes, stream, a, copy_unit);
 }
 
 /* Whether the team shape (N experts per lane, L lanes) can run call a: the row fits, and a

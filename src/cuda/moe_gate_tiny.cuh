@@ -64,6 +64,7 @@ __device__ __forceinline__ void tiny_load_words(const uint32_t *p, uint32_t (&o)
 
 template <typename T, int NW, int kScore>
 __global__ void __launch_bounds__(NW * 32, 1) moe_gate_tiny_kernel(const GateArgs a) {
+    mlaf_pdl_begin();
     static_assert(NW >= 2 && NW <= 16 && NW % 2 == 0, "tiny: 2..16 warps");
     constexpr int kCap = NW * 32; /* every real expert fits in the list */
     __shared__ __align__(16) uint32_t s_gs[NW];  /* group score key per unit */
@@ -262,11 +263,14 @@ __global__ void __launch_bounds__(NW * 32, 1) moe_gate_tiny_kernel(const GateArg
 template <typename T, int NW>
 void launch_tiny(const GateArgs &a, cudaStream_t stream) {
     if (a.softmax)
-        moe_gate_tiny_kernel<T, NW, kScoreSoftmax><<<(unsigned)a.T, NW * 32, 0, stream>>>(a);
+        mlaf_launch(moe_gate_tiny_kernel<T, NW, kScoreSoftmax>,
+            (unsigned)a.T, NW * 32, 0, stream, a);
     else if (a.sqrt_softplus)
-        moe_gate_tiny_kernel<T, NW, kScoreSqrtSoftplus><<<(unsigned)a.T, NW * 32, 0, stream>>>(a);
+        mlaf_launch(moe_gate_tiny_kernel<T, NW, kScoreSqrtSoftplus>,
+            (unsigned)a.T, NW * 32, 0, stream, a);
     else
-        moe_gate_tiny_kernel<T, NW, kScoreSigmoid><<<(unsigned)a.T, NW * 32, 0, stream>>>(a);
+        mlaf_launch(moe_gate_tiny_kernel<T, NW, kScoreSigmoid>,
+            (unsigned)a.T, NW * 32, 0, stream, a);
 }
 
 /* Takes decode-size calls (see the limits above); false launches nothing. */

@@ -46,6 +46,7 @@ __device__ __forceinline__ void load_row(const T *__restrict__ row, int32_t E, i
 template <typename T, int NMAX>
 __global__ void __launch_bounds__(kWarps * 32)
 moe_gate_warp_kernel(const GateArgs a) {
+    mlaf_pdl_begin();
     extern __shared__ float smem[];
     constexpr bool kPrefetch = NMAX <= 16;
     constexpr bool kBiasRegs = NMAX <= 16;
@@ -293,7 +294,7 @@ void launch(const GateArgs &a, int sm_count, cudaStream_t stream) {
     int64_t cap = (int64_t)(sm_count > 0 ? sm_count : 1) * 16;
     int blocks = (int)(want < cap ? want : cap);
     size_t smem = a.n_group > 1 ? (size_t)kWarps * (a.E + (a.E >> 5) + 1 + 64) * sizeof(float) : 0;
-    moe_gate_warp_kernel<T, NMAX><<<blocks, kWarps * 32, smem, stream>>>(a);
+    mlaf_launch(moe_gate_warp_kernel<T, NMAX>, blocks, kWarps * 32, smem, stream, a);
 }
 
 template <typename T>

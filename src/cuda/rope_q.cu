@@ -51,6 +51,7 @@ template <> struct mlaf_pair_word<__nv_bfloat16> { typedef uint32_t type; };
 
 template <typename T, typename IDX>
 __global__ void __launch_bounds__(MLAF_ROPE_Q_THREADS) mlaf_rope_q_kernel(const mlaf_rope_q_args a) {
+    mlaf_pdl_begin();
     const int64_t t = blockIdx.x;
     const int64_t p = mlaf_ld_index(a.pos, a.pos64, t);
     if (p < 0 || p >= a.max_pos) {
@@ -109,6 +110,7 @@ template <typename T, bool NEOX>
 __global__ void __launch_bounds__(MLAF_ROPE_Q_THREADS)
 mlaf_rope_q_vec_kernel(const mlaf_rope_q_args a, int32_t units_per_token, int32_t tokens_per_block,
                        int32_t cs_vec) {
+    mlaf_pdl_begin();
     constexpr int W = mlaf_vec<T>::W, K = MLAF_ROPE_Q_UNITS;
     const int32_t half = a.R / 2;
     const int32_t U = NEOX ? half / W : a.R / W; /* units per head */
@@ -201,9 +203,11 @@ static cudaError_t mlaf_rope_q_vec_launch(const mlaf_rope_q_args &a, cudaStream_
     if (blocks > 0x7fffffff) blocks = 0x7fffffff; /* T < 2^31 keeps this unreachable */
     const int32_t cs_vec = (uintptr_t)a.cos_sin % 16 == 0 && a.cs_stride % 4 == 0 && (a.R / 2) % 4 == 0;
     if (a.neox)
-        mlaf_rope_q_vec_kernel<T, true><<<(unsigned)blocks, MLAF_ROPE_Q_THREADS, 0, stream>>>(a, upt, tpb, cs_vec);
+        mlaf_launch(mlaf_rope_q_vec_kernel<T, true>,
+            (unsigned)blocks, MLAF_ROPE_Q_THREADS, 0, stream, a, upt, tpb, cs_vec);
     else
-        mlaf_rope_q_vec_kernel<T, false><<<(unsigned)blocks, MLAF_ROPE_Q_THREADS, 0, stream>>>(a, upt, tpb, cs_vec);
+        mlaf_launch(mlaf_rope_q_vec_kernel<T, false>,
+            (unsigned)blocks, MLAF_ROPE_Q_THREADS, 0, stream, a, upt, tpb, cs_vec);
     return cudaGetLastError();
 }
 
@@ -215,9 +219,9 @@ static cudaError_t mlaf_rope_q_pair_launch(const mlaf_rope_q_args &a, cudaStream
     if (ny > 65535) ny = 65535;
     const dim3 grid((unsigned)a.T, (unsigned)ny);
     if (n < ((int64_t)1 << 31) - 2 * 65535 * MLAF_ROPE_Q_THREADS)
-        mlaf_rope_q_kernel<T, uint32_t><<<grid, MLAF_ROPE_Q_THREADS, 0, stream>>>(a);
+        mlaf_launch(mlaf_rope_q_kernel<T, uint32_t>, grid, MLAF_ROPE_Q_THREADS, 0, stream, a);
     else
-        mlaf_rope_q_kernel<T, uint64_t><<<grid, MLAF_ROPE_Q_THREADS, 0, stream>>>(a);
+        mlaf_launch(mlaf_rope_q_kernel<T, uint64_t>, grid, MLAF_ROPE_Q_THREADS, 0, stream, a);
     return cudaGetLastError();
 }
 

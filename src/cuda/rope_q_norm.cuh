@@ -39,6 +39,7 @@ struct mlaf_rope_qn_args {
 
 template <typename T, bool VEC>
 __global__ void __launch_bounds__(MLAF_RQN_WARPS * 32) mlaf_rope_qn_kernel(const mlaf_rope_qn_args a) {
+    mlaf_pdl_begin();
     constexpr int W = mlaf_vec<T>::W;
     const int lane = threadIdx.x & 31;
     const int64_t items = a.T * a.HP, step = (int64_t)gridDim.x * MLAF_RQN_WARPS;
@@ -137,8 +138,8 @@ static cudaError_t mlaf_rope_qn_launch(const mlaf_rope_qn_args &a, int sms, cuda
     const int64_t items = a.T * a.HP, want = (items + MLAF_RQN_WARPS - 1) / MLAF_RQN_WARPS,
                   cap = (int64_t)(sms > 0 ? sms : 132) * 64;
     const unsigned blocks = (unsigned)(want < cap ? want : cap);
-    if (vec) mlaf_rope_qn_kernel<T, true><<<blocks, MLAF_RQN_WARPS * 32, 0, stream>>>(a);
-    else mlaf_rope_qn_kernel<T, false><<<blocks, MLAF_RQN_WARPS * 32, 0, stream>>>(a);
+    if (vec) mlaf_launch(mlaf_rope_qn_kernel<T, true>, blocks, MLAF_RQN_WARPS * 32, 0, stream, a);
+    else mlaf_launch(mlaf_rope_qn_kernel<T, false>, blocks, MLAF_RQN_WARPS * 32, 0, stream, a);
     return cudaGetLastError();
 }
 

@@ -42,6 +42,7 @@ static inline int mlaf_row_block_threads(int qv, int cv, int rv) {
  * other rows carry none of its registers). */
 template <typename T, bool ROPE, bool TAIL, class Wr>
 __global__ void __launch_bounds__(1024) mlaf_row_block_kernel(const mlaf_row_args a, const typename Wr::params wp) {
+    mlaf_pdl_begin();
     constexpr int W = mlaf_vec<T>::W;
     __shared__ float red[32];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -217,6 +218,7 @@ __device__ __forceinline__ void mlaf_row_warp_body(const mlaf_row_args &a, const
 template <typename T, class L, bool BULK, bool ROPE, class Wr>
 __global__ void __launch_bounds__(MLAF_ROW_WARPS * 32, mlaf_row_minb4<BULK ? L::NQ + L::NC + 1 : L::NS>::value)
 mlaf_row_warp_kernel(const mlaf_row_args a, const typename Wr::params wp) {
+    mlaf_pdl_begin();
     if constexpr (BULK) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
         __trap(); /* the host launches the bulk shape on sm_90 and later only */
@@ -232,6 +234,7 @@ mlaf_row_warp_kernel(const mlaf_row_args a, const typename Wr::params wp) {
 template <typename T, bool ROPE, class Wr>
 __global__ void __launch_bounds__(MLAF_ROW_WARPS * 32) mlaf_row_generic_kernel(const mlaf_row_args a,
                                                                                const typename Wr::params wp) {
+    mlaf_pdl_begin();
     typedef typename mlaf_bits<T>::type B;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int64_t t = (int64_t)blockIdx.x * MLAF_ROW_WARPS + warp;

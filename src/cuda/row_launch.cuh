@@ -64,9 +64,11 @@ static cudaError_t mlaf_row_go_warp(const mlaf_row_args &a0, const typename Wr::
     if (bulk) {
         a.slot = (int32_t)((((int64_t)a.Q + a.C + a.R) * (int64_t)sizeof(T) + 127) / 128 * 128);
         smem = (size_t)MLAF_ROW_WARPS * a.slot; /* at most 35 KB for the instantiated layouts */
-        mlaf_row_warp_kernel<T, L, true, ROPE, Wr><<<(unsigned)blocks, MLAF_ROW_WARPS * 32, smem, stream>>>(a, wp);
+        mlaf_launch(mlaf_row_warp_kernel<T, L, true, ROPE, Wr>,
+            (unsigned)blocks, MLAF_ROW_WARPS * 32, smem, stream, a, wp);
     } else {
-        mlaf_row_warp_kernel<T, L, false, ROPE, Wr><<<(unsigned)blocks, MLAF_ROW_WARPS * 32, 0, stream>>>(a, wp);
+        mlaf_launch(mlaf_row_warp_kernel<T, L, false, ROPE, Wr>,
+            (unsigned)blocks, MLAF_ROW_WARPS * 32, 0, stream, a, wp);
     }
     return cudaGetLastError();
 }
@@ -121,13 +123,16 @@ static cudaError_t mlaf_row_launch(const mlaf_row_args &a0, const typename Wr::p
     }
     if (s == MLAF_ROW_BLOCK) {
         const unsigned threads = (unsigned)mlaf_row_block_threads(qv, cv, rv);
-        if (ROPE && a.tail > 0) mlaf_row_block_kernel<T, ROPE, true, Wr><<<(unsigned)a.T, threads, 0, stream>>>(a, wp);
-        else mlaf_row_block_kernel<T, ROPE, false, Wr><<<(unsigned)a.T, threads, 0, stream>>>(a, wp);
+        if (ROPE && a.tail > 0) mlaf_launch(mlaf_row_block_kernel<T, ROPE, true, Wr>,
+            (unsigned)a.T, threads, 0, stream, a, wp);
+        else mlaf_launch(mlaf_row_block_kernel<T, ROPE, false, Wr>,
+            (unsigned)a.T, threads, 0, stream, a, wp);
         return cudaGetLastError();
     }
     if (s == MLAF_ROW_GENERIC) {
         const int64_t blocks = (a.T + MLAF_ROW_WARPS - 1) / MLAF_ROW_WARPS;
-        mlaf_row_generic_kernel<T, ROPE, Wr><<<(unsigned)blocks, MLAF_ROW_WARPS * 32, 0, stream>>>(a, wp);
+        mlaf_launch(mlaf_row_generic_kernel<T, ROPE, Wr>,
+            (unsigned)blocks, MLAF_ROW_WARPS * 32, 0, stream, a, wp);
         return cudaGetLastError();
     }
     const bool bulk = s == MLAF_ROW_BULK;
