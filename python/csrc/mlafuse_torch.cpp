@@ -56,6 +56,7 @@ struct Api {
     decltype(&mlaf_context_set_threads) context_set_threads;
     decltype(&mlaf_context_set_cuda_device) context_set_cuda_device;
     decltype(&mlaf_context_set_cuda_stream) context_set_cuda_stream;
+    decltype(&mlaf_context_set_cuda_pdl) context_set_cuda_pdl;
     decltype(&mlaf_context_last_error) context_last_error;
     decltype(&mlaf_split_qk_norm) split_qk_norm;
     decltype(&mlaf_mla_kv_cache_fmt) mla_kv_cache_fmt;
@@ -71,6 +72,7 @@ Api api;
 std::atomic<bool> api_ready{false};
 std::mutex init_mutex;
 std::atomic<int> cpu_threads{0};  // 0 = all cores, as the library's default
+std::atomic<int> cuda_pdl{0};     // programmatic dependent launch (mlafuse.set_cuda_pdl)
 
 [[noreturn]] void fail(mlaf_status st, const std::string &msg) {
     const char *name = api_ready.load(std::memory_order_relaxed) ? api.status_name(st)
@@ -89,6 +91,7 @@ struct ThreadContexts {
     mlaf_context *cpu = nullptr;
     int cpu_threads_set = 0;
     std::vector<mlaf_context *> cuda;  // by device index
+    std::vector<int> cuda_pdl_set;     // the setting each one has
     ~ThreadContexts() {
         if (!api_ready.load(std::memory_order_relaxed)) return;
         api.context_free(cpu);
@@ -129,7 +132,7 @@ mlaf_context *cpu_context() {
 mlaf_context *cuda_context(c10::Device device) {
     ThreadContexts &t = tls;
     const int idx = device.has_index() ? device.index() : 0;
-    if (idx >= (int)t.cuda.size()) t.cuda.resize(idx + 1, nullptr);
+    if (idx >= (int)t.cuda.size()) t.cuda.resize(idx + 1, nullptr), t.cuda_pdl_set.resize(idx + 1, 0);
     mlaf_context *&ctx = t.cuda[idx];
     if (!ctx) {
         mlaf_context *c = create_context(MLAF_BACKEND_CUDA);
@@ -140,6 +143,12 @@ mlaf_context *cuda_context(c10::Device device) {
             fail(st, msg.empty() ? api.status_message(st) : msg);
         }
         ctx = c;
+        t.cuda_pdl_set[idx] = 0;
+    }
+    const int pdl = cuda_pdl.load(std::memory_order_relaxed);
+    if (t.cuda_pdl_set[idx] != pdl) {
+        check(ctx, api.context_set_cuda_pdl(ctx, pdl));
+        t.cuda_pdl_set[idx] = pdl;
     }
     // The stream is read on every call: under graph capture it is the capture stream.
     const c10::impl::DeviceGuardImplInterface *impl =
@@ -793,6 +802,7 @@ MLAFUSE_TORCH_EXPORT int mlafuse_torch_init(const char *path, char *err, size_t 
     MLAF_SYM(context_set_threads, mlaf_context_set_threads)
     MLAF_SYM(context_set_cuda_device, mlaf_context_set_cuda_device)
     MLAF_SYM(context_set_cuda_stream, mlaf_context_set_cuda_stream)
+    MLAF_SYM(context_set_cuda_pdl, mlaf_context_set_cuda_pdl)
     MLAF_SYM(context_last_error, mlaf_context_last_error)
     MLAF_SYM(split_qk_norm, mlaf_split_qk_norm)
     MLAF_SYM(mla_kv_cache_fmt, mlaf_mla_kv_cache_fmt)
@@ -816,6 +826,11 @@ MLAFUSE_TORCH_EXPORT int mlafuse_torch_init(const char *path, char *err, size_t 
 // (mlafuse.set_num_threads rejects it first).
 MLAFUSE_TORCH_EXPORT void mlafuse_torch_set_cpu_threads(int n) {
     if (n >= 0) cpu_threads.store(n, std::memory_order_relaxed);
+}
+
+// Programmatic dependent launch for every later CUDA call of every thread (0 off, 1 on).
+MLAFUSE_TORCH_EXPORT void mlafuse_torch_set_cuda_pdl(int on) {
+    cuda_pdl.store(on ? 1 : 0, std::memory_order_relaxed);
 }
 
 // MLAF_VERSION_NUMBER of the header the extension was built with.

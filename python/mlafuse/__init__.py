@@ -31,6 +31,7 @@ from .ops import (
     presets,
     rope_q,
     rope_table,
+    set_cuda_pdl,
     set_num_threads,
     split_qk_norm,
     version,
@@ -45,6 +46,6 @@ HAS_TORCH = ops._torch is not None  # noqa: F821  (ops is bound by the import ab
 __all__ = [
     "MlafError", "Preset", "backend_available", "backend_supports", "find_preset",
     "get_num_threads", "library_path", "mla_kv_cache", "moe_gate", "presets", "rope_q",
-    "rope_table", "set_num_threads", "split_qk_norm", "version", "version_number", "HAS_TORCH",
+    "rope_table", "set_cuda_pdl", "set_num_threads", "split_qk_norm", "version", "version_number", "HAS_TORCH",
     "BINDING", "indexer_params", "indexer_q", "mla_kv_cache_dsa",
 ]

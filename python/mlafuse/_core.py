@@ -17,13 +17,15 @@ from ._lib import MlafError
 
 # ---- contexts ----------------------------------------------------------------------------
 _cpu_threads = 0  # 0 = all cores, the library's default
+_cuda_pdl = 0  # programmatic dependent launch on CUDA contexts (set_cuda_pdl)
 # Set by _torch_ops when the compiled torch binding is loaded: it keeps contexts of its own
-# (in C++) and hears of set_num_threads through this.
+# (in C++) and hears of set_num_threads and set_cuda_pdl through these.
 ext_set_threads = None
+ext_set_cuda_pdl = None
 
 
 class _Context:
-    __slots__ = ("ptr", "backend", "device", "threads")
+    __slots__ = ("ptr", "backend", "device", "threads", "pdl")
 
     def __init__(self, backend: int, device: int):
         self.ptr = None
@@ -36,6 +38,7 @@ class _Context:
         self.backend = backend
         self.device = device
         self.threads = 0
+        self.pdl = 0
         if backend == L.BACKEND_CUDA:
             self.check(L.mlaf_context_set_cuda_device(self.ptr, device))
 
@@ -72,6 +75,9 @@ def context(backend: int, device: int = 0) -> _Context:
     if backend == L.BACKEND_CPU and ctx.threads != _cpu_threads:
         ctx.check(L.mlaf_context_set_threads(ctx.ptr, _cpu_threads))
         ctx.threads = _cpu_threads
+    elif backend == L.BACKEND_CUDA and ctx.pdl != _cuda_pdl:
+        ctx.check(L.mlaf_context_set_cuda_pdl(ctx.ptr, _cuda_pdl))
+        ctx.pdl = _cuda_pdl
     return ctx
 
 
@@ -84,6 +90,20 @@ def set_num_threads(n: int) -> None:
     _cpu_threads = n
     if ext_set_threads is not None:
         ext_set_threads(n)
+
+
+def set_cuda_pdl(enable: bool) -> None:
+    """Programmatic dependent launch for every later CUDA call (all threads; off by default).
+
+    On (sm_90 and newer): each op's kernels launch as programmatic dependents and wait for the
+    kernels before them before reading, so results are unchanged, and inside a CUDA graph
+    consecutive launches overlap (mlaf_context_set_cuda_pdl). A kernel of your own launched
+    with that attribute after an op must then wait the same way before reading its outputs.
+    On a device below sm_90 the next CUDA call raises MlafError (MLAF_ERR_UNSUPPORTED)."""
+    global _cuda_pdl
+    _cuda_pdl = 1 if enable else 0
+    if ext_set_cuda_pdl is not None:
+        ext_set_cuda_pdl(_cuda_pdl)
 
 
 def get_num_threads() -> int:

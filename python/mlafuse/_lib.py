@@ -263,6 +263,7 @@ mlaf_context_set_cuda_device = _proto("mlaf_context_set_cuda_device", ctypes.c_i
                                       ctypes.c_int)
 mlaf_context_set_cuda_stream = _proto("mlaf_context_set_cuda_stream", ctypes.c_int, _ctx_p,
                                       ctypes.c_void_p)
+mlaf_context_set_cuda_pdl = _proto("mlaf_context_set_cuda_pdl", ctypes.c_int, _ctx_p, ctypes.c_int)
 mlaf_context_last_error = _proto("mlaf_context_last_error", ctypes.c_char_p, _ctx_p)
 mlaf_preset_count = _proto("mlaf_preset_count", ctypes.c_int)
 mlaf_preset_at = _proto("mlaf_preset_at", _P(ModelConfig), ctypes.c_int)

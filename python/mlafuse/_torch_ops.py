@@ -518,6 +518,11 @@ def _load_extension(path: str):
     set_threads.argtypes = [ctypes.c_int]
     set_threads(_core._cpu_threads)
     _core.ext_set_threads = set_threads
+    set_pdl = handle.mlafuse_torch_set_cuda_pdl
+    set_pdl.restype = None
+    set_pdl.argtypes = [ctypes.c_int]
+    set_pdl(_core._cuda_pdl)
+    _core.ext_set_cuda_pdl = set_pdl
     return handle
 
 

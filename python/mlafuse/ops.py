@@ -122,6 +122,7 @@ def backend_supports(backend: str, op: str) -> bool:
 
 
 set_num_threads = _core.set_num_threads
+set_cuda_pdl = _core.set_cuda_pdl
 get_num_threads = _core.get_num_threads
 
 

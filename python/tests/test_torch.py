@@ -407,3 +407,62 @@ def test_cuda_graph_capture():
     for x, y in zip(out, want):
         assert torch.equal(x, y)
     assert int(err.item()) == 0
+
+
+def test_set_cuda_pdl_leaves_cpu_calls_alone():
+    a = setup_kv("cpu", torch.float32, seed=14)
+    want = mlafuse.mla_kv_cache(**a, return_k_nope=True)
+    mlafuse.set_cuda_pdl(True)
+    try:
+        got = mlafuse.mla_kv_cache(**a, return_k_nope=True)
+    finally:
+        mlafuse.set_cuda_pdl(False)
+    assert torch.equal(want[0], got[0]) and torch.equal(want[1], got[1])
+
+
+@cuda_only
+def test_cuda_pdl():
+    """Programmatic dependent launch: each op reads what the one before wrote (mla_kv_cache's q,
+    roped in place, then routed as logits); off, on, and on inside a CUDA graph agree bit for
+    bit. Below sm_90 the setting is refused at the next CUDA call."""
+    a = setup_kv("cuda", torch.bfloat16, seed=15)
+    T = a["latent"].shape[0]
+    src = a["latent"].clone()
+
+    def chain():
+        a["latent"].copy_(src)
+        q, _, _ = mlafuse.mla_kv_cache(**a)
+        mlafuse.rope_q(q.view(T, 2, 32), a["positions"], a["cos_sin"])
+        w, ids = mlafuse.moe_gate(q, top_k=4)
+        return q, w, ids
+
+    off = chain()
+    torch.cuda.synchronize()
+    if torch.cuda.get_device_capability()[0] < 9:
+        mlafuse.set_cuda_pdl(True)
+        try:
+            with pytest.raises(mlafuse.MlafError, match="sm_90"):
+                chain()
+        finally:
+            mlafuse.set_cuda_pdl(False)
+        return
+    mlafuse.set_cuda_pdl(True)
+    try:
+        on = chain()
+        torch.cuda.synchronize()
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            chain()
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            out = chain()
+        for x in out:
+            x.fill_(0)
+        g.replay()
+        torch.cuda.synchronize()
+    finally:
+        mlafuse.set_cuda_pdl(False)
+    for x, y, z in zip(off, on, out):
+        assert torch.equal(x, y) and torch.equal(x, z)
