@@ -5,30 +5,14 @@
  * One step = mla_kv_cache (the latent into q_norm and the paged cache) -> rope_q (the q heads,
  * in place) -> moe_gate (the router's logits), the order a layer runs them. 50 steps are
  * captured in one graph; a sample is one replay (events around it), the figure the median of
- * --reps samples per step. The same graph is captured with the setting off and on (then the
+ * --reps samples per step (graph_us, dev/cuda/common.cuh). The same graph is captured with the setting off and on (then the
  * launches are programmatic edges: each kernel's launch overlaps the tail of the one before).
  * Every buffer stays in L2 across steps, as in a decode loop. The outputs that do not
  * accumulate (cache, q_norm, router ids and weights) are checked equal between the two graphs. Usage: pdl_chain [--reps N] [--tokens LIST] [--preset NAME|all].
  */
-#include <cuda_runtime.h>
-
-#include <algorithm>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <vector>
-
+#include "common.cuh"
 #include "mlafuse.h"
 
-#define CK(x)                                                                                  \
-    do {                                                                                       \
-        cudaError_t e_ = (x);                                                                  \
-        if (e_ != cudaSuccess) {                                                               \
-            fprintf(stderr, "CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__,     \
-                    __LINE__);                                                                 \
-            exit(1);                                                                           \
-        }                                                                                      \
-    } while (0)
 #define MK(x)                                                                                  \
     do {                                                                                       \
         mlaf_status s_ = (x);                                                                  \
@@ -134,34 +118,14 @@ struct Step {
     }
 };
 
-/* Median microseconds per step of replays of a graph of kSteps steps. */
-double time_graph(mlaf_context *ctx, cudaStream_t s, const Step &st, int reps) {
-    cudaGraph_t g;
-    cudaGraphExec_t ge;
-    CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-    for (int i = 0; i < kSteps; i++) st.run(ctx);
-    CK(cudaStreamEndCapture(s, &g));
-    CK(cudaGraphInstantiate(&ge, g, 0));
-    cudaEvent_t a, b;
-    CK(cudaEventCreate(&a));
-    CK(cudaEventCreate(&b));
-    for (int i = 0; i < 3; i++) CK(cudaGraphLaunch(ge, s));
-    std::vector<double> us(reps);
-    for (int r = 0; r < reps; r++) {
-        CK(cudaEventRecord(a, s));
-        CK(cudaGraphLaunch(ge, s));
-        CK(cudaEventRecord(b, s));
-        CK(cudaEventSynchronize(b));
-        float ms;
-        CK(cudaEventElapsedTime(&ms, a, b));
-        us[r] = ms * 1e3 / kSteps;
-    }
-    std::sort(us.begin(), us.end());
-    CK(cudaEventDestroy(a));
-    CK(cudaEventDestroy(b));
-    CK(cudaGraphExecDestroy(ge));
-    CK(cudaGraphDestroy(g));
-    return us[reps / 2];
+/* Median microseconds per step: kSteps steps captured in one graph (common.cuh's graph_us). */
+double time_steps(mlaf_context *ctx, const Step &st, int reps) {
+    return graph_us(
+        [&](cudaStream_t s, int) {
+            MK(mlaf_context_set_cuda_stream(ctx, s));
+            st.run(ctx);
+        },
+        kSteps, reps);
 }
 
 } // namespace
@@ -188,9 +152,6 @@ int main(int argc, char **argv) {
         printf("pdl_chain: no CUDA device; nothing to time\n");
         return 0;
     }
-    cudaStream_t s;
-    CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-    MK(mlaf_context_set_cuda_stream(ctx, s));
     if (mlaf_context_set_cuda_pdl(ctx, 1) != MLAF_OK) {
         printf("pdl_chain: %s\n", mlaf_context_last_error(ctx));
         return 0;
@@ -207,17 +168,16 @@ int main(int argc, char **argv) {
         for (int64_t T : Ts) {
             Step st(m, T);
             MK(mlaf_context_set_cuda_pdl(ctx, 0));
-            const double off = time_graph(ctx, s, st, reps);
+            const double off = time_steps(ctx, st, reps);
             const std::vector<unsigned char> o_off = st.outputs();
             MK(mlaf_context_set_cuda_pdl(ctx, 1));
-            const double on = time_graph(ctx, s, st, reps);
+            const double on = time_steps(ctx, st, reps);
             const bool same = o_off == st.outputs();
             bad += !same;
             printf("%-15s %7lld %10.2f %10.2f %7.2fx  %s\n", n, (long long)T, off, on, off / on,
                    same ? "equal" : "DIFFER");
         }
     }
-    CK(cudaStreamDestroy(s));
     mlaf_context_free(ctx);
     return bad ? 1 : 0;
 }
