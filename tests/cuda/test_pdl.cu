@@ -10,7 +10,7 @@
  * become programmatic edges), from the same inputs: every output byte must be equal. A kernel
  * that read its inputs before waiting on the kernel before it would see stale data and differ.
  * T covers the row kernel's block, warp and bulk shapes, the router's tiny, team and general
- * kernels and more than 65536 tokens.
+ * kernels and more than 65536 tokens; two T run on the legacy default stream too (eagerly).
  */
 #include <cuda_runtime.h>
 
@@ -203,16 +203,17 @@ void test_api(int cuda) {
     mlaf_context_free(ctx);
 }
 
-void test_chain(int64_t T) {
-    char name[96];
-    snprintf(name, sizeof name, "PDL(chain=split,mla_kv_cache,rope_q,moe_gate,x%d,T=%lld,backend=cuda)", kReps,
-             (long long)T);
+/* legacy: on the context's default stream (the legacy one), eagerly only (no capture there). */
+void test_chain(int64_t T, bool legacy = false) {
+    char name[112];
+    snprintf(name, sizeof name, "PDL(chain=split,mla_kv_cache,rope_q,moe_gate,x%d,T=%lld,%sbackend=cuda)", kReps,
+             (long long)T, legacy ? "legacy stream," : "");
     mlaf_context *ctx = tl_context(MLAF_BACKEND_CUDA);
     if (!ctx) return;
     cudaStream_t s = nullptr;
     Chain c;
-    if (!ck(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate") || !c.alloc(T) ||
-        mlaf_context_set_cuda_stream(ctx, s) != MLAF_OK) {
+    if ((!legacy && !ck(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate")) ||
+        !c.alloc(T) || mlaf_context_set_cuda_stream(ctx, s) != MLAF_OK) {
         tl_case(0, name, "setup failed");
     } else {
         std::vector<unsigned char> off, on, graph;
@@ -221,7 +222,9 @@ void test_chain(int64_t T) {
         if (st == MLAF_OK && mlaf_context_set_cuda_pdl(ctx, 1) == MLAF_OK && c.reset() &&
             (st = c.run(ctx)) == MLAF_OK && ck(cudaStreamSynchronize(s), "sync"))
             on = c.state();
-        if (st == MLAF_OK && c.reset()) {
+        if (legacy) {
+            graph = on; /* no capture on the legacy stream */
+        } else if (st == MLAF_OK && c.reset()) {
             cudaGraph_t g = nullptr;
             cudaGraphExec_t ge = nullptr;
             if (ck(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), "capture")) {
@@ -264,6 +267,8 @@ int main(void) {
         const int64_t Ts[] = {1, 7, 64, 1000, 4096, 70000};
         const int n = tl_quick() ? 5 : 6;
         for (int i = 0; i < n; i++) test_chain(Ts[i]);
+        test_chain(64, true);
+        test_chain(4096, true);
     } else if (cuda) {
         tl_skip("PDL(chain,backend=cuda)", "the device is below sm_90");
     }
