@@ -5,10 +5,12 @@
  * One step = mla_kv_cache (the latent into q_norm and the paged cache) -> rope_q (the q heads,
  * in place) -> moe_gate (the router's logits), the order a layer runs them. 50 steps are
  * captured in one graph; a sample is one replay (events around it), the figure the median of
- * --reps samples per step (graph_us, dev/cuda/common.cuh). The same graph is captured with the setting off and on (then the
- * launches are programmatic edges: each kernel's launch overlaps the tail of the one before).
- * Every buffer stays in L2 across steps, as in a decode loop. The outputs that do not
- * accumulate (cache, q_norm, router ids and weights) are checked equal between the two graphs. Usage: pdl_chain [--reps N] [--tokens LIST] [--preset NAME|all].
+ * --reps samples per step (graph_us, dev/cuda/common.cuh). The same graph is captured with the
+ * setting off and on (then the launches are programmatic edges: each kernel's launch overlaps
+ * the tail of the one before). Every buffer stays in L2 across steps, as in a decode loop. The
+ * outputs that do not accumulate (cache, q_norm, router ids and weights) are checked equal
+ * between the two graphs.
+ *   pdl_chain [--reps N] [--tokens LIST] [--preset NAME|all] [--quick]
  */
 #include "common.cuh"
 #include "mlafuse.h"
