@@ -284,8 +284,8 @@ def rope_table(max_pos: int, rope_dim: int, base: float = 10000.0, *, device=Non
     "beta_slow": 1, "mscale": 1, "mscale_all_dim": 1}`` (the config's own dict can be passed as
     it is, with ``base=config["rope_theta"]``). YaRN blends interpolated and extrapolated
     frequencies and multiplies cos and sin by the attention factor (mlaf_rope_table_init_scaled
-    in mlafuse.h has the formulas). A type other than "yarn" / "default", or an unknown key,
-    raises MlafError."""
+    in include/mlafuse/mla.h has the formulas). A type other than "yarn" / "default", or an
+    unknown key, raises MlafError."""
     np = _core._numpy()
     max_pos, rope_dim = int(max_pos), int(rope_dim)
     what = f"rope_table(max_pos={max_pos}, rope_dim={rope_dim}, base={base}"
