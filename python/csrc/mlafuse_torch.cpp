@@ -132,7 +132,10 @@ mlaf_context *cpu_context() {
 mlaf_context *cuda_context(c10::Device device) {
     ThreadContexts &t = tls;
     const int idx = device.has_index() ? device.index() : 0;
-    if (idx >= (int)t.cuda.size()) t.cuda.resize(idx + 1, nullptr), t.cuda_pdl_set.resize(idx + 1, 0);
+    if (idx >= (int)t.cuda.size()) {
+        t.cuda.resize(idx + 1, nullptr);
+        t.cuda_pdl_set.resize(idx + 1, 0);
+    }
     mlaf_context *&ctx = t.cuda[idx];
     if (!ctx) {
         mlaf_context *c = create_context(MLAF_BACKEND_CUDA);

@@ -368,8 +368,8 @@ template <typename T> void launch_hash_thread(const GateArgs &a, int sm_count, c
         (int)(want < cap ? want : cap), kHashThreads, 0, stream, a, stage_out);
 }
 
-/* From this many tokens the thread kernel (H200, V4-Flash: 19.0 against 21.3 us at 131072,
- * even at 65536, 8.7 against 10.0 at 32768). */
+/* From this many tokens the thread kernel, below it the eight-lane one (the figures: dev/README.md,
+ * "hash routing"). */
 constexpr int64_t kHashThreadFromT = 65536;
 
 template <typename T> void launch_hash(const GateArgs &a, int sm_count, cudaStream_t stream) {
