@@ -6,8 +6,8 @@
  * thread per rotation pair, interleaved pairs moved as one 4-byte word when aligned; ~30% of
  * copy bandwidth on the H200. v2 "vector" (the fast path since): one 16-byte vector per unit
  * (NeoX: vector j of each half together), up to 4 units per thread loaded before any
- * arithmetic, blocks of ~2048 units over whole tokens. "v2 library" times the library's
- * dispatch (the pair kernel below ~2 waves of vector work, the vector kernel above).
+ * arithmetic, blocks of ~2048 units over whole tokens (replaced since by rope_q_v2's one-shot
+ * shape). "v2 library" times the library's dispatch as it is now.
  * Tried and dropped: staging each block's cos/sin rows in shared memory behind a barrier
  * (57% / 69% of copy at T = 131072 vs 73% / 85% without; 71 registers, 3 blocks per SM). Validation (T = 333, both styles, a padded head
  * stride, and positions past the table): bit-exact against the host's fp32 rotation (the

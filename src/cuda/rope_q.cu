@@ -8,24 +8,24 @@
  *   1. A "unit" is one 16-byte vector of a head's rope part (interleaved: W/2 whole pairs
  *      (2i, 2i+1) sit inside it) or, NeoX, vector j of the first half together with vector j
  *      of the second half (pairs (i, i + R/2) for W consecutive i). A token has H * U units.
- *   2. A block takes a run of whole tokens (about 2048 units) so that its unit -> (token,
- *      head, unit) split is 32-bit; each thread issues the loads of up to 4 units (q vectors
- *      and the tokens' positions) before any arithmetic, then fetches the cos/sin of each
- *      unit (float4 when the table is aligned), rotates with the shared mlaf_rope_x0 /
+ *   2. One shot, K units per thread (K = 2 for interleaved calls of >= 2^22 units, else 1),
+ *      the k-th units of a block's threads neighbours (the access of a copy of the pieces):
+ *      a thread loads its units' q vectors and positions, then the cos/sin of each unit
+ *      (float4 when the table is aligned), rotates with the shared mlaf_rope_x0 /
  *      mlaf_rope_x1 (separate products, one add/subtract: the same bits as the keys of
  *      mla_kv_cache and as the CPU backend) and stores the vectors back. A unit is owned by
  *      one thread, so in place is safe.
  *   3. A position outside [0, max_pos) leaves the token untouched and is counted once (by the
  *      thread of the token's unit 0).
- * Pair path (calls under ~2 waves of vector work, where latency rules, and every layout the
- * vector path refuses): one thread per pair, block (token, tile of 256 pairs); the y
- * extent is capped at 65535 and threads stride over the rest; interleaved pairs move as one
- * 2-element word when aligned.
+ * Pair path (calls under 16384 NeoX-sized units, where one dependent chain is the whole call,
+ * and every layout the vector path refuses): one thread per pair, block (token, tile of 256
+ * pairs); the y extent is capped at 65535 and threads stride over the rest; interleaved pairs
+ * move as one 2-element word when aligned.
  *
- * Launch shape of the vector path: 256 threads, grid ceil(T / tokens per block): far fewer,
- * larger blocks than one per token, and 64 B (NeoX 128 B) of loads in flight per thread,
- * which is what keeps HBM busy when only the R rope columns of each head are touched (the
- * nope columns never are). Offsets are 64-bit; per-block indices are 32-bit.
+ * Blocks over whole tokens with several batches of 4 units per thread (the kernel before) sat
+ * at 69-79% of the piece copy at T >= 16384 and lost whole waves at mid T; the one-shot grid
+ * keeps every SM fed to the last block (dev/cuda/rope_q_v2). Unit indices are 32-bit when the
+ * call's units fit, offsets 64-bit.
  */
 #include "row_math.cuh"
 #include "rope_q_norm.cuh"
@@ -89,7 +89,8 @@ __global__ void __launch_bounds__(MLAF_ROPE_Q_THREADS) mlaf_rope_q_kernel(const 
 }
 
 /* ---- vector path ------------------------------------------------------------------- */
-#define MLAF_ROPE_Q_UNITS 4 /* units per thread per batch, all loaded before any arithmetic */
+/* Calls of at least this many NeoX-sized units (R/2 values) take the vector path. */
+#define MLAF_ROPE_Q_VEC_UNITS 16384
 
 /* n consecutive floats of the cos_sin table; float4 loads when the table is aligned. */
 template <int N>
@@ -106,77 +107,74 @@ __device__ __forceinline__ void mlaf_ld_cs(const float *p, bool vec, float *f) {
     }
 }
 
-template <typename T, bool NEOX>
+/* K units per thread, one shot: thread i of block b takes units (b * 256 * K) + k * 256 + i, so
+ * the threads of a block read neighbouring vectors for each k; every unit loads its token's
+ * position and its own cos/sin. IDX: uint32_t when T * units per token < 2^31. */
+template <typename T, bool NEOX, int K, typename IDX>
 __global__ void __launch_bounds__(MLAF_ROPE_Q_THREADS)
-mlaf_rope_q_vec_kernel(const mlaf_rope_q_args a, int32_t units_per_token, int32_t tokens_per_block,
-                       int32_t cs_vec) {
+mlaf_rope_q_vec_kernel(const mlaf_rope_q_args a, int32_t units_per_token, int32_t cs_vec) {
     mlaf_pdl_begin();
-    constexpr int W = mlaf_vec<T>::W, K = MLAF_ROPE_Q_UNITS;
+    constexpr int W = mlaf_vec<T>::W;
     const int32_t half = a.R / 2;
     const int32_t U = NEOX ? half / W : a.R / W; /* units per head */
-    const int64_t tb = (int64_t)blockIdx.x * tokens_per_block;
-    const int64_t nt = a.T - tb < tokens_per_block ? a.T - tb : tokens_per_block;
-    const int32_t n = (int32_t)nt * units_per_token;
+    const IDX upt = (IDX)units_per_token, n = (IDX)a.T * upt;
+    const IDX g0 = (IDX)blockIdx.x * (MLAF_ROPE_Q_THREADS * K) + (IDX)threadIdx.x;
     T *base = static_cast<T *>(a.q) + (a.D - a.R);
-
-    for (int32_t b0 = 0; b0 < n; b0 += MLAF_ROPE_Q_THREADS * K) {
-        uint4 x0[K], x1[K];
-        int64_t pos[K];
-        T *ptr[K];
-        int32_t unit[K], first[K];
+    uint4 x0[K], x1[K];
+    int64_t pos[K];
+    T *ptr[K];
+    int32_t unit[K];
+    bool first[K];
 #pragma unroll
-        for (int k = 0; k < K; k++) {
-            const int32_t l = b0 + k * MLAF_ROPE_Q_THREADS + (int32_t)threadIdx.x;
-            ptr[k] = nullptr;
-            if (l < n) {
-                const int32_t tl = l / units_per_token, rem = l - tl * units_per_token;
-                const int32_t h = rem / U;
-                unit[k] = rem - h * U;
-                first[k] = rem == 0;
-                const int64_t t = tb + tl;
-                pos[k] = mlaf_ld_index(a.pos, a.pos64, t);
-                ptr[k] = base + t * a.s0 + (int64_t)h * a.s1 + unit[k] * W;
-                x0[k] = *reinterpret_cast<const uint4 *>(ptr[k]);
-                if (NEOX) x1[k] = *reinterpret_cast<const uint4 *>(ptr[k] + half);
-            }
+    for (int k = 0; k < K; k++) {
+        const IDX g = g0 + (IDX)(k * MLAF_ROPE_Q_THREADS);
+        ptr[k] = nullptr;
+        if (g < n) {
+            const IDX t = g / upt;
+            const int32_t rem = (int32_t)(g - t * upt), h = rem / U;
+            unit[k] = rem - h * U, first[k] = rem == 0;
+            pos[k] = mlaf_ld_index(a.pos, a.pos64, (int64_t)t);
+            ptr[k] = base + (int64_t)t * a.s0 + (int64_t)h * a.s1 + unit[k] * W;
+            x0[k] = *reinterpret_cast<const uint4 *>(ptr[k]);
+            if (NEOX) x1[k] = *reinterpret_cast<const uint4 *>(ptr[k] + half);
         }
+    }
 #pragma unroll
-        for (int k = 0; k < K; k++) {
-            if (!ptr[k]) continue;
-            if (pos[k] < 0 || pos[k] >= a.max_pos) {
-                if (first[k] && a.err) mlaf_cuda_error_count_add(a.err, 1);
-                continue;
+    for (int k = 0; k < K; k++) {
+        if (!ptr[k]) continue;
+        if (pos[k] < 0 || pos[k] >= a.max_pos) {
+            if (first[k] && a.err) mlaf_cuda_error_count_add(a.err, 1);
+            continue;
+        }
+        const float *cs = a.cos_sin + pos[k] * a.cs_stride;
+        float f0[W];
+        mlaf_vec<T>::unpack(x0[k], f0);
+        if (NEOX) {
+            /* pairs (i, i + R/2), i = unit * W .. + W: f0 holds the x0s, f1 the x1s */
+            float co[W], si[W], f1[W];
+            mlaf_ld_cs<W>(cs + unit[k] * W, cs_vec, co);
+            mlaf_ld_cs<W>(cs + half + unit[k] * W, cs_vec, si);
+            mlaf_vec<T>::unpack(x1[k], f1);
+#pragma unroll
+            for (int e = 0; e < W; e++) {
+                const float y0 = mlaf_rope_x0(f0[e], f1[e], co[e], si[e]);
+                f1[e] = mlaf_rope_x1(f0[e], f1[e], co[e], si[e]);
+                f0[e] = y0;
             }
-            const float *cs = a.cos_sin + pos[k] * a.cs_stride;
-            float f0[W];
-            mlaf_vec<T>::unpack(x0[k], f0);
-            if (NEOX) {
-                /* pairs (i, i + R/2), i = unit * W .. + W: f0 holds the x0s, f1 the x1s */
-                float co[W], si[W], f1[W];
-                mlaf_ld_cs<W>(cs + unit[k] * W, cs_vec, co);
-                mlaf_ld_cs<W>(cs + half + unit[k] * W, cs_vec, si);
-                mlaf_vec<T>::unpack(x1[k], f1);
+            *reinterpret_cast<uint4 *>(ptr[k]) = mlaf_vec<T>::pack(f0);
+            *reinterpret_cast<uint4 *>(ptr[k] + half) = mlaf_vec<T>::pack(f1);
+        } else {
+            /* W / 2 whole pairs (2i, 2i+1), i = unit * W/2 .. + W/2 */
+            float co[W / 2], si[W / 2];
+            mlaf_ld_cs<W / 2>(cs + unit[k] * (W / 2), cs_vec, co);
+            mlaf_ld_cs<W / 2>(cs + half + unit[k] * (W / 2), cs_vec, si);
 #pragma unroll
-                for (int e = 0; e < W; e++) {
-                    const float y0 = mlaf_rope_x0(f0[e], f1[e], co[e], si[e]);
-                    f1[e] = mlaf_rope_x1(f0[e], f1[e], co[e], si[e]);
-                    f0[e] = y0;
-                }
-                *reinterpret_cast<uint4 *>(ptr[k]) = mlaf_vec<T>::pack(f0);
-                *reinterpret_cast<uint4 *>(ptr[k] + half) = mlaf_vec<T>::pack(f1);
-            } else {
-                /* W / 2 whole pairs (2i, 2i+1), i = unit * W/2 .. + W/2 */
-                float co[W / 2], si[W / 2];
-                mlaf_ld_cs<W / 2>(cs + unit[k] * (W / 2), cs_vec, co);
-                mlaf_ld_cs<W / 2>(cs + half + unit[k] * (W / 2), cs_vec, si);
-#pragma unroll
-                for (int e = 0; e < W / 2; e++) {
-                    const float y0 = mlaf_rope_x0(f0[2 * e], f0[2 * e + 1], co[e], si[e]);
-                    f0[2 * e + 1] = mlaf_rope_x1(f0[2 * e], f0[2 * e + 1], co[e], si[e]);
-                    f0[2 * e] = y0;
-                }
-                *reinterpret_cast<uint4 *>(ptr[k]) = mlaf_vec<T>::pack(f0);
+            for (int e = 0; e < W / 2; e++) {
+                const float y0 = mlaf_rope_x0(f0[2 * e], f0[2 * e + 1], co[e], si[e]);
+                f0[2 * e + 1] = mlaf_rope_x1(f0[2 * e], f0[2 * e + 1], co[e], si[e]);
+                f0[2 * e] = y0;
             }
+            *reinterpret_cast<uint4 *>(ptr[k]) = mlaf_vec<T>::pack(f0);
         }
     }
 }
@@ -193,21 +191,36 @@ static bool mlaf_rope_q_vec_ok(const mlaf_rope_q_args &a) {
     return upt > 0 && upt <= ((int64_t)1 << 24); /* 32-bit per-block unit indices */
 }
 
+/* Interleaved calls of at least this many units take two units per thread (more loads in flight
+ * per thread; NeoX units are two vectors already). */
+#define MLAF_ROPE_Q_K2_UNITS ((int64_t)1 << 22)
+
+template <typename T, int K, typename IDX>
+static void mlaf_rope_q_vec_go(const mlaf_rope_q_args &a, int32_t upt, int32_t cs_vec, cudaStream_t stream) {
+    const int64_t blocks = (a.T * upt + MLAF_ROPE_Q_THREADS * K - 1) / (MLAF_ROPE_Q_THREADS * K);
+    if (a.neox)
+        mlaf_launch(mlaf_rope_q_vec_kernel<T, true, K, IDX>, (unsigned)blocks, MLAF_ROPE_Q_THREADS, 0, stream, a,
+                    upt, cs_vec);
+    else
+        mlaf_launch(mlaf_rope_q_vec_kernel<T, false, K, IDX>, (unsigned)blocks, MLAF_ROPE_Q_THREADS, 0, stream, a,
+                    upt, cs_vec);
+}
+
 template <typename T>
 static cudaError_t mlaf_rope_q_vec_launch(const mlaf_rope_q_args &a, cudaStream_t stream) {
     constexpr int W = mlaf_vec<T>::W;
     const int32_t upt = (int32_t)(a.H * (a.neox ? a.R / (2 * W) : a.R / W));
-    const int32_t target = MLAF_ROPE_Q_THREADS * MLAF_ROPE_Q_UNITS * 2;
-    const int32_t tpb = upt >= target ? 1 : target / upt;
-    int64_t blocks = (a.T + tpb - 1) / tpb;
-    if (blocks > 0x7fffffff) blocks = 0x7fffffff; /* T < 2^31 keeps this unreachable */
+    const int64_t units = a.T * upt;
     const int32_t cs_vec = (uintptr_t)a.cos_sin % 16 == 0 && a.cs_stride % 4 == 0 && (a.R / 2) % 4 == 0;
-    if (a.neox)
-        mlaf_launch(mlaf_rope_q_vec_kernel<T, true>,
-            (unsigned)blocks, MLAF_ROPE_Q_THREADS, 0, stream, a, upt, tpb, cs_vec);
-    else
-        mlaf_launch(mlaf_rope_q_vec_kernel<T, false>,
-            (unsigned)blocks, MLAF_ROPE_Q_THREADS, 0, stream, a, upt, tpb, cs_vec);
+    const bool k2 = !a.neox && units >= MLAF_ROPE_Q_K2_UNITS;
+    const bool narrow = units + 2 * MLAF_ROPE_Q_THREADS < ((int64_t)1 << 31);
+    if (k2) {
+        if (narrow) mlaf_rope_q_vec_go<T, 2, uint32_t>(a, upt, cs_vec, stream);
+        else mlaf_rope_q_vec_go<T, 2, uint64_t>(a, upt, cs_vec, stream);
+    } else {
+        if (narrow) mlaf_rope_q_vec_go<T, 1, uint32_t>(a, upt, cs_vec, stream);
+        else mlaf_rope_q_vec_go<T, 1, uint64_t>(a, upt, cs_vec, stream);
+    }
     return cudaGetLastError();
 }
 
@@ -227,12 +240,12 @@ static cudaError_t mlaf_rope_q_pair_launch(const mlaf_rope_q_args &a, cudaStream
 
 template <typename T>
 static cudaError_t mlaf_rope_q_launch(const mlaf_rope_q_args &a, int sms, cudaStream_t stream) {
-    /* Under a few waves of units the call is latency-bound, and the pair kernel's chain
-     * (position, then cos/sin and q together) spread over many small blocks is shorter than
-     * a vector block's batches (measured on the H200, dev/README.md). */
+    /* A call of a few thousand units is one dependent chain: the pair kernel's (position,
+     * then cos/sin and q together) is the shorter one there (measured on the H200,
+     * dev/README.md). */
+    (void)sms;
     const int64_t units = a.T * a.H * (a.R / (2 * mlaf_vec<T>::W));
-    const bool big = units >= (int64_t)(sms > 0 ? sms : 132) * MLAF_ROPE_Q_THREADS * MLAF_ROPE_Q_UNITS * 2;
-    if (big && mlaf_rope_q_vec_ok<T>(a)) return mlaf_rope_q_vec_launch<T>(a, stream);
+    if (units >= MLAF_ROPE_Q_VEC_UNITS && mlaf_rope_q_vec_ok<T>(a)) return mlaf_rope_q_vec_launch<T>(a, stream);
     return mlaf_rope_q_pair_launch<T>(a, stream);
 }
 

@@ -1,0 +1,349 @@
+/*
+ * rope_q_v2 — rope_q launch shapes for mid and large T against the library's (src/cuda/rope_q.cu,
+ * included as shipped), and the ceiling the bench reports: a copy of q's rope pieces at q's own
+ * strides (tools/bench_cuda.cu's kernel, here in place).
+ *
+ *   lib      the library's dispatch (pair kernel below 16384 NeoX-sized units, else the vector
+ *            kernel: flatK's shape, K = 2 for interleaved calls of >= 2^22 units).
+ *   flatK    one shot: thread i takes units i * K .. (as the piece copy does: unit k of every
+ *            thread of a block are neighbours), each unit's position and cos/sin its own loads.
+ *   warpJ    lanes of a warp share a token; lane l always holds unit l % U of a head (U divides
+ *            32), so its cos/sin are loaded once per token; J q vectors per lane per step, the
+ *            q loads issued before the position is known.
+ *   pcopy    the bench's piece copy (loads then streaming stores), in place.
+ * Measured against the kernel the library had before (blocks over whole tokens, batches of 4
+ * units per thread): dev/README.md's rope_q rows.
+ * Validation: every variant bit-exact against the host rotation (both styles, positions past the
+ * table counted once per token, nope columns untouched). Timing as mlafuse bench: L2 flushed,
+ * one call between events (stream), or per call in a CUDA graph for T <= 64.
+ */
+#include "cuda/rope_q.cu"
+#include "common.cuh"
+
+#include <functional>
+#include <string>
+
+/* ---- flat: K units per thread --------------------------------------------------------------- */
+template <bool NEOX, int K>
+__global__ void __launch_bounds__(256) rq_flat(const mlaf_rope_q_args a, int32_t upt, int32_t cs_vec) {
+    mlaf_pdl_begin();
+    typedef __nv_bfloat16 T;
+    constexpr int W = 8;
+    const int32_t half = a.R / 2, U = NEOX ? half / W : a.R / W;
+    const int64_t n = a.T * upt;
+    const int64_t g0 = (int64_t)blockIdx.x * 256 * K + threadIdx.x;
+    T *base = static_cast<T *>(a.q) + (a.D - a.R);
+    uint4 x0[K], x1[K];
+    int64_t pos[K];
+    T *ptr[K];
+    int32_t unit[K];
+    bool first[K];
+#pragma unroll
+    for (int k = 0; k < K; k++) {
+        const int64_t g = g0 + k * 256;
+        ptr[k] = nullptr;
+        if (g < n) {
+            const int64_t t = g / upt;
+            const int32_t rem = (int32_t)(g - t * upt), h = rem / U;
+            unit[k] = rem - h * U, first[k] = rem == 0;
+            pos[k] = mlaf_ld_index(a.pos, a.pos64, t);
+            ptr[k] = base + t * a.s0 + (int64_t)h * a.s1 + unit[k] * W;
+            x0[k] = *reinterpret_cast<const uint4 *>(ptr[k]);
+            if (NEOX) x1[k] = *reinterpret_cast<const uint4 *>(ptr[k] + half);
+        }
+    }
+#pragma unroll
+    for (int k = 0; k < K; k++) {
+        if (!ptr[k]) continue;
+        if (pos[k] < 0 || pos[k] >= a.max_pos) {
+            if (first[k] && a.err) mlaf_cuda_error_count_add(a.err, 1);
+            continue;
+        }
+        const float *cs = a.cos_sin + pos[k] * a.cs_stride;
+        float f0[W];
+        mlaf_vec<T>::unpack(x0[k], f0);
+        if (NEOX) {
+            float co[W], si[W], f1[W];
+            mlaf_ld_cs<W>(cs + unit[k] * W, cs_vec, co);
+            mlaf_ld_cs<W>(cs + half + unit[k] * W, cs_vec, si);
+            mlaf_vec<T>::unpack(x1[k], f1);
+#pragma unroll
+            for (int e = 0; e < W; e++) {
+                const float y0 = mlaf_rope_x0(f0[e], f1[e], co[e], si[e]);
+                f1[e] = mlaf_rope_x1(f0[e], f1[e], co[e], si[e]);
+                f0[e] = y0;
+            }
+            *reinterpret_cast<uint4 *>(ptr[k]) = mlaf_vec<T>::pack(f0);
+            *reinterpret_cast<uint4 *>(ptr[k] + half) = mlaf_vec<T>::pack(f1);
+        } else {
+            float co[W / 2], si[W / 2];
+            mlaf_ld_cs<W / 2>(cs + unit[k] * (W / 2), cs_vec, co);
+            mlaf_ld_cs<W / 2>(cs + half + unit[k] * (W / 2), cs_vec, si);
+#pragma unroll
+            for (int e = 0; e < W / 2; e++) {
+                const float y0 = mlaf_rope_x0(f0[2 * e], f0[2 * e + 1], co[e], si[e]);
+                f0[2 * e + 1] = mlaf_rope_x1(f0[2 * e], f0[2 * e + 1], co[e], si[e]);
+                f0[2 * e] = y0;
+            }
+            *reinterpret_cast<uint4 *>(ptr[k]) = mlaf_vec<T>::pack(f0);
+        }
+    }
+}
+
+/* ---- warp: a warp per (token, step of 32 J units) ------------------------------------------ */
+template <bool NEOX, int J>
+__global__ void __launch_bounds__(256) rq_warp(const mlaf_rope_q_args a, int32_t upt, int32_t steps,
+                                               int32_t cs_vec) {
+    mlaf_pdl_begin();
+    typedef __nv_bfloat16 T;
+    constexpr int W = 8;
+    const int lane = threadIdx.x & 31;
+    const int64_t gw = (int64_t)blockIdx.x * 8 + (threadIdx.x >> 5);
+    const int64_t t = gw / steps;
+    if (t >= a.T) return;
+    const int32_t step = (int32_t)(gw - t * steps);
+    const int32_t half = a.R / 2, U = NEOX ? half / W : a.R / W;
+    const int32_t u = lane % U;
+    T *row = static_cast<T *>(a.q) + t * a.s0 + (a.D - a.R) + u * W;
+    uint4 x0[J], x1[J];
+    const int32_t r0 = step * 32 * J + lane;
+#pragma unroll
+    for (int j = 0; j < J; j++) {
+        const int32_t rem = r0 + 32 * j;
+        if (rem < upt) {
+            T *p = row + (int64_t)(rem / U) * a.s1;
+            x0[j] = *reinterpret_cast<const uint4 *>(p);
+            if (NEOX) x1[j] = *reinterpret_cast<const uint4 *>(p + half);
+        }
+    }
+    const int64_t pos = mlaf_ld_index(a.pos, a.pos64, t);
+    if (pos < 0 || pos >= a.max_pos) {
+        if (step == 0 && lane == 0 && a.err) mlaf_cuda_error_count_add(a.err, 1);
+        return;
+    }
+    const float *cs = a.cos_sin + pos * a.cs_stride;
+    constexpr int NC = NEOX ? W : W / 2;
+    float co[NC], si[NC];
+    mlaf_ld_cs<NC>(cs + u * NC, cs_vec, co);
+    mlaf_ld_cs<NC>(cs + half + u * NC, cs_vec, si);
+#pragma unroll
+    for (int j = 0; j < J; j++) {
+        const int32_t rem = r0 + 32 * j;
+        if (rem >= upt) continue;
+        T *p = row + (int64_t)(rem / U) * a.s1;
+        float f0[W];
+        mlaf_vec<T>::unpack(x0[j], f0);
+        if (NEOX) {
+            float f1[W];
+            mlaf_vec<T>::unpack(x1[j], f1);
+#pragma unroll
+            for (int e = 0; e < W; e++) {
+                const float y0 = mlaf_rope_x0(f0[e], f1[e], co[e], si[e]);
+                f1[e] = mlaf_rope_x1(f0[e], f1[e], co[e], si[e]);
+                f0[e] = y0;
+            }
+            *reinterpret_cast<uint4 *>(p) = mlaf_vec<T>::pack(f0);
+            *reinterpret_cast<uint4 *>(p + half) = mlaf_vec<T>::pack(f1);
+        } else {
+#pragma unroll
+            for (int e = 0; e < W / 2; e++) {
+                const float y0 = mlaf_rope_x0(f0[2 * e], f0[2 * e + 1], co[e], si[e]);
+                f0[2 * e + 1] = mlaf_rope_x1(f0[2 * e], f0[2 * e + 1], co[e], si[e]);
+                f0[2 * e] = y0;
+            }
+            *reinterpret_cast<uint4 *>(p) = mlaf_vec<T>::pack(f0);
+        }
+    }
+}
+
+/* ---- the bench's piece copy, in place ------------------------------------------------------- */
+template <int K>
+__global__ void __launch_bounds__(256) rq_pcopy(uint4 *q, int64_t n, int64_t u, int64_t pitch16, int64_t off16) {
+    const int64_t total = n * u, first = ((int64_t)blockIdx.x * 256 + threadIdx.x) * K;
+    uint4 v[K];
+    int64_t at[K];
+#pragma unroll
+    for (int k = 0; k < K; k++) {
+        const int64_t i = first + k;
+        at[k] = i < total ? (i / u) * pitch16 + off16 + i % u : -1;
+        if (at[k] >= 0) v[k] = __ldcs(q + at[k]);
+    }
+#pragma unroll
+    for (int k = 0; k < K; k++)
+        if (at[k] >= 0) __stcs(q + at[k], v[k]);
+}
+
+typedef std::function<void(const mlaf_rope_q_args &, cudaStream_t)> rq_fn;
+struct rq_variant {
+    std::string name;
+    rq_fn fn;
+};
+
+static int32_t rq_upt(const mlaf_rope_q_args &a) { return (int32_t)(a.H * (a.neox ? a.R / 16 : a.R / 8)); }
+static int32_t rq_csvec(const mlaf_rope_q_args &a) {
+    return (uintptr_t)a.cos_sin % 16 == 0 && a.cs_stride % 4 == 0 && (a.R / 2) % 4 == 0;
+}
+
+template <int K> static rq_variant rq_flat_v() {
+    return {"flat" + std::to_string(K), [](const mlaf_rope_q_args &a, cudaStream_t st) {
+                const int32_t upt = rq_upt(a);
+                const int64_t blocks = (a.T * upt + 256 * K - 1) / (256 * K);
+                if (a.neox) rq_flat<true, K><<<(unsigned)blocks, 256, 0, st>>>(a, upt, rq_csvec(a));
+                else rq_flat<false, K><<<(unsigned)blocks, 256, 0, st>>>(a, upt, rq_csvec(a));
+            }};
+}
+template <int J> static rq_variant rq_warp_v() {
+    return {"warp" + std::to_string(J), [](const mlaf_rope_q_args &a, cudaStream_t st) {
+                const int32_t upt = rq_upt(a), steps = (upt + 32 * J - 1) / (32 * J);
+                const int64_t blocks = (a.T * steps + 7) / 8;
+                if (a.neox) rq_warp<true, J><<<(unsigned)blocks, 256, 0, st>>>(a, upt, steps, rq_csvec(a));
+                else rq_warp<false, J><<<(unsigned)blocks, 256, 0, st>>>(a, upt, steps, rq_csvec(a));
+            }};
+}
+
+static std::vector<rq_variant> variants() {
+    std::vector<rq_variant> v;
+    v.push_back({"lib", [](const mlaf_rope_q_args &a, cudaStream_t st) {
+                     CK(mlaf_rope_q_launch<__nv_bfloat16>(a, sm_count(), st));
+                 }});
+    v.push_back(rq_flat_v<1>());
+    v.push_back(rq_flat_v<2>());
+    v.push_back(rq_flat_v<4>());
+    v.push_back(rq_warp_v<1>());
+    v.push_back(rq_warp_v<2>());
+    v.push_back(rq_warp_v<4>());
+    v.push_back(rq_warp_v<8>());
+    return v;
+}
+
+static mlaf_rope_q_args rq_args(__nv_bfloat16 *q, int64_t T, int64_t H, int64_t s1, int D, int R, int neox,
+                                const int64_t *pos, const float *cs, int64_t max_pos, int32_t *err) {
+    mlaf_rope_q_args a;
+    a.q = q, a.T = T, a.H = H, a.s0 = H * s1, a.s1 = s1, a.D = D, a.R = R, a.neox = neox;
+    a.pairvec = !neox && s1 % 2 == 0 && (D - R) % 2 == 0;
+    a.pos = pos, a.pos64 = 1, a.cos_sin = cs, a.cs_stride = R, a.max_pos = max_pos, a.err = err;
+    return a;
+}
+
+static bool validate(const dev_shape &s, int neox, const rq_variant &var, int64_t T) {
+    const int64_t H = s.H, D = s.nope + s.R, s1 = D + 8, max_pos = 500, R = s.R, h = R / 2;
+    const size_t n = (size_t)T * H * s1;
+    dev_rng rng(5 + neox);
+    std::vector<uint16_t> q(n), out(n);
+    for (auto &x : q) x = f2bf((float)rng.normal());
+    std::vector<int64_t> pos(T);
+    int32_t want_err = 0, err = 0;
+    for (int64_t t = 0; t < T; t++) {
+        pos[t] = t % 41 == 3 ? max_pos + t : (int64_t)(rng.uniform() * max_pos);
+        want_err += pos[t] >= max_pos;
+    }
+    std::vector<float> cs;
+    make_cos_sin(cs, (int)max_pos, (int)R);
+    __nv_bfloat16 *dq;
+    int64_t *dpos;
+    float *dcs;
+    int32_t *derr;
+    CK(cudaMalloc(&dq, n * 2));
+    CK(cudaMalloc(&dpos, T * 8));
+    CK(cudaMalloc(&dcs, cs.size() * 4));
+    CK(cudaMalloc(&derr, 4));
+    CK(cudaMemcpy(dq, q.data(), n * 2, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dpos, pos.data(), T * 8, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dcs, cs.data(), cs.size() * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemset(derr, 0, 4));
+    var.fn(rq_args(dq, T, H, s1, (int)D, (int)R, neox, dpos, dcs, max_pos, derr), 0);
+    CK(cudaDeviceSynchronize());
+    CK(cudaGetLastError());
+    CK(cudaMemcpy(out.data(), dq, n * 2, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(&err, derr, 4, cudaMemcpyDeviceToHost));
+    std::vector<uint16_t> want = q;
+    for (int64_t t = 0; t < T; t++) {
+        if (pos[t] >= max_pos) continue;
+        for (int64_t hd = 0; hd < H; hd++) {
+            uint16_t *x = &want[(t * H + hd) * s1 + D - R];
+            const uint16_t *x_in = &q[(t * H + hd) * s1 + D - R];
+            for (int64_t i = 0; i < h; i++) {
+                const int64_t i0 = neox ? i : 2 * i, i1 = neox ? i + h : 2 * i + 1;
+                float y0, y1;
+                ref_rope_pair(bf2f(x_in[i0]), bf2f(x_in[i1]), cs[pos[t] * R + i], cs[pos[t] * R + h + i], &y0, &y1);
+                x[i0] = f2bf(y0), x[i1] = f2bf(y1);
+            }
+        }
+    }
+    int64_t bad = 0;
+    for (size_t i = 0; i < n; i++) bad += out[i] != want[i];
+    const bool pass = bad == 0 && err == want_err;
+    if (!pass)
+        printf("  validate %s %s %s T=%lld: mismatches %lld, error_count %d (want %d) FAIL\n", s.name,
+               var.name.c_str(), neox ? "neox" : "interleaved", (long long)T, (long long)bad, err, want_err);
+    CK(cudaFree(dq)); CK(cudaFree(dpos)); CK(cudaFree(dcs)); CK(cudaFree(derr));
+    dev_failures += !pass;
+    return pass;
+}
+
+int main(int argc, char **argv) {
+    const bool quick = argc > 1 && !strcmp(argv[1], "--quick");
+    printf("== rope_q v2: launch shapes (bf16; us, L2 flushed; T <= 64 per call in a graph)\n");
+    print_device();
+    const double copy = copy_gbps();
+    printf("device-to-device copy (same run): %.0f GB/s\n", copy);
+    const std::vector<rq_variant> vs = variants();
+    flusher fl;
+    int checked = 0;
+    for (const dev_shape &s : dev_shapes)
+        for (int neox = 0; neox < 2; neox++)
+            for (const auto &v : vs)
+                for (int64_t T : {1, 5, 333}) checked += validate(s, neox, v, T);
+    printf("validation: %d of %zu cases bit-exact\n", checked, (size_t)2 * 2 * 3 * vs.size());
+    std::vector<int64_t> Ts = {1, 64, 256, 1024, 4096, 16384, 32768};
+    if (!quick) Ts.push_back(131072);
+    for (const dev_shape &s : dev_shapes)
+        for (int neox = 0; neox < 2; neox++) {
+            const int64_t H = s.H, D = s.nope + s.R, R = s.R;
+            printf("\n-- %s %s: q [T, %lld, %lld], rope on the last %lld\n%-8s", s.name, neox ? "neox" : "interleaved",
+                   (long long)H, (long long)D, (long long)R, "T");
+            for (int64_t T : Ts) printf(" %8lld", (long long)T);
+            printf("\n");
+            const int64_t Tmax = Ts.back();
+            const int64_t max_pos = Tmax > 65536 ? 65536 : Tmax;
+            std::vector<float> cs;
+            make_cos_sin(cs, (int)max_pos, (int)R);
+            float *dcs;
+            int64_t *dpos;
+            __nv_bfloat16 *q;
+            CK(cudaMalloc(&dcs, cs.size() * 4));
+            CK(cudaMemcpy(dcs, cs.data(), cs.size() * 4, cudaMemcpyHostToDevice));
+            std::vector<int64_t> pos(Tmax);
+            for (int64_t t = 0; t < Tmax; t++) pos[t] = t % max_pos;
+            CK(cudaMalloc(&dpos, Tmax * 8));
+            CK(cudaMemcpy(dpos, pos.data(), Tmax * 8, cudaMemcpyHostToDevice));
+            CK(cudaMalloc(&q, (size_t)Tmax * H * D * 2));
+            dev_fill_bf16(q, (size_t)Tmax * H * D);
+            auto row = [&](const char *name, std::function<void(int64_t, cudaStream_t)> go) {
+                printf("%-8s", name);
+                for (int64_t T : Ts) {
+                    const double us = T <= 64 ? graph_us([&](cudaStream_t st, int) { go(T, st); })
+                                              : flushed_us(fl, [&] { go(T, 0); });
+                    printf(" %8.2f", us);
+                }
+                printf("\n");
+            };
+            for (const auto &v : vs)
+                row(v.name.c_str(), [&](int64_t T, cudaStream_t st) {
+                    v.fn(rq_args(q, T, H, D, (int)D, (int)R, neox, dpos, dcs, max_pos, nullptr), st);
+                });
+            const int64_t pb = (neox ? 2 : 1) * 0 + R * 2; /* bytes of a head's rope piece */
+            row("pcopy4", [&](int64_t T, cudaStream_t st) {
+                const int64_t n = T * H, u = pb / 16, blocks = (n * u + 1023) / 1024;
+                rq_pcopy<4><<<(unsigned)blocks, 256, 0, st>>>((uint4 *)q, n, u, D * 2 / 16, (D - R) * 2 / 16);
+            });
+            row("pcopy1", [&](int64_t T, cudaStream_t st) {
+                const int64_t n = T * H, u = pb / 16, blocks = (n * u + 255) / 256;
+                rq_pcopy<1><<<(unsigned)blocks, 256, 0, st>>>((uint4 *)q, n, u, D * 2 / 16, (D - R) * 2 / 16);
+            });
+            CK(cudaGetLastError());
+            CK(cudaFree(dcs)); CK(cudaFree(dpos)); CK(cudaFree(q));
+        }
+    printf("\n%s\n", dev_failures ? "FAILED" : "all variants bit-exact");
+    return dev_failures ? 1 : 0;
+}
