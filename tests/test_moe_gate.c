@@ -422,8 +422,10 @@ static void ties_at(mlaf_context *ctx, int32_t E, int64_t T, int glm) {
 
 static void test_ties(mlaf_context *ctx) {
     ties_at(ctx, 256, 64, 0);
+    ties_at(ctx, 256, 500, 0); /* CUDA: the tiny kernel at mid T */
     ties_at(ctx, 256, 1091, 0);
     ties_at(ctx, 64, 1091, 1);
+    ties_at(ctx, 64, 4100, 1);
 }
 
 /* ---- misuse: every rejected argument ---------------------------------------------------- */

@@ -122,6 +122,9 @@ template <typename T> static std::vector<Variant> variants(const Router &r, cons
     v.push_back({"v5 tiny (else v1)", [](const GateArgs &a, cudaStream_t s) {
                      if (!try_tiny<T>(a, g_sm, s)) launch_dt<T>(a, g_sm, s);
                  }});
+    v.push_back({"v5 tiny any T", [](const GateArgs &a, cudaStream_t s) {
+                     if (!try_tiny<T>(a, g_sm, s, true)) launch_dt<T>(a, g_sm, s);
+                 }});
     if (getenv("MOE_V4ONLY")) return v; /* v1 (the reference), library, v4 */
     if (r.E == 256) {
         V2(8, 32, 2048)

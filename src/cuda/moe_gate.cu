@@ -2,12 +2,13 @@
  * moe_gate.cu — CUDA router top-k (SPEC §4): which kernel takes a call, and the extern "C"
  * entry. Five kernels share one total order (moe_gate_common.cuh), so ids match the oracle and
  * the CPU exactly, ties included. A call takes the first of these that fits it:
- *   1. T >= 1024 at a compiled shape (DeepSeek-V3 / R1, GLM-4.7-Flash; sigmoid, no scores
- *      output, 16-byte rows): the solo kernel, one thread per token (moe_gate_solo.cuh);
- *   2. T <= 64: the tiny kernel, one block per token, one thread per expert
- *      (moe_gate_tiny.cuh);
- *   3. T <= 64 and E <= 64 that the tiny kernel did not take: the general kernel, whose chain
- *      is the shorter one there;
+ *   1. T >= 1024 (GLM-4.7-Flash: 4096) at a compiled shape (DeepSeek-V3 / R1, GLM-4.7-Flash;
+ *      sigmoid, no scores output, 16-byte rows): the solo kernel, one thread per token
+ *      (moe_gate_solo.cuh);
+ *   2. T <= 64, or up to 4096 / (warps per block) tokens for routers of 97+ experts: the tiny
+ *      kernel, one block per token, one thread per expert (moe_gate_tiny.cuh);
+ *   3. T <= 64 and E <= 64 that the tiny kernel did not take, and one group of <= 64 experts
+ *      below T = 4096 (sigmoid): the general kernel, whose chain is the shorter one there;
  *   4. rows that cannot be copied in 4-byte units: the general kernel;
  *   5. T >= 1024, one group, E <= 128: the warp-step kernel (moe_gate_fast.cuh), whose k
  *      rounds of a team max cost less there than the team kernel's threshold and list;
@@ -40,8 +41,10 @@ namespace {
  * of at most 128 experts in one group. */
 constexpr int64_t kTeamWideBelowT = 1024;
 
-/* Calls from this many tokens take the solo kernel where it fits. */
-constexpr int64_t kSoloFromT = 1024;
+/* Calls from this many tokens take the solo kernel where it fits; routers of <= 64 experts in one
+ * group (GLM-4.7-Flash) from kSoloSmallEFromT, below which the general kernel's warp per token
+ * is the shorter chain (dev/moe_gate/README.md). */
+constexpr int64_t kSoloFromT = 1024, kSoloSmallEFromT = 4096;
 
 /* sqrt_softplus calls from this many tokens take the team kernel (2- / 4-byte logits); below,
  * the general kernel, whose score chain is the shorter one there. */
@@ -50,9 +53,11 @@ constexpr int64_t kSqrtSoftplusTeamFromT2 = 16384, kSqrtSoftplusTeamFromT4 = 655
 template <typename T>
 bool try_team(const GateArgs &a, int sm_count, cudaStream_t stream) {
     const bool ssp = a.sqrt_softplus != 0; /* not in the solo and warp-step kernels */
-    if (!ssp && a.T >= kSoloFromT && try_solo<T>(a, sm_count, stream)) return true;
-    if (a.T <= kTinyMaxT && try_tiny<T>(a, sm_count, stream)) return true;
+    const bool small_e = a.n_group == 1 && a.E <= 64;
+    if (!ssp && a.T >= (small_e ? kSoloSmallEFromT : kSoloFromT) && try_solo<T>(a, sm_count, stream)) return true;
+    if (try_tiny<T>(a, sm_count, stream)) return true;
     if (a.E <= 64 && a.T <= 64) return false; /* shorter chain in the general kernel */
+    if (small_e && !ssp && a.T < kSoloSmallEFromT) return false;
     if (ssp && a.T < (sizeof(T) == 2 ? kSqrtSoftplusTeamFromT2 : kSqrtSoftplusTeamFromT4))
         return false;
     const int unit = fast_copy_unit<T>(a);

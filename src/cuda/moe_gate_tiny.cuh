@@ -26,7 +26,8 @@
  * Non-finite input and ties only make the list longer, so there is no separate exact path.
  * Launch: T blocks of NW x 32 threads (NW = units rounded up to 2, 4, 8, 12 or 16; padding
  * warps rank last), static shared memory only (NW x 384 bytes + ~0.2 KB).
- * Limits (else try_tiny returns false): 1 <= T <= 64, no scores output, top_k <= 32; <= 16
+ * Limits (else try_tiny returns false): 1 <= T <= 64 (or the mid-T rule at kTinyMidWarps), no
+ * scores output, top_k <= 32; <= 16
  * groups of <= 32 experts, or one group of <= 512 experts; any row stride. Softmax sums in
  * another order than the team kernel (1/sum may differ by an ulp: near-ties may order apart).
  */
@@ -37,6 +38,11 @@
 namespace {
 
 constexpr int64_t kTinyMaxT = 64;
+/* Beyond kTinyMaxT, routers of at least 4 units (97+ experts) keep the tiny kernel while
+ * T x warps per block <= kTinyMidWarps (DeepSeek-V3: T <= 512, Kimi-K2: 341): about one wave of
+ * blocks, each token one block's short chain, where the team kernel's 32-lane shapes leave most
+ * SMs idle; at T = 1024 it no longer wins (dev/moe_gate/README.md). */
+constexpr int64_t kTinyMidWarps = 4096;
 /* Routers of <= 64 experts in one group (GLM-4.7-Flash) take the tiny kernel too; set false to
  * leave them to the general kernel. */
 constexpr bool kTinyTakeSmallE = true;
@@ -275,9 +281,9 @@ void launch_tiny(const GateArgs &a, cudaStream_t stream) {
 
 /* Takes decode-size calls (see the limits above); false launches nothing. */
 template <typename T>
-bool try_tiny(const GateArgs &a, int sm_count, cudaStream_t stream) {
+bool try_tiny(const GateArgs &a, int sm_count, cudaStream_t stream, bool any_t = false) {
     (void)sm_count;
-    if (a.T < 1 || a.T > kTinyMaxT || a.scores != nullptr) return false;
+    if (a.T < 1 || a.scores != nullptr) return false;
     if (a.top_k < 1 || a.top_k > 32 || a.E < 1) return false;
     int units;
     if (a.n_group > 1) {
@@ -288,6 +294,8 @@ bool try_tiny(const GateArgs &a, int sm_count, cudaStream_t stream) {
         if (!kTinyTakeSmallE && a.E <= 64) return false;
         units = (a.E + 31) / 32;
     }
+    const int nw = units <= 2 ? 2 : units <= 4 ? 4 : units <= 8 ? 8 : units <= 12 ? 12 : 16;
+    if (!any_t && a.T > kTinyMaxT && (units < 4 || a.T * nw > kTinyMidWarps)) return false;
     if (units <= 2) launch_tiny<T, 2>(a, stream);
     else if (units <= 4) launch_tiny<T, 4>(a, stream);
     else if (units <= 8) launch_tiny<T, 8>(a, stream);
