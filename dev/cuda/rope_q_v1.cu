@@ -18,72 +18,19 @@
 #include "cuda/rope_q.cu"
 #include "common.cuh"
 
-static mlaf_rope_q_args rq_args(__nv_bfloat16 *q, int64_t T, int64_t H, int64_t s1, int D, int R, int neox,
-                                const int64_t *pos, const float *cs, int64_t max_pos, int32_t *err) {
-    mlaf_rope_q_args a;
-    a.q = q, a.T = T, a.H = H, a.s0 = H * s1, a.s1 = s1, a.D = D, a.R = R, a.neox = neox;
-    a.pairvec = !neox && s1 % 2 == 0 && (D - R) % 2 == 0;
-    a.pos = pos, a.pos64 = 1, a.cos_sin = cs, a.cs_stride = R, a.max_pos = max_pos, a.err = err;
-    return a;
-}
+#include "rope_q_check.cuh"
 
 /* pad 2: a head stride that is not 16-byte aligned (the pair path); pad 8: aligned (the
  * vector path). Both go through the library's dispatch. */
 static bool validate(const dev_shape &s, int neox, int pad) {
-    const int64_t T = 333, H = s.H, D = s.nope + s.R, s1 = D + pad, max_pos = 500, R = s.R, h = R / 2;
-    const size_t n = (size_t)T * H * s1;
-    dev_rng rng(5 + neox);
-    std::vector<uint16_t> q(n), out(n);
-    for (auto &x : q) x = f2bf((float)rng.normal());
-    std::vector<int64_t> pos(T);
-    int32_t want_err = 0, err = 0;
-    for (int64_t t = 0; t < T; t++) {
-        pos[t] = t % 41 == 3 ? max_pos + t : (int64_t)(rng.uniform() * max_pos);
-        want_err += pos[t] >= max_pos;
-    }
-    std::vector<float> cs;
-    make_cos_sin(cs, (int)max_pos, (int)R);
-    __nv_bfloat16 *dq;
-    int64_t *dpos;
-    float *dcs;
-    int32_t *derr;
-    CK(cudaMalloc(&dq, n * 2));
-    CK(cudaMalloc(&dpos, T * 8));
-    CK(cudaMalloc(&dcs, cs.size() * 4));
-    CK(cudaMalloc(&derr, 4));
-    CK(cudaMemcpy(dq, q.data(), n * 2, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(dpos, pos.data(), T * 8, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(dcs, cs.data(), cs.size() * 4, cudaMemcpyHostToDevice));
-    CK(cudaMemset(derr, 0, 4));
-    CK(mlaf_rope_q_launch<__nv_bfloat16>(rq_args(dq, T, H, s1, (int)D, (int)R, neox, dpos, dcs, max_pos, derr),
-                                         sm_count(), 0));
-    CK(cudaDeviceSynchronize());
-    CK(cudaMemcpy(out.data(), dq, n * 2, cudaMemcpyDeviceToHost));
-    CK(cudaMemcpy(&err, derr, 4, cudaMemcpyDeviceToHost));
-    std::vector<uint16_t> want = q;
-    for (int64_t t = 0; t < T; t++) {
-        if (pos[t] >= max_pos) continue;
-        for (int64_t hd = 0; hd < H; hd++) {
-            uint16_t *x = &want[(t * H + hd) * s1 + D - R];
-            const uint16_t *x_in = &q[(t * H + hd) * s1 + D - R];
-            for (int64_t i = 0; i < h; i++) {
-                const int64_t i0 = neox ? i : 2 * i, i1 = neox ? i + h : 2 * i + 1;
-                float y0, y1;
-                ref_rope_pair(bf2f(x_in[i0]), bf2f(x_in[i1]), cs[pos[t] * R + i], cs[pos[t] * R + h + i], &y0, &y1);
-                x[i0] = f2bf(y0), x[i1] = f2bf(y1);
-            }
-        }
-    }
-    int64_t bad = 0;
-    for (size_t i = 0; i < n; i++) bad += out[i] != want[i];
-    const bool pass = bad == 0 && err == want_err;
-    printf("  validate %-6s %-11s T=%lld H=%lld D=%lld (head stride %lld): mismatches %lld (bit-exact), error_count %d "
+    const rq_check_result r = rq_check(s, neox, 333, pad, [](const mlaf_rope_q_args &a) {
+        CK(mlaf_rope_q_launch<__nv_bfloat16>(a, sm_count(), 0));
+    });
+    printf("  validate %-6s %-11s T=333 H=%d D=%d (head stride %d): mismatches %lld (bit-exact), error_count %d "
            "(want %d)  %s\n",
-           pad % 8 ? "pair" : "vector", neox ? "neox" : "interleaved", (long long)T, (long long)H, (long long)D, (long long)s1, (long long)bad, err,
-           want_err, pass ? "OK" : "FAIL");
-    CK(cudaFree(dq)); CK(cudaFree(dpos)); CK(cudaFree(dcs)); CK(cudaFree(derr));
-    dev_failures += !pass;
-    return pass;
+           pad % 8 ? "pair" : "vector", neox ? "neox" : "interleaved", s.H, s.nope + s.R, s.nope + s.R + pad,
+           (long long)r.mismatches, r.err, r.want_err, r.pass ? "OK" : "FAIL");
+    return r.pass;
 }
 
 int main(int argc, char **argv) {

@@ -5,8 +5,9 @@
  *
  *   lib      the library's dispatch (pair kernel below 16384 NeoX-sized units, else the vector
  *            kernel: flatK's shape, K = 2 for interleaved calls of >= 2^22 units).
- *   flatK    one shot: thread i takes units i * K .. (as the piece copy does: unit k of every
- *            thread of a block are neighbours), each unit's position and cos/sin its own loads.
+ *   flatK    the library's vector kernel at K = 1, 2, 4: one shot, unit k of every thread of a
+ *            block neighbours (as the piece copy), each unit's position and cos/sin its own loads
+ *            (measured first as this program's own copy with 64-bit unit indices).
  *   warpJ    lanes of a warp share a token; lane l always holds unit l % U of a head (U divides
  *            32), so its cos/sin are loaded once per token; J q vectors per lane per step, the
  *            q loads issued before the position is known.
@@ -19,76 +20,10 @@
  */
 #include "cuda/rope_q.cu"
 #include "common.cuh"
+#include "rope_q_check.cuh"
 
 #include <functional>
 #include <string>
-
-/* ---- flat: K units per thread --------------------------------------------------------------- */
-template <bool NEOX, int K>
-__global__ void __launch_bounds__(256) rq_flat(const mlaf_rope_q_args a, int32_t upt, int32_t cs_vec) {
-    mlaf_pdl_begin();
-    typedef __nv_bfloat16 T;
-    constexpr int W = 8;
-    const int32_t half = a.R / 2, U = NEOX ? half / W : a.R / W;
-    const int64_t n = a.T * upt;
-    const int64_t g0 = (int64_t)blockIdx.x * 256 * K + threadIdx.x;
-    T *base = static_cast<T *>(a.q) + (a.D - a.R);
-    uint4 x0[K], x1[K];
-    int64_t pos[K];
-    T *ptr[K];
-    int32_t unit[K];
-    bool first[K];
-#pragma unroll
-    for (int k = 0; k < K; k++) {
-        const int64_t g = g0 + k * 256;
-        ptr[k] = nullptr;
-        if (g < n) {
-            const int64_t t = g / upt;
-            const int32_t rem = (int32_t)(g - t * upt), h = rem / U;
-            unit[k] = rem - h * U, first[k] = rem == 0;
-            pos[k] = mlaf_ld_index(a.pos, a.pos64, t);
-            ptr[k] = base + t * a.s0 + (int64_t)h * a.s1 + unit[k] * W;
-            x0[k] = *reinterpret_cast<const uint4 *>(ptr[k]);
-            if (NEOX) x1[k] = *reinterpret_cast<const uint4 *>(ptr[k] + half);
-        }
-    }
-#pragma unroll
-    for (int k = 0; k < K; k++) {
-        if (!ptr[k]) continue;
-        if (pos[k] < 0 || pos[k] >= a.max_pos) {
-            if (first[k] && a.err) mlaf_cuda_error_count_add(a.err, 1);
-            continue;
-        }
-        const float *cs = a.cos_sin + pos[k] * a.cs_stride;
-        float f0[W];
-        mlaf_vec<T>::unpack(x0[k], f0);
-        if (NEOX) {
-            float co[W], si[W], f1[W];
-            mlaf_ld_cs<W>(cs + unit[k] * W, cs_vec, co);
-            mlaf_ld_cs<W>(cs + half + unit[k] * W, cs_vec, si);
-            mlaf_vec<T>::unpack(x1[k], f1);
-#pragma unroll
-            for (int e = 0; e < W; e++) {
-                const float y0 = mlaf_rope_x0(f0[e], f1[e], co[e], si[e]);
-                f1[e] = mlaf_rope_x1(f0[e], f1[e], co[e], si[e]);
-                f0[e] = y0;
-            }
-            *reinterpret_cast<uint4 *>(ptr[k]) = mlaf_vec<T>::pack(f0);
-            *reinterpret_cast<uint4 *>(ptr[k] + half) = mlaf_vec<T>::pack(f1);
-        } else {
-            float co[W / 2], si[W / 2];
-            mlaf_ld_cs<W / 2>(cs + unit[k] * (W / 2), cs_vec, co);
-            mlaf_ld_cs<W / 2>(cs + half + unit[k] * (W / 2), cs_vec, si);
-#pragma unroll
-            for (int e = 0; e < W / 2; e++) {
-                const float y0 = mlaf_rope_x0(f0[2 * e], f0[2 * e + 1], co[e], si[e]);
-                f0[2 * e + 1] = mlaf_rope_x1(f0[2 * e], f0[2 * e + 1], co[e], si[e]);
-                f0[2 * e] = y0;
-            }
-            *reinterpret_cast<uint4 *>(ptr[k]) = mlaf_vec<T>::pack(f0);
-        }
-    }
-}
 
 /* ---- warp: a warp per (token, step of 32 J units) ------------------------------------------ */
 template <bool NEOX, int J>
@@ -184,12 +119,15 @@ static int32_t rq_csvec(const mlaf_rope_q_args &a) {
     return (uintptr_t)a.cos_sin % 16 == 0 && a.cs_stride % 4 == 0 && (a.R / 2) % 4 == 0;
 }
 
+/* flatK is the library's vector kernel at K units per thread (the library takes K = 1 and 2). */
 template <int K> static rq_variant rq_flat_v() {
     return {"flat" + std::to_string(K), [](const mlaf_rope_q_args &a, cudaStream_t st) {
                 const int32_t upt = rq_upt(a);
                 const int64_t blocks = (a.T * upt + 256 * K - 1) / (256 * K);
-                if (a.neox) rq_flat<true, K><<<(unsigned)blocks, 256, 0, st>>>(a, upt, rq_csvec(a));
-                else rq_flat<false, K><<<(unsigned)blocks, 256, 0, st>>>(a, upt, rq_csvec(a));
+                if (a.neox)
+                    mlaf_rope_q_vec_kernel<__nv_bfloat16, true, K, uint32_t><<<(unsigned)blocks, 256, 0, st>>>(a, upt, rq_csvec(a));
+                else
+                    mlaf_rope_q_vec_kernel<__nv_bfloat16, false, K, uint32_t><<<(unsigned)blocks, 256, 0, st>>>(a, upt, rq_csvec(a));
             }};
 }
 template <int J> static rq_variant rq_warp_v() {
@@ -216,69 +154,13 @@ static std::vector<rq_variant> variants() {
     return v;
 }
 
-static mlaf_rope_q_args rq_args(__nv_bfloat16 *q, int64_t T, int64_t H, int64_t s1, int D, int R, int neox,
-                                const int64_t *pos, const float *cs, int64_t max_pos, int32_t *err) {
-    mlaf_rope_q_args a;
-    a.q = q, a.T = T, a.H = H, a.s0 = H * s1, a.s1 = s1, a.D = D, a.R = R, a.neox = neox;
-    a.pairvec = !neox && s1 % 2 == 0 && (D - R) % 2 == 0;
-    a.pos = pos, a.pos64 = 1, a.cos_sin = cs, a.cs_stride = R, a.max_pos = max_pos, a.err = err;
-    return a;
-}
-
 static bool validate(const dev_shape &s, int neox, const rq_variant &var, int64_t T) {
-    const int64_t H = s.H, D = s.nope + s.R, s1 = D + 8, max_pos = 500, R = s.R, h = R / 2;
-    const size_t n = (size_t)T * H * s1;
-    dev_rng rng(5 + neox);
-    std::vector<uint16_t> q(n), out(n);
-    for (auto &x : q) x = f2bf((float)rng.normal());
-    std::vector<int64_t> pos(T);
-    int32_t want_err = 0, err = 0;
-    for (int64_t t = 0; t < T; t++) {
-        pos[t] = t % 41 == 3 ? max_pos + t : (int64_t)(rng.uniform() * max_pos);
-        want_err += pos[t] >= max_pos;
-    }
-    std::vector<float> cs;
-    make_cos_sin(cs, (int)max_pos, (int)R);
-    __nv_bfloat16 *dq;
-    int64_t *dpos;
-    float *dcs;
-    int32_t *derr;
-    CK(cudaMalloc(&dq, n * 2));
-    CK(cudaMalloc(&dpos, T * 8));
-    CK(cudaMalloc(&dcs, cs.size() * 4));
-    CK(cudaMalloc(&derr, 4));
-    CK(cudaMemcpy(dq, q.data(), n * 2, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(dpos, pos.data(), T * 8, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(dcs, cs.data(), cs.size() * 4, cudaMemcpyHostToDevice));
-    CK(cudaMemset(derr, 0, 4));
-    var.fn(rq_args(dq, T, H, s1, (int)D, (int)R, neox, dpos, dcs, max_pos, derr), 0);
-    CK(cudaDeviceSynchronize());
-    CK(cudaGetLastError());
-    CK(cudaMemcpy(out.data(), dq, n * 2, cudaMemcpyDeviceToHost));
-    CK(cudaMemcpy(&err, derr, 4, cudaMemcpyDeviceToHost));
-    std::vector<uint16_t> want = q;
-    for (int64_t t = 0; t < T; t++) {
-        if (pos[t] >= max_pos) continue;
-        for (int64_t hd = 0; hd < H; hd++) {
-            uint16_t *x = &want[(t * H + hd) * s1 + D - R];
-            const uint16_t *x_in = &q[(t * H + hd) * s1 + D - R];
-            for (int64_t i = 0; i < h; i++) {
-                const int64_t i0 = neox ? i : 2 * i, i1 = neox ? i + h : 2 * i + 1;
-                float y0, y1;
-                ref_rope_pair(bf2f(x_in[i0]), bf2f(x_in[i1]), cs[pos[t] * R + i], cs[pos[t] * R + h + i], &y0, &y1);
-                x[i0] = f2bf(y0), x[i1] = f2bf(y1);
-            }
-        }
-    }
-    int64_t bad = 0;
-    for (size_t i = 0; i < n; i++) bad += out[i] != want[i];
-    const bool pass = bad == 0 && err == want_err;
-    if (!pass)
+    const rq_check_result r = rq_check(s, neox, T, 8, [&](const mlaf_rope_q_args &a) { var.fn(a, 0); });
+    if (!r.pass)
         printf("  validate %s %s %s T=%lld: mismatches %lld, error_count %d (want %d) FAIL\n", s.name,
-               var.name.c_str(), neox ? "neox" : "interleaved", (long long)T, (long long)bad, err, want_err);
-    CK(cudaFree(dq)); CK(cudaFree(dpos)); CK(cudaFree(dcs)); CK(cudaFree(derr));
-    dev_failures += !pass;
-    return pass;
+               var.name.c_str(), neox ? "neox" : "interleaved", (long long)T, (long long)r.mismatches, r.err,
+               r.want_err);
+    return r.pass;
 }
 
 int main(int argc, char **argv) {
