@@ -188,7 +188,8 @@ static bool mlaf_rope_q_vec_ok(const mlaf_rope_q_args &a) {
     if ((uintptr_t)a.q % 16 || (a.s0 * es) % 16 || (a.s1 * es) % 16 || ((int64_t)(a.D - a.R) * es) % 16)
         return false;
     const int64_t upt = a.H * (a.neox ? a.R / (2 * W) : a.R / W);
-    return upt > 0 && upt <= ((int64_t)1 << 24); /* 32-bit per-block unit indices */
+    /* 32-bit unit indices within a token; a grid of at most 2^31 - 1 blocks of one unit a thread */
+    return upt > 0 && upt <= ((int64_t)1 << 24) && a.T * upt / MLAF_ROPE_Q_THREADS < 0x7fffffff;
 }
 
 /* Interleaved calls of at least this many units take two units per thread (more loads in flight
