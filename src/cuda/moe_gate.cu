@@ -53,11 +53,13 @@ constexpr int64_t kSqrtSoftplusTeamFromT2 = 16384, kSqrtSoftplusTeamFromT4 = 655
 template <typename T>
 bool try_team(const GateArgs &a, int sm_count, cudaStream_t stream) {
     const bool ssp = a.sqrt_softplus != 0; /* not in the solo and warp-step kernels */
-    const bool small_e = a.n_group == 1 && a.E <= 64;
-    if (!ssp && a.T >= (small_e ? kSoloSmallEFromT : kSoloFromT) && try_solo<T>(a, sm_count, stream)) return true;
+    /* sigmoid, one group of <= 64 (GLM-4.7-Flash; measured there) */
+    const bool small_e = !ssp && !a.softmax && a.n_group == 1 && a.E <= 64;
+    const int64_t solo_from = small_e ? kSoloSmallEFromT : kSoloFromT;
+    if (!ssp && a.T >= solo_from && try_solo<T>(a, sm_count, stream)) return true;
     if (try_tiny<T>(a, sm_count, stream)) return true;
     if (a.E <= 64 && a.T <= 64) return false; /* shorter chain in the general kernel */
-    if (small_e && !ssp && a.T < kSoloSmallEFromT) return false;
+    if (small_e && a.T < kSoloSmallEFromT) return false;
     if (ssp && a.T < (sizeof(T) == 2 ? kSqrtSoftplusTeamFromT2 : kSqrtSoftplusTeamFromT4))
         return false;
     const int unit = fast_copy_unit<T>(a);
