@@ -27,9 +27,9 @@
  * Launch: T blocks of NW x 32 threads (NW = units rounded up to 2, 4, 8, 12 or 16; padding
  * warps rank last), static shared memory only (NW x 384 bytes + ~0.2 KB).
  * Limits (else try_tiny returns false): 1 <= T <= 64 (or the mid-T rule at kTinyMidWarps), no
- * scores output, top_k <= 32; <= 16
- * groups of <= 32 experts, or one group of <= 512 experts; any row stride. Softmax sums in
- * another order than the team kernel (1/sum may differ by an ulp: near-ties may order apart).
+ * scores output, top_k <= 32; <= 16 groups of <= 32 experts, or one group of <= 512 experts;
+ * any row stride. Softmax sums in another order than the team kernel (1/sum may differ by an
+ * ulp: near-ties may order apart).
  */
 #pragma once
 
@@ -296,11 +296,13 @@ bool try_tiny(const GateArgs &a, int sm_count, cudaStream_t stream, bool any_t =
     }
     const int nw = units <= 2 ? 2 : units <= 4 ? 4 : units <= 8 ? 8 : units <= 12 ? 12 : 16;
     if (!any_t && a.T > kTinyMaxT && (units < 4 || a.T * nw > kTinyMidWarps)) return false;
-    if (units <= 2) launch_tiny<T, 2>(a, stream);
-    else if (units <= 4) launch_tiny<T, 4>(a, stream);
-    else if (units <= 8) launch_tiny<T, 8>(a, stream);
-    else if (units <= 12) launch_tiny<T, 12>(a, stream);
-    else launch_tiny<T, 16>(a, stream);
+    switch (nw) {
+    case 2: launch_tiny<T, 2>(a, stream); break;
+    case 4: launch_tiny<T, 4>(a, stream); break;
+    case 8: launch_tiny<T, 8>(a, stream); break;
+    case 12: launch_tiny<T, 12>(a, stream); break;
+    default: launch_tiny<T, 16>(a, stream); break;
+    }
     return true;
 }
 
