@@ -420,7 +420,88 @@ static void ties_at(mlaf_context *ctx, int32_t E, int64_t T, int glm) {
     free(bias);
 }
 
+/* DeepSeek-V4's sqrt_softplus router (top 6 of one group of 256) at T tokens: exact and near
+ * ties around the k-th key. CUDA's solo kernel (T >= 1024) ranks by a cheap score and re-keys
+ * its candidates exactly: keys spaced 8e-4 apart (inside the cheap score's margin, so the
+ * re-keyed order decides), 1e-5 apart (more candidates than its list: the exact path), across
+ * the formula's x = 20 seam; and a cluster where the cheap score's error exceeds the spacing. Keys are placed by choosing each logit from its expert's bias:
+ * x = log(expm1(y^2)) has sqrt(softplus(x)) = y. */
+static void ties_ssp(mlaf_context *ctx, int64_t T) {
+    const int32_t E = 256;
+    static const mlaf_dtype dts[] = {MLAF_F32, MLAF_BF16, MLAF_F16};
+    mlaf_rng rng;
+    mlaf_rng_seed(&rng, 9);
+    void *lg = malloc((size_t)(T * E) * 4);
+    float *bias = malloc(sizeof(float) * (size_t)E);
+    int32_t *perm = malloc(sizeof(int32_t) * (size_t)E);
+    mlaf_moe_gate_params p = gate_params(6, 1, 1, MLAF_SCORE_SQRT_SOFTPLUS, MLAF_GROUP_TOP2_SUM);
+    char label[128];
+    for (int d = 0; d < 3; d++) {
+        const mlaf_dtype dt = dts[d];
+        for (int64_t i = 0; i < T * E; i++) mlaf_store_f32(lg, dt, i, 0.75f);
+        int32_t first[6] = {0, 1, 2, 3, 4, 5};
+        exact_case(ctx, "ties=row equal,sqrt_softplus,E=256,top_k=6", &p, E, T, dt, lg, NULL, first);
+        for (int64_t i = 0; i < T * E; i++)
+            mlaf_store_f32(lg, dt, i, (float)((int)(mlaf_rng_u64(&rng) % 4) - 2) * 0.5f);
+        exact_case(ctx, "ties=4 values,sqrt_softplus,E=256,top_k=6", &p, E, T, dt, lg, NULL, NULL);
+        for (int32_t e = 0; e < E; e++) bias[e] = 0.125f;
+        exact_case(ctx, "ties=4 values,sqrt_softplus,E=256,top_k=6,bias", &p, E, T, dt, lg, bias, NULL);
+        const float bad[3] = {NAN, INFINITY, -INFINITY};
+        for (int64_t t = 0; t < T; t++) {
+            int n = (int)(t % 9) * 31;
+            if (t % 9 == 8) n = E;
+            for (int i = 0; i < n; i++) {
+                uint64_t u = mlaf_rng_u64(&rng);
+                mlaf_store_f32(lg, dt, t * E + (int64_t)(u % (uint64_t)E), bad[(u >> 32) % 3]);
+            }
+        }
+        exact_case(ctx, "nonfinite=mixed,sqrt_softplus,E=256,top_k=6,bias", &p, E, T, dt, lg, bias, NULL);
+    }
+    /* near ties, f32 logits (a 2-byte logit cannot place a key this finely) */
+    for (int32_t e = 0; e < E; e++) bias[e] = (float)(4.0 * mlaf_rng_uniform(&rng) - 2.0);
+    static const double steps[2] = {8e-4, 1e-5};
+    for (int si = 0; si < 2; si++) {
+        for (int64_t t = 0; t < T; t++) {
+            for (int32_t e = 0; e < E; e++) perm[e] = e;
+            for (int32_t e = E - 1; e > 0; e--) {
+                const int32_t j = (int32_t)(mlaf_rng_u64(&rng) % (uint64_t)(e + 1)), v = perm[e];
+                perm[e] = perm[j], perm[j] = v;
+            }
+            for (int32_t e = 0; e < E; e++) {
+                const double y = 3.0 + steps[si] * perm[e] - (double)bias[e]; /* key 3 + step j */
+                mlaf_store_f32(lg, MLAF_F32, t * E + e, (float)log(expm1(y * y)));
+            }
+        }
+        snprintf(label, sizeof label, "ties=keys %g apart,sqrt_softplus,E=256,top_k=6,bias", steps[si]);
+        exact_case(ctx, label, &p, E, T, MLAF_F32, lg, bias, NULL);
+    }
+    /* ten experts keyed 2e-5 apart where sqrt_softplus is ~1e-3 (x ~ -14, where the cheap
+     * score errs most), the rest far below: the top 6 are decided inside the cheap score's
+     * error, so a missing margin or re-keying shows */
+    static const int32_t cl[10] = {3, 40, 41, 77, 128, 129, 200, 201, 250, 255};
+    for (int32_t e = 0; e < E; e++) bias[e] = 0.0f;
+    for (int i = 0; i < 10; i++) bias[cl[i]] = (float)(3.0 - 1e-3 * (1.0 + 0.2 * mlaf_rng_uniform(&rng)));
+    for (int64_t t = 0; t < T; t++) {
+        for (int32_t e = 0; e < E; e++) mlaf_store_f32(lg, MLAF_F32, t * E + e, (float)(mlaf_rng_uniform(&rng) - 0.5));
+        for (int i = 0; i < 10; i++) perm[i] = i;
+        for (int i = 9; i > 0; i--) {
+            const int32_t j = (int32_t)(mlaf_rng_u64(&rng) % (uint64_t)(i + 1)), v = perm[i];
+            perm[i] = perm[j], perm[j] = v;
+        }
+        for (int i = 0; i < 10; i++) {
+            const double y = 3.0 + 2e-5 * perm[i] - (double)bias[cl[i]];
+            mlaf_store_f32(lg, MLAF_F32, t * E + cl[i], (float)log(expm1(y * y)));
+        }
+    }
+    exact_case(ctx, "ties=10 keys 2e-5 apart at x ~ -14,sqrt_softplus,E=256,top_k=6,bias", &p, E, T, MLAF_F32, lg,
+               bias, NULL);
+    free(lg);
+    free(bias);
+    free(perm);
+}
+
 static void test_ties(mlaf_context *ctx) {
+    ties_ssp(ctx, 2100);
     ties_at(ctx, 256, 64, 0);
     ties_at(ctx, 256, 500, 0); /* CUDA: the tiny kernel at mid T */
     ties_at(ctx, 256, 1091, 0);

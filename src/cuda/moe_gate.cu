@@ -2,11 +2,12 @@
  * moe_gate.cu — CUDA router top-k (SPEC §4): which kernel takes a call, and the extern "C"
  * entry. Five kernels share one total order (moe_gate_common.cuh), so ids match the oracle and
  * the CPU exactly, ties included. A call takes the first of these that fits it:
- *   1. T >= 1024 (GLM-4.7-Flash: 4096) at a compiled shape (DeepSeek-V3 / R1, GLM-4.7-Flash;
- *      sigmoid, no scores output, 16-byte rows): the solo kernel, one thread per token
- *      (moe_gate_solo.cuh);
- *   2. T <= 64, or up to 4096 / (warps per block) tokens for routers of 97+ experts: the tiny
- *      kernel, one block per token, one thread per expert (moe_gate_tiny.cuh);
+ *   1. T <= 64, or up to one wave of full-occupancy blocks for routers of 97+ experts
+ *      (DeepSeek-V3 on 132 SMs: 1056 tokens): the tiny kernel, one block per token, one thread
+ *      per expert (moe_gate_tiny.cuh);
+ *   2. T >= 1024 (GLM-4.7-Flash: 4096; DeepSeek-V4: 8192) at a compiled shape (DeepSeek-V3 /
+ *      R1, GLM-4.7-Flash, DeepSeek-V4's sqrt_softplus; no scores output, 16-byte rows): the
+ *      solo kernel, one thread per token (moe_gate_solo.cuh);
  *   3. T <= 64 and E <= 64 that the tiny kernel did not take, and one group of <= 64 experts
  *      below T = 4096 (sigmoid): the general kernel, whose chain is the shorter one there;
  *   4. rows that cannot be copied in 4-byte units: the general kernel;
@@ -17,9 +18,10 @@
  *      then the 32-lane shapes, which alone serve smaller T (the shortest chain per token);
  *   7. everything else: the general kernel (moe_gate_warp.cuh), E up to 2048, any stride or
  *      alignment.
- * sqrt_softplus routers (DeepSeek-V4) take steps 2, 3, 6 (from 16384 tokens with 2-byte
- * logits, 65536 with f32) and 7: the tiny and team kernels compute that score in the general
- * kernel's accurate form (the same bits); the solo and warp-step kernels have sigmoid alone.
+ * sqrt_softplus routers (DeepSeek-V4) take steps 1, 2, 3, 6 (from 16384 tokens with 2-byte
+ * logits, 65536 with f32) and 7: every kernel ranks by that score in the general kernel's
+ * accurate form (the same bits; the solo kernel computes it for its candidates only); the
+ * warp-step kernel has sigmoid alone.
  * Hash routing (mlaf_moe_gate_hash, job->tid2eid set) has its own kernels (moe_gate_hash.cuh:
  * 8 lanes or a thread per token for top_k <= 8, a warp per token for softmax, scores or
  * top_k > 8).
@@ -45,6 +47,9 @@ constexpr int64_t kTeamWideBelowT = 1024;
  * group (GLM-4.7-Flash) from kSoloSmallEFromT, below which the general kernel's warp per token
  * is the shorter chain (dev/moe_gate/README.md). */
 constexpr int64_t kSoloFromT = 1024, kSoloSmallEFromT = 4096;
+/* sqrt_softplus calls take the solo kernel from this many tokens (below, its per-token chain
+ * is longer than the general kernel's whole call). */
+constexpr int64_t kSoloSspFromT = 8192;
 
 /* sqrt_softplus calls from this many tokens take the team kernel (2- / 4-byte logits); below,
  * the general kernel, whose score chain is the shorter one there. */
@@ -52,12 +57,12 @@ constexpr int64_t kSqrtSoftplusTeamFromT2 = 16384, kSqrtSoftplusTeamFromT4 = 655
 
 template <typename T>
 bool try_team(const GateArgs &a, int sm_count, cudaStream_t stream) {
-    const bool ssp = a.sqrt_softplus != 0; /* not in the solo and warp-step kernels */
+    const bool ssp = a.sqrt_softplus != 0; /* not in the warp-step kernel */
     /* sigmoid, one group of <= 64 (GLM-4.7-Flash; measured there) */
     const bool small_e = !ssp && !a.softmax && a.n_group == 1 && a.E <= 64;
-    const int64_t solo_from = small_e ? kSoloSmallEFromT : kSoloFromT;
-    if (!ssp && a.T >= solo_from && try_solo<T>(a, sm_count, stream)) return true;
+    const int64_t solo_from = ssp ? kSoloSspFromT : small_e ? kSoloSmallEFromT : kSoloFromT;
     if (try_tiny<T>(a, sm_count, stream)) return true;
+    if (a.T >= solo_from && try_solo<T>(a, sm_count, stream)) return true;
     if (a.E <= 64 && a.T <= 64) return false; /* shorter chain in the general kernel */
     if (small_e && a.T < kSoloSmallEFromT) return false;
     if (ssp && a.T < (sizeof(T) == 2 ? kSqrtSoftplusTeamFromT2 : kSqrtSoftplusTeamFromT4))

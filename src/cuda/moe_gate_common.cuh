@@ -198,6 +198,34 @@ __device__ __forceinline__ float sqrt_softplus_f(float x) {
     return sqrtf(log1pf(expf(x)));
 }
 
+/* A cheap stand-in for sqrt_softplus_f that ranks the experts of a token before the exact score
+ * is computed for the few candidates (the solo kernel): one ex2, one lg2 and one sqrt by the
+ * approximate instructions, no branch (x above 20 takes sqrt(x), below -20 gives 0). For every
+ * finite x, |filter(x) - sqrt_softplus_f(x)| <= kSspFilterErr + kSspFilterRel * sqrt_softplus_f(x)
+ * (tests/cuda/test_gate_scores checks every finite float): the ex2 / lg2 errors (~2^-22) leave
+ * ~3e-7 + 3e-6 s in the softplus s, which the square root turns into at most ~6e-4 where s -> 0
+ * (|sqrt(s') - sqrt(s)| <= sqrt(|s' - s|)); exp(x / 2) < 4.6e-5 below -20; sqrt.approx is
+ * within ~2^-22 relative. */
+constexpr float kSspFilterErr = 1e-3f, kSspFilterRel = 4.8e-7f; /* 2^-21 */
+__device__ __forceinline__ float sqrt_softplus_filter(float x) {
+    float e, l, r;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(fminf(x, 20.0f) * 1.4426950408889634f));
+    asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(l) : "f"(1.0f + e));
+    const float sp = x > 20.0f ? x : l * 0.6931471805599453f;
+    asm("sqrt.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(sp));
+    return x < -20.0f ? 0.0f : r;
+}
+/* Candidates of a filtered ranking: keys c' = filter(x) + b against the exact c =
+ * sqrt_softplus_f(x) + b, tau' a value that k filtered keys reach and bmax >= every |b|. An
+ * expert's key error is at most d = kSspFilterErr + kSspFilterRel g + 2^-23 (|c| + |c'|) with
+ * g <= |c| + bmax; near tau' that is below d(tau') = kSspFilterErr + kSspFilterRel (|tau'| + bmax
+ * + 1) + 2^-22 (|tau'| + 1). The exact k-th key is >= tau' - d(tau'), so every expert of the exact
+ * top k has c' >= tau' - 2 d(tau'): the margin returned (with room to spare). */
+__device__ __forceinline__ float sqrt_softplus_margin(float tau, float bmax) {
+    const float at = fabsf(tau) + 1.0f;
+    return 2.0f * (kSspFilterErr + kSspFilterRel * (at + bmax) + 2.4e-7f * at) + 1e-6f;
+}
+
 /* A kernel's score as a template argument (the tiny and team kernels). */
 constexpr int kScoreSigmoid = 0, kScoreSoftmax = 1, kScoreSqrtSoftplus = 2;
 

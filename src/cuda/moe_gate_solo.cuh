@@ -22,8 +22,10 @@
  *   6. Renormalize, scale, shared experts, stores, with the team kernel's formulas.
  * Rows with a non-finite logit or bias, and lists that overflow (heavy ties), take
  * solo_exact_warp: the SPEC §4 policy computed by the whole warp, one such token after another.
- * Limits (else try_solo returns false): sigmoid, no scores output, 16-byte aligned rows, the
- * compiled shapes (E, G) with k <= KMAX and k <= 2 x kept units.
+ * sqrt_softplus rows (kSoloSsp) rank by a cheap score in passes 1-2 and re-key the candidates
+ * exactly before step 5.
+ * Limits (else try_solo returns false): sigmoid, or sqrt_softplus in one group; no scores output,
+ * 16-byte aligned rows, the compiled shapes (E, G) with k <= KMAX and k <= 2 x kept units.
  * Launch: 2 warps (64 tokens) per block, a persistent grid of SMs x resident blocks. Shared
  * memory (~1 KB per f32 DeepSeek-V3 token) bounds the resident warps, and the kernel is bound
  * by their latencies: hence the variants that stage less (kSoloRecompute, kSoloHalf).
@@ -45,7 +47,24 @@ constexpr int kSoloWarps = 2;
  * pass 1 holds the first in registers, and pass 2 / the winners' weights read first-half logits
  * from global memory (twice the resident tokens per SM for the same shared memory). */
 constexpr int kSoloRecompute = 1, kSoloOneSeg = 2, kSoloUnroll2 = 4, kSoloPrefetch = 8,
-              kSoloHalf = 16;
+              kSoloHalf = 16, kSoloSsp = 32;
+
+/* kSoloSsp: the sqrt_softplus score (DeepSeek-V4). Passes 1 and 2 rank by the cheap
+ * sqrt_softplus_filter, the candidates' threshold lowered by sqrt_softplus_margin so that the
+ * exact top k is among them; then the candidates' keys and the winners' weights are the exact
+ * sqrt_softplus_f (the other kernels' bits). */
+template <bool SSP> __device__ __forceinline__ float solo_pass_score(float x) {
+    if constexpr (SSP)
+        return sqrt_softplus_filter(x);
+    else
+        return sigmoid_fast(x);
+}
+template <bool SSP> __device__ __forceinline__ float solo_exact_score(float x) {
+    if constexpr (SSP)
+        return sqrt_softplus_f(x);
+    else
+        return sigmoid_fast(x);
+}
 
 /* Shared memory of one warp: 32 rows, one per lane, each padded by 16 bytes so that the 32
  * lanes reading the same offset of their rows hit distinct banks; row r holds s (f32) with the
@@ -180,7 +199,7 @@ __device__ __forceinline__ void solo_store(const GateArgs &a, int64_t t, int E, 
  * common epilogue. One token costs the warp a row load and ~k + log2(G) shuffle rounds; a
  * lane computing the policy alone (k passes over E values) is slow enough that a single list
  * overflow in a call sets the call's time. */
-template <typename T, int E, int G, int KMAX>
+template <typename T, int E, int G, int KMAX, bool SSP = false>
 __device__ __noinline__ void solo_exact_warp(const GateArgs a, int64_t t, int owner) {
     constexpr int NPL = E / 32; /* experts per lane */
     constexpr int P = E / G;
@@ -193,7 +212,7 @@ __device__ __noinline__ void solo_exact_warp(const GateArgs a, int64_t t, int ow
     for (int i = 0; i < NPL; i++) {
         const float x = mlaf_ld(row + e0 + i);
         const float b = a.bias ? a.bias[e0 + i] : 0.0f;
-        c[i] = (isfinite(x) && isfinite(b)) ? sigmoid_fast(x) + b : kNegInf;
+        c[i] = (isfinite(x) && isfinite(b)) ? solo_exact_score<SSP>(x) + b : kNegInf;
         lm2 = fmaxf(lm2, fminf(lm1, c[i]));
         lm1 = fmaxf(lm1, c[i]);
     }
@@ -218,7 +237,7 @@ __device__ __noinline__ void solo_exact_warp(const GateArgs a, int64_t t, int ow
         prev = best;
         const int e = (int)(0xffffffffu - (uint32_t)best);
         oid[r] = e;
-        ow[r] = (uint32_t)(best >> 32) == kOrdNegInf ? 0.0f : sigmoid_fast(mlaf_ld(row + e));
+        ow[r] = (uint32_t)(best >> 32) == kOrdNegInf ? 0.0f : solo_exact_score<SSP>(mlaf_ld(row + e));
     }
     if (lane == owner) solo_store<T, KMAX>(a, t, E, oid, ow);
 }
@@ -230,6 +249,8 @@ moe_gate_solo_kernel(const GateArgs a) {
     using S = SoloShape<T, E, G, VB, F>;
     constexpr int P = S::P, U = S::U, EPC = S::EPC, NS = S::NS;
     constexpr bool RC = S::RC;
+    constexpr bool SSP = (F & kSoloSsp) != 0;
+    static_assert(!SSP || (G == 1 && !S::HF), "solo: sqrt_softplus rows in one group, whole rows");
     constexpr int NCH = VB / EPC;               /* logits chunks per unit */
     constexpr int SEGB = S::kXBytes / NS;       /* bytes per row segment */
     extern __shared__ __align__(16) unsigned char ssmem[];
@@ -244,14 +265,26 @@ moe_gate_solo_kernel(const GateArgs a) {
 
     /* bias, padded per group; a non-finite bias sends every token to the exact path */
     int bias_bad = 0;
+    float bmax = 0.0f; /* kSoloSsp: the largest |bias| (sqrt_softplus_margin) */
     for (int e = threadIdx.x; e < E; e += kSoloWarps * 32) {
         const float b = a.bias ? a.bias[e] : 0.0f;
         bsm[(e / P) * S::kBiasStride + e % P] = b;
         bias_bad |= !isfinite(b);
+        bmax = fmaxf(bmax, fabsf(b));
+    }
+    __shared__ uint32_t s_bmax[kSoloWarps];
+    if constexpr (SSP) {
+        const uint32_t m = __reduce_max_sync(kFull, __float_as_uint(bmax)); /* >= 0: bits order */
+        if (lane == 0) s_bmax[wib] = m;
     }
     if (lane == 0)
         for (int sg = 0; sg < NS; sg++) mlaf_bar_init(bar0 + 8 * sg, 32);
     const bool all_exact = __syncthreads_or(bias_bad) != 0;
+    if constexpr (SSP) {
+        bmax = 0.0f;
+#pragma unroll
+        for (int w = 0; w < kSoloWarps; w++) bmax = fmaxf(bmax, __uint_as_float(s_bmax[w]));
+    }
 
     const unsigned char *logits = static_cast<const unsigned char *>(a.logits);
     const int64_t stride_b = a.logits_stride * (int64_t)sizeof(T);
@@ -360,7 +393,7 @@ moe_gate_solo_kernel(const GateArgs a) {
                 for (int i = 0; i < EPC; i++) {
                     const float x = mlaf_elem<T>::load(el[i]);
                     acc[i & 3] = fmaf(x, 0.0f, acc[i & 3]);
-                    sv[i] = sigmoid_fast(x);
+                    sv[i] = solo_pass_score<SSP>(x);
                 }
 #pragma unroll
                 for (int q = 0; q < EPC / 4; q++) {
@@ -431,7 +464,8 @@ moe_gate_solo_kernel(const GateArgs a) {
                 for (int u = 0; u < U; u++)
                     if (!((kept >> (u / S::UG)) & 1u)) tv[2 * u] = tv[2 * u + 1] = kNegInf;
             }
-            const float tau = solo_kth<2 * U, KMAX>(tv, K);
+            float tau = solo_kth<2 * U, KMAX>(tv, K);
+            if constexpr (SSP) tau -= sqrt_softplus_margin(tau, bmax);
 
             /* 4. pass 2: candidates of kept groups, ascending expert index. Entries past the
              * list (heavy ties) are counted, not stored: the token then takes the exact path. */
@@ -447,8 +481,46 @@ moe_gate_solo_kernel(const GateArgs a) {
                 }
                 n = o;
             };
+            if constexpr (SSP) {
+                /* one group: only the units whose best key reaches tau (each lane its own,
+                 * ascending), read from their pass-1 entries before the list is overwritten */
+                uint32_t um = 0u;
+#pragma unroll
+                for (int u = 0; u < U; u++) um |= (__uint_as_float(list[32 * u].x) >= tau ? 1u : 0u) << u;
+                constexpr int NBU = VB / 4; /* quads of a unit */
+#pragma unroll 1
+                for (; um; um &= um - 1u) {
+                    const int eb = (__ffs(um) - 1) * VB;
+                    float4 br[NBU];
+#pragma unroll
+                    for (int j = 0; j < NBU; j++) br[j] = *reinterpret_cast<const float4 *>(bsm + eb + 4 * j);
+                    if constexpr (RC) {
+                        uint4 xr[NCH];
+#pragma unroll
+                        for (int j = 0; j < NCH; j++)
+                            xr[j] = *reinterpret_cast<const uint4 *>(xrow + eb * (int)sizeof(T) + j * 16);
+                        const T *el = reinterpret_cast<const T *>(xr);
+#pragma unroll
+                        for (int j = 0; j < NBU; j++) {
+                            float sq[4];
+#pragma unroll
+                            for (int i = 0; i < 4; i++) sq[i] = sqrt_softplus_filter(mlaf_elem<T>::load(el[4 * j + i]));
+                            quad(sq, br[j], eb + 4 * j);
+                        }
+                    } else {
+                        float4 sr[NBU];
+#pragma unroll
+                        for (int j = 0; j < NBU; j++) sr[j] = *reinterpret_cast<const float4 *>(srow + (eb + 4 * j) * 4);
+#pragma unroll
+                        for (int j = 0; j < NBU; j++) {
+                            const float sq[4] = {sr[j].x, sr[j].y, sr[j].z, sr[j].w};
+                            quad(sq, br[j], eb + 4 * j);
+                        }
+                    }
+                }
+            }
             uint32_t km = kept;
-            const int passes = G > 1 ? a.topk_group : 1;
+            const int passes = SSP ? 0 : G > 1 ? a.topk_group : 1;
             for (int it = 0; it < passes; it++) {
                 const int g = __ffs(km) - 1;
                 km &= km - 1;
@@ -477,7 +549,7 @@ moe_gate_solo_kernel(const GateArgs a) {
                         for (int j = 0; j < NB; j++) {
                             float sq[4];
 #pragma unroll
-                            for (int i = 0; i < 4; i++) sq[i] = sigmoid_fast(mlaf_elem<T>::load(el[4 * j + i]));
+                            for (int i = 0; i < 4; i++) sq[i] = solo_pass_score<SSP>(mlaf_elem<T>::load(el[4 * j + i]));
                             quad(sq, br[j], g * P + 4 * (j0 + j));
                         }
                     } else {
@@ -494,6 +566,24 @@ moe_gate_solo_kernel(const GateArgs a) {
                 }
             }
             exact = n > S::kCap;
+            /* the candidates' exact keys (their logits in flight together) */
+            auto logit_at = [&](int e) {
+                return mlaf_elem<T>::load(*reinterpret_cast<const T *>((RC ? xrow : grow) + e * (int)sizeof(T)));
+            };
+            if constexpr (SSP) {
+                if (!exact) {
+                    float xc[S::kCap];
+#pragma unroll
+                    for (int j = 0; j < S::kCap; j++) xc[j] = j < n ? logit_at((int)list[32 * j].y) : 0.0f;
+#pragma unroll
+                    for (int j = 0; j < S::kCap; j++) {
+                        if (j < n) {
+                            const int e = (int)list[32 * j].y;
+                            list[32 * j].x = __float_as_uint(sqrt_softplus_f(xc[j]) + bsm[e]);
+                        }
+                    }
+                }
+            }
             if (!exact) {
                 /* 5. sorted insertion; candidates come in ascending index */
                 float sv[KMAX];
@@ -520,7 +610,9 @@ moe_gate_solo_kernel(const GateArgs a) {
 #pragma unroll
                 for (int i = 0; i < KMAX; i++) {
                     const int e = tid[i];
-                    if constexpr (S::HF)
+                    if constexpr (SSP)
+                        tw[i] = sqrt_softplus_f(logit_at(e));
+                    else if constexpr (S::HF)
                         tw[i] = sigmoid_fast(mlaf_elem<T>::load(*reinterpret_cast<const T *>(
                             e >= E / 2 ? xrow + (e - E / 2) * (int)sizeof(T) : grow + e * (int)sizeof(T))));
                     else if constexpr (RC)
@@ -534,7 +626,7 @@ moe_gate_solo_kernel(const GateArgs a) {
         /* the tile's exact tokens, one at a time by the whole warp */
         for (unsigned em = __ballot_sync(kFull, live && exact); em; em &= em - 1) {
             const int l = __ffs(em) - 1;
-            solo_exact_warp<T, E, G, KMAX>(a, tl * 32 + l, l);
+            solo_exact_warp<T, E, G, KMAX, SSP>(a, tl * 32 + l, l);
         }
     }
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ < 900
@@ -575,8 +667,9 @@ void launch_solo(const GateArgs &a, int sm_count, cudaStream_t stream) {
 
 /* Whether the solo kernel (E, G experts / groups, units of VB, KMAX) can run call a. */
 template <typename T>
-inline bool solo_fits(const GateArgs &a, int E, int G, int VB, int KMAX) {
+inline bool solo_fits(const GateArgs &a, int E, int G, int VB, int KMAX, bool ssp = false) {
     if (a.E != E || a.n_group != G || a.softmax || a.scores || a.top_k > KMAX) return false;
+    if ((a.sqrt_softplus != 0) != ssp) return false;
     const int units_kept = G > 1 ? a.topk_group * (E / G / VB) : E / VB;
     if (a.top_k > 2 * units_kept) return false;
     return fast_copy_unit<T>(a) == 16;
@@ -589,7 +682,7 @@ bool try_solo(const GateArgs &a, int sm_count, cudaStream_t stream) {
      * pass 2 (twice the resident warps). */
     constexpr int kHalf = sizeof(T) == 2 ? kSoloRecompute : 0;
 #define MLAF_SOLO(E_, G_, VB_, KM_, F_)                                                           \
-    if (solo_fits<T>(a, E_, G_, VB_, KM_)) {                                                     \
+    if (solo_fits<T>(a, E_, G_, VB_, KM_, ((F_) & kSoloSsp) != 0)) {                             \
         launch_solo<T, E_, G_, VB_, KM_, F_>(a, sm_count, stream);                               \
         return true;                                                                              \
     }
@@ -602,6 +695,8 @@ bool try_solo(const GateArgs &a, int sm_count, cudaStream_t stream) {
     MLAF_SOLO(256, 8, 16, 8, kSoloUnroll2 | kHalf | kSoloOneSeg)
     /* GLM-4.7-Flash: one copy per row, not two */
     MLAF_SOLO(64, 1, 8, 4, kSoloUnroll2 | kSoloOneSeg)
+    /* DeepSeek-V4: sqrt_softplus, one group of 256 */
+    MLAF_SOLO(256, 1, 16, 8, kSoloUnroll2 | kHalf | kSoloOneSeg | kSoloSsp)
 #undef MLAF_SOLO
     return false;
 }

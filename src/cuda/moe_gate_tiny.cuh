@@ -26,7 +26,7 @@
  * Non-finite input and ties only make the list longer, so there is no separate exact path.
  * Launch: T blocks of NW x 32 threads (NW = units rounded up to 2, 4, 8, 12 or 16; padding
  * warps rank last), static shared memory only (NW x 384 bytes + ~0.2 KB).
- * Limits (else try_tiny returns false): 1 <= T <= 64 (or the mid-T rule at kTinyMidWarps), no
+ * Limits (else try_tiny returns false): 1 <= T <= 64 (or the mid-T rule at kTinyMidWaves), no
  * scores output, top_k <= 32; <= 16 groups of <= 32 experts, or one group of <= 512 experts;
  * any row stride. Softmax sums in another order than the team kernel (1/sum may differ by an
  * ulp: near-ties may order apart).
@@ -38,11 +38,11 @@
 namespace {
 
 constexpr int64_t kTinyMaxT = 64;
-/* Beyond kTinyMaxT, routers of at least 4 units (97+ experts) keep the tiny kernel while
- * T x warps per block <= kTinyMidWarps (DeepSeek-V3: T <= 512, Kimi-K2: 341): about one wave of
- * blocks, each token one block's short chain, where the team kernel's 32-lane shapes leave most
- * SMs idle; at T = 1024 it no longer wins (dev/moe_gate/README.md). */
-constexpr int64_t kTinyMidWarps = 4096;
+/* Beyond kTinyMaxT, routers of at least 4 units (97+ experts) keep the tiny kernel for up to
+ * kTinyMidWaves waves of blocks at full occupancy (2048 threads per SM: register-capped to 32
+ * per thread): each token one block's short chain, where the other kernels leave most SMs idle
+ * (DeepSeek-V3 on 132 SMs: T <= 1056; dev/moe_gate/README.md). */
+constexpr int64_t kTinyMidWaves = 1;
 /* Routers of <= 64 experts in one group (GLM-4.7-Flash) take the tiny kernel too; set false to
  * leave them to the general kernel. */
 constexpr bool kTinyTakeSmallE = true;
@@ -68,8 +68,9 @@ __device__ __forceinline__ void tiny_load_words(const uint32_t *p, uint32_t (&o)
     }
 }
 
-template <typename T, int NW, int kScore>
-__global__ void __launch_bounds__(NW * 32, 1) moe_gate_tiny_kernel(const GateArgs a) {
+/* MINB: resident blocks the registers must allow (1 at decode sizes, full occupancy past them). */
+template <typename T, int NW, int kScore, int MINB>
+__global__ void __launch_bounds__(NW * 32, MINB) moe_gate_tiny_kernel(const GateArgs a) {
     mlaf_pdl_begin();
     static_assert(NW >= 2 && NW <= 16 && NW % 2 == 0, "tiny: 2..16 warps");
     constexpr int kCap = NW * 32; /* every real expert fits in the list */
@@ -266,23 +267,25 @@ __global__ void __launch_bounds__(NW * 32, 1) moe_gate_tiny_kernel(const GateArg
     }
 }
 
-template <typename T, int NW>
+template <typename T, int NW, int MINB>
 void launch_tiny(const GateArgs &a, cudaStream_t stream) {
     if (a.softmax)
-        mlaf_launch(moe_gate_tiny_kernel<T, NW, kScoreSoftmax>,
+        mlaf_launch(moe_gate_tiny_kernel<T, NW, kScoreSoftmax, MINB>,
             (unsigned)a.T, NW * 32, 0, stream, a);
     else if (a.sqrt_softplus)
-        mlaf_launch(moe_gate_tiny_kernel<T, NW, kScoreSqrtSoftplus>,
+        mlaf_launch(moe_gate_tiny_kernel<T, NW, kScoreSqrtSoftplus, MINB>,
             (unsigned)a.T, NW * 32, 0, stream, a);
     else
-        mlaf_launch(moe_gate_tiny_kernel<T, NW, kScoreSigmoid>,
+        mlaf_launch(moe_gate_tiny_kernel<T, NW, kScoreSigmoid, MINB>,
             (unsigned)a.T, NW * 32, 0, stream, a);
 }
+
+/* Blocks of NW warps resident per SM at full occupancy (2048 threads). */
+constexpr int tiny_full_blocks(int nw) { return 2048 / (nw * 32); }
 
 /* Takes decode-size calls (see the limits above); false launches nothing. */
 template <typename T>
 bool try_tiny(const GateArgs &a, int sm_count, cudaStream_t stream, bool any_t = false) {
-    (void)sm_count;
     if (a.T < 1 || a.scores != nullptr) return false;
     if (a.top_k < 1 || a.top_k > 32 || a.E < 1) return false;
     int units;
@@ -295,13 +298,24 @@ bool try_tiny(const GateArgs &a, int sm_count, cudaStream_t stream, bool any_t =
         units = (a.E + 31) / 32;
     }
     const int nw = units <= 2 ? 2 : units <= 4 ? 4 : units <= 8 ? 8 : units <= 12 ? 12 : 16;
-    if (!any_t && a.T > kTinyMaxT && (units < 4 || a.T * nw > kTinyMidWarps)) return false;
+    if (a.T <= kTinyMaxT) {
+        switch (nw) {
+        case 2: launch_tiny<T, 2, 1>(a, stream); break;
+        case 4: launch_tiny<T, 4, 1>(a, stream); break;
+        case 8: launch_tiny<T, 8, 1>(a, stream); break;
+        case 12: launch_tiny<T, 12, 1>(a, stream); break;
+        default: launch_tiny<T, 16, 1>(a, stream); break;
+        }
+        return true;
+    }
+    const int64_t wave = (int64_t)(sm_count > 0 ? sm_count : 1) * tiny_full_blocks(nw);
+    if (!any_t && (units < 4 || a.T > kTinyMidWaves * wave)) return false;
     switch (nw) {
-    case 2: launch_tiny<T, 2>(a, stream); break;
-    case 4: launch_tiny<T, 4>(a, stream); break;
-    case 8: launch_tiny<T, 8>(a, stream); break;
-    case 12: launch_tiny<T, 12>(a, stream); break;
-    default: launch_tiny<T, 16>(a, stream); break;
+    case 2: launch_tiny<T, 2, tiny_full_blocks(2)>(a, stream); break;
+    case 4: launch_tiny<T, 4, tiny_full_blocks(4)>(a, stream); break;
+    case 8: launch_tiny<T, 8, tiny_full_blocks(8)>(a, stream); break;
+    case 12: launch_tiny<T, 12, tiny_full_blocks(12)>(a, stream); break;
+    default: launch_tiny<T, 16, tiny_full_blocks(16)>(a, stream); break;
     }
     return true;
 }
