@@ -204,12 +204,13 @@ __device__ __forceinline__ void mlaf_idx_store_f32(uint8_t *p, float s) {
     p[0] = (uint8_t)u, p[1] = (uint8_t)(u >> 8), p[2] = (uint8_t)(u >> 16), p[3] = (uint8_t)(u >> 24);
 }
 
-/* The key branch as a writer of mla_kv_cache's row kernels (row_writers.cuh): all of it runs at
- * the row's finish, on the one warp of the row whose lanes include the row's leader (the warp
- * shapes: the row's warp; the block shape: warp 0), so the row's own work is not delayed by it.
- * Token rules are the MLA row's (ti): invalid: nothing but the topk fill; slot < 0: the dense
- * output only. */
+/* The key branch as a writer of mla_kv_cache's row kernels (row_writers.cuh): side work (kSide),
+ * a warp per token in blocks of its own beside the MLA rows' blocks of the same launch, so the
+ * two chains of a token run side by side (dev/README.md: against the key row at the MLA row's
+ * finish). Token rules are the MLA row's (mlaf_token_decide again, not counted twice): invalid:
+ * nothing but the topk fill; slot < 0: the dense output only. */
 template <typename T> struct mlaf_wr_index : mlaf_wr_base {
+    static constexpr bool kSide = true;
     struct params {
         const void *k, *w, *b;
         int64_t ks;
@@ -224,39 +225,37 @@ template <typename T> struct mlaf_wr_index : mlaf_wr_base {
         int32_t copies;      /* >= 1 destination caches, copy_stride bytes apart */
         int64_t copy_stride;
     };
-    const params &p_;
-    const mlaf_row_args &a_;
-    int64_t t_;
-    const mlaf_token_info &ti_;
-    __device__ __forceinline__ mlaf_wr_index(const params &p, const mlaf_row_args &a, int64_t t,
-                                             const mlaf_token_info &ti)
-        : p_(p), a_(a), t_(t), ti_(ti) {}
-    __device__ __forceinline__ void finish(float, float, bool leader) {
-        if (!__any_sync(0xffffffffu, leader)) return;
+    __device__ __forceinline__ mlaf_wr_index(const params &, const mlaf_row_args &, int64_t,
+                                             const mlaf_token_info &) {}
+    /* token t's key row, by the whole warp */
+    static __device__ __forceinline__ void side(const params &p, const mlaf_row_args &a, int64_t t) {
+        if (t >= a.T) return;
         const int lane = threadIdx.x & 31;
-        const int64_t t = t_;
-        if (p_.topk)
-            for (int64_t i = lane; i < p_.tkn; i += 32) p_.topk[t * p_.tks + i] = -1;
-        if (!ti_.ok) return;
+        if (p.topk)
+            for (int64_t i = lane; i < p.tkn; i += 32) p.topk[t * p.tks + i] = -1;
+        const mlaf_token_info ti = mlaf_token_decide(a, mlaf_token_load(a, t), false);
+        if (!ti.ok) return;
         float v[4];
-        mlaf_idx_load(static_cast<const T *>(p_.k) + t * p_.ks, lane, v);
-        mlaf_idx_layernorm<T>(v, lane, p_.w, p_.b, p_.w_f32 != 0, p_.ln_eps);
-        mlaf_idx_rope<T>(v, lane, p_.neox != 0, ti_.cs);
-        if (p_.hadamard) mlaf_idx_hadamard<T>(v, lane);
-        if (p_.out) {
-            T *o = static_cast<T *>(p_.out) + t * p_.os + 4 * lane;
+        mlaf_idx_load(static_cast<const T *>(p.k) + t * p.ks, lane, v);
+        mlaf_idx_layernorm<T>(v, lane, p.w, p.b, p.w_f32 != 0, p.ln_eps);
+        mlaf_idx_rope<T>(v, lane, p.neox != 0, ti.cs);
+        if (p.hadamard) mlaf_idx_hadamard<T>(v, lane);
+        if (p.out) {
+            T *o = static_cast<T *>(p.out) + t * p.os + 4 * lane;
 #pragma unroll
             for (int k = 0; k < 4; k++) mlaf_st(o + k, v[k]);
         }
-        if (!ti_.cache) return;
-        const float s = mlaf_idx_scale(v, p_.amax_eps, p_.mode);
-        const int64_t rec = mlaf_token_row(a_, ti_.slot, p_.bstride, MLAF_INDEX_HEAD_DIM);
+        if (!ti.cache) return;
+        const float s = mlaf_idx_scale(v, p.amax_eps, p.mode);
+        const int64_t rec = mlaf_token_row(a, ti.slot, p.bstride, MLAF_INDEX_HEAD_DIM);
         /* the scale: after the block's values, 4 bytes per offset */
-        const int64_t so = mlaf_token_row(a_, ti_.slot, p_.bstride, 4) + a_.block_size * MLAF_INDEX_HEAD_DIM;
-        for (int32_t c = 0; c < p_.copies; c++) { /* the same bytes to every destination */
-            uint8_t *base = p_.cache + (int64_t)c * p_.copy_stride;
+        const int64_t so = mlaf_token_row(a, ti.slot, p.bstride, 4) + a.block_size * MLAF_INDEX_HEAD_DIM;
+        for (int32_t c = 0; c < p.copies; c++) { /* the same bytes to every destination */
+            uint8_t *base = p.cache + (int64_t)c * p.copy_stride;
             mlaf_idx_store_e4m3(base + rec + 4 * lane, v, s);
             if (lane == 0) mlaf_idx_store_f32(base + so, s);
         }
     }
 };
+
+

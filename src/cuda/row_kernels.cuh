@@ -28,6 +28,25 @@
 
 #define MLAF_ROW_WARPS 4 /* warps per block of the warp / bulk / generic shapes */
 
+/* Writers with side work (Wr::kSide: the DSA indexer key) run in twice the blocks: odd block
+ * 2b + 1 gives each of its warps one token of [b x warps, (b + 1) x warps) for Wr::side, beside
+ * even block 2b's rows, so neither waits for the other. Returns the row block of this block, or
+ * -1 after the side work. */
+template <class Wr>
+__device__ __forceinline__ int64_t mlaf_row_block_id(const mlaf_row_args &a, const typename Wr::params &wp) {
+    if constexpr (Wr::kSide) {
+        const int64_t b = blockIdx.x;
+        if (b & 1) {
+            Wr::side(wp, a, (b >> 1) * (int64_t)(blockDim.x >> 5) + (threadIdx.x >> 5));
+            return -1;
+        }
+        return b >> 1;
+    }
+    return blockIdx.x;
+}
+/* Blocks of a launch of n row blocks. */
+template <class Wr> static inline int64_t mlaf_row_grid(int64_t n) { return Wr::kSide ? 2 * n : n; }
+
 /* ---- block shape ------------------------------------------------------------------------ */
 __device__ __forceinline__ void mlaf_bar_sync(int id, int n) {
     asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory");
@@ -46,7 +65,8 @@ __global__ void __launch_bounds__(1024) mlaf_row_block_kernel(const mlaf_row_arg
     constexpr int W = mlaf_vec<T>::W;
     __shared__ float red[32];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int64_t t = blockIdx.x;
+    const int64_t t = mlaf_row_block_id<Wr>(a, wp);
+    if (t < 0) return;
     const int qv = a.Q / W, cv = a.C / W, rv = a.R / W;
     const int qpad = (qv + 31) & ~31, nt = qpad + ((cv + 31) & ~31);
     const uint4 *src = reinterpret_cast<const uint4 *>(static_cast<const T *>(a.latent) + t * a.ls);
@@ -112,10 +132,11 @@ __global__ void __launch_bounds__(1024) mlaf_row_block_kernel(const mlaf_row_arg
 
 /* ---- warp and bulk shapes --------------------------------------------------------------- */
 template <typename T, class L, bool BULK, bool ROPE, class Wr>
-__device__ __forceinline__ void mlaf_row_warp_body(const mlaf_row_args &a, const typename Wr::params &wp) {
+__device__ __forceinline__ void mlaf_row_warp_body(const mlaf_row_args &a, const typename Wr::params &wp,
+                                                   int64_t bid) {
     constexpr int W = mlaf_vec<T>::W, NQ = L::NQ, NC = L::NC, NP = L::NP, NS = L::NS;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int64_t t = (int64_t)blockIdx.x * MLAF_ROW_WARPS + warp;
+    const int64_t t = bid * MLAF_ROW_WARPS + warp;
     if (t >= a.T) return;
     const int qv = a.Q / W, cv = a.C / W, rv = a.R / W;
     const uint4 *src = reinterpret_cast<const uint4 *>(static_cast<const T *>(a.latent) + t * a.ls);
@@ -219,14 +240,16 @@ template <typename T, class L, bool BULK, bool ROPE, class Wr>
 __global__ void __launch_bounds__(MLAF_ROW_WARPS * 32, mlaf_row_minb4<BULK ? L::NQ + L::NC + 1 : L::NS>::value)
 mlaf_row_warp_kernel(const mlaf_row_args a, const typename Wr::params wp) {
     mlaf_pdl_begin();
+    const int64_t bid = mlaf_row_block_id<Wr>(a, wp);
+    if (bid < 0) return;
     if constexpr (BULK) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
         __trap(); /* the host launches the bulk shape on sm_90 and later only */
 #else
-        mlaf_row_warp_body<T, L, true, ROPE, Wr>(a, wp);
+        mlaf_row_warp_body<T, L, true, ROPE, Wr>(a, wp, bid);
 #endif
     } else {
-        mlaf_row_warp_body<T, L, false, ROPE, Wr>(a, wp);
+        mlaf_row_warp_body<T, L, false, ROPE, Wr>(a, wp, bid);
     }
 }
 
@@ -237,7 +260,9 @@ __global__ void __launch_bounds__(MLAF_ROW_WARPS * 32) mlaf_row_generic_kernel(c
     mlaf_pdl_begin();
     typedef typename mlaf_bits<T>::type B;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int64_t t = (int64_t)blockIdx.x * MLAF_ROW_WARPS + warp;
+    const int64_t bid = mlaf_row_block_id<Wr>(a, wp);
+    if (bid < 0) return;
+    const int64_t t = bid * MLAF_ROW_WARPS + warp;
     if (t >= a.T) return;
     const int32_t Q = a.Q, C = a.C, R = a.R;
     const mlaf_token_info ti = ROPE ? mlaf_token_decide(a, mlaf_token_load(a, t), lane == 0) : mlaf_token_none();

@@ -59,7 +59,7 @@ template <typename T, class L, bool ROPE, class Wr>
 static cudaError_t mlaf_row_go_warp(const mlaf_row_args &a0, const typename Wr::params &wp, bool bulk,
                                     cudaStream_t stream) {
     mlaf_row_args a = a0;
-    const int64_t blocks = (a.T + MLAF_ROW_WARPS - 1) / MLAF_ROW_WARPS;
+    const int64_t blocks = mlaf_row_grid<Wr>((a.T + MLAF_ROW_WARPS - 1) / MLAF_ROW_WARPS);
     size_t smem = 0;
     if (bulk) {
         a.slot = (int32_t)((((int64_t)a.Q + a.C + a.R) * (int64_t)sizeof(T) + 127) / 128 * 128);
@@ -123,14 +123,15 @@ static cudaError_t mlaf_row_launch(const mlaf_row_args &a0, const typename Wr::p
     }
     if (s == MLAF_ROW_BLOCK) {
         const unsigned threads = (unsigned)mlaf_row_block_threads(qv, cv, rv);
+        const unsigned blocks = (unsigned)mlaf_row_grid<Wr>(a.T);
         if (ROPE && a.tail > 0) mlaf_launch(mlaf_row_block_kernel<T, ROPE, true, Wr>,
-            (unsigned)a.T, threads, 0, stream, a, wp);
+            blocks, threads, 0, stream, a, wp);
         else mlaf_launch(mlaf_row_block_kernel<T, ROPE, false, Wr>,
-            (unsigned)a.T, threads, 0, stream, a, wp);
+            blocks, threads, 0, stream, a, wp);
         return cudaGetLastError();
     }
     if (s == MLAF_ROW_GENERIC) {
-        const int64_t blocks = (a.T + MLAF_ROW_WARPS - 1) / MLAF_ROW_WARPS;
+        const int64_t blocks = mlaf_row_grid<Wr>((a.T + MLAF_ROW_WARPS - 1) / MLAF_ROW_WARPS);
         mlaf_launch(mlaf_row_generic_kernel<T, ROPE, Wr>,
             (unsigned)blocks, MLAF_ROW_WARPS * 32, 0, stream, a, wp);
         return cudaGetLastError();

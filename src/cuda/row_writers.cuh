@@ -21,14 +21,19 @@
  * the warp shapes the kv part starts at lane 0 of a slot, and in the block shape at a warp. The
  * kv tile of 128 values is 16 consecutive lanes (bf16 / f16). finish: leader is one thread per
  * row; rq / rkv are NaN in the block shape's rope warp, which holds no norm part.
+ *   static constexpr bool kSide; static void side(const params &, const mlaf_row_args &, int64_t t)
+ *                                        per-token work apart from the row (see mlaf_wr_base)
  * A new writer is one struct here and one entry in the op's launch (mla_kv_cache.cu).
  */
 #pragma once
 
 #include "row_core.cuh"
 
-/* No-op hooks, for writers that take only some of them. */
+/* No-op hooks, for writers that take only some of them. kSide: the writer has work of its own
+ * per token that needs none of the row's values (side(p, a, t), every lane of a warp); the
+ * launch then gives it blocks of its own beside the rows' (row_kernels.cuh). */
 struct mlaf_wr_base {
+    static constexpr bool kSide = false;
     __device__ __forceinline__ void q(int, bool, const float *, uint4) {}
     __device__ __forceinline__ void kv(int, bool, const float *, uint4) {}
     __device__ __forceinline__ void pe(int, bool, const float *, uint4) {}
@@ -138,6 +143,11 @@ template <class A, class B> struct mlaf_wr_pair {
         typename A::params a;
         typename B::params b;
     };
+    static constexpr bool kSide = A::kSide || B::kSide;
+    static __device__ __forceinline__ void side(const params &p, const mlaf_row_args &a, int64_t t) {
+        if constexpr (A::kSide) A::side(p.a, a, t);
+        if constexpr (B::kSide) B::side(p.b, a, t);
+    }
     A x_;
     B y_;
     __device__ __forceinline__ mlaf_wr_pair(const params &p, const mlaf_row_args &a, int64_t t,
