@@ -64,6 +64,14 @@ int tl_backends(mlaf_backend *out) {
     return n;
 }
 
+int tl_cuda(void) {
+    mlaf_backend bs[MLAF_BACKEND_COUNT_];
+    const int nb = tl_backends(bs);
+    for (int i = 0; i < nb; i++)
+        if (bs[i] == MLAF_BACKEND_CUDA) return 1;
+    return 0;
+}
+
 int tl_quick(void) {
     const char *q = getenv("MLAF_TEST_QUICK");
     return q && *q && strcmp(q, "0") != 0;

@@ -28,6 +28,8 @@ int tl_finish(void);
 /* Backends to test: fills out[] (CPU always; CUDA when available) and returns the count.
  * Prints one "SKIP: cuda backend: ..." line when CUDA is not built or no GPU is visible. */
 int tl_backends(mlaf_backend *out);
+/* Whether tl_backends lists CUDA (its skip line printed otherwise): for CUDA-only programs. */
+int tl_cuda(void);
 
 /* 1 when the quick mode is asked for (MLAF_TEST_QUICK=1, e.g. under sanitizers). */
 int tl_quick(void);

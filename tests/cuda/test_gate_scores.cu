@@ -40,11 +40,7 @@ __global__ void filter_sweep(uint32_t step, unsigned int *max_err, unsigned int 
 } // namespace
 
 int main(void) {
-    mlaf_backend bs[MLAF_BACKEND_COUNT_];
-    const int nb = tl_backends(bs);
-    int cuda = 0;
-    for (int i = 0; i < nb; i++) cuda |= bs[i] == MLAF_BACKEND_CUDA;
-    if (!cuda) return tl_finish();
+    if (!tl_cuda()) return tl_finish();
     const uint32_t step = tl_quick() ? 4099u : 1u;
     unsigned int *d = nullptr, h[2] = {0u, 0u};
     bool ok = cudaMalloc(&d, 2 * sizeof(unsigned int)) == cudaSuccess &&

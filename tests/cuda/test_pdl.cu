@@ -256,10 +256,7 @@ void test_chain(int64_t T, bool legacy = false) {
 } // namespace
 
 int main(void) {
-    mlaf_backend bs[MLAF_BACKEND_COUNT_];
-    const int nb = tl_backends(bs);
-    int cuda = 0;
-    for (int i = 0; i < nb; i++) cuda |= bs[i] == MLAF_BACKEND_CUDA;
+    const int cuda = tl_cuda();
     test_api(cuda);
     int major = 0;
     if (cuda && cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) == cudaSuccess &&
