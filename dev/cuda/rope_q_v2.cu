@@ -66,28 +66,7 @@ __global__ void __launch_bounds__(256) rq_warp(const mlaf_rope_q_args a, int32_t
         const int32_t rem = r0 + 32 * j;
         if (rem >= upt) continue;
         T *p = row + (int64_t)(rem / U) * a.s1;
-        float f0[W];
-        mlaf_vec<T>::unpack(x0[j], f0);
-        if (NEOX) {
-            float f1[W];
-            mlaf_vec<T>::unpack(x1[j], f1);
-#pragma unroll
-            for (int e = 0; e < W; e++) {
-                const float y0 = mlaf_rope_x0(f0[e], f1[e], co[e], si[e]);
-                f1[e] = mlaf_rope_x1(f0[e], f1[e], co[e], si[e]);
-                f0[e] = y0;
-            }
-            *reinterpret_cast<uint4 *>(p) = mlaf_vec<T>::pack(f0);
-            *reinterpret_cast<uint4 *>(p + half) = mlaf_vec<T>::pack(f1);
-        } else {
-#pragma unroll
-            for (int e = 0; e < W / 2; e++) {
-                const float y0 = mlaf_rope_x0(f0[2 * e], f0[2 * e + 1], co[e], si[e]);
-                f0[2 * e + 1] = mlaf_rope_x1(f0[2 * e], f0[2 * e + 1], co[e], si[e]);
-                f0[2 * e] = y0;
-            }
-            *reinterpret_cast<uint4 *>(p) = mlaf_vec<T>::pack(f0);
-        }
+        mlaf_rope_q_rotate_store<T, NEOX>(p, half, x0[j], NEOX ? x1[j] : x0[j], co, si);
     }
 }
 

@@ -107,6 +107,36 @@ __device__ __forceinline__ void mlaf_ld_cs(const float *p, bool vec, float *f) {
     }
 }
 
+/* One unit rotated by its cos (co) / sin (si) and stored in place: NEOX, x0 the W first values of
+ * W pairs (i, i + R/2) at p and x1 their partners at p + half; else x0 W / 2 whole pairs. */
+template <typename T, bool NEOX>
+__device__ __forceinline__ void mlaf_rope_q_rotate_store(T *p, int32_t half, uint4 x0, uint4 x1, const float *co,
+                                                         const float *si) {
+    constexpr int W = mlaf_vec<T>::W;
+    float f0[W];
+    mlaf_vec<T>::unpack(x0, f0);
+    if constexpr (NEOX) {
+        float f1[W];
+        mlaf_vec<T>::unpack(x1, f1);
+#pragma unroll
+        for (int e = 0; e < W; e++) {
+            const float y0 = mlaf_rope_x0(f0[e], f1[e], co[e], si[e]);
+            f1[e] = mlaf_rope_x1(f0[e], f1[e], co[e], si[e]);
+            f0[e] = y0;
+        }
+        *reinterpret_cast<uint4 *>(p) = mlaf_vec<T>::pack(f0);
+        *reinterpret_cast<uint4 *>(p + half) = mlaf_vec<T>::pack(f1);
+    } else {
+#pragma unroll
+        for (int e = 0; e < W / 2; e++) {
+            const float y0 = mlaf_rope_x0(f0[2 * e], f0[2 * e + 1], co[e], si[e]);
+            f0[2 * e + 1] = mlaf_rope_x1(f0[2 * e], f0[2 * e + 1], co[e], si[e]);
+            f0[2 * e] = y0;
+        }
+        *reinterpret_cast<uint4 *>(p) = mlaf_vec<T>::pack(f0);
+    }
+}
+
 /* K units per thread, one shot: thread i of block b takes units (b * 256 * K) + k * 256 + i, so
  * the threads of a block read neighbouring vectors for each k; every unit loads its token's
  * position and its own cos/sin. IDX: uint32_t when T * units per token < 2^31. */
@@ -146,36 +176,13 @@ mlaf_rope_q_vec_kernel(const mlaf_rope_q_args a, int32_t units_per_token, int32_
             if (first[k] && a.err) mlaf_cuda_error_count_add(a.err, 1);
             continue;
         }
+        /* NEOX: pairs (i, i + R/2), i = unit * W .. + W; else W / 2 whole pairs (2i, 2i+1) */
         const float *cs = a.cos_sin + pos[k] * a.cs_stride;
-        float f0[W];
-        mlaf_vec<T>::unpack(x0[k], f0);
-        if (NEOX) {
-            /* pairs (i, i + R/2), i = unit * W .. + W: f0 holds the x0s, f1 the x1s */
-            float co[W], si[W], f1[W];
-            mlaf_ld_cs<W>(cs + unit[k] * W, cs_vec, co);
-            mlaf_ld_cs<W>(cs + half + unit[k] * W, cs_vec, si);
-            mlaf_vec<T>::unpack(x1[k], f1);
-#pragma unroll
-            for (int e = 0; e < W; e++) {
-                const float y0 = mlaf_rope_x0(f0[e], f1[e], co[e], si[e]);
-                f1[e] = mlaf_rope_x1(f0[e], f1[e], co[e], si[e]);
-                f0[e] = y0;
-            }
-            *reinterpret_cast<uint4 *>(ptr[k]) = mlaf_vec<T>::pack(f0);
-            *reinterpret_cast<uint4 *>(ptr[k] + half) = mlaf_vec<T>::pack(f1);
-        } else {
-            /* W / 2 whole pairs (2i, 2i+1), i = unit * W/2 .. + W/2 */
-            float co[W / 2], si[W / 2];
-            mlaf_ld_cs<W / 2>(cs + unit[k] * (W / 2), cs_vec, co);
-            mlaf_ld_cs<W / 2>(cs + half + unit[k] * (W / 2), cs_vec, si);
-#pragma unroll
-            for (int e = 0; e < W / 2; e++) {
-                const float y0 = mlaf_rope_x0(f0[2 * e], f0[2 * e + 1], co[e], si[e]);
-                f0[2 * e + 1] = mlaf_rope_x1(f0[2 * e], f0[2 * e + 1], co[e], si[e]);
-                f0[2 * e] = y0;
-            }
-            *reinterpret_cast<uint4 *>(ptr[k]) = mlaf_vec<T>::pack(f0);
-        }
+        constexpr int NC = NEOX ? W : W / 2;
+        float co[NC], si[NC];
+        mlaf_ld_cs<NC>(cs + unit[k] * NC, cs_vec, co);
+        mlaf_ld_cs<NC>(cs + half + unit[k] * NC, cs_vec, si);
+        mlaf_rope_q_rotate_store<T, NEOX>(ptr[k], half, x0[k], NEOX ? x1[k] : x0[k], co, si);
     }
 }
 
