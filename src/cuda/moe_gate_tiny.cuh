@@ -310,8 +310,8 @@ bool try_tiny(const GateArgs &a, int sm_count, cudaStream_t stream, bool any_t =
     }
     const int64_t wave = (int64_t)(sm_count > 0 ? sm_count : 1) * tiny_full_blocks(nw);
     if (!any_t && (units < 4 || a.T > kTinyMidWaves * wave)) return false;
-    switch (nw) {
-    case 2: launch_tiny<T, 2, tiny_full_blocks(2)>(a, stream); break;
+    switch (nw) { /* 2 warps (fewer than 4 units) only with any_t: the decode instance */
+    case 2: launch_tiny<T, 2, 1>(a, stream); break;
     case 4: launch_tiny<T, 4, tiny_full_blocks(4)>(a, stream); break;
     case 8: launch_tiny<T, 8, tiny_full_blocks(8)>(a, stream); break;
     case 12: launch_tiny<T, 12, tiny_full_blocks(12)>(a, stream); break;
