@@ -257,5 +257,3 @@ template <typename T> struct mlaf_wr_index : mlaf_wr_base {
         }
     }
 };
-
-
