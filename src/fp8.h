@@ -32,6 +32,16 @@ static inline uint8_t mlaf_f32_to_e4m3(float x) {
     return (uint8_t)(a > 0x7f800000u ? 0x7fu : (sign | code));
 }
 
+/* Whether x / s may be computed as x * (1 / s) with the same bits for every x: s a positive
+ * normal power of two whose reciprocal is normal (both are then the real x / s rounded once).
+ * Sets *r = 1 / s. */
+static inline int mlaf_pow2_recip(float s, float *r) {
+    const uint32_t u = mlaf_f32_bits(s), ef = u >> 23;
+    if ((u & 0x807fffffu) != 0u || ef < 1u || ef > 253u) return 0;
+    *r = mlaf_bits_f32((254u - ef) << 23);
+    return 1;
+}
+
 /* e4m3 -> f32, exact (0x7F / 0xFF: NaN). */
 static inline float mlaf_e4m3_to_f32(uint8_t b) {
     const uint32_t sign = (uint32_t)(b & 0x80u) << 24, ef = (b >> 3) & 0xfu, mt = b & 7u;

@@ -24,14 +24,14 @@
 
 #define MLAF_IDX_D 128
 
-/* The warp-order sum of 128 values (see the opening comment). */
+/* The warp-order sum of 128 values (see the opening comment). After a butterfly step lanes l and
+ * l ^ o hold the same bits (s[l] + s[l ^ o]: addition commutes exactly), so each step needs only
+ * the lower half: lane l < o takes s[l] + s[l + o]. */
 static inline float mlaf_index_sum128(const float *v) {
-    float s[32], n[32];
+    float s[32];
     for (int l = 0; l < 32; l++) s[l] = ((v[4 * l] + v[4 * l + 1]) + v[4 * l + 2]) + v[4 * l + 3];
-    for (int o = 16; o > 0; o >>= 1) {
-        for (int l = 0; l < 32; l++) n[l] = s[l] + s[l ^ o];
-        for (int l = 0; l < 32; l++) s[l] = n[l];
-    }
+    for (int o = 16; o > 0; o >>= 1)
+        for (int l = 0; l < o; l++) s[l] = s[l] + s[l + o];
     return s[0];
 }
 
@@ -42,16 +42,22 @@ static inline float mlaf_index_round(float x, mlaf_dtype dt) {
     return x;
 }
 
-/* LayerNorm of x[128] with w, b (fp32) into y, rounded to dt. */
-static inline void mlaf_index_layernorm(const float *x, const float *w, const float *b, float eps, mlaf_dtype dt,
-                                        float *y) {
+/* LayerNorm of x[128] with w, b (fp32) into y, in fp32 (not yet rounded to the row's dtype). */
+static inline void mlaf_index_layernorm_f32(const float *x, const float *w, const float *b, float eps, float *y) {
     float d[MLAF_IDX_D], sq[MLAF_IDX_D];
     const float mu = mlaf_index_sum128(x) / 128.0f;
     for (int i = 0; i < MLAF_IDX_D; i++) d[i] = x[i] - mu;
     /* a lane's four squares summed in order from 0: 0 + d0^2 is d0^2, so plain pairs suffice */
     for (int i = 0; i < MLAF_IDX_D; i++) sq[i] = d[i] * d[i];
     const float rstd = 1.0f / sqrtf(mlaf_index_sum128(sq) / 128.0f + eps);
-    for (int i = 0; i < MLAF_IDX_D; i++) y[i] = mlaf_index_round(((d[i] * rstd) * w[i]) + b[i], dt);
+    for (int i = 0; i < MLAF_IDX_D; i++) y[i] = ((d[i] * rstd) * w[i]) + b[i];
+}
+
+/* LayerNorm of x[128] with w, b (fp32) into y, rounded to dt. */
+static inline void mlaf_index_layernorm(const float *x, const float *w, const float *b, float eps, mlaf_dtype dt,
+                                        float *y) {
+    mlaf_index_layernorm_f32(x, w, b, eps, y);
+    for (int i = 0; i < MLAF_IDX_D; i++) y[i] = mlaf_index_round(y[i], dt);
 }
 
 /* RoPE on y[0, 64) with the table row cs (cos[0..31] | sin[0..31]), rounded to dt. */

@@ -10,7 +10,9 @@
  *   copy   the k_pe bytes, streamed and plain, aligned or not;
  *   rope   both styles, R from 2 to 128;
  *   convert fp32 values (NaN, inf, tiny ones too) to every dtype, streamed and plain, at
- *          aligned and unaligned addresses, every length up to 100 and a few longer ones.
+ *          aligned and unaligned addresses, every length up to 100 and a few longer ones;
+ *   round_amax, e4m3  the fp8 writers' steps: every e4m3 value, the ties between them and the
+ *          floats beside both, bit patterns over the whole f32 range, specials.
  * Bytes past the row must stay untouched. One case line per table x function x dtypes.
  */
 #include <math.h>
@@ -19,6 +21,7 @@
 #include <string.h>
 
 #include "cpu/norm_kern.h"
+#include "fp8.h"
 #include "half.h"
 #include "testlib.h"
 
@@ -253,6 +256,98 @@ static void test_convert(const table *tb, int nt) {
     free(got);
 }
 
+/* fp8 inputs: every e4m3 code's value, the halfway points between neighbours and the floats on
+ * either side of both (ties and the saturation edge at 464), values halfway between bf16 / f16
+ * neighbours, f32 bit patterns spread over the whole range, and specials; half of them negated. */
+static int fp8_values(float *v, int cap) {
+    int n = 0;
+    for (int c = 0; c < 0x7f && n + 8 <= cap; c++) {
+        const float a = mlaf_e4m3_to_f32((uint8_t)c), b = c < 0x7e ? mlaf_e4m3_to_f32((uint8_t)(c + 1)) : 512.0f;
+        const float mid = (a + b) * 0.5f; /* exact: neighbours differ in their last bits only */
+        v[n++] = a, v[n++] = nextafterf(a, 0.0f), v[n++] = nextafterf(a, 1e9f);
+        v[n++] = mid, v[n++] = nextafterf(mid, 0.0f), v[n++] = nextafterf(mid, 1e9f);
+    }
+    static const float sp[] = {0.0f, 464.0f, 463.99997f, 448.0f, 1e30f, 1e-40f, 1e-45f, 0.0009765625f, 0.00048828125f};
+    for (size_t i = 0; i < sizeof sp / sizeof sp[0]; i++) v[n++] = sp[i];
+    v[n++] = INFINITY, v[n++] = NAN, v[n++] = mlaf_bits_f32(0x7f800001u), v[n++] = mlaf_bits_f32(0xffc00123u);
+    for (uint32_t k = 0; k < 64; k++) { /* bf16 and f16 ties, both parities of the kept bit */
+        const uint32_t u = 0x3a000000u + k * 0x00351000u;
+        v[n++] = mlaf_bits_f32((u & ~0xffffu) | 0x8000u), v[n++] = mlaf_bits_f32((u & ~0x1fffu) | 0x1000u);
+    }
+    for (uint32_t u = 0x00000400u; n < cap && u < 0x7f800000u; u += 0x00012345u) v[n++] = mlaf_bits_f32(u);
+    for (int i = 0; i < n; i += 2) v[i] = -v[i];
+    return n;
+}
+
+/* lengths 0 ... 100, then 257, 1000, 4096 and the whole pool */
+enum { FP8_LENS = 105 };
+static int fp8_len(int i, int npool) { return i <= 100 ? i : i == 101 ? 257 : i == 102 ? 1000 : i == 103 ? 4096 : npool; }
+
+/* round_amax and e4m3 (the fp8 writers' steps): values, amax and bytes equal to the portable
+ * path's for every dtype, scale and mode, lengths 0 ... 100 and longer runs, guard bytes kept. */
+static void test_fp8(const table *tb, int nt) {
+    static const mlaf_dtype dts[] = {MLAF_F32, MLAF_F16, MLAF_BF16};
+    static const float scales[] = {1.0f, 0.01f, 3.0f, 0.125f, 50.0f, 1e-30f, 0.0f, 0x1p-126f, 0x1p127f, 0x1p-20f};
+    enum { NV = 8192 };
+    float *pool = malloc(sizeof(float) * NV), *xr = malloc(sizeof(float) * NV), *xg = malloc(sizeof(float) * NV);
+    unsigned char *br = malloc(NV + PAD), *bg = malloc(NV + PAD);
+    const int npool = fp8_values(pool, NV);
+    mlaf_rng rng;
+    mlaf_rng_seed(&rng, 81);
+    for (int ti = 1; ti < nt; ti++) {
+        long cases = 0, bad = 0;
+        for (int d = 0; d < 3; d++) {
+            for (int li = 0; li < FP8_LENS; li++) {
+                const int n = fp8_len(li, npool);
+                const int o = n ? (int)(mlaf_rng_u64(&rng) % (uint64_t)(npool - n + 1)) : 0;
+                for (int mi = 0; mi < 2; mi++) {
+                    const float m0 = mi ? 5.0f : 0.0f;
+                    const float mr = tb[0].k->round_amax(pool + o, n, dts[d], xr, m0);
+                    const float mg = tb[ti].k->round_amax(pool + o, n, dts[d], xg, m0);
+                    int same = mlaf_f32_bits(mr) == mlaf_f32_bits(mg);
+                    for (int i = 0; i < n && same; i++)
+                        same = mlaf_f32_bits(xr[i]) == mlaf_f32_bits(xg[i]) || (isnan(xr[i]) && isnan(xg[i]));
+                    cases++, bad += !same;
+                }
+            }
+        }
+        char name[96];
+        snprintf(name, sizeof name, "NORM_KERN(table=%s,fn=round_amax)", tb[ti].name);
+        tl_case(bad == 0, name, "%ld of %ld calls differ from the portable path (values or amax)", bad, cases);
+        cases = bad = 0;
+        for (size_t si = 0; si < sizeof scales / sizeof scales[0]; si++) {
+            for (int div = 0; div < 2; div++) {
+                for (int li = 0; li < FP8_LENS; li++) {
+                const int n = fp8_len(li, npool);
+                    const int o = n ? (int)(mlaf_rng_u64(&rng) % (uint64_t)(npool - n + 1)) : 0;
+                    memset(br, GUARD, (size_t)n + PAD);
+                    memset(bg, GUARD, (size_t)n + PAD);
+                    tb[0].k->e4m3(pool + o, n, scales[si], div, br);
+                    tb[ti].k->e4m3(pool + o, n, scales[si], div, bg);
+                    cases++, bad += memcmp(br, bg, (size_t)n + PAD) != 0 || !guard_ok(bg + n, PAD);
+                }
+            }
+        }
+        snprintf(name, sizeof name, "NORM_KERN(table=%s,fn=e4m3)", tb[ti].name);
+        tl_case(bad == 0, name, "%ld of %ld calls differ from the portable path", bad, cases);
+    }
+    /* the portable path itself against fp8.h's conversion of the quotient or product, value by
+     * value over the whole pool (powers of two divide by a product there: this checks it) */
+    static const float ref_scales[] = {1.0f, 0.125f, 0x1p-20f, 0x1p100f, 0x1p-126f, 0x1p127f, 3.0f, 0.01f};
+    long bad = 0, cases = 0;
+    unsigned char *b = malloc((size_t)npool);
+    for (size_t si = 0; si < sizeof ref_scales / sizeof ref_scales[0]; si++) {
+        const float sc = ref_scales[si];
+        for (int div = 0; div < 2; div++) {
+            tb[0].k->e4m3(pool, npool, sc, div, b);
+            for (int i = 0; i < npool; i++, cases++) bad += b[i] != mlaf_f32_to_e4m3(div ? pool[i] / sc : pool[i] * sc);
+        }
+    }
+    free(b);
+    tl_case(bad == 0, "NORM_KERN(table=scalar,fn=e4m3,against=fp8.h)", "%ld of %ld values differ", bad, cases);
+    free(pool), free(xr), free(xg), free(br), free(bg);
+}
+
 int main(void) {
     table tb[4];
     const int nt = tables(tb);
@@ -261,5 +356,6 @@ int main(void) {
     test_copy(tb, nt);
     test_rope(tb, nt);
     test_convert(tb, nt);
+    test_fp8(tb, nt);
     return tl_finish();
 }

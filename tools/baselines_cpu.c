@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include "bench.h"
+#include "cpu/norm_writers.h"
 #include "fp8.h"
 #include "half.h"
 
@@ -157,25 +158,23 @@ static float tile_scale(float amax, mlaf_tile_scale mode) {
     return mlaf_bits_f32((uint32_t)(mlaf_ceil_log2_f32(v) + 127) << 23);
 }
 
-/* Per-tensor fp8 of n values of a dense row: e4m3(x / scale) or e4m3(x * scale). */
-static void fp8_row(const void *src, mlaf_dtype dt, int32_t n, uint8_t *dst, float scale, int mul) {
-    for (int32_t i = 0; i < n; i++) {
-        const float x = mlaf_load_f32(src, dt, i);
-        dst[i] = mlaf_f32_to_e4m3(mul ? x * scale : x / scale);
-    }
+/* n values of a dense row widened to fp32 */
+static void widen(const void *src, mlaf_dtype dt, int32_t n, float *x) {
+    for (int32_t i = 0; i < n; i++) x[i] = mlaf_load_f32(src, dt, i);
 }
 
-int blc_cache_write_fp8(const mlaf_kv_cache_job *j, const void *k_nope, const void *k_pe,
-                        int threads) {
+int blc_cache_write_fp8(const mlaf_kv_cache_job *j, const void *k_nope, const void *k_pe, int threads,
+                        const mlaf_norm_kern *k) {
     const mlaf_dtype dt = j->norm.dt;
     const size_t es = mlaf_dtype_size(dt);
     const int32_t C = j->norm.C, R = j->norm.R;
     const int64_t nslots = j->num_blocks * j->block_size;
     const int ds = j->format == MLAF_KV_FP8_DS_MLA, v4 = j->format == MLAF_KV_FP8_V4;
     if (j->format != MLAF_KV_FP8 && !ds && !v4) return -1;
+    if (C > 4096 || R > 4096) return -1; /* the rows' fp32 buffers */
     /* the CPU backend's memory is host memory: the scale is read here, once per call */
     const float scale = ds || v4 ? 1.0f : *j->scale;
-    const int mul = j->conv == MLAF_FP8_MUL;
+    const int div = j->conv != MLAF_FP8_MUL;
     threads = team(j->norm.T, C + R, threads);
 #ifdef _OPENMP
 #pragma omp parallel for num_threads(threads) schedule(static)
@@ -187,15 +186,14 @@ int blc_cache_write_fp8(const mlaf_kv_cache_job *j, const void *k_nope, const vo
         /* cache dtypes u8 / fp8_e4m3: strides in elements are strides in bytes */
         uint8_t *dst = (uint8_t *)j->cache + blk * j->cache_s0 + off * j->cache_s1;
         const char *kn = CROW(k_nope, dt, t, C), *kp = CROW(k_pe, dt, t, R);
+        float x[4096], y[4096]; /* the row as stored, in fp32 (rounding it again changes nothing) */
         if (v4) { /* SPEC §11 (bf16 rows of 512, the last 64 roped): a planar page */
             uint8_t *page = (uint8_t *)j->cache + blk * j->cache_s0;
             uint8_t *data = page + off * 576, *sc = page + j->block_size * 576 + off * 8;
+            widen(kn, dt, 448, x);
             for (int32_t b = 0; b < 7; b++) {
-                float amax = 0.0f;
-                for (int32_t i = 64 * b; i < 64 * b + 64; i++) amax = fmaxf(amax, fabsf(mlaf_load_f32(kn, dt, i)));
-                const int e = mlaf_ue8m0_exponent(amax);
-                const float mul = mlaf_exp2_neg_f32(e);
-                for (int32_t i = 64 * b; i < 64 * b + 64; i++) data[i] = mlaf_f32_to_e4m3(mlaf_load_f32(kn, dt, i) * mul);
+                const int e = mlaf_ue8m0_exponent(k->round_amax(x + 64 * b, 64, dt, y, 0.0f));
+                k->e4m3(y, 64, mlaf_exp2_neg_f32(e), 0, data + 64 * b);
                 sc[b] = mlaf_ue8m0_byte(e);
             }
             sc[7] = 0;
@@ -203,22 +201,23 @@ int blc_cache_write_fp8(const mlaf_kv_cache_job *j, const void *k_nope, const vo
             continue;
         }
         if (!ds) {
-            fp8_row(kn, dt, C, dst, scale, mul);
-            if (R > 0)
-                fp8_row(kp, dt, R, j->kpe ? (uint8_t *)j->kpe + blk * j->kpe_s0 + off * j->kpe_s1 : dst + C,
-                        scale, mul);
+            widen(kn, dt, C, x);
+            k->round_amax(x, C, dt, y, 0.0f);
+            k->e4m3(y, C, scale, div, dst);
+            if (R > 0) {
+                widen(kp, dt, R, x);
+                k->round_amax(x, R, dt, y, 0.0f);
+                k->e4m3(y, R, scale, div, j->kpe ? (uint8_t *)j->kpe + blk * j->kpe_s0 + off * j->kpe_s1 : dst + C);
+            }
             continue;
         }
         /* fp8_ds_mla (bf16 rows): [C e4m3 | C/128 f32 scales | R bf16 rope values] */
+        widen(kn, dt, C, x);
         for (int32_t tile = 0; tile < C / 128; tile++) {
-            float amax = 0.0f;
-            for (int32_t i = 128 * tile; i < 128 * tile + 128; i++)
-                amax = fmaxf(amax, fabsf(mlaf_load_f32(kn, dt, i))); /* NaN ignored */
-            const float s = tile_scale(amax, j->tile_scale);
-            for (int32_t i = 128 * tile; i < 128 * tile + 128; i++)
-                dst[i] = mlaf_f32_to_e4m3(mlaf_load_f32(kn, dt, i) / s);
+            const float s = tile_scale(k->round_amax(x + 128 * tile, 128, dt, y, 0.0f), j->tile_scale); /* NaN ignored */
+            k->e4m3(y, 128, s, 1, dst + 128 * tile);
             const uint32_t sb = mlaf_f32_bits(s);
-            for (int k = 0; k < 4; k++) dst[C + 4 * tile + k] = (uint8_t)(sb >> (8 * k)); /* little-endian */
+            for (int q = 0; q < 4; q++) dst[C + 4 * tile + q] = (uint8_t)(sb >> (8 * q)); /* little-endian */
         }
         if (R > 0) memcpy(dst + C + C / 32, kp, (size_t)R * es);
     }
@@ -464,11 +463,13 @@ int blc_moe_gate_hash(const mlaf_moe_gate_job *j, const bench_moe_scratch *sc, i
 /* 1. LayerNorm of index_k into dense rows [T, 128] (rounded to the latent dtype); 2. RoPE of their
  * first 64 columns (blc_rope_rows with the indexer's style); 3. the Hadamard, when on; 4. the
  * quantize-and-write pass: each row's scale and e4m3 bytes into the block-planar index cache at
- * its slot (tokens t >= n_map and slots outside the cache skipped). index_math.h's arithmetic, so
- * the cache bytes equal the fused op's. */
+ * its slot (tokens t >= n_map and slots outside the cache skipped). index_math.h's arithmetic,
+ * its LayerNorm and quantization by the fused op's own functions (k: its kernels), so the cache
+ * bytes equal the fused op's and the passes are compared, not the conversion code. */
 #include "index_math.h"
 
-int blc_index_k(const mlaf_kv_cache_job *kv, const mlaf_index_job *ix, void *dense, int threads) {
+int blc_index_k(const mlaf_kv_cache_job *kv, const mlaf_index_job *ix, void *dense, int threads,
+                const mlaf_norm_kern *k) {
     const mlaf_dtype dt = kv->norm.dt;
     const int64_t T = kv->norm.T, cap = kv->num_blocks * kv->block_size;
     const int th = team(T, MLAF_IDX_D, threads);
@@ -480,7 +481,7 @@ int blc_index_k(const mlaf_kv_cache_job *kv, const mlaf_index_job *ix, void *den
     for (int64_t t = 0; t < T; t++) {
         float x[MLAF_IDX_D], y[MLAF_IDX_D];
         for (int i = 0; i < MLAF_IDX_D; i++) x[i] = mlaf_load_f32(CROW(ix->k, dt, t, ix->k_stride), dt, i);
-        mlaf_index_layernorm(x, w, b, ix->ln_eps, dt, y);
+        mlaf_cpu_index_layernorm(k, x, w, b, ix->ln_eps, dt, y);
         for (int i = 0; i < MLAF_IDX_D; i++) mlaf_store_f32(ROW(dense, dt, t, MLAF_IDX_D), dt, i, y[i]);
     }
     mlaf_rope_job r = kv->rope;
@@ -508,7 +509,7 @@ int blc_index_k(const mlaf_kv_cache_job *kv, const mlaf_index_job *ix, void *den
         for (int i = 0; i < MLAF_IDX_D; i++) y[i] = mlaf_load_f32(CROW(dense, dt, t, MLAF_IDX_D), dt, i);
         uint8_t *base = ix->cache + (slot / kv->block_size) * ix->block_stride;
         const int64_t off = slot % kv->block_size;
-        const float s = mlaf_index_quantize(y, ix->amax_eps, ix->scale, base + off * MLAF_IDX_D);
+        const float s = mlaf_cpu_index_quantize(k, y, ix->amax_eps, ix->scale, base + off * MLAF_IDX_D);
         mlaf_index_put_f32(base + kv->block_size * MLAF_IDX_D + 4 * off, s);
     }
     return 0;

@@ -15,6 +15,8 @@
 
 #include "internal.h"
 
+struct mlaf_norm_kern; /* src/cpu/norm_kern.h */
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -60,9 +62,11 @@ int blc_cache_write(const mlaf_kv_cache_job *job, const void *k_nope, const void
  * fp8 e4m3(x / scale) or e4m3(x * scale) with job->scale read from backend memory; fp8_ds_mla
  * C e4m3 bytes + C/128 f32 tile scales (job->tile_scale) + R bf16 rope values; fp8_v4 (R = 0, the
  * rope tail inside k_nope) the planar page's data row and scale row. Tokens t >= n_map
- * and slots outside the cache are skipped (not counted). */
+ * and slots outside the cache are skipped (not counted). k: the fused op's CPU kernels
+ * (mlaf_cpu_norm_kern), whose rounding, amax and e4m3 steps the pass uses too, so the
+ * comparison is of the passes, not of the conversion code. */
 int blc_cache_write_fp8(const mlaf_kv_cache_job *job, const void *k_nope, const void *k_pe,
-                        int threads);
+                        int threads, const struct mlaf_norm_kern *k);
 /* rope_q's head_norm as its own pass (SPEC §11): every head of q RMS-normalized without weight
  * (eps job->head_eps), in place, rounded to q's dtype; blc_rope_q then rotates. */
 int blc_head_norm(const mlaf_rope_q_job *job, int threads);
@@ -70,7 +74,8 @@ int blc_head_norm(const mlaf_rope_q_job *job, int threads);
  * into dense [T, 128] rows (latent dtype), RoPE of their first 64 columns, the Hadamard when on,
  * then the quantize-and-write pass into the block-planar index cache (tokens t >= n_map and
  * slots outside the cache skipped). The index cache bytes equal the fused op's. */
-int blc_index_k(const mlaf_kv_cache_job *kv, const mlaf_index_job *ix, void *dense, int threads);
+int blc_index_k(const mlaf_kv_cache_job *kv, const mlaf_index_job *ix, void *dense, int threads,
+                const struct mlaf_norm_kern *k);
 /* gather the rope columns of q into dense [T*H, R], rotate, scatter back. */
 int blc_rope_q(const mlaf_rope_q_job *job, void *gather, int threads);
 /* score -> bias -> group scores -> group mask -> top-k -> gather -> normalize -> scale. */

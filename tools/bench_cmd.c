@@ -35,6 +35,7 @@
 
 #include "bench.h"
 #include "cli.h"
+#include "cpu/norm_writers.h"
 #include "half.h"
 #include "ref/verify.h"
 
@@ -668,11 +669,12 @@ static int call_unfused(void *arg, int set, char *err, size_t cap) {
                                   "unfused indexer key", err, cap))
             return -1;
         if (cpu) {
-            if (o->indexer) r = blc_index_k(&j, &ix, v.ikd_s.data, o->threads);
+            if (o->indexer) r = blc_index_k(&j, &ix, v.ikd_s.data, o->threads, mlaf_cpu_norm_kern(o->ctx));
             if (hasr && !r) r = blc_rope_rows(v.kp_s.data, o->dt, o->T, o->R, &j.rope, o->threads);
             if (!r && o->tail > 0) r = blc_rope_rows(tail_x, o->dt, o->T, o->C, &j.rope, o->threads);
             if (!r) r = o->kv_fmt == MLAF_KV_PLAIN ? blc_cache_write(&j, v.kn_s.data, v.kp_s.data, o->threads)
-                                                   : blc_cache_write_fp8(&j, v.kn_s.data, v.kp_s.data, o->threads);
+                                                   : blc_cache_write_fp8(&j, v.kn_s.data, v.kp_s.data, o->threads,
+                                                                         mlaf_cpu_norm_kern(o->ctx));
         }
 #ifdef MLAF_WITH_CUDA
         else {

@@ -18,8 +18,52 @@
 #include <omp.h>
 #endif
 
-static void load128(const void *x, mlaf_dtype dt, float *f) {
-    for (int i = 0; i < MLAF_IDX_D; i++) f[i] = mlaf_load_f32(x, dt, i);
+/* n values of a row widened to fp32 (a loop per dtype: the compiler vectorizes each) */
+static void widen(const void *x, mlaf_dtype dt, int n, float *f) {
+    if (dt == MLAF_F32) {
+        memcpy(f, x, (size_t)n * sizeof(float));
+    } else if (dt == MLAF_BF16) {
+        const uint16_t *h = (const uint16_t *)x;
+        for (int i = 0; i < n; i++) f[i] = mlaf_bits_f32((uint32_t)h[i] << 16);
+    } else {
+        const uint16_t *h = (const uint16_t *)x;
+        for (int i = 0; i < n; i++) f[i] = mlaf_f16_to_f32(h[i]);
+    }
+}
+
+static void load128(const void *x, mlaf_dtype dt, float *f) { widen(x, dt, MLAF_IDX_D, f); }
+
+/* A row x of dt with its values [0, 64) roped (index_math.h's mlaf_index_rope: the path's rope
+ * kernel computes the same products and rounding) into y, fp32. */
+static void rope_row(const mlaf_norm_kern *k, const void *x, mlaf_dtype dt, mlaf_rope_style style, const float *cs,
+                     float *y) {
+    const size_t es = mlaf_dtype_size(dt);
+    float r[MLAF_INDEX_ROPE_DIM];
+    uint16_t h[MLAF_INDEX_ROPE_DIM];
+    if (dt == MLAF_F32) {
+        k->rope(x, dt, MLAF_INDEX_ROPE_DIM, style, cs, r, MLAF_F32, NULL, MLAF_F32);
+        memcpy(y, r, sizeof r);
+    } else {
+        k->rope(x, dt, MLAF_INDEX_ROPE_DIM, style, cs, h, dt, NULL, dt);
+        widen(h, dt, MLAF_INDEX_ROPE_DIM, y);
+    }
+    widen((const char *)x + MLAF_INDEX_ROPE_DIM * es, dt, MLAF_IDX_D - MLAF_INDEX_ROPE_DIM, y + MLAF_INDEX_ROPE_DIM);
+}
+
+/* index_math.h's mlaf_index_layernorm with the rounding by the path's kernel (same bits) */
+void mlaf_cpu_index_layernorm(const mlaf_norm_kern *k, const float *x, const float *w, const float *b, float eps,
+                              mlaf_dtype dt, float *y) {
+    mlaf_index_layernorm_f32(x, w, b, eps, y);
+    if (dt != MLAF_F32) k->round_amax(y, MLAF_IDX_D, dt, y, 0.0f);
+}
+
+/* index_math.h's mlaf_index_quantize by the path's kernels: e4m3 bytes of y[128] into q, the scale
+ * returned. */
+float mlaf_cpu_index_quantize(const mlaf_norm_kern *k, const float *y, float eps, mlaf_index_scale mode, uint8_t *q) {
+    float c[MLAF_IDX_D];
+    const float s = mlaf_index_scale_of(k->round_amax(y, MLAF_IDX_D, MLAF_F32, c, 0.0f), eps, mode);
+    k->e4m3(y, MLAF_IDX_D, s, 1, q);
+    return s;
 }
 
 /* ---- the key branch (a writer of mla_kv_cache's row loop) -------------------------------- */
@@ -46,20 +90,19 @@ static void index_finish(const mlaf_cpu_writer *w, const mlaf_cpu_row *r) {
     if (!r->ok) return;
     const mlaf_dtype dt = kv->norm.dt;
     const size_t es = mlaf_dtype_size(dt);
-    float x[MLAF_IDX_D], y[MLAF_IDX_D];
+    const mlaf_norm_kern *k = w->k;
+    float x[MLAF_IDX_D], y[MLAF_IDX_D], row[MLAF_IDX_D]; /* row: y in dt (f32 fits all) */
     load128((const char *)ix->k + t * ix->k_stride * (int64_t)es, dt, x);
-    mlaf_index_layernorm(x, st->w, st->b, ix->ln_eps, dt, y);
+    mlaf_cpu_index_layernorm(k, x, st->w, st->b, ix->ln_eps, dt, y);
     const int64_t pos = mlaf_load_index(kv->rope.positions, kv->rope.pos_dt, t); /* valid: r->ok */
-    mlaf_index_rope(y, ix->style, kv->rope.cos_sin + pos * kv->rope.cos_sin_stride, dt);
+    k->convert(y, MLAF_IDX_D, row, dt, 0); /* exact: y is rounded to dt */
+    rope_row(k, row, dt, ix->style, kv->rope.cos_sin + pos * kv->rope.cos_sin_stride, y);
     if (ix->hadamard) mlaf_index_hadamard(y, dt);
-    if (ix->out) {
-        char *o = (char *)ix->out + t * ix->out_stride * (int64_t)es;
-        for (int i = 0; i < MLAF_IDX_D; i++) mlaf_store_f32(o, dt, i, y[i]);
-    }
+    if (ix->out) k->convert(y, MLAF_IDX_D, (char *)ix->out + t * ix->out_stride * (int64_t)es, dt, 0);
     if (r->slot < 0) return;
     const int64_t blk = r->slot / kv->block_size, off = r->slot % kv->block_size;
     uint8_t rec[MLAF_IDX_D];
-    const float s = mlaf_index_quantize(y, ix->amax_eps, ix->scale, rec);
+    const float s = mlaf_cpu_index_quantize(w->k, y, ix->amax_eps, ix->scale, rec);
     for (int32_t c = 0; c < ix->copies; c++) { /* the same bytes to every destination */
         uint8_t *base = ix->cache + c * ix->copy_stride + blk * ix->block_stride;
         memcpy(base + off * MLAF_IDX_D, rec, MLAF_IDX_D);
@@ -93,14 +136,16 @@ static int64_t indexer_q_items(const mlaf_norm_kern *k, const mlaf_indexer_q_job
     const mlaf_rope_job *r = &j->rope;
     const size_t es = mlaf_dtype_size(j->dt), wes = mlaf_dtype_size(j->w_dt);
     int64_t errors = 0;
-    for (int64_t i = i0; i < i1; i++) {
-        const int64_t t = i / HH, h = i % HH;
-        const int64_t pos = mlaf_load_index(r->positions, r->pos_dt, t);
-        if (pos < 0 || pos >= r->max_pos) {
+    const float *cs = NULL;
+    for (int64_t i = i0, t = i0 / HH, h = i0 % HH; i < i1; i++, h = h + 1 < HH ? h + 1 : (t++, 0)) {
+        if (i == i0 || h == 0) { /* the token's position, once per token */
+            const int64_t pos = mlaf_load_index(r->positions, r->pos_dt, t);
+            cs = pos >= 0 && pos < r->max_pos ? r->cos_sin + pos * r->cos_sin_stride : NULL;
+        }
+        if (!cs) {
             errors += h == 0;
             continue;
         }
-        const float *cs = r->cos_sin + pos * r->cos_sin_stride;
         if (h >= j->H) { /* the MLA q_pe: rope_q's rotation on the head's last 64 columns */
             const size_t pes = mlaf_dtype_size(j->pe_dt);
             char *x = (char *)j->q_pe + (t * j->pe_s0 + (h - j->H) * j->pe_s1 + (j->pe_D - MLAF_INDEX_ROPE_DIM)) *
@@ -109,10 +154,9 @@ static int64_t indexer_q_items(const mlaf_norm_kern *k, const mlaf_indexer_q_job
             continue;
         }
         float y[MLAF_IDX_D];
-        load128((const char *)j->q + (t * j->q_s0 + h * j->q_s1) * (int64_t)es, j->dt, y);
-        mlaf_index_rope(y, r->style, cs, j->dt);
+        rope_row(k, (const char *)j->q + (t * j->q_s0 + h * j->q_s1) * (int64_t)es, j->dt, r->style, cs, y);
         if (j->hadamard) mlaf_index_hadamard(y, j->dt);
-        const float s = mlaf_index_quantize(y, j->amax_eps, j->scale, j->q_fp8 + t * j->f_s0 + h * j->f_s1);
+        const float s = mlaf_cpu_index_quantize(k, y, j->amax_eps, j->scale, j->q_fp8 + t * j->f_s0 + h * j->f_s1);
         const float wv = mlaf_load_f32((const char *)j->w + t * j->w_stride * (int64_t)wes, j->w_dt, h);
         const float a = wv * s, b = a * j->w_fold;
         j->w_out[t * j->wo_stride + h] = b * j->h_fold;

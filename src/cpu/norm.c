@@ -35,6 +35,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "../fp8.h"
 #include "../half.h"
 #include "cpu.h"
 #include "norm_kern.h"
@@ -162,8 +163,27 @@ static void convert_scalar(const float *v, int64_t n, void *out, mlaf_dtype odt,
     for (int64_t i0 = 0; i0 < n; i0 += BLK) store_block(out, odt, i0, n - i0 < BLK ? (int)(n - i0) : BLK, v + i0);
 }
 
+static float round_amax_scalar(const float *v, int64_t n, mlaf_dtype dt, float *x, float m) {
+    for (int64_t i = 0; i < n; i++) {
+        x[i] = dt == MLAF_BF16  ? mlaf_bf16_to_f32(mlaf_f32_to_bf16(v[i]))
+               : dt == MLAF_F16 ? mlaf_f16_to_f32(mlaf_f32_to_f16(v[i]))
+                                : v[i];
+        const float a = fabsf(x[i]);
+        m = a > m ? a : m; /* NaN: the comparison is false */
+    }
+    return m;
+}
+
+static void e4m3_scalar(const float *x, int64_t n, float s, int div, uint8_t *out) {
+    if (div && mlaf_pow2_recip(s, &s)) div = 0;
+    if (div)
+        for (int64_t i = 0; i < n; i++) out[i] = mlaf_f32_to_e4m3(x[i] / s);
+    else
+        for (int64_t i = 0; i < n; i++) out[i] = mlaf_f32_to_e4m3(x[i] * s);
+}
+
 const mlaf_norm_kern mlaf_norm_kern_scalar = {sumsq_scalar, scale_scalar, rope_scalar, fence_scalar,
-                                              copy_scalar, convert_scalar};
+                                              copy_scalar, convert_scalar, round_amax_scalar, e4m3_scalar};
 
 /* ---- dispatch and helpers -------------------------------------------------------------- */
 

@@ -12,8 +12,10 @@
  *    the portable code.
  */
 #include <immintrin.h>
+#include <math.h>
 #include <string.h>
 
+#include "../fp8.h"
 #include "../half.h"
 #include "norm_kern.h"
 
@@ -151,4 +153,68 @@ static void convert_avx2(const float *v, int64_t n, void *out, mlaf_dtype odt, i
     for (; i < n; i++) mlaf_store_f32(out, odt, i, v[i]);
 }
 
-const mlaf_norm_kern mlaf_norm_kern_avx2 = {sumsq_avx2, scale_avx2, rope_avx2, fence_avx2, copy_avx2, convert_avx2};
+/* ---- fp8 writers' steps (norm_avx512.c says how; leftovers through fp8.h / half.h) ----------- */
+
+static inline __m256 round_to(__m256 v, mlaf_dtype dt) {
+    if (dt == MLAF_F16) return _mm256_cvtph_ps(_mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+    const __m256i u = _mm256_castps_si256(v), hi = _mm256_srli_epi32(u, 16);
+    __m256i r = _mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), _mm256_and_si256(hi, _mm256_set1_epi32(1))));
+    r = _mm256_and_si256(r, _mm256_set1_epi32((int)0xffff0000u));
+    const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+    r = _mm256_blendv_epi8(r, _mm256_slli_epi32(_mm256_or_si256(hi, _mm256_set1_epi32(0x40)), 16), nan);
+    return _mm256_castsi256_ps(r);
+}
+
+static float round_amax_avx2(const float *v, int64_t n, mlaf_dtype dt, float *x, float m) {
+    __m256 acc = _mm256_setzero_ps();
+    const __m256 abs = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 y = _mm256_loadu_ps(v + i);
+        if (dt != MLAF_F32) y = round_to(y, dt);
+        _mm256_storeu_ps(x + i, y);
+        acc = _mm256_max_ps(_mm256_and_ps(y, abs), acc); /* a NaN lane keeps acc's (second operand) */
+    }
+    float l[8];
+    _mm256_storeu_ps(l, acc);
+    for (int k = 0; k < 8; k++) m = l[k] > m ? l[k] : m;
+    for (; i < n; i++) {
+        x[i] = dt == MLAF_BF16 ? mlaf_bf16_to_f32(mlaf_f32_to_bf16(v[i]))
+               : dt == MLAF_F16 ? mlaf_f16_to_f32(mlaf_f32_to_f16(v[i]))
+                                : v[i];
+        const float a = fabsf(x[i]);
+        m = a > m ? a : m;
+    }
+    return m;
+}
+
+static inline __m128i e4m3x8(__m256 y) { /* 8 codes in the low 8 bytes */
+    const __m256i u = _mm256_castps_si256(y), a = _mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff));
+    const __m256i sign = _mm256_and_si256(_mm256_srli_epi32(u, 24), _mm256_set1_epi32(0x80));
+    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(a, 20), _mm256_set1_epi32(1));
+    const __m256i rn = _mm256_add_epi32(a, _mm256_add_epi32(_mm256_set1_epi32(0x7ffff), lsb));
+    const __m256i cn = _mm256_sub_epi32(_mm256_srli_epi32(rn, 20), _mm256_set1_epi32(960));
+    const __m256 sub = _mm256_round_ps(_mm256_mul_ps(_mm256_castsi256_ps(a), _mm256_set1_ps(512.0f)),
+                                       _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m256i cs = _mm256_cvttps_epi32(sub);
+    __m256i c = _mm256_blendv_epi8(cs, cn, _mm256_cmpgt_epi32(a, _mm256_set1_epi32(0x3c7fffff)));
+    c = _mm256_blendv_epi8(c, _mm256_set1_epi32(0x7e), _mm256_cmpgt_epi32(a, _mm256_set1_epi32(0x43e7ffff)));
+    c = _mm256_or_si256(c, sign);
+    c = _mm256_blendv_epi8(c, _mm256_set1_epi32(0x7f), _mm256_cmpgt_epi32(a, _mm256_set1_epi32(0x7f800000)));
+    const __m128i w = _mm_packus_epi32(_mm256_castsi256_si128(c), _mm256_extracti128_si256(c, 1));
+    return _mm_packus_epi16(w, w);
+}
+
+static void e4m3_avx2(const float *x, int64_t n, float s, int div, uint8_t *out) {
+    if (div && mlaf_pow2_recip(s, &s)) div = 0; /* the same bits, without the divisions */
+    const __m256 sv = _mm256_set1_ps(s);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 v = _mm256_loadu_ps(x + i);
+        _mm_storel_epi64((__m128i *)(out + i), e4m3x8(div ? _mm256_div_ps(v, sv) : _mm256_mul_ps(v, sv)));
+    }
+    for (; i < n; i++) out[i] = mlaf_f32_to_e4m3(div ? x[i] / s : x[i] * s);
+}
+
+const mlaf_norm_kern mlaf_norm_kern_avx2 = {sumsq_avx2, scale_avx2, rope_avx2, fence_avx2, copy_avx2, convert_avx2,
+                                            round_amax_avx2, e4m3_avx2};

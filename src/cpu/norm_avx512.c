@@ -21,6 +21,7 @@
 #include <immintrin.h>
 #include <string.h>
 
+#include "../fp8.h"
 #include "norm_kern.h"
 
 /* Functions that may use AVX512_BF16 instructions (the build enables F/BW/VL/DQ only). */
@@ -365,10 +366,96 @@ static BF16_TARGET void convert_avx512_bf16(const float *v, int64_t n, void *out
     else convert_body(v, n, out, MLAF_BF16, 0, 1);
 }
 
+/* ---- fp8 writers' steps ------------------------------------------------------------------ */
+
+/* v rounded to dt and widened back: bf16 by the integer rounding (NaNs kept quiet, as half.h),
+ * f16 through vcvtps2ph in round-to-nearest-even mode. */
+AI __m512 round_to(__m512 v, mlaf_dtype dt) {
+    if (dt == MLAF_F16) return _mm512_cvtph_ps(_mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    const __m512i u = _mm512_castps_si512(v), hi = _mm512_srli_epi32(u, 16);
+    __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), _mm512_and_si512(hi, _mm512_set1_epi32(1))));
+    r = _mm512_and_si512(r, _mm512_set1_epi32((int)0xffff0000u));
+    const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    r = _mm512_mask_mov_epi32(r, nan, _mm512_slli_epi32(_mm512_or_si512(hi, _mm512_set1_epi32(0x40)), 16));
+    return _mm512_castsi512_ps(r);
+}
+
+AI float round_amax_body(const float *v, int64_t n, mlaf_dtype dt, float *x, float m) {
+    __m512 acc = _mm512_setzero_ps(), acc2 = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) { /* a NaN lane keeps acc's value (max's second operand) */
+        __m512 y = _mm512_loadu_ps(v + i), z = _mm512_loadu_ps(v + i + 16);
+        if (dt != MLAF_F32) y = round_to(y, dt), z = round_to(z, dt);
+        _mm512_storeu_ps(x + i, y);
+        _mm512_storeu_ps(x + i + 16, z);
+        acc = _mm512_max_ps(_mm512_abs_ps(y), acc);
+        acc2 = _mm512_max_ps(_mm512_abs_ps(z), acc2);
+    }
+    acc = _mm512_max_ps(acc, acc2);
+    for (; i < n; i += 16) {
+        const __mmask16 k = tail_mask(n - i < 16 ? n - i : 16);
+        __m512 y = _mm512_maskz_loadu_ps(k, v + i);
+        if (dt != MLAF_F32) y = round_to(y, dt);
+        _mm512_mask_storeu_ps(x + i, k, y);
+        acc = _mm512_max_ps(_mm512_abs_ps(y), acc);
+    }
+    const float r = _mm512_reduce_max_ps(acc);
+    return r > m ? r : m;
+}
+
+static float round_amax_avx512(const float *v, int64_t n, mlaf_dtype dt, float *x, float m) {
+    switch (dt) {
+    case MLAF_F32: return round_amax_body(v, n, MLAF_F32, x, m);
+    case MLAF_F16: return round_amax_body(v, n, MLAF_F16, x, m);
+    default: return round_amax_body(v, n, MLAF_BF16, x, m);
+    }
+}
+
+/* 16 e4m3 codes of y (fp8.h's mlaf_f32_to_e4m3) as 32-bit lanes: normal codes (|y| >= 2^-6) by
+ * rounding the f32 bits to 3 fraction bits, subnormal ones as |y| * 2^9 rounded to an integer
+ * (an exact product); codes rise with |y|, so one minimum saturates |y| >= 464 and inf to 0x7E;
+ * NaN gives 0x7F. */
+AI __m512i e4m3x16(__m512 y) {
+    const __m512i u = _mm512_castps_si512(y), a = _mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff));
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(a, 20), _mm512_set1_epi32(1));
+    const __m512i rn = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(a, _mm512_set1_epi32(0x7ffff)), lsb), 20);
+    __m512i c = _mm512_cvt_roundps_epi32(_mm512_mul_ps(_mm512_castsi512_ps(a), _mm512_set1_ps(512.0f)),
+                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    c = _mm512_mask_sub_epi32(c, _mm512_cmpge_epi32_mask(a, _mm512_set1_epi32(0x3c800000)), rn,
+                              _mm512_set1_epi32(960)); /* (127 - 7) << 3 */
+    c = _mm512_min_epi32(c, _mm512_set1_epi32(0x7e));
+    c = _mm512_ternarylogic_epi32(c, _mm512_srli_epi32(u, 24), _mm512_set1_epi32(0x80), 0xf8); /* c | (sign & 0x80) */
+    return _mm512_mask_mov_epi32(c, _mm512_cmpgt_epi32_mask(a, _mm512_set1_epi32(0x7f800000)), _mm512_set1_epi32(0x7f));
+}
+
+AI __m512 quot(__m512 v, __m512 s, int div) { return div ? _mm512_div_ps(v, s) : _mm512_mul_ps(v, s); }
+
+static void e4m3_avx512(const float *x, int64_t n, float s, int div, uint8_t *out) {
+    if (div && mlaf_pow2_recip(s, &s)) div = 0; /* the same bits, without the divisions */
+    const __m512 sv = _mm512_set1_ps(s);
+    int64_t i = 0;
+    /* 64 values: two saturating packs give each 128-bit lane four codes of every vector, one
+     * dword permutation puts them in order (codes are 0 .. 255: the packs are exact) */
+    const __m512i order = _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0);
+    for (; i + 64 <= n; i += 64) {
+        const __m512i c0 = e4m3x16(quot(_mm512_loadu_ps(x + i), sv, div));
+        const __m512i c1 = e4m3x16(quot(_mm512_loadu_ps(x + i + 16), sv, div));
+        const __m512i c2 = e4m3x16(quot(_mm512_loadu_ps(x + i + 32), sv, div));
+        const __m512i c3 = e4m3x16(quot(_mm512_loadu_ps(x + i + 48), sv, div));
+        const __m512i b = _mm512_packus_epi16(_mm512_packus_epi32(c0, c1), _mm512_packus_epi32(c2, c3));
+        _mm512_storeu_si512(out + i, _mm512_permutexvar_epi32(order, b));
+    }
+    for (; i < n; i += 16) {
+        const __mmask16 k = tail_mask(n - i < 16 ? n - i : 16);
+        _mm_mask_storeu_epi8(out + i, k, _mm512_cvtepi32_epi8(e4m3x16(quot(_mm512_maskz_loadu_ps(k, x + i), sv, div))));
+    }
+}
+
 const mlaf_norm_kern mlaf_norm_kern_avx512 = {sumsq_avx512, scale_avx512, rope_avx512, fence_avx512,
-                                              copy_avx512, convert_avx512};
+                                              copy_avx512, convert_avx512, round_amax_avx512, e4m3_avx512};
 const mlaf_norm_kern mlaf_norm_kern_avx512_bf16 = {sumsq_avx512, scale_avx512_bf16, rope_avx512,
-                                                   fence_avx512, copy_avx512, convert_avx512_bf16};
+                                                   fence_avx512, copy_avx512, convert_avx512_bf16,
+                                                   round_amax_avx512, e4m3_avx512};
 
 int mlaf_norm_avx512_bf16_supported(void) {
     __builtin_cpu_init();

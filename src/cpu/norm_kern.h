@@ -23,6 +23,12 @@
  *   add / subtract (never fused), so every path gives the same bits. Both values of a pair
  *   are read before either is written (in place allowed). Either output may be NULL.
  * - Conversions to f16 / bf16 round to nearest even, bit-identical to src/half.h.
+ * - round_amax stores v[0, n) rounded to dtype dt (f32: unchanged) as fp32 into x (x == v
+ *   allowed), and returns the larger of m (>= 0) and their NaN-ignoring max |x| (the fp8
+ *   writers' first step).
+ * - e4m3 stores n bytes, e4m3(x[i] / s) when div, else e4m3(x[i] * s): one IEEE division or
+ *   product, then fp8.h's conversion (round to nearest even, satfinite), the same bits on every
+ *   path.
  */
 #ifndef MLAF_NORM_KERN_H
 #define MLAF_NORM_KERN_H
@@ -38,6 +44,8 @@ typedef struct mlaf_norm_kern {
     void (*fence)(void); /* orders non-temporal stores before the op returns */
     void (*copy)(const void *x, size_t bytes, void *out, int stream);
     void (*convert)(const float *v, int64_t n, void *out, mlaf_dtype odt, int stream);
+    float (*round_amax)(const float *v, int64_t n, mlaf_dtype dt, float *x, float m);
+    void (*e4m3)(const float *x, int64_t n, float s, int div, uint8_t *out);
 } mlaf_norm_kern;
 
 extern const mlaf_norm_kern mlaf_norm_kern_scalar;

@@ -52,27 +52,17 @@ mlaf_cpu_writer mlaf_cpu_writer_paged(const mlaf_norm_kern *k, const mlaf_kv_cac
 
 /* ---- fp8 formats ----------------------------------------------------------------------- */
 
-/* v[0, n) rounded to the latent dtype dt (the dense output's values) into x. */
-static void rounded(const float *v, int64_t n, mlaf_dtype dt, float *x) {
-    if (dt == MLAF_BF16) {
-        for (int64_t i = 0; i < n; i++) x[i] = mlaf_bf16_to_f32(mlaf_f32_to_bf16(v[i]));
-    } else if (dt == MLAF_F16) {
-        for (int64_t i = 0; i < n; i++) x[i] = mlaf_f16_to_f32(mlaf_f32_to_f16(v[i]));
-    } else {
-        memcpy(x, v, (size_t)n * sizeof(float));
-    }
-}
-
-/* The NaN-ignoring max of |x[0, n)|, from m. */
-static float amax_of(const float *x, int64_t n, float m) {
-    for (int64_t i = 0; i < n; i++) {
-        const float a = fabsf(x[i]);
-        m = a > m ? a : m;
-    }
-    return m;
-}
-
 #define PIECE 256 /* values per pass of the fp8 writers' loops (on the stack) */
+
+/* n values as little-endian bf16 at any byte address (the records' rope values) */
+static void bf16_bytes(const mlaf_norm_kern *k, const float *v, int64_t n, uint8_t *out) {
+    uint16_t h[PIECE];
+    for (int64_t p0 = 0; p0 < n; p0 += PIECE) {
+        const int64_t m = n - p0 < PIECE ? n - p0 : PIECE;
+        k->convert(v + p0, m, h, MLAF_BF16, 0);
+        memcpy(out + 2 * p0, h, (size_t)m * 2);
+    }
+}
 
 /* *m = max(*m, a) for a >= 0, across threads: non-negative floats order as their bits. */
 static void atomic_max_nonneg(float *m, float a) {
@@ -93,12 +83,8 @@ static void fp8_put(const mlaf_cpu_writer *w, const mlaf_cpu_row *r, mlaf_row_pa
     float x[PIECE], amax = 0.0f;
     for (int64_t p0 = 0; p0 < n; p0 += PIECE) {
         const int64_t m = n - p0 < PIECE ? n - p0 : PIECE;
-        rounded(v + p0, m, kv->norm.dt, x);
-        amax = amax_of(x, m, amax);
-        if (kv->conv == MLAF_FP8_DIV)
-            for (int64_t i = 0; i < m; i++) out[p0 + i] = mlaf_f32_to_e4m3(x[i] / s);
-        else
-            for (int64_t i = 0; i < m; i++) out[p0 + i] = mlaf_f32_to_e4m3(x[i] * s);
+        amax = w->k->round_amax(v + p0, m, kv->norm.dt, x, amax);
+        w->k->e4m3(x, m, s, kv->conv == MLAF_FP8_DIV, out + p0);
     }
     if (kv->amax_out) atomic_max_nonneg(kv->amax_out, amax);
 }
@@ -116,19 +102,13 @@ static void ds_mla_put(const mlaf_cpu_writer *w, const mlaf_cpu_row *r, mlaf_row
     const int64_t C = kv->norm.C;
     uint8_t *rec = (uint8_t *)kv->cache + slot_row(kv, r->slot, 0);
     if (part == MLAF_PART_PE) {
-        uint8_t *pe = rec + C + C / 32 + 2 * i0;
-        for (int64_t i = 0; i < n; i++) {
-            const uint16_t b = mlaf_f32_to_bf16(v[i]);
-            pe[2 * i] = (uint8_t)b, pe[2 * i + 1] = (uint8_t)(b >> 8);
-        }
+        bf16_bytes(w->k, v, n, rec + C + C / 32 + 2 * i0);
         return;
     }
     for (int64_t t0 = 0; t0 < n; t0 += 128) {
         float x[128];
-        rounded(v + t0, 128, MLAF_BF16, x);
-        const float s = mlaf_tile_scale_of(amax_of(x, 128, 0.0f), (int)kv->tile_scale);
-        uint8_t *q = rec + i0 + t0;
-        for (int i = 0; i < 128; i++) q[i] = mlaf_f32_to_e4m3(x[i] / s);
+        const float s = mlaf_tile_scale_of(w->k->round_amax(v + t0, 128, MLAF_BF16, x, 0.0f), (int)kv->tile_scale);
+        w->k->e4m3(x, 128, s, 1, rec + i0 + t0);
         const uint32_t sb = mlaf_f32_bits(s);
         uint8_t *sp = rec + C + 4 * ((i0 + t0) / 128);
         sp[0] = (uint8_t)sb, sp[1] = (uint8_t)(sb >> 8), sp[2] = (uint8_t)(sb >> 16), sp[3] = (uint8_t)(sb >> 24);
@@ -154,18 +134,12 @@ static void v4_put(const mlaf_cpu_writer *w, const mlaf_cpu_row *r, mlaf_row_par
     for (int64_t q0 = 0; q0 < n; q0 += 64) {
         const int64_t i = i0 + q0;
         if (i >= 448) { /* the roped tail, as bf16 */
-            const int64_t m = n - q0;
-            for (int64_t k = 0; k < m; k++) {
-                const uint16_t h = mlaf_f32_to_bf16(v[q0 + k]);
-                data[2 * (i + k) - 448] = (uint8_t)h, data[2 * (i + k) - 447] = (uint8_t)(h >> 8);
-            }
+            bf16_bytes(w->k, v + q0, n - q0, data + 2 * i - 448);
             break;
         }
         float x[64];
-        rounded(v + q0, 64, MLAF_BF16, x);
-        const int e = mlaf_ue8m0_exponent(amax_of(x, 64, 0.0f));
-        const float mul = mlaf_exp2_neg_f32(e);
-        for (int k = 0; k < 64; k++) data[i + k] = mlaf_f32_to_e4m3(x[k] * mul);
+        const int e = mlaf_ue8m0_exponent(w->k->round_amax(v + q0, 64, MLAF_BF16, x, 0.0f));
+        w->k->e4m3(x, 64, mlaf_exp2_neg_f32(e), 0, data + i);
         scales[i / 64] = mlaf_ue8m0_byte(e);
         if (i / 64 == 6) scales[7] = 0;
     }

@@ -59,6 +59,13 @@ mlaf_cpu_writer mlaf_cpu_writer_v4(const mlaf_norm_kern *k, const mlaf_kv_cache_
 /* The cache writer of the job's format (one of the four above). */
 mlaf_cpu_writer mlaf_cpu_writer_cache(const mlaf_norm_kern *k, const mlaf_kv_cache_job *job);
 
+/* The DSA indexer's LayerNorm of a key row (y rounded to dt) and its quantization (e4m3 bytes of
+ * y[128] into q, the scale returned): index_math.h's arithmetic with the rounding, amax and e4m3
+ * steps of the kernels k (the same bits). indexer.c; the bench's unfused chain calls them too. */
+void mlaf_cpu_index_layernorm(const mlaf_norm_kern *k, const float *x, const float *w, const float *b, float eps,
+                              mlaf_dtype dt, float *y);
+float mlaf_cpu_index_quantize(const mlaf_norm_kern *k, const float *y, float eps, mlaf_index_scale mode, uint8_t *q);
+
 /* Each row's two rstd values as f32 out[2 t], out[2 t + 1] (q, kv): a diagnostic writer, for tests. */
 mlaf_cpu_writer mlaf_cpu_writer_rstd(const mlaf_norm_kern *k, float *out);
 
