@@ -224,23 +224,27 @@ int blc_cache_write_fp8(const mlaf_kv_cache_job *j, const void *k_nope, const vo
     return 0;
 }
 
-int blc_head_norm(const mlaf_rope_q_job *j, int threads) {
+int blc_head_norm(const mlaf_rope_q_job *j, int threads, const mlaf_norm_kern *k) {
     const mlaf_dtype dt = j->dt;
     const int64_t rows = j->T * j->H;
     const int32_t D = j->D;
+    const size_t es = mlaf_dtype_size(dt);
     threads = team(rows, D, threads);
 #ifdef _OPENMP
-#pragma omp parallel for num_threads(threads) schedule(static)
+#pragma omp parallel num_threads(threads)
 #endif
-    for (int64_t r = 0; r < rows; r++) {
-        char *x = (char *)j->q + (size_t)((r / j->H) * j->s0 + (r % j->H) * j->s1) * mlaf_dtype_size(dt);
-        float ss = 0.0f;
-        for (int32_t i = 0; i < D; i++) {
-            const float v = mlaf_load_f32(x, dt, i);
-            ss += v * v;
+    {
+        float ones[512];
+        for (int i = 0; i < 512; i++) ones[i] = 1.0f;
+#ifdef _OPENMP
+#pragma omp for schedule(static)
+#endif
+        for (int64_t r = 0; r < rows; r++) {
+            char *x = (char *)j->q + (size_t)((r / j->H) * j->s0 + (r % j->H) * j->s1) * es;
+            const float rstd = 1.0f / sqrtf(k->sumsq(x, dt, D) / (float)D + j->head_eps);
+            for (int32_t b0 = 0; b0 < D; b0 += 512) /* x * rstd: (x * rstd) * 1 */
+                k->scale(x + b0 * es, dt, D - b0 < 512 ? D - b0 : 512, rstd, ones, x + b0 * es, dt, NULL, dt, 0, NULL);
         }
-        const float rstd = 1.0f / sqrtf(ss / (float)D + j->head_eps);
-        for (int32_t i = 0; i < D; i++) mlaf_store_f32(x, dt, i, mlaf_load_f32(x, dt, i) * rstd);
     }
     return 0;
 }

@@ -68,8 +68,9 @@ int blc_cache_write(const mlaf_kv_cache_job *job, const void *k_nope, const void
 int blc_cache_write_fp8(const mlaf_kv_cache_job *job, const void *k_nope, const void *k_pe,
                         int threads, const struct mlaf_norm_kern *k);
 /* rope_q's head_norm as its own pass (SPEC §11): every head of q RMS-normalized without weight
- * (eps job->head_eps), in place, rounded to q's dtype; blc_rope_q then rotates. */
-int blc_head_norm(const mlaf_rope_q_job *job, int threads);
+ * (eps job->head_eps), in place, rounded to q's dtype, by the fused op's sumsq and scale kernels
+ * (k); blc_rope_q then rotates. */
+int blc_head_norm(const mlaf_rope_q_job *job, int threads, const struct mlaf_norm_kern *k);
 /* The DSA indexer key chain (SPEC §10) as engines' unfused pipelines run it: LayerNorm of index_k
  * into dense [T, 128] rows (latent dtype), RoPE of their first 64 columns, the Hadamard when on,
  * then the quantize-and-write pass into the block-planar index cache (tokens t >= n_map and

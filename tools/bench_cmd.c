@@ -695,7 +695,7 @@ static int call_unfused(void *arg, int set, char *err, size_t cap) {
             return -1;
         if (j.T == 0) return 0;
         if (cpu) {
-            if (j.head_norm) r = blc_head_norm(&j, o->threads);
+            if (j.head_norm) r = blc_head_norm(&j, o->threads, mlaf_cpu_norm_kern(o->ctx));
             if (!r) r = blc_rope_q(&j, P(o, S_GATHER, set), o->threads);
         }
 #ifdef MLAF_WITH_CUDA

@@ -417,6 +417,8 @@ mlaf_status mlaf_cpu_mla_kv_cache(mlaf_context *ctx, const mlaf_kv_cache_job *jo
 
 /* ---- rope_q ---------------------------------------------------------------------------- */
 
+#define ONES 512 /* values per scale call of the head_norm form's nope part */
+
 #ifndef ROPE_Q_PREFETCH_HEADS
 #define ROPE_Q_PREFETCH_HEADS 40
 #endif
@@ -461,6 +463,8 @@ static int64_t rope_q_heads_full(const mlaf_norm_kern *k, const mlaf_rope_q_job 
     const size_t es = mlaf_dtype_size(j->dt);
     const mlaf_rope_job *r = &j->rope;
     const int32_t D = j->D, R = r->R, h2 = R / 2;
+    float ones[ONES]; /* the scale kernel's weights for the nope part */
+    for (int q = 0; q < ONES; q++) ones[q] = 1.0f;
     int64_t errors = 0;
     for (int64_t i = i0; i < i1; i++) {
         const int64_t t = i / j->Hpad, h = i % j->Hpad;
@@ -478,24 +482,37 @@ static int64_t rope_q_heads_full(const mlaf_norm_kern *k, const mlaf_rope_q_job 
         const char *x = (const char *)j->q + (t * j->s0 + h * j->s1) * (int64_t)es;
         const float rstd = j->head_norm ? rstd_of(k->sumsq(x, j->dt, D), D, j->head_eps) : 1.0f;
         const float *cs = r->cos_sin + pos * r->cos_sin_stride;
-        float f[BLK];
-        /* the rope part first: out may be x, and the nope part never touches these values */
-        for (int32_t p = 0; p < h2; p++) {
-            const int64_t a = D - R + (r->style == MLAF_ROPE_NEOX ? p : 2 * (int64_t)p);
-            const int64_t b = r->style == MLAF_ROPE_NEOX ? a + h2 : a + 1;
-            float x0 = mlaf_load_f32(x, j->dt, a), x1 = mlaf_load_f32(x, j->dt, b);
-            if (j->head_norm) x0 = x0 * rstd, x1 = x1 * rstd;
-            const float c = cs[p], s = cs[h2 + p];
-            const float p0 = x0 * c, p1 = x1 * s, p2 = x1 * c, p3 = x0 * s;
-            mlaf_store_f32(out, j->dt, a, p0 - p1);
-            mlaf_store_f32(out, j->dt, b, p2 + p3);
-        }
-        for (int64_t b0 = 0; b0 < D - R; b0 += BLK) {
-            const int m = D - R - b0 < BLK ? (int)(D - R - b0) : BLK;
-            load_block(x, j->dt, b0, m, f);
+        /* the rope part first: out may be x, and the nope part never touches these values. Its
+         * normalized values in fp32, rotated from those unrounded inputs by the path's kernel (or,
+         * past PE_MAX values, the portable rotation: the same bits), rounded once at the store. */
+        char *po = out + (D - R) * (int64_t)es;
+        if (R <= PE_MAX) {
+            float f[PE_MAX];
+            load_block(x, j->dt, D - R, R, f);
             if (j->head_norm)
-                for (int q = 0; q < m; q++) f[q] = f[q] * rstd;
-            store_block(out, j->dt, b0, m, f);
+                for (int32_t q = 0; q < R; q++) f[q] = f[q] * rstd;
+            k->rope(f, MLAF_F32, R, r->style, cs, po, j->dt, NULL, j->dt);
+        } else {
+            for (int32_t p = 0; p < h2; p++) {
+                const int64_t a = D - R + (r->style == MLAF_ROPE_NEOX ? p : 2 * (int64_t)p);
+                const int64_t b = r->style == MLAF_ROPE_NEOX ? a + h2 : a + 1;
+                float x0 = mlaf_load_f32(x, j->dt, a), x1 = mlaf_load_f32(x, j->dt, b);
+                if (j->head_norm) x0 = x0 * rstd, x1 = x1 * rstd;
+                const float c = cs[p], s = cs[h2 + p];
+                const float p0 = x0 * c, p1 = x1 * s, p2 = x1 * c, p3 = x0 * s;
+                mlaf_store_f32(out, j->dt, a, p0 - p1);
+                mlaf_store_f32(out, j->dt, b, p2 + p3);
+            }
+        }
+        /* the nope part: (x * rstd) * 1 is x * rstd exactly, so the scale kernel computes it */
+        if (j->head_norm) {
+            for (int64_t b0 = 0; b0 < D - R; b0 += ONES) {
+                const int64_t m = D - R - b0 < ONES ? D - R - b0 : ONES;
+                k->scale(x + b0 * (int64_t)es, j->dt, m, rstd, ones, out + b0 * (int64_t)es, j->dt, NULL, j->dt, 0,
+                         NULL);
+            }
+        } else if (out != x) {
+            k->copy(x, (size_t)(D - R) * es, out, 0);
         }
     }
     return errors;
