@@ -401,10 +401,42 @@ static int hash_token(const mlaf_moe_gate_job *job, int64_t t, gate_scratch *sc)
     return bad;
 }
 
+/* Token t's table row, or NULL for a token id outside the table. */
+static const char *hash_row(const mlaf_moe_gate_job *job, int64_t t) {
+    const int64_t tok = job->token_ids_dt == MLAF_I32 ? (int64_t)((const int32_t *)job->token_ids)[t]
+                                                      : ((const int64_t *)job->token_ids)[t];
+    if (tok < 0 || tok >= job->vocab) return NULL;
+    return (const char *)job->tid2eid + (size_t)(tok * job->tid2eid_stride) * mlaf_dtype_size(job->tid2eid_dt);
+}
+
+/* A token's chain is three dependent reads (its id, its table row, the chosen logits), each
+ * likely a miss: tokens HASH_AHEAD_ROW ahead get their table row prefetched, tokens
+ * HASH_AHEAD_LOGITS ahead (whose row has arrived by then) the lines of their chosen logits. */
+#define HASH_AHEAD_ROW 16
+#define HASH_AHEAD_LOGITS 8
+
 static int64_t hash_rows(const mlaf_moe_gate_job *job, int64_t t0, int64_t t1) {
     gate_scratch sc;
     int64_t bad = 0;
-    for (int64_t t = t0; t < t1; t++) bad += hash_token(job, t, &sc);
+    const int full = job->score_func == MLAF_SCORE_SOFTMAX || job->scores;
+    const size_t lsz = mlaf_dtype_size(job->logits_dt);
+    for (int64_t t = t0; t < t1; t++) {
+        if (t + HASH_AHEAD_ROW < t1) {
+            const char *r = hash_row(job, t + HASH_AHEAD_ROW);
+            if (r) __builtin_prefetch(r, 0, 3);
+        }
+        const int64_t ta = t + HASH_AHEAD_LOGITS;
+        const char *r = !full && ta < t1 ? hash_row(job, ta) : NULL;
+        if (r) {
+            const char *row = (const char *)job->logits + (size_t)(ta * job->logits_stride) * lsz;
+            for (int32_t j = 0; j < job->top_k; j++) {
+                const int64_t e = job->tid2eid_dt == MLAF_I32 ? (int64_t)((const int32_t *)r)[j]
+                                                              : ((const int64_t *)r)[j];
+                if (e >= 0 && e < job->E) __builtin_prefetch(row + (size_t)e * lsz, 0, 3);
+            }
+        }
+        bad += hash_token(job, t, &sc);
+    }
     return bad;
 }
 
