@@ -186,14 +186,15 @@ int blc_cache_write_fp8(const mlaf_kv_cache_job *j, const void *k_nope, const vo
         /* cache dtypes u8 / fp8_e4m3: strides in elements are strides in bytes */
         uint8_t *dst = (uint8_t *)j->cache + blk * j->cache_s0 + off * j->cache_s1;
         const char *kn = CROW(k_nope, dt, t, C), *kp = CROW(k_pe, dt, t, R);
-        float x[4096], y[4096]; /* the row as stored, in fp32 (rounding it again changes nothing) */
+        float x[4096], y[4096]; /* x: the row as stored, in fp32; y: round_amax's copy (rounding a
+                                 * stored row again changes nothing: only its amax is used) */
         if (v4) { /* SPEC §11 (bf16 rows of 512, the last 64 roped): a planar page */
             uint8_t *page = (uint8_t *)j->cache + blk * j->cache_s0;
             uint8_t *data = page + off * 576, *sc = page + j->block_size * 576 + off * 8;
             widen(kn, dt, 448, x);
             for (int32_t b = 0; b < 7; b++) {
                 const int e = mlaf_ue8m0_exponent(k->round_amax(x + 64 * b, 64, dt, y, 0.0f));
-                k->e4m3(y, 64, mlaf_exp2_neg_f32(e), 0, data + 64 * b);
+                k->e4m3(x + 64 * b, 64, mlaf_exp2_neg_f32(e), 0, data + 64 * b);
                 sc[b] = mlaf_ue8m0_byte(e);
             }
             sc[7] = 0;
@@ -202,12 +203,10 @@ int blc_cache_write_fp8(const mlaf_kv_cache_job *j, const void *k_nope, const vo
         }
         if (!ds) {
             widen(kn, dt, C, x);
-            k->round_amax(x, C, dt, y, 0.0f);
-            k->e4m3(y, C, scale, div, dst);
+            k->e4m3(x, C, scale, div, dst);
             if (R > 0) {
                 widen(kp, dt, R, x);
-                k->round_amax(x, R, dt, y, 0.0f);
-                k->e4m3(y, R, scale, div, j->kpe ? (uint8_t *)j->kpe + blk * j->kpe_s0 + off * j->kpe_s1 : dst + C);
+                k->e4m3(x, R, scale, div, j->kpe ? (uint8_t *)j->kpe + blk * j->kpe_s0 + off * j->kpe_s1 : dst + C);
             }
             continue;
         }
@@ -215,7 +214,7 @@ int blc_cache_write_fp8(const mlaf_kv_cache_job *j, const void *k_nope, const vo
         widen(kn, dt, C, x);
         for (int32_t tile = 0; tile < C / 128; tile++) {
             const float s = tile_scale(k->round_amax(x + 128 * tile, 128, dt, y, 0.0f), j->tile_scale); /* NaN ignored */
-            k->e4m3(y, 128, s, 1, dst + 128 * tile);
+            k->e4m3(x + 128 * tile, 128, s, 1, dst + 128 * tile);
             const uint32_t sb = mlaf_f32_bits(s);
             for (int q = 0; q < 4; q++) dst[C + 4 * tile + q] = (uint8_t)(sb >> (8 * q)); /* little-endian */
         }

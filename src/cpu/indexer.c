@@ -102,7 +102,7 @@ static void index_finish(const mlaf_cpu_writer *w, const mlaf_cpu_row *r) {
     if (r->slot < 0) return;
     const int64_t blk = r->slot / kv->block_size, off = r->slot % kv->block_size;
     uint8_t rec[MLAF_IDX_D];
-    const float s = mlaf_cpu_index_quantize(w->k, y, ix->amax_eps, ix->scale, rec);
+    const float s = mlaf_cpu_index_quantize(k, y, ix->amax_eps, ix->scale, rec);
     for (int32_t c = 0; c < ix->copies; c++) { /* the same bytes to every destination */
         uint8_t *base = ix->cache + c * ix->copy_stride + blk * ix->block_stride;
         memcpy(base + off * MLAF_IDX_D, rec, MLAF_IDX_D);
