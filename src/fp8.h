@@ -65,10 +65,16 @@ static inline int mlaf_ceil_log2_f32(float v) {
 }
 
 /* The UE8M0 exponent of an amax (DeepSeek's act_quant): ceil_log2(max(amax, 1e-4) / 448), the
- * division correctly rounded. The scale is 2^that. */
+ * division correctly rounded; the scale is 2^that. Computed without the division: for a = m 2^E
+ * (m in [1, 2), a >= 1e-4), a / 448 = (m / 1.75) 2^(E - 8), and the rounded quotient is a power
+ * of two only when m = 1.75 exactly (a float within half an ulp of 2^k / 7 is none), so the
+ * exponent is E - 8 for m <= 1.75 and E - 7 above (the CUDA writers' mlaf_ue8m0_exp_dev is the
+ * same; tests/test_fp8.c checks it against the division). +inf gives 128. */
 static inline int mlaf_ue8m0_exponent(float amax) {
     const float floor = 1e-4f, a = amax > floor ? amax : floor; /* NaN amax: the floor */
-    return mlaf_ceil_log2_f32(a / 448.0f);
+    const uint32_t u = mlaf_f32_bits(a);
+    if (u == 0x7f800000u) return 128;
+    return (int)(u >> 23) - 127 - 8 + ((u & 0x7fffffu) > 0x600000u);
 }
 
 /* 2^-e exactly as an f32, for e in [-126, 149] (fp8_v4's multiplier: a UE8M0 exponent is at

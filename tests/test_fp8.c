@@ -3,7 +3,9 @@
  * definition: every f32 whose magnitude lies in [2^-12, 2^10) (both signs; a stride in quick
  * mode) and samples of the rest encode to the nearest finite e4m3 value with ties to the even
  * code, saturating at 448; NaN and the infinities as SPEC §9 says; every code decodes exactly and
- * re-encodes to itself; ceil_log2 and the UE8M0 exponent on powers of two and their neighbours.
+ * re-encodes to itself; ceil_log2 and the UE8M0 exponent on powers of two and their neighbours, and
+ * the UE8M0 exponent against its definition's division for every f32 of positive sign (a stride in
+ * quick mode).
  */
 #include <math.h>
 
@@ -97,5 +99,22 @@ int main(void) {
         if (!(ldexp(1.0, e) >= a && ldexp(1.0, e - 1) < a)) bad++;
     }
     tl_case(bad == 0, "FP8(ceil_log2, ue8m0 exponent)", "%ld wrong", bad);
+    /* 4. the UE8M0 exponent (computed without a division) against ceil_log2 of the correctly
+     * rounded max(amax, 1e-4) / 448: every non-negative f32 and NaN bit pattern (a stride in
+     * quick mode), a stride of the negative ones (all of them the floor's) */
+    bad = n = 0;
+    for (uint64_t u = 0; u <= 0xffffffffu; u += u < 0x80000000u && !quick ? 1 : 4099) {
+        const float a = mlaf_bits_f32((uint32_t)u), fl = a > 1e-4f ? a : 1e-4f;
+        n++;
+        if (mlaf_ue8m0_exponent(a) != mlaf_ceil_log2_f32(fl / 448.0f)) bad++;
+    }
+    const uint32_t edge[] = {0, 1, 0x5fffff, 0x600000, 0x600001, 0x7fffff}; /* m = 1.75: a / 448 = 2^k */
+    for (uint32_t be = 0; be < 256; be++)
+        for (size_t i = 0; i < sizeof edge / sizeof edge[0]; i++) {
+            const float a = mlaf_bits_f32((be << 23) | edge[i]), fl = a > 1e-4f ? a : 1e-4f;
+            n++;
+            if (mlaf_ue8m0_exponent(a) != mlaf_ceil_log2_f32(fl / 448.0f)) bad++;
+        }
+    tl_case(bad == 0, "FP8(ue8m0 exponent without the division, all f32)", "%ld of %ld differ", bad, n);
     return tl_finish();
 }

@@ -50,7 +50,9 @@ __global__ void __launch_bounds__(IW * 32) quant_write(const T *dense, const voi
     const float s = mlaf_idx_scale(v, eps, mode);
     uint8_t *base = cache + (slot / bs) * bstride;
     const int64_t off = slot % bs;
-    mlaf_idx_store_e4m3(base + off * MLAF_INDEX_HEAD_DIM + 4 * lane, v, s);
+    uint32_t q;
+    mlaf_quant_e4m3<4>(v, s, &q);
+    mlaf_idx_store_e4m3(base + off * MLAF_INDEX_HEAD_DIM + 4 * lane, q);
     if (lane == 0) mlaf_idx_store_f32(base + bs * MLAF_INDEX_HEAD_DIM + 4 * off, s);
 }
 

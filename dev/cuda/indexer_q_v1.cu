@@ -132,28 +132,19 @@ __device__ __forceinline__ void iq_rope4(float *v, int lane, bool neox, const fl
     }
 }
 
-/* r = 1 / s when s is a positive normal power of two whose reciprocal is normal: then x * r and
- * x / s are the same correctly rounded value of the same real for every x. */
-__device__ __forceinline__ bool iq_pow2_recip(float s, float *r) {
-    const uint32_t u = __float_as_uint(s), ef = u >> 23;
-    *r = __uint_as_float((254u - ef) << 23);
-    return (u & 0x807fffffu) == 0u && ef >= 1u && ef <= 253u;
-}
-
-/* N values -> N / 4 little-endian words of e4m3(v / s) (mlaf_idx_store_e4m3's bytes). */
+/* N values -> N / 4 little-endian words of e4m3(v / s): RCP the library's mlaf_quant_e4m3 (a
+ * multiply by 1 / s for a power-of-two s), else a division per value (v1 - v4). */
 template <int N, bool RCP> __device__ __forceinline__ void iq_quant(const float *v, float s, uint32_t *out) {
-    float y[N], r = 0.0f;
-    const bool mul = RCP && iq_pow2_recip(s, &r);
-    if (mul) {
-#pragma unroll
-        for (int k = 0; k < N; k++) y[k] = __fmul_rn(v[k], r);
+    if constexpr (RCP) {
+        mlaf_quant_e4m3<N>(v, s, out);
     } else {
+        float y[N];
 #pragma unroll
         for (int k = 0; k < N; k++) y[k] = __fdiv_rn(v[k], s);
-    }
 #pragma unroll
-    for (int w = 0; w < N / 4; w++)
-        out[w] = mlaf_e4m3x2(y[4 * w], y[4 * w + 1]) | (mlaf_e4m3x2(y[4 * w + 2], y[4 * w + 3]) << 16);
+        for (int w = 0; w < N / 4; w++)
+            out[w] = mlaf_e4m3x2(y[4 * w], y[4 * w + 1]) | (mlaf_e4m3x2(y[4 * w + 2], y[4 * w + 3]) << 16);
+    }
 }
 /* NW words at p: fw 8 (NW = 2, p 8-aligned), 4 (p 4-aligned) or bytes. */
 template <int NW> __device__ __forceinline__ void iq_st(uint8_t *p, const uint32_t *w, int fw) {

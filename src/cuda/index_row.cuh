@@ -115,11 +115,9 @@ __device__ __forceinline__ float mlaf_idx_scale(const float *v, float eps, int m
     return mlaf_idx_scale_of(mlaf_warp_max(m, 32), eps, mode);
 }
 
-/* The lane's four e4m3 bytes of y / s at p (any alignment). */
-__device__ __forceinline__ void mlaf_idx_store_e4m3(uint8_t *p, const float *v, float s) {
-    const uint32_t lo = mlaf_e4m3x2(__fdiv_rn(v[0], s), __fdiv_rn(v[1], s));
-    const uint32_t hi = mlaf_e4m3x2(__fdiv_rn(v[2], s), __fdiv_rn(v[3], s));
-    p[0] = (uint8_t)lo, p[1] = (uint8_t)(lo >> 8), p[2] = (uint8_t)hi, p[3] = (uint8_t)(hi >> 8);
+/* The lane's four e4m3 bytes (a word of mlaf_quant_e4m3<4>) at p (any alignment). */
+__device__ __forceinline__ void mlaf_idx_store_e4m3(uint8_t *p, uint32_t w) {
+    p[0] = (uint8_t)w, p[1] = (uint8_t)(w >> 8), p[2] = (uint8_t)(w >> 16), p[3] = (uint8_t)(w >> 24);
 }
 
 
@@ -250,9 +248,11 @@ template <typename T> struct mlaf_wr_index : mlaf_wr_base {
         const int64_t rec = mlaf_token_row(a, ti.slot, p.bstride, MLAF_INDEX_HEAD_DIM);
         /* the scale: after the block's values, 4 bytes per offset */
         const int64_t so = mlaf_token_row(a, ti.slot, p.bstride, 4) + a.block_size * MLAF_INDEX_HEAD_DIM;
+        uint32_t w;
+        mlaf_quant_e4m3<4>(v, s, &w);
         for (int32_t c = 0; c < p.copies; c++) { /* the same bytes to every destination */
             uint8_t *base = p.cache + (int64_t)c * p.copy_stride;
-            mlaf_idx_store_e4m3(base + rec + 4 * lane, v, s);
+            mlaf_idx_store_e4m3(base + rec + 4 * lane, w);
             if (lane == 0) mlaf_idx_store_f32(base + so, s);
         }
     }

@@ -77,25 +77,6 @@ template <typename T> __device__ __forceinline__ void iq_unpack(const iq_raw<T> 
     }
 }
 
-/* Step 4's bytes: e4m3(v / s) as two little-endian words; v * (1 / s) when s is a normal power
- * of two with a normal reciprocal (x * 2^-e and x / 2^e are the same real). */
-__device__ __forceinline__ void iq_quant8(const float *v, float s, uint32_t *out) {
-    const uint32_t u = __float_as_uint(s), ef = u >> 23;
-    const float r = __uint_as_float((254u - ef) << 23);
-    const bool mul = (u & 0x807fffffu) == 0u && ef >= 1u && ef <= 253u;
-    float y[8];
-    if (mul) { /* two loops, not a select per value: the divisions stay off the common path */
-#pragma unroll
-        for (int k = 0; k < 8; k++) y[k] = __fmul_rn(v[k], r);
-    } else {
-#pragma unroll
-        for (int k = 0; k < 8; k++) y[k] = __fdiv_rn(v[k], s);
-    }
-#pragma unroll
-    for (int w = 0; w < 2; w++)
-        out[w] = mlaf_e4m3x2(y[4 * w], y[4 * w + 1]) | (mlaf_e4m3x2(y[4 * w + 2], y[4 * w + 3]) << 16);
-}
-
 __device__ __forceinline__ void iq_store8(uint8_t *p, const uint32_t *w, int fw) {
     if (fw == 8) {
         *reinterpret_cast<uint2 *>(p) = make_uint2(w[0], w[1]);
@@ -177,7 +158,7 @@ __global__ void __launch_bounds__(IQ_WARPS * 32) mlaf_indexer_q_kernel(const mla
                     const float s = mlaf_idx_scale8(v, j.amax_eps, (int)j.scale);
                     if (h < h1) {
                         uint32_t q[2];
-                        iq_quant8(v, s, q);
+                        mlaf_quant_e4m3<8>(v, s, q);
                         iq_store8(ft + (int64_t)h * j.f_s1, q, c.fw);
                     }
                     const float s_lo = __shfl_sync(IQ_FULL, s, 0), s_hi = __shfl_sync(IQ_FULL, s, 16);

@@ -10,9 +10,8 @@
  *                    lane 0 of the tile stores the scale.
  *   mlaf_wr_v4       DeepSeek-V4's planar page (SPEC §11; C = 512 with the rope tail 64): data
  *                    rows of 576 B [448 e4m3 | 64 bf16], then scale rows of 8 B [7 UE8M0 | 0]. A
- *                    64-value block is 8 lanes' vectors, its amax an 8-lane max; each warp's 32 kv
- *                    vectors hold 4 blocks, whose scale bytes go out as one 4-byte store by lane 0
- *                    (the second warp's fourth byte is the zero: its lanes 24..31 hold the tail).
+ *                    64-value block is 8 lanes' vectors, its amax an 8-lane max; the block's first
+ *                    lane stores its scale byte (block 7's, the zero, by the tail's first lane).
  *
  * Every value is the packed (latent-dtype-rounded) value the dense output stores, unpacked to
  * fp32; conversion by cvt.rn.satfinite.e4m3x2 (round to nearest even, saturating, NaN 0x7F:
@@ -102,10 +101,31 @@ template <typename T> struct mlaf_wr_fp8 : mlaf_wr_base {
     }
 };
 
-/* The UE8M0 exponent ceil_log2(max(amax, 1e-4) / 448) of a NaN-free amax (+inf: 128). */
+/* The UE8M0 exponent ceil_log2(max(amax, 1e-4) / 448) of a NaN-free amax (+inf: 128), without
+ * the division: fp8.h's mlaf_ue8m0_exponent, which says why it is exact. */
 __device__ __forceinline__ int mlaf_ue8m0_exp_dev(float amax) {
-    const uint32_t u = __float_as_uint(__fdiv_rn(fmaxf(amax, 1e-4f), 448.0f));
-    return (u & 0x7fffffffu) == 0x7f800000u ? 128 : (int)((u >> 23) & 0xffu) - 127 + ((u & 0x7fffffu) != 0);
+    const uint32_t u = __float_as_uint(fmaxf(amax, 1e-4f));
+    return u == 0x7f800000u ? 128 : (int)(u >> 23) - 135 + ((u & 0x7fffffu) > 0x600000u);
+}
+
+/* e4m3(v / s) of N values (4 or 8) as N / 4 little-endian words; v * (1 / s) when s is a normal
+ * power of two with a normal reciprocal (x * 2^-e and x / 2^e are the same real, rounded once),
+ * so the divisions stay off the UE8M0 scales' path. */
+template <int N> __device__ __forceinline__ void mlaf_quant_e4m3(const float *v, float s, uint32_t *out) {
+    const uint32_t u = __float_as_uint(s), ef = u >> 23;
+    const float r = __uint_as_float((254u - ef) << 23);
+    const bool mul = (u & 0x807fffffu) == 0u && ef >= 1u && ef <= 253u;
+    float y[N];
+    if (mul) { /* two loops, not a select per value */
+#pragma unroll
+        for (int k = 0; k < N; k++) y[k] = __fmul_rn(v[k], r);
+    } else {
+#pragma unroll
+        for (int k = 0; k < N; k++) y[k] = __fdiv_rn(v[k], s);
+    }
+#pragma unroll
+    for (int w = 0; w < N / 4; w++)
+        out[w] = mlaf_e4m3x2(y[4 * w], y[4 * w + 1]) | (mlaf_e4m3x2(y[4 * w + 2], y[4 * w + 3]) << 16);
 }
 
 /* ---- fp8_ds_mla (bf16 latent) -------------------------------------------------------------- */
@@ -146,9 +166,9 @@ struct mlaf_wr_ds_mla : mlaf_wr_base {
         m = mlaf_warp_max(m, 16);
         if (!ok || !row_) return;
         const float s = mlaf_tile_scale_dev(m, mode_);
-#pragma unroll
-        for (int k = 0; k < 8; k++) g[k] = __fdiv_rn(g[k], s);
-        mlaf_st_e4m3<8>(row_ + (int64_t)j * 8, g);
+        uint32_t u[2];
+        mlaf_quant_e4m3<8>(g, s, u);
+        *reinterpret_cast<uint2 *>(row_ + (int64_t)j * 8) = make_uint2(u[0], u[1]);
         if ((j & 15) == 0) *reinterpret_cast<float *>(row_ + C_ + 4 * (j >> 4)) = s;
     }
     __device__ __forceinline__ void pe(int j, bool ok, const float *, uint4 v) {
@@ -210,12 +230,8 @@ struct mlaf_wr_v4 : mlaf_wr_base {
 #pragma unroll
         for (int k = 0; k < 8; k++) m = fmaxf(m, nope ? fabsf(g[k]) : 0.0f);
         m = mlaf_warp_max(m, 8);
-        const int e = mlaf_ue8m0_exp_dev(m);
-        const uint32_t sb = nope ? byte_of(e) : 0u;
-        uint32_t word = 0;
-#pragma unroll
-        for (int k = 0; k < 4; k++) word |= __shfl_sync(0xffffffffu, sb, 8 * k) << (8 * k);
         if (!data_ || j >= 64) return;
+        const int e = mlaf_ue8m0_exp_dev(m);
         if (nope) {
             const float mul = mul_of(e);
 #pragma unroll
@@ -224,7 +240,7 @@ struct mlaf_wr_v4 : mlaf_wr_base {
         } else if (ok) {
             *reinterpret_cast<uint4 *>(data_ + 448 + 16 * (j - 56)) = v;
         }
-        if ((j & 31) == 0) *reinterpret_cast<uint32_t *>(scale_ + (j >> 3)) = word;
+        if ((j & 7) == 0) scale_[j >> 3] = (uint8_t)(nope ? byte_of(e) : 0u); /* block 7: the zero byte */
     }
     /* generic shape: value i = 32 n + lane; n = 0 .. 13 in order for the NoPE values (block n / 2),
      * then the tail values one by one */
