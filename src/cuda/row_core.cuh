@@ -181,25 +181,46 @@ template <typename T> __device__ __forceinline__ float mlaf_round_as(float v) {
     else return __bfloat162float(__float2bfloat16_rn(v));
 }
 
-/* kv_rope_tail: the cos / sin of kv vector j's W/2 pairs, loaded as soon as the position is
- * known (so their latency overlaps the row's reductions, as mlaf_rope_cs_early does for the pe
- * part); j = -1 when vector j is not in the tail or the token is rejected. */
+/* kv_rope_tail: the cos / sin of kv vector j's W/2 pairs (j = -1: none here, load them). */
 template <typename T> struct mlaf_tail_cs {
     float c[mlaf_vec<T>::W / 2], s[mlaf_vec<T>::W / 2];
     int j;
 };
 
-template <typename T>
-__device__ __forceinline__ mlaf_tail_cs<T> mlaf_tail_early(const mlaf_row_args &a, const float *cs, int j) {
-    constexpr int W = mlaf_vec<T>::W;
-    mlaf_tail_cs<T> e;
-    e.j = -1;
-    const int v0 = j * W - (a.C - a.tail);
-    if (a.tail == 0 || !cs || v0 < 0 || j * W >= a.C) return e;
-    e.j = j;
-#pragma unroll
-    for (int k = 0; k < W / 2; k++) e.c[k] = __ldg(cs + (v0 >> 1) + k), e.s[k] = __ldg(cs + (a.tail >> 1) + (v0 >> 1) + k);
+/* Lane l's pair of the tail's last 32, p0 + l with p0 = max(tail / 2 - 32, 0): loaded as soon as
+ * the position is known, so their latency overlaps the row's reductions (as mlaf_rope_cs_early
+ * does for the pe part), in two registers a lane; mlaf_tail_gather hands them to the lanes whose
+ * vectors hold those pairs. */
+struct mlaf_tail_lane {
+    float c, s;
+};
+
+__device__ __forceinline__ mlaf_tail_lane mlaf_tail_early(const mlaf_row_args &a, const float *cs, int lane) {
+    mlaf_tail_lane e;
+    e.c = 0.0f, e.s = 0.0f;
+    const int h = a.tail >> 1, p = max(h - 32, 0) + lane;
+    if (a.tail > 0 && cs && p < h) e.c = __ldg(cs + p), e.s = __ldg(cs + h + p);
     return e;
+}
+
+/* The cos / sin of the lane's kv vector j from the warp's mlaf_tail_early pairs (every lane of the
+ * warp calls it, each with its own j; j = -1 in the result when vector j is not among the last 32
+ * pairs' vectors or the token is rejected). */
+template <typename T>
+__device__ __forceinline__ mlaf_tail_cs<T> mlaf_tail_gather(const mlaf_row_args &a, const float *cs,
+                                                            const mlaf_tail_lane &e, int j) {
+    constexpr int W = mlaf_vec<T>::W;
+    mlaf_tail_cs<T> g;
+    g.j = -1;
+    if (a.tail == 0) return g; /* the same for every lane */
+    const int p0 = max((a.tail >> 1) - 32, 0), pj = (j * W - (a.C - a.tail)) >> 1; /* vector j's first pair */
+#pragma unroll
+    for (int k = 0; k < W / 2; k++) {
+        g.c[k] = __shfl_sync(0xffffffffu, e.c, (pj + k - p0) & 31);
+        g.s[k] = __shfl_sync(0xffffffffu, e.s, (pj + k - p0) & 31);
+    }
+    if (cs && pj >= p0 && j * W < a.C) g.j = j;
+    return g;
 }
 
 /* kv_rope_tail (SPEC §11): kv vector j, normalized (f, fp32) and packed (o, rounded to T). When

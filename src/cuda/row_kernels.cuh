@@ -101,9 +101,8 @@ __global__ void __launch_bounds__(1024) mlaf_row_block_kernel(const mlaf_row_arg
     float wv[W];
     if (ok) mlaf_ld_weights_vec<T>(isq ? a.w_q : a.w_kv, isq ? a.wq_f32 : a.wkv_f32, (int64_t)j * W, wv);
     const mlaf_token_info ti = ROPE ? mlaf_token_decide(a, ix, tid == 0) : mlaf_token_none();
-    mlaf_tail_cs<T> tcs;
-    tcs.j = -1;
-    if (TAIL && !isq && ok) tcs = mlaf_tail_early<T>(a, ti.cs, j);
+    mlaf_tail_lane tl = {0.0f, 0.0f};
+    if (TAIL && !isq) tl = mlaf_tail_early(a, ti.cs, lane);
 
     float f[W];
     mlaf_vec<T>::unpack(x, f);
@@ -123,7 +122,10 @@ __global__ void __launch_bounds__(1024) mlaf_row_block_kernel(const mlaf_row_arg
     uint4 o = mlaf_vec<T>::pack(f);
     if (isq) {
         w.q(j, ok, f, o);
-    } else { /* the tail rotated first (o is passed by value) */
+    } else { /* the tail rotated first (o is passed by value); the gather by whole kv warps */
+        mlaf_tail_cs<T> tcs;
+        tcs.j = -1;
+        if (TAIL) tcs = mlaf_tail_gather<T>(a, ti.cs, tl, j);
         const bool kok = TAIL && ok && mlaf_tail_vec<T>(a, ti.cs, j, f, o, tcs) ? ti.ok : ok;
         w.kv(j, kok, f, o);
     }
@@ -177,11 +179,10 @@ __device__ __forceinline__ void mlaf_row_warp_body(const mlaf_row_args &a, const
     const mlaf_token_info ti = ROPE ? mlaf_token_decide(a, ix, lane == 0) : mlaf_token_none();
     float c0 = 0.0f, s0 = 0.0f;
     if (ROPE && NP > 0) mlaf_rope_cs_early(a, ti.cs, lane, c0, s0);
-    /* kv_rope_tail (layouts without a pe part): the cos / sin of the lane's vector in the last kv
-     * slot, where a tail of up to 32 vectors lies */
-    mlaf_tail_cs<T> tcs;
-    tcs.j = -1;
-    if (ROPE && NP == 0 && NC > 0) tcs = mlaf_tail_early<T>(a, ti.cs, (NC - 1) * 32 + lane);
+    /* kv_rope_tail (layouts without a pe part): the tail's last 32 pairs, a pair a lane, handed
+     * to the lanes of the last kv slot (where those pairs lie) when it is written */
+    mlaf_tail_lane tl = {0.0f, 0.0f};
+    if (ROPE && NP == 0 && NC > 0) tl = mlaf_tail_early(a, ti.cs, lane);
     if constexpr (BULK) mlaf_bar_wait(bar, 0);
     auto vec = [&](int s) -> uint4 {
         if constexpr (BULK) return okof(s) ? srow[rowv(s)] : zero;
@@ -223,6 +224,9 @@ __device__ __forceinline__ void mlaf_row_warp_body(const mlaf_row_args &a, const
                 w.q(j, ok, f, o);
             } else { /* the tail rotated first (o is passed by value); only rows without a rope
                       * part have one (validation), so layouts with NP > 0 compile without it */
+                mlaf_tail_cs<T> tcs;
+                tcs.j = -1;
+                if (ROPE && NP == 0 && s == NQ + NC - 1) tcs = mlaf_tail_gather<T>(a, ti.cs, tl, j); /* whole warp */
                 const bool kok = ROPE && NP == 0 && ok && mlaf_tail_vec<T>(a, ti.cs, j, f, o, tcs) ? ti.ok : ok;
                 w.kv(j, kok, f, o);
             }
