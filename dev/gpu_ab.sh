@@ -1,8 +1,16 @@
 #!/usr/bin/env bash
-# One device call of timings: an earlier binary (OLD, e.g. .gpu-pack/old-mlafuse) against the
-# pack's, interleaved so both see the same GPU state; the row-layout sweep; the fp8 cache formats.
-#   OLD=.gpu-pack/old-mlafuse bash dev/gpu_ab.sh [steps]   steps: ab sweep fp8 (default all)
-# Packs every JSON into $OUT/ab.tgz (or /tmp/mlaf-ab) and prints a short table per step last.
+# One device call of timings: earlier or variant builds of `mlafuse` against the pack's, interleaved
+# so all see the same GPU state; the row-layout sweep; the fp8 cache formats.
+#   bash dev/gpu_ab.sh [steps]   steps: ab sweep fp8 v4 dsa (default ab sweep fp8)
+#   ab     GLM-4.7-Flash and DeepSeek-V3, every op, the pack's build (new) against old;
+#   v4     DeepSeek-V4's fp8_v4 rows, T = 1 ... 131072, two rounds of every build;
+#   dsa    GLM-5 and DeepSeek-V3.2 with the indexer and fp8_ds_mla (and the unfused chain), two
+#          rounds of every build.
+# The other builds travel in the pack: scripts/gpu-pack takes .gpu-pack/ab/mlafuse-NAME into it as
+# tools/mlafuse-NAME (xz shares their bytes with the pack's, so each costs little); NAME old is
+# the baseline, any other NAME a variant that v4 and dsa time beside it (OLD=path overrides old).
+# Packs every JSON into $OUT/ab.tgz (or /tmp/mlaf-ab) and prints a short table per step last
+# (v4, dsa: dev/ab_compare.py, every build's rounds side by side).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 FINAL=${OUT:-/tmp/mlaf-ab}; mkdir -p "$FINAL"; DEST=$(mktemp -d)
@@ -10,7 +18,9 @@ trap 'tar czf "$FINAL/ab.tgz" -C "$DEST" .' EXIT # one file back, also when cut 
 steps=${*:-ab sweep fp8}
 P=/tmp/mlaf-prebuilt; rm -rf $P; mkdir -p $P; tar xJf .gpu-pack/pack.tar.xz -C $P
 export LD_LIBRARY_PATH=$P/lib
-NEW=$P/tools/mlafuse; OLD=${OLD:-.gpu-pack/old-mlafuse}
+NEW=$P/tools/mlafuse; OLD=${OLD:-$P/tools/mlafuse-old}
+builds="new old"; for v in $P/tools/mlafuse-*; do n=${v##*/mlafuse-}; [ "$n" = old ] || builds="$builds $n"; done
+bin() { case $1 in new) echo $NEW ;; old) echo $OLD ;; *) echo $P/tools/mlafuse-$1 ;; esac; }
 b() { local out=$1; shift; timeout 150 "$@" --backend cuda --json ${REPS:+--reps $REPS} > "$DEST/$out.json" 2> "$DEST/$out.err" || echo "$out: rc=$?"; }
 for s in $steps; do case $s in
   ab) for p in glm-4.7-flash deepseek-v3; do
@@ -20,5 +30,14 @@ for s in $steps; do case $s in
         b sweep-$op $NEW bench --op $op --sweep --tokens 4096,32768; done ;;
   fp8) for p in glm-4.7-flash deepseek-v3; do for c in fp8 fp8_ds_mla; do
         b fp8-$c-$p $NEW bench --op mla_kv_cache --preset $p --cache $c; done; done ;;
+  v4) for r in 1 2; do for w in $builds; do
+        b v4-$w-$r "$(bin $w)" bench --op mla_kv_cache --preset deepseek-v4-flash --cache fp8_v4 \
+          --tokens 1,8,64,4096,32768,131072; done; done ;;
+  dsa) for r in 1 2; do for p in glm-5 deepseek-v3.2; do for w in $builds; do
+        b dsa-$w-$p-$r "$(bin $w)" bench --op mla_kv_cache --indexer --cache fp8_ds_mla --preset $p \
+          --tokens 1,64,1024,4096,32768; done; done; done ;;
 esac; done
-for s in $steps; do echo "== $s"; python3 scripts/bench_table.py "$DEST"/$s-*.json; done
+for s in $steps; do echo "== $s"; case $s in
+  v4|dsa) python3 dev/ab_compare.py "$DEST" $s ;;
+  *) python3 scripts/bench_table.py "$DEST"/$s-*.json ;;
+esac; done
