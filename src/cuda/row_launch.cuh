@@ -124,10 +124,14 @@ static cudaError_t mlaf_row_launch(const mlaf_row_args &a0, const typename Wr::p
     if (s == MLAF_ROW_BLOCK) {
         const unsigned threads = (unsigned)mlaf_row_block_threads(qv, cv, rv);
         const unsigned blocks = (unsigned)mlaf_row_grid<Wr>(a.T);
-        if (ROPE && a.tail > 0) mlaf_launch(mlaf_row_block_kernel<T, ROPE, true, Wr>,
-            blocks, threads, 0, stream, a, wp);
-        else mlaf_launch(mlaf_row_block_kernel<T, ROPE, false, Wr>,
-            blocks, threads, 0, stream, a, wp);
+        if constexpr (Wr::kTailOnly) {
+            if (!ROPE || a.tail == 0 || rv > 0) return cudaErrorInvalidValue;
+            mlaf_launch(mlaf_row_block_kernel<T, true, true, Wr>, blocks, threads, 0, stream, a, wp);
+        } else if (ROPE && a.tail > 0) {
+            mlaf_launch(mlaf_row_block_kernel<T, ROPE, true, Wr>, blocks, threads, 0, stream, a, wp);
+        } else {
+            mlaf_launch(mlaf_row_block_kernel<T, ROPE, false, Wr>, blocks, threads, 0, stream, a, wp);
+        }
         return cudaGetLastError();
     }
     if (s == MLAF_ROW_GENERIC) {
@@ -137,8 +141,13 @@ static cudaError_t mlaf_row_launch(const mlaf_row_args &a0, const typename Wr::p
         return cudaGetLastError();
     }
     const bool bulk = s == MLAF_ROW_BULK;
-    return rv > 0 ? mlaf_row_go_nq<T, 1, ROPE, Wr>(a, wp, nq, bulk, stream)
-                  : mlaf_row_go_nq<T, 0, ROPE, Wr>(a, wp, nq, bulk, stream);
+    if constexpr (Wr::kTailOnly) {
+        if (rv > 0) return cudaErrorInvalidValue;
+        return mlaf_row_go_nq<T, 0, ROPE, Wr>(a, wp, nq, bulk, stream);
+    } else {
+        return rv > 0 ? mlaf_row_go_nq<T, 1, ROPE, Wr>(a, wp, nq, bulk, stream)
+                      : mlaf_row_go_nq<T, 0, ROPE, Wr>(a, wp, nq, bulk, stream);
+    }
 }
 
 /* Fills the norm part of the row arguments from a validated job. */

@@ -23,6 +23,8 @@
  * row; rq / rkv are NaN in the block shape's rope warp, which holds no norm part.
  *   static constexpr bool kSide; static void side(const params &, const mlaf_row_args &, int64_t t)
  *                                        per-token work apart from the row (see mlaf_wr_base)
+ *   static constexpr bool kTailOnly      the writer's rows always have a kv_rope_tail and no pe part
+ *                                        (validation), so the launch instantiates no other shapes
  * A new writer is one struct here and one entry in the op's launch (mla_kv_cache.cu).
  */
 #pragma once
@@ -33,7 +35,7 @@
  * per token that needs none of the row's values (side(p, a, t), every lane of a warp); the
  * launch then gives it blocks of its own beside the rows' (row_kernels.cuh). */
 struct mlaf_wr_base {
-    static constexpr bool kSide = false;
+    static constexpr bool kSide = false, kTailOnly = false;
     __device__ __forceinline__ void q(int, bool, const float *, uint4) {}
     __device__ __forceinline__ void kv(int, bool, const float *, uint4) {}
     __device__ __forceinline__ void pe(int, bool, const float *, uint4) {}
@@ -143,7 +145,7 @@ template <class A, class B> struct mlaf_wr_pair {
         typename A::params a;
         typename B::params b;
     };
-    static constexpr bool kSide = A::kSide || B::kSide;
+    static constexpr bool kSide = A::kSide || B::kSide, kTailOnly = A::kTailOnly || B::kTailOnly;
     static __device__ __forceinline__ void side(const params &p, const mlaf_row_args &a, int64_t t) {
         if constexpr (A::kSide) A::side(p.a, a, t);
         if constexpr (B::kSide) B::side(p.b, a, t);

@@ -201,6 +201,7 @@ struct mlaf_wr_ds_mla : mlaf_wr_base {
 
 /* ---- fp8_v4 (bf16 latent, C = 512, kv_rope_tail 64) ---------------------------------------- */
 struct mlaf_wr_v4 : mlaf_wr_base {
+    static constexpr bool kTailOnly = true; /* C = 512 with the rope tail 64, R = 0 (validation) */
     struct params {
         void *cache;
         int64_t s0; /* page stride, bytes (a multiple of 16) */
