@@ -7,8 +7,8 @@
 #   dsa    GLM-5 and DeepSeek-V3.2 with the indexer and fp8_ds_mla (and the unfused chain), two
 #          rounds of every build.
 # The other builds travel in the pack: scripts/gpu-pack takes .gpu-pack/ab/mlafuse-NAME into it as
-# tools/mlafuse-NAME (xz shares their bytes with the pack's, so each costs little); NAME old is
-# the baseline, any other NAME a variant that v4 and dsa time beside it (OLD=path overrides old).
+# tools/mlafuse-NAME; NAME old is the baseline (OLD=path overrides it), any other NAME a variant
+# that v4 and dsa time beside it, or only the step STEP when NAME is STEP.VARIANT (v4.minb7).
 # Packs every JSON into $OUT/ab.tgz (or /tmp/mlaf-ab) and prints a short table per step last
 # (v4, dsa: dev/ab_compare.py, every build's rounds side by side).
 set -uo pipefail
@@ -19,7 +19,8 @@ steps=${*:-ab sweep fp8}
 P=/tmp/mlaf-prebuilt; rm -rf $P; mkdir -p $P; tar xJf .gpu-pack/pack.tar.xz -C $P
 export LD_LIBRARY_PATH=$P/lib
 NEW=$P/tools/mlafuse; OLD=${OLD:-$P/tools/mlafuse-old}
-builds="new old"; for v in $P/tools/mlafuse-*; do n=${v##*/mlafuse-}; [ "$n" = old ] || builds="$builds $n"; done
+variants=; for v in $P/tools/mlafuse-*; do n=${v##*/mlafuse-}; [ "$n" = old ] || variants="$variants $n"; done
+builds() { echo new old; for n in $variants; do case $n in *.*) [ "${n%%.*}" = "$1" ] && echo $n ;; *) echo $n ;; esac; done; }
 bin() { case $1 in new) echo $NEW ;; old) echo $OLD ;; *) echo $P/tools/mlafuse-$1 ;; esac; }
 b() { local out=$1; shift; timeout 150 "$@" --backend cuda --json ${REPS:+--reps $REPS} > "$DEST/$out.json" 2> "$DEST/$out.err" || echo "$out: rc=$?"; }
 for s in $steps; do case $s in
@@ -30,10 +31,10 @@ for s in $steps; do case $s in
         b sweep-$op $NEW bench --op $op --sweep --tokens 4096,32768; done ;;
   fp8) for p in glm-4.7-flash deepseek-v3; do for c in fp8 fp8_ds_mla; do
         b fp8-$c-$p $NEW bench --op mla_kv_cache --preset $p --cache $c; done; done ;;
-  v4) for r in 1 2; do for w in $builds; do
+  v4) for r in 1 2; do for w in $(builds v4); do
         b v4-$w-$r "$(bin $w)" bench --op mla_kv_cache --preset deepseek-v4-flash --cache fp8_v4 \
           --tokens 1,8,64,4096,32768,131072; done; done ;;
-  dsa) for r in 1 2; do for p in glm-5 deepseek-v3.2; do for w in $builds; do
+  dsa) for r in 1 2; do for p in glm-5 deepseek-v3.2; do for w in $(builds dsa); do
         b dsa-$w-$p-$r "$(bin $w)" bench --op mla_kv_cache --indexer --cache fp8_ds_mla --preset $p \
           --tokens 1,64,1024,4096,32768; done; done; done ;;
 esac; done
