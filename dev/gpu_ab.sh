@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # One device call of timings: earlier or variant builds of `mlafuse` against the pack's, interleaved
 # so all see the same GPU state; the row-layout sweep; the fp8 cache formats.
-#   bash dev/gpu_ab.sh [steps]   steps: ab sweep fp8 v4 dsa (default ab sweep fp8)
+#   bash dev/gpu_ab.sh [steps]   steps: ab sweep fp8 v4 dsa v32 (default ab sweep fp8)
 #   ab     GLM-4.7-Flash and DeepSeek-V3, every op, the pack's build (new) against old;
 #   v4     DeepSeek-V4's fp8_v4 rows, T = 1 ... 131072, two rounds of every build;
 #   dsa    GLM-5 and DeepSeek-V3.2 with the indexer and fp8_ds_mla (and the unfused chain), two
-#          rounds of every build.
+#          rounds of every build;
+#   v32    split_qk_norm and mla_kv_cache at T = 1 ... 512 (graph to 64), DeepSeek-V3.2 and
+#          GLM-4.7-Flash, plain and --pdl (step v32pdl in the table), two rounds of every build.
 # The other builds travel in the pack: scripts/gpu-pack takes .gpu-pack/ab/mlafuse-NAME into it as
 # tools/mlafuse-NAME; NAME old is the baseline (OLD=path overrides it), any other NAME a variant
 # that v4 and dsa time beside it, or only the step STEP when NAME is STEP.VARIANT (v4.minb7).
@@ -37,8 +39,14 @@ for s in $steps; do case $s in
   dsa) for r in 1 2; do for p in glm-5 deepseek-v3.2; do for w in $(builds dsa); do
         b dsa-$w-$p-$r "$(bin $w)" bench --op mla_kv_cache --indexer --cache fp8_ds_mla --preset $p \
           --tokens 1,64,1024,4096,32768; done; done; done ;;
+  v32) for r in 1 2; do for p in deepseek-v3.2 glm-4.7-flash; do for w in $(builds v32); do
+        for op in split_qk_norm mla_kv_cache; do
+          b v32-$w-$p-$op-$r "$(bin $w)" bench --op $op --preset $p --tokens 1,8,16,64,256,512
+          b v32pdl-$w-$p-$op-$r "$(bin $w)" bench --op $op --preset $p --tokens 1,8,16,64,256,512 --pdl
+        done; done; done; done ;;
 esac; done
 for s in $steps; do echo "== $s"; case $s in
   v4|dsa) python3 dev/ab_compare.py "$DEST" $s ;;
+  v32) python3 dev/ab_compare.py "$DEST" v32; echo "== v32 --pdl"; python3 dev/ab_compare.py "$DEST" v32pdl ;;
   *) python3 scripts/bench_table.py "$DEST"/$s-*.json ;;
 esac; done

@@ -68,18 +68,31 @@ static inline int mlaf_row_block_threads(int qv, int cv, int rv) {
     return (qv + 31) / 32 * 32 + (cv + 31) / 32 * 32 + (rv > 0 ? 32 : 0);
 }
 
+/* Threads of a block of the split block shape: the larger of the q part and the kv + pe parts. */
+static inline int mlaf_row_split_threads(int qv, int cv, int rv) {
+    const int q = (qv + 31) / 32 * 32, kp = (cv + 31) / 32 * 32 + (rv > 0 ? 32 : 0);
+    return q > kp ? q : kp;
+}
+
 /* TAIL: the call has a kv_rope_tail (rows without a rope part; the launch picks the instance, so
- * other rows carry none of its registers). */
+ * other rows carry none of its registers). a.split: row t takes blocks 2t (its q part) and 2t + 1
+ * (kv and pe), which then run on two SMs; a thread keeps the role of its index in the row's
+ * one-block layout (tid). */
 template <typename T, bool ROPE, bool TAIL, class Wr>
 __global__ void __launch_bounds__(1024) mlaf_row_block_kernel(const mlaf_row_args a, const typename Wr::params wp) {
     mlaf_pdl_begin();
     constexpr int W = mlaf_vec<T>::W;
     __shared__ float red[32];
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int64_t t = mlaf_row_block_id<Wr>(a, wp);
-    if (t < 0) return;
+    const int64_t b = mlaf_row_block_id<Wr>(a, wp);
+    if (b < 0) return;
     const int qv = a.Q / W, cv = a.C / W, rv = a.R / W;
     const int qpad = (qv + 31) & ~31, nt = qpad + ((cv + 31) & ~31);
+    const int64_t t = a.split ? b >> 1 : b;
+    const int part = a.split ? 1 + (int)(b & 1) : 0; /* 0: the whole row, 1: q, 2: kv and pe */
+    const int tid = (int)threadIdx.x + (part == 2 ? qpad : 0);
+    if (tid >= (part == 1 ? qpad : nt + (rv > 0 ? 32 : 0))) return;
+    const int lane = tid & 31, warp = tid >> 5;
+    const int lo = part == 2 ? qpad : 0, hi = part == 1 ? qpad : nt; /* this block's norm threads */
     const uint4 *src = reinterpret_cast<const uint4 *>(static_cast<const T *>(a.latent) + t * a.ls);
     const uint4 zero = make_uint4(0, 0, 0, 0);
 
@@ -99,7 +112,7 @@ __global__ void __launch_bounds__(1024) mlaf_row_block_kernel(const mlaf_row_arg
         } else {
             w.pe(lane, ok, f, x);
         }
-        w.finish(__int_as_float(0x7fc00000), __int_as_float(0x7fc00000), false);
+        w.finish(__int_as_float(0x7fc00000), __int_as_float(0x7fc00000), 0);
         return;
     }
 
@@ -107,11 +120,12 @@ __global__ void __launch_bounds__(1024) mlaf_row_block_kernel(const mlaf_row_arg
     const int j = isq ? tid : tid - qpad;
     const bool ok = j < (isq ? qv : cv);
     mlaf_token_idx ix = {-1, 0};
-    if (ROPE) ix = mlaf_token_load(a, t);
+    if (ROPE && part != 1) ix = mlaf_token_load(a, t);
     const uint4 x = ok ? __ldcg(src + (isq ? j : qv + j)) : zero;
     float wv[W];
     if (ok) mlaf_ld_weights_vec<T>(isq ? a.w_q : a.w_kv, isq ? a.wq_f32 : a.wkv_f32, (int64_t)j * W, wv);
-    const mlaf_token_info ti = ROPE ? mlaf_token_decide(a, ix, tid == 0) : mlaf_token_none();
+    /* the q block holds no cache or k_pe value: it takes no token decision */
+    const mlaf_token_info ti = ROPE && part != 1 ? mlaf_token_decide(a, ix, tid == lo) : mlaf_token_none();
     mlaf_tail_lane tl = {0.0f, 0.0f};
     if (TAIL && !isq) tl = mlaf_tail_early(a, ti.cs, lane);
 
@@ -119,12 +133,12 @@ __global__ void __launch_bounds__(1024) mlaf_row_block_kernel(const mlaf_row_arg
     mlaf_vec<T>::unpack(x, f);
     const float acc = mlaf_warp_sum(mlaf_sumsq<W>(f));
     if (lane == 0) red[warp] = acc;
-    mlaf_bar_sync(1, nt);
+    mlaf_bar_sync(1, hi - lo);
     float sq = 0.0f, skv = 0.0f;
-    for (int k = 0; k < qpad / 32; k++) sq += red[k];
-    for (int k = qpad / 32; k < nt / 32; k++) skv += red[k];
-    const float rq = a.Q > 0 ? mlaf_rstd(sq, a.Q, a.eps_q) : 0.0f;
-    const float rkv = mlaf_rstd(skv, a.C, a.eps_kv);
+    for (int k = lo / 32; k < min(hi, qpad) / 32; k++) sq += red[k];
+    for (int k = max(lo, qpad) / 32; k < hi / 32; k++) skv += red[k];
+    const float rq = a.Q > 0 && part != 2 ? mlaf_rstd(sq, a.Q, a.eps_q) : 0.0f;
+    const float rkv = part != 1 ? mlaf_rstd(skv, a.C, a.eps_kv) : 0.0f;
 
     Wr w(wp, a, t, ti);
     const float r = isq ? rq : rkv;
@@ -140,7 +154,7 @@ __global__ void __launch_bounds__(1024) mlaf_row_block_kernel(const mlaf_row_arg
         const bool kok = TAIL && ok && mlaf_tail_vec<T>(a, ti.cs, j, f, o, tcs) ? ti.ok : ok;
         w.kv(j, kok, f, o);
     }
-    w.finish(rq, rkv, tid == 0);
+    w.finish(rq, rkv, tid != lo ? 0 : part == 0 ? MLAF_LEAD_Q | MLAF_LEAD_KV : part == 1 ? MLAF_LEAD_Q : MLAF_LEAD_KV);
 }
 
 /* ---- warp and bulk shapes --------------------------------------------------------------- */
@@ -248,7 +262,7 @@ __device__ __forceinline__ void mlaf_row_warp_body(const mlaf_row_args &a, const
             w.pe(j, ok, f, x);
         }
     }
-    w.finish(rq, rkv, lane == 0);
+    w.finish(rq, rkv, lane == 0 ? MLAF_LEAD_Q | MLAF_LEAD_KV : 0);
 }
 
 template <typename T, class L, bool BULK, bool ROPE, class Wr>
@@ -328,5 +342,5 @@ __global__ void __launch_bounds__(MLAF_ROW_WARPS * 32) mlaf_row_generic_kernel(c
             w.pe1(i1, mlaf_rope_x1(x0, x1, c, s), 0);
         }
     }
-    w.finish(rq, rkv, lane == 0);
+    w.finish(rq, rkv, lane == 0 ? MLAF_LEAD_Q | MLAF_LEAD_KV : 0);
 }

@@ -20,9 +20,14 @@
 
 /* Up to this many rows per SM, one block per row (the call is one row's dependency chain). */
 #define MLAF_ROW_BLOCK_ROWS_PER_SM 4
+/* Up to this many rows per SM (0: never), rows with a q part take two blocks each (the split
+ * block shape), their q part apart from kv and pe. */
+#ifndef MLAF_ROW_SPLIT_ROWS_PER_SM
+#define MLAF_ROW_SPLIT_ROWS_PER_SM 0
+#endif
 
 /* Forced shapes, for tests and dev/ comparisons (the library passes AUTO). */
-enum mlaf_row_shape { MLAF_ROW_AUTO = 0, MLAF_ROW_BLOCK, MLAF_ROW_WARP, MLAF_ROW_BULK, MLAF_ROW_GENERIC };
+enum mlaf_row_shape { MLAF_ROW_AUTO = 0, MLAF_ROW_BLOCK, MLAF_ROW_WARP, MLAF_ROW_BULK, MLAF_ROW_GENERIC, MLAF_ROW_SPLIT };
 
 static inline bool mlaf_aligned(const void *p, int64_t stride_bytes, int64_t a) {
     return ((uintptr_t)p % (uintptr_t)a) == 0 && (stride_bytes % a) == 0;
@@ -113,6 +118,7 @@ static cudaError_t mlaf_row_launch(const mlaf_row_args &a0, const typename Wr::p
     const bool block_ok = vec && mlaf_row_block_threads(qv, cv, rv) <= 1024;
     const bool bulk_ok = warp_ok && cc >= 90 && !a.wq_f32 && !a.wkv_f32;
     mlaf_row_shape s = force;
+    if (s == MLAF_ROW_SPLIT) s = block_ok && a.Q > 0 ? MLAF_ROW_SPLIT : MLAF_ROW_AUTO;
     if (s == MLAF_ROW_AUTO || (s == MLAF_ROW_BULK && !bulk_ok) || (s == MLAF_ROW_WARP && !warp_ok) ||
         (s == MLAF_ROW_BLOCK && !block_ok)) {
         s = !vec                                                          ? MLAF_ROW_GENERIC
@@ -121,9 +127,13 @@ static cudaError_t mlaf_row_launch(const mlaf_row_args &a0, const typename Wr::p
             : warp_ok                                                     ? MLAF_ROW_WARP
                                                                           : MLAF_ROW_GENERIC;
     }
-    if (s == MLAF_ROW_BLOCK) {
-        const unsigned threads = (unsigned)mlaf_row_block_threads(qv, cv, rv);
-        const unsigned blocks = (unsigned)mlaf_row_grid<Wr>(a.T);
+    if (s == MLAF_ROW_BLOCK && a.Q > 0 && a.T <= MLAF_ROW_SPLIT_ROWS_PER_SM * nsm && force == MLAF_ROW_AUTO)
+        s = MLAF_ROW_SPLIT;
+    if (s == MLAF_ROW_BLOCK || s == MLAF_ROW_SPLIT) {
+        a.split = s == MLAF_ROW_SPLIT;
+        const unsigned threads = (unsigned)(a.split ? mlaf_row_split_threads(qv, cv, rv)
+                                                    : mlaf_row_block_threads(qv, cv, rv));
+        const unsigned blocks = (unsigned)mlaf_row_grid<Wr>(a.split ? 2 * a.T : a.T);
         if constexpr (Wr::kTailOnly) {
             if (!ROPE || a.tail == 0 || rv > 0) return cudaErrorInvalidValue;
             mlaf_launch(mlaf_row_block_kernel<T, true, true, Wr>, blocks, threads, 0, stream, a, wp);

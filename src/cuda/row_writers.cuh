@@ -11,7 +11,7 @@
  *   void kv(int j, bool ok, const float *f, uint4 packed);   kv vector j (normalized)
  *   void pe(int j, bool ok, const float *f, uint4 packed);   pe vector j (mla_kv_cache: roped;
  *                                                            split_qk_norm: packed = raw bits)
- *   void finish(float rq, float rkv, bool leader);            after the row's last vector
+ *   void finish(float rq, float rkv, int lead);               after the row's last vector
  *   void q1 / kv1 (int64_t i, float y); void pe1(int64_t i, float y, uint32_t raw);   the same per
  *                                        value i, for the generic (unaligned, any width) kernel
  *
@@ -19,8 +19,10 @@
  * thread of a warp calls every hook of its vectors (ok = false where it holds none, or, for pe,
  * where the token is invalid), so a writer may exchange values between lanes with shuffles: in
  * the warp shapes the kv part starts at lane 0 of a slot, and in the block shape at a warp. The
- * kv tile of 128 values is 16 consecutive lanes (bf16 / f16). finish: leader is one thread per
- * row; rq / rkv are NaN in the block shape's rope warp, which holds no norm part.
+ * kv tile of 128 values is 16 consecutive lanes (bf16 / f16). finish: lead has MLAF_LEAD_Q in one
+ * thread of the threads that hold the row's q part and MLAF_LEAD_KV in one of those that hold its
+ * kv part (the same thread unless the split block shape gives the parts blocks of their own);
+ * rq / rkv are meaningful where the thread holds that part (NaN in the block shape's rope warp).
  *   static constexpr bool kSide; static void side(const params &, const mlaf_row_args &, int64_t t)
  *                                        per-token work apart from the row (see mlaf_wr_base)
  *   static constexpr bool kTailOnly      the writer's rows always have a kv_rope_tail and no pe part
@@ -30,6 +32,9 @@
 #pragma once
 
 #include "row_core.cuh"
+
+#define MLAF_LEAD_Q 1  /* finish's lead bits */
+#define MLAF_LEAD_KV 2
 
 /* No-op hooks, for writers that take only some of them. kSide: the writer has work of its own
  * per token that needs none of the row's values (side(p, a, t), every lane of a warp); the
@@ -42,7 +47,7 @@ struct mlaf_wr_base {
     __device__ __forceinline__ void q1(int64_t, float) {}
     __device__ __forceinline__ void kv1(int64_t, float) {}
     __device__ __forceinline__ void pe1(int64_t, float, uint32_t) {}
-    __device__ __forceinline__ void finish(float, float, bool) {}
+    __device__ __forceinline__ void finish(float, float, int) {}
 };
 
 /* The dense outputs: q (Q > 0), k_nope and k_pe (each may be NULL), row-strided. */
@@ -134,8 +139,9 @@ template <typename T> struct mlaf_wr_rstd : mlaf_wr_base {
     __device__ __forceinline__ mlaf_wr_rstd(const params &p, const mlaf_row_args &, int64_t t,
                                             const mlaf_token_info &)
         : p_(p.out + 2 * t) {}
-    __device__ __forceinline__ void finish(float rq, float rkv, bool leader) {
-        if (leader) p_[0] = rq, p_[1] = rkv;
+    __device__ __forceinline__ void finish(float rq, float rkv, int lead) {
+        if (lead & MLAF_LEAD_Q) p_[0] = rq;
+        if (lead & MLAF_LEAD_KV) p_[1] = rkv;
     }
 };
 
@@ -162,8 +168,8 @@ template <class A, class B> struct mlaf_wr_pair {
     __device__ __forceinline__ void pe(int j, bool ok, const float *f, uint4 v) {
         x_.pe(j, ok, f, v), y_.pe(j, ok, f, v);
     }
-    __device__ __forceinline__ void finish(float rq, float rkv, bool leader) {
-        x_.finish(rq, rkv, leader), y_.finish(rq, rkv, leader);
+    __device__ __forceinline__ void finish(float rq, float rkv, int lead) {
+        x_.finish(rq, rkv, lead), y_.finish(rq, rkv, lead);
     }
     __device__ __forceinline__ void q1(int64_t i, float y) { x_.q1(i, y), y_.q1(i, y); }
     __device__ __forceinline__ void kv1(int64_t i, float y) { x_.kv1(i, y), y_.kv1(i, y); }

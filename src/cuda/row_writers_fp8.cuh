@@ -94,7 +94,7 @@ template <typename T> struct mlaf_wr_fp8 : mlaf_wr_base {
         if (pe_) put1(pe_ + i, y);
     }
     /* every lane of every warp of the row calls finish */
-    __device__ __forceinline__ void finish(float, float, bool) {
+    __device__ __forceinline__ void finish(float, float, int) {
         if (!amax_) return;
         const float m = mlaf_warp_max(m_, 32);
         if ((threadIdx.x & 31) == 0 && m > 0.0f) atomicMax(reinterpret_cast<int *>(amax_), __float_as_int(m));

@@ -2,7 +2,7 @@
  * test_row_shapes.cu — every launch shape of the CUDA row kernel on the same calls.
  *
  * The library picks one shape per call (row_launch.cuh); this test forces each of them (block,
- * warp, bulk on sm_90, generic) on the same inputs — row layouts of several models, every dtype,
+ * split block, warp, bulk on sm_90, generic) on the same inputs — row layouts of several models, every dtype,
  * both RoPE styles, tokens with bad positions, skipped and out-of-range slots — and checks that
  * every shape gives the generic shape's outputs: q and k_nope within one unit in the last place
  * (their sums run in another order), roped k_pe, the cache and the error count exactly, and
@@ -245,9 +245,9 @@ static void one(const char *model, int Q, int C, int R, bool neox, bool rope, ml
     }
     bool took;
     const bufs ref = run<T>(Q, C, R, T_, neox, rope, cdt, MLAF_ROW_GENERIC, lat, w, pos, slots, cs, nblk, bs, cc, sms, &took);
-    static const mlaf_row_shape shapes[] = {MLAF_ROW_BLOCK, MLAF_ROW_WARP, MLAF_ROW_BULK};
-    static const char *names[] = {"block", "warp", "bulk"};
-    for (int k = 0; k < 3; k++) {
+    static const mlaf_row_shape shapes[] = {MLAF_ROW_BLOCK, MLAF_ROW_WARP, MLAF_ROW_BULK, MLAF_ROW_SPLIT};
+    static const char *names[] = {"block", "warp", "bulk", "split"};
+    for (int k = 0; k < 4; k++) {
         char name[200];
         snprintf(name, sizeof name, "ROW_SHAPE(model=%s,Q=%d,R=%d,dtype=%s,op=%s,rope=%s,cache=%s,shape=%s)", model, Q, R,
                  mlaf_dtype_name(dt), rope ? "mla_kv_cache" : "split_qk_norm", neox ? "neox" : "interleaved",
@@ -309,12 +309,12 @@ static void fp8_one(const char *model, int Q, int C, int R, bool neox, int cc, i
     const std::vector<int32_t> &pos = in.pos, &slots = in.slots;
     const std::vector<float> &cs = in.cs;
 
-    static const mlaf_row_shape shapes[] = {MLAF_ROW_GENERIC, MLAF_ROW_BLOCK, MLAF_ROW_WARP, MLAF_ROW_BULK};
-    static const char *names[] = {"generic", "block", "warp", "bulk"};
+    static const mlaf_row_shape shapes[] = {MLAF_ROW_GENERIC, MLAF_ROW_BLOCK, MLAF_ROW_WARP, MLAF_ROW_BULK, MLAF_ROW_SPLIT};
+    static const char *names[] = {"generic", "block", "warp", "bulk", "split"};
     for (int fmt = F_FP8_DIV; fmt < F_COUNT; fmt++) {
         if (fmt >= F_DS_AMAX && (dt != MLAF_BF16 || C % 128)) continue;
         const int64_t rec = rec_bytes(fmt, C, R, 1);
-        for (int k = 0; k < 4; k++) {
+        for (int k = 0; k < 5; k++) {
             char name[200];
             snprintf(name, sizeof name, "ROW_SHAPE(model=%s,Q=%d,R=%d,dtype=%s,op=mla_kv_cache,rope=%s,cache=%s,shape=%s)",
                      model, Q, R, mlaf_dtype_name(dt), neox ? "neox" : "interleaved", fmt_names[fmt], names[k]);
@@ -358,10 +358,10 @@ static void v4_one(int cc, int sms) {
     const int Q = 1024, C = 512, tail = 64;
     const int64_t T_ = 37, es = 2, ls = Q + C + 16, nblk = 7, bs = 8, max_pos = 50, stride = bs * 584 + 32;
     const inputs in = make_inputs(MLAF_BF16, Q, C, tail, T_, ls, 2.0f, 0.5f, nblk, bs, max_pos); /* cs [50, 64] */
-    static const mlaf_row_shape shapes[] = {MLAF_ROW_GENERIC, MLAF_ROW_BLOCK, MLAF_ROW_WARP, MLAF_ROW_BULK};
-    static const char *names[] = {"generic", "block", "warp", "bulk"};
+    static const mlaf_row_shape shapes[] = {MLAF_ROW_GENERIC, MLAF_ROW_BLOCK, MLAF_ROW_WARP, MLAF_ROW_BULK, MLAF_ROW_SPLIT};
+    static const char *names[] = {"generic", "block", "warp", "bulk", "split"};
     std::vector<unsigned char> k0;
-    for (int k = 0; k < 4; k++) {
+    for (int k = 0; k < 5; k++) {
         char name[160];
         snprintf(name, sizeof name, "ROW_SHAPE(model=deepseek-v4-flash,Q=%d,R=0,kv_rope_tail=%d,dtype=bf16,op=mla_kv_cache,cache=fp8_v4,shape=%s)",
                  Q, tail, names[k]);
