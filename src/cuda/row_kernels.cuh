@@ -28,35 +28,24 @@
 
 #define MLAF_ROW_WARPS 4 /* warps per block of the warp / bulk / generic shapes */
 
-/* Writers with side work (Wr::kSide: the DSA indexer key) run in more blocks: of each K + 1
- * consecutive blocks the first K are row blocks and the last a side block, whose warp w takes
- * tokens g N K + w + N i (i < K; g the group, N the block's warps) for Wr::side, beside the
- * group's row blocks, so neither waits for the other. The warp and bulk shapes take
- * K = MLAF_ROW_SIDE_K, the block and generic shapes K = 1 (a block-shape side block already has
- * more warps, one per 32 vectors of the row, than its row block has rows). Returns the row block
- * of this block (row blocks past the call's rows find none), or -1 after the side work. */
-#ifndef MLAF_ROW_SIDE_K
-#define MLAF_ROW_SIDE_K 1
-#endif
-template <class Wr, int K = 1>
+/* Writers with side work (Wr::kSide: the DSA indexer key) run in twice the blocks: odd block
+ * 2b + 1 gives each of its warps one token of [b x warps, (b + 1) x warps) for Wr::side, beside
+ * even block 2b's rows, so neither waits for the other. Returns the row block of this block, or
+ * -1 after the side work. */
+template <class Wr>
 __device__ __forceinline__ int64_t mlaf_row_block_id(const mlaf_row_args &a, const typename Wr::params &wp) {
     if constexpr (Wr::kSide) {
-        const int64_t b = blockIdx.x, g = b / (K + 1), r = b - g * (K + 1);
-        if (r == K) {
-            const int nw = blockDim.x >> 5;
-            const int64_t t0 = g * nw * K + (threadIdx.x >> 5);
-#pragma unroll 1
-            for (int i = 0; i < K; i++) Wr::side(wp, a, t0 + (int64_t)nw * i);
+        const int64_t b = blockIdx.x;
+        if (b & 1) {
+            Wr::side(wp, a, (b >> 1) * (int64_t)(blockDim.x >> 5) + (threadIdx.x >> 5));
             return -1;
         }
-        return g * K + r;
+        return b >> 1;
     }
     return blockIdx.x;
 }
 /* Blocks of a launch of n row blocks. */
-template <class Wr, int K = 1> static inline int64_t mlaf_row_grid(int64_t n) {
-    return Wr::kSide ? (n + K - 1) / K * (K + 1) : n;
-}
+template <class Wr> static inline int64_t mlaf_row_grid(int64_t n) { return Wr::kSide ? 2 * n : n; }
 
 /* ---- block shape ------------------------------------------------------------------------ */
 __device__ __forceinline__ void mlaf_bar_sync(int id, int n) {
@@ -269,7 +258,7 @@ template <typename T, class L, bool BULK, bool ROPE, class Wr>
 __global__ void __launch_bounds__(MLAF_ROW_WARPS * 32, mlaf_row_minb4<BULK ? L::NQ + L::NC + 1 : L::NS>::value)
 mlaf_row_warp_kernel(const mlaf_row_args a, const typename Wr::params wp) {
     mlaf_pdl_begin();
-    const int64_t bid = mlaf_row_block_id<Wr, MLAF_ROW_SIDE_K>(a, wp);
+    const int64_t bid = mlaf_row_block_id<Wr>(a, wp);
     if (bid < 0) return;
     if constexpr (BULK) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900

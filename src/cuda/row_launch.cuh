@@ -64,7 +64,7 @@ template <typename T, class L, bool ROPE, class Wr>
 static cudaError_t mlaf_row_go_warp(const mlaf_row_args &a0, const typename Wr::params &wp, bool bulk,
                                     cudaStream_t stream) {
     mlaf_row_args a = a0;
-    const int64_t blocks = mlaf_row_grid<Wr, MLAF_ROW_SIDE_K>((a.T + MLAF_ROW_WARPS - 1) / MLAF_ROW_WARPS);
+    const int64_t blocks = mlaf_row_grid<Wr>((a.T + MLAF_ROW_WARPS - 1) / MLAF_ROW_WARPS);
     size_t smem = 0;
     if (bulk) {
         a.slot = (int32_t)((((int64_t)a.Q + a.C + a.R) * (int64_t)sizeof(T) + 127) / 128 * 128);
