@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # One device call of timings: earlier or variant builds of `mlafuse` against the pack's, interleaved
 # so all see the same GPU state; the row-layout sweep; the fp8 cache formats.
-#   bash dev/gpu_ab.sh [steps]   steps: ab sweep fp8 v4 dsa v32 (default ab sweep fp8)
+#   bash dev/gpu_ab.sh [steps]   steps: ab sweep fp8 v4 dsa v32 peers (default ab sweep fp8)
 #   ab     GLM-4.7-Flash and DeepSeek-V3, every op, the pack's build (new) against old;
 #   v4     DeepSeek-V4's fp8_v4 rows, T = 1 ... 131072, two rounds of every build;
 #   dsa    GLM-5 and DeepSeek-V3.2 with the indexer and fp8_ds_mla (and the unfused chain), two
 #          rounds of every build;
 #   v32    split_qk_norm and mla_kv_cache at T = 1 ... 512 (graph to 64), DeepSeek-V3.2 and
 #          GLM-4.7-Flash, plain and --pdl (step v32pdl in the table), two rounds of every build.
+#   peers  the pack's build only, three rounds: the shapes where a peer kernel's figure is the bar
+#          (routers T = 1 ... 4096, rope_q, DeepSeek-V3.2 mla_kv_cache graph rows with --pdl).
 # The other builds travel in the pack: scripts/gpu-pack takes .gpu-pack/ab/mlafuse-NAME into it as
 # tools/mlafuse-NAME; NAME old is the baseline (OLD=path overrides it), any other NAME a variant
 # that v4 and dsa time beside it, or only the step STEP when NAME is STEP.VARIANT (v4.minb7).
@@ -44,6 +46,14 @@ for s in $steps; do case $s in
           b v32-$w-$p-$op-$r "$(bin $w)" bench --op $op --preset $p --tokens 1,8,16,64,256,512
           b v32pdl-$w-$p-$op-$r "$(bin $w)" bench --op $op --preset $p --tokens 1,8,16,64,256,512 --pdl
         done; done; done; done ;;
+  peers) for r in 1 2 3; do # the rows where a peer kernel's figure is the bar, the pack's build
+        b peers-gate-glm-graph-$r $NEW bench --op moe_gate --preset glm-4.7-flash --dtype f32 --tokens 1,16,64 --pdl
+        for p in glm-4.7-flash deepseek-v3; do for d in f32 bf16; do
+          b peers-gate-$p-$d-$r $NEW bench --op moe_gate --preset $p --dtype $d --tokens 256,1024,2048,4096; done; done
+        b peers-rope-glm-$r $NEW bench --op rope_q --preset glm-4.7-flash --tokens 1024,4096,16384
+        b peers-rope-dsv3-$r $NEW bench --op rope_q --preset deepseek-v3 --tokens 64 --pdl
+        b peers-kv-v32-$r $NEW bench --op mla_kv_cache --preset deepseek-v3.2 --tokens 1,16,64 --pdl
+      done ;;
 esac; done
 for s in $steps; do echo "== $s"; case $s in
   v4|dsa) python3 dev/ab_compare.py "$DEST" $s ;;

@@ -7,7 +7,8 @@
  *      weights and dense outputs (the writers' own checks, e.g. the cache's, are the caller's:
  *      mlaf_row_vec_ok), and a pe part of at most 32 vectors (NeoX: R/2 a multiple of W);
  *      anything else runs the generic shape.
- *   2. Up to MLAF_ROW_BLOCK_ROWS_PER_SM rows per SM a call is latency-bound: the block shape.
+ *   2. Up to MLAF_ROW_BLOCK_ROWS_PER_SM rows per SM a call is latency-bound: the block shape;
+ *      up to MLAF_ROW_SPLIT_ROWS_PER_SM, rows with a q part split over two blocks.
  *   3. Larger calls: a warp per row. On sm_90 with weights stored in the latent dtype the bulk
  *      shape, else the warp shape (registers). Rows whose parts do not fit an instantiated
  *      layout take the block shape (or, past 1024 threads, the generic one).
@@ -20,11 +21,11 @@
 
 /* Up to this many rows per SM, one block per row (the call is one row's dependency chain). */
 #define MLAF_ROW_BLOCK_ROWS_PER_SM 4
-/* Up to this many rows per SM (0: never), rows with a q part take two blocks each (the split
- * block shape), their q part apart from kv and pe. */
-#ifndef MLAF_ROW_SPLIT_ROWS_PER_SM
-#define MLAF_ROW_SPLIT_ROWS_PER_SM 0
-#endif
+/* Up to this many rows per SM, rows with a q part take two blocks each (the split block shape),
+ * their q part on one SM, kv and pe on another: the row's chain is the longer of the two parts
+ * instead of both (H200, DeepSeek-V3.2 mla_kv_cache T = 1 graph 2.24 -> 1.92 us; at 4 rows per
+ * SM, T = 512, 7.0 -> 7.3-7.6). */
+#define MLAF_ROW_SPLIT_ROWS_PER_SM 2
 
 /* Forced shapes, for tests and dev/ comparisons (the library passes AUTO). */
 enum mlaf_row_shape { MLAF_ROW_AUTO = 0, MLAF_ROW_BLOCK, MLAF_ROW_WARP, MLAF_ROW_BULK, MLAF_ROW_GENERIC, MLAF_ROW_SPLIT };
