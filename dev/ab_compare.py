@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Builds side by side from dev/gpu_ab.sh's JSON files: `ab_compare.py DIR STEP` reads every
 DIR/STEP-BUILD-*.json (BUILD: new, old or a variant's name; every round) and prints one line per
-(preset, op, cache, T, mode) and build: the fused us of its rounds, the median against old's, and
-its % of copy and x unfused."""
+(preset, op with its dtype when not bf16, cache, T, mode) and build: the fused us of its rounds,
+the median against old's, and its % of copy and x unfused."""
 import glob
 import json
 import os
@@ -21,7 +21,8 @@ for path in sorted(glob.glob(f"{d}/{step}-*.json")):
     for r in doc.get("rows", []):
         if r.get("fused_us") is None:
             continue
-        k = (r.get("preset") or "-", r["op"], r.get("cache") or "-", r["T"], r.get("mode") or "-")
+        op = r["op"] if doc.get("dtype", "bf16") == "bf16" else f'{r["op"]}:{doc["dtype"]}'
+        k = (r.get("preset") or doc.get("preset") or "-", op, r.get("cache") or "-", r["T"], r.get("mode") or "-")
         v = rows.setdefault(k, {}).setdefault(build, {"us": [], "pct": [], "x": []})
         v["us"].append(r["fused_us"])
         v["pct"].append(r.get("pct_of_copy"))

@@ -8,8 +8,8 @@
 #          rounds of every build;
 #   v32    split_qk_norm and mla_kv_cache at T = 1 ... 512 (graph to 64), DeepSeek-V3.2 and
 #          GLM-4.7-Flash, plain and --pdl (step v32pdl in the table), two rounds of every build.
-#   peers  the pack's build only, three rounds: the shapes where a peer kernel's figure is the bar
-#          (routers T = 1 ... 4096, rope_q, DeepSeek-V3.2 mla_kv_cache graph rows with --pdl).
+#   peers  the shapes where a peer kernel's figure is the bar (routers T = 1 ... 4096, rope_q,
+#          DeepSeek-V3.2 mla_kv_cache graph rows with --pdl), three rounds of every build.
 # The other builds travel in the pack: scripts/gpu-pack takes .gpu-pack/ab/mlafuse-NAME into it as
 # tools/mlafuse-NAME; NAME old is the baseline (OLD=path overrides it), any other NAME a variant
 # that v4 and dsa time beside it, or only the step STEP when NAME is STEP.VARIANT (v4.minb7).
@@ -46,17 +46,17 @@ for s in $steps; do case $s in
           b v32-$w-$p-$op-$r "$(bin $w)" bench --op $op --preset $p --tokens 1,8,16,64,256,512
           b v32pdl-$w-$p-$op-$r "$(bin $w)" bench --op $op --preset $p --tokens 1,8,16,64,256,512 --pdl
         done; done; done; done ;;
-  peers) for r in 1 2 3; do # the rows where a peer kernel's figure is the bar, the pack's build
-        b peers-gate-glm-graph-$r $NEW bench --op moe_gate --preset glm-4.7-flash --dtype f32 --tokens 1,16,64 --pdl
+  peers) for r in 1 2 3; do for w in $(builds peers); do x="$(bin $w)" # rows where a peer's figure is the bar
+        b peers-$w-gate-glm-graph-$r $x bench --op moe_gate --preset glm-4.7-flash --dtype f32 --tokens 1,16,64 --pdl
         for p in glm-4.7-flash deepseek-v3; do for d in f32 bf16; do
-          b peers-gate-$p-$d-$r $NEW bench --op moe_gate --preset $p --dtype $d --tokens 256,1024,2048,4096; done; done
-        b peers-rope-glm-$r $NEW bench --op rope_q --preset glm-4.7-flash --tokens 1024,4096,16384
-        b peers-rope-dsv3-$r $NEW bench --op rope_q --preset deepseek-v3 --tokens 64 --pdl
-        b peers-kv-v32-$r $NEW bench --op mla_kv_cache --preset deepseek-v3.2 --tokens 1,16,64 --pdl
-      done ;;
+          b peers-$w-gate-$p-$d-$r $x bench --op moe_gate --preset $p --dtype $d --tokens 256,1024,2048,4096; done; done
+        b peers-$w-rope-glm-$r $x bench --op rope_q --preset glm-4.7-flash --tokens 1024,4096,16384
+        b peers-$w-rope-dsv3-$r $x bench --op rope_q --preset deepseek-v3 --tokens 64 --pdl
+        b peers-$w-kv-v32-$r $x bench --op mla_kv_cache --preset deepseek-v3.2 --tokens 1,16,64 --pdl
+      done; done ;;
 esac; done
 for s in $steps; do echo "== $s"; case $s in
-  v4|dsa) python3 dev/ab_compare.py "$DEST" $s ;;
+  v4|dsa|peers) python3 dev/ab_compare.py "$DEST" $s ;;
   v32) python3 dev/ab_compare.py "$DEST" v32; echo "== v32 --pdl"; python3 dev/ab_compare.py "$DEST" v32pdl ;;
   *) python3 scripts/bench_table.py "$DEST"/$s-*.json ;;
 esac; done
