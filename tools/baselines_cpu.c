@@ -186,14 +186,14 @@ int blc_cache_write_fp8(const mlaf_kv_cache_job *j, const void *k_nope, const vo
         /* cache dtypes u8 / fp8_e4m3: strides in elements are strides in bytes */
         uint8_t *dst = (uint8_t *)j->cache + blk * j->cache_s0 + off * j->cache_s1;
         const char *kn = CROW(k_nope, dt, t, C), *kp = CROW(k_pe, dt, t, R);
-        float x[4096], y[4096]; /* x: the row as stored, in fp32; y: round_amax's copy (rounding a
-                                 * stored row again changes nothing: only its amax is used) */
+        float x[4096]; /* the row as stored, in fp32 (round_amax rounds it in place: no change
+                        * to a stored row's values, only its amax is used) */
         if (v4) { /* SPEC §11 (bf16 rows of 512, the last 64 roped): a planar page */
             uint8_t *page = (uint8_t *)j->cache + blk * j->cache_s0;
             uint8_t *data = page + off * 576, *sc = page + j->block_size * 576 + off * 8;
             widen(kn, dt, 448, x);
             for (int32_t b = 0; b < 7; b++) {
-                const int e = mlaf_ue8m0_exponent(k->round_amax(x + 64 * b, 64, dt, y, 0.0f));
+                const int e = mlaf_ue8m0_exponent(k->round_amax(x + 64 * b, 64, dt, x + 64 * b, 0.0f));
                 k->e4m3(x + 64 * b, 64, mlaf_exp2_neg_f32(e), 0, data + 64 * b);
                 sc[b] = mlaf_ue8m0_byte(e);
             }
@@ -213,8 +213,9 @@ int blc_cache_write_fp8(const mlaf_kv_cache_job *j, const void *k_nope, const vo
         /* fp8_ds_mla (bf16 rows): [C e4m3 | C/128 f32 scales | R bf16 rope values] */
         widen(kn, dt, C, x);
         for (int32_t tile = 0; tile < C / 128; tile++) {
-            const float s = tile_scale(k->round_amax(x + 128 * tile, 128, dt, y, 0.0f), j->tile_scale); /* NaN ignored */
-            k->e4m3(x + 128 * tile, 128, s, 1, dst + 128 * tile);
+            float *xt = x + 128 * tile;
+            const float s = tile_scale(k->round_amax(xt, 128, dt, xt, 0.0f), j->tile_scale); /* NaN ignored */
+            k->e4m3(xt, 128, s, 1, dst + 128 * tile);
             const uint32_t sb = mlaf_f32_bits(s);
             for (int q = 0; q < 4; q++) dst[C + 4 * tile + q] = (uint8_t)(sb >> (8 * q)); /* little-endian */
         }

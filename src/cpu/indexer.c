@@ -33,21 +33,23 @@ static void widen(const void *x, mlaf_dtype dt, int n, float *f) {
 
 static void load128(const void *x, mlaf_dtype dt, float *f) { widen(x, dt, MLAF_IDX_D, f); }
 
-/* A row x of dt with its values [0, 64) roped (index_math.h's mlaf_index_rope: the path's rope
- * kernel computes the same products and rounding) into y, fp32. */
-static void rope_row(const mlaf_norm_kern *k, const void *x, mlaf_dtype dt, mlaf_rope_style style, const float *cs,
-                     float *y) {
-    const size_t es = mlaf_dtype_size(dt);
+/* A row x (dtype xdt, values of dt) with its values [0, 64) roped (index_math.h's
+ * mlaf_index_rope: the path's rope kernel computes the same products and rounding to dt) into y,
+ * fp32; y may be x (xdt f32): its values [64, 128) then stay where they are. */
+static void rope_row(const mlaf_norm_kern *k, const void *x, mlaf_dtype xdt, mlaf_dtype dt, mlaf_rope_style style,
+                     const float *cs, float *y) {
     float r[MLAF_INDEX_ROPE_DIM];
     uint16_t h[MLAF_INDEX_ROPE_DIM];
     if (dt == MLAF_F32) {
-        k->rope(x, dt, MLAF_INDEX_ROPE_DIM, style, cs, r, MLAF_F32, NULL, MLAF_F32);
+        k->rope(x, xdt, MLAF_INDEX_ROPE_DIM, style, cs, r, MLAF_F32, NULL, MLAF_F32);
         memcpy(y, r, sizeof r);
     } else {
-        k->rope(x, dt, MLAF_INDEX_ROPE_DIM, style, cs, h, dt, NULL, dt);
+        k->rope(x, xdt, MLAF_INDEX_ROPE_DIM, style, cs, h, dt, NULL, dt);
         widen(h, dt, MLAF_INDEX_ROPE_DIM, y);
     }
-    widen((const char *)x + MLAF_INDEX_ROPE_DIM * es, dt, MLAF_IDX_D - MLAF_INDEX_ROPE_DIM, y + MLAF_INDEX_ROPE_DIM);
+    if ((const void *)y != x)
+        widen((const char *)x + MLAF_INDEX_ROPE_DIM * mlaf_dtype_size(xdt), xdt, MLAF_IDX_D - MLAF_INDEX_ROPE_DIM,
+              y + MLAF_INDEX_ROPE_DIM);
 }
 
 /* index_math.h's mlaf_index_layernorm with the rounding by the path's kernel (same bits) */
@@ -91,12 +93,11 @@ static void index_finish(const mlaf_cpu_writer *w, const mlaf_cpu_row *r) {
     const mlaf_dtype dt = kv->norm.dt;
     const size_t es = mlaf_dtype_size(dt);
     const mlaf_norm_kern *k = w->k;
-    float x[MLAF_IDX_D], y[MLAF_IDX_D], row[MLAF_IDX_D]; /* row: y in dt (f32 fits all) */
+    float x[MLAF_IDX_D], y[MLAF_IDX_D];
     load128((const char *)ix->k + t * ix->k_stride * (int64_t)es, dt, x);
     mlaf_cpu_index_layernorm(k, x, st->w, st->b, ix->ln_eps, dt, y);
     const int64_t pos = mlaf_load_index(kv->rope.positions, kv->rope.pos_dt, t); /* valid: r->ok */
-    k->convert(y, MLAF_IDX_D, row, dt, 0); /* exact: y is rounded to dt */
-    rope_row(k, row, dt, ix->style, kv->rope.cos_sin + pos * kv->rope.cos_sin_stride, y);
+    rope_row(k, y, MLAF_F32, dt, ix->style, kv->rope.cos_sin + pos * kv->rope.cos_sin_stride, y); /* y: values of dt */
     if (ix->hadamard) mlaf_index_hadamard(y, dt);
     if (ix->out) k->convert(y, MLAF_IDX_D, (char *)ix->out + t * ix->out_stride * (int64_t)es, dt, 0);
     if (r->slot < 0) return;
@@ -137,9 +138,12 @@ static int64_t indexer_q_items(const mlaf_norm_kern *k, const mlaf_indexer_q_job
     const size_t es = mlaf_dtype_size(j->dt), wes = mlaf_dtype_size(j->w_dt);
     int64_t errors = 0;
     const float *cs = NULL;
-    for (int64_t i = i0, t = i0 / HH, h = i0 % HH; i < i1; i++, h = h + 1 < HH ? h + 1 : (t++, 0)) {
-        if (i == i0 || h == 0) { /* the token's position, once per token */
+    int64_t tc = -1; /* the token whose position cs is */
+    for (int64_t i = i0; i < i1; i++) {
+        const int64_t t = i / HH, h = i % HH;
+        if (t != tc) { /* the token's position, once per token */
             const int64_t pos = mlaf_load_index(r->positions, r->pos_dt, t);
+            tc = t;
             cs = pos >= 0 && pos < r->max_pos ? r->cos_sin + pos * r->cos_sin_stride : NULL;
         }
         if (!cs) {
@@ -154,7 +158,7 @@ static int64_t indexer_q_items(const mlaf_norm_kern *k, const mlaf_indexer_q_job
             continue;
         }
         float y[MLAF_IDX_D];
-        rope_row(k, (const char *)j->q + (t * j->q_s0 + h * j->q_s1) * (int64_t)es, j->dt, r->style, cs, y);
+        rope_row(k, (const char *)j->q + (t * j->q_s0 + h * j->q_s1) * (int64_t)es, j->dt, j->dt, r->style, cs, y);
         if (j->hadamard) mlaf_index_hadamard(y, j->dt);
         const float s = mlaf_cpu_index_quantize(k, y, j->amax_eps, j->scale, j->q_fp8 + t * j->f_s0 + h * j->f_s1);
         const float wv = mlaf_load_f32((const char *)j->w + t * j->w_stride * (int64_t)wes, j->w_dt, h);

@@ -350,6 +350,19 @@ void GATE_ROWS(const mlaf_moe_gate_job *job, int64_t t0, int64_t t1) {
 /* Hash routing, token t: ids from the table row of token_ids[t]; returns 1 for a bad row
  * (token id outside [0, vocab), an entry outside [0, E) or repeated), which gets ids
  * 0 .. k-1 with weight 0. */
+/* Token t's table row, or NULL for a token id outside the table. */
+static const char *hash_row(const mlaf_moe_gate_job *job, int64_t t) {
+    const int64_t tok = job->token_ids_dt == MLAF_I32 ? (int64_t)((const int32_t *)job->token_ids)[t]
+                                                      : ((const int64_t *)job->token_ids)[t];
+    if (tok < 0 || tok >= job->vocab) return NULL;
+    return (const char *)job->tid2eid + (size_t)(tok * job->tid2eid_stride) * mlaf_dtype_size(job->tid2eid_dt);
+}
+
+/* Expert j of a table row. */
+static int64_t hash_id(const mlaf_moe_gate_job *job, const char *row, int32_t j) {
+    return job->tid2eid_dt == MLAF_I32 ? (int64_t)((const int32_t *)row)[j] : ((const int64_t *)row)[j];
+}
+
 static int hash_token(const mlaf_moe_gate_job *job, int64_t t, gate_scratch *sc) {
     const int32_t E = job->E, k = job->top_k;
     const size_t lsz = mlaf_dtype_size(job->logits_dt);
@@ -364,18 +377,15 @@ static int hash_token(const mlaf_moe_gate_job *job, int64_t t, gate_scratch *sc)
         for (int32_t e = 0; e < E; e++) s[e] = is_finite_bits(f32_bits(x[e])) ? s[e] : NAN;
     }
 
-    const int64_t tok = job->token_ids_dt == MLAF_I32 ? (int64_t)((const int32_t *)job->token_ids)[t]
-                                                      : ((const int64_t *)job->token_ids)[t];
-    int bad = tok < 0 || tok >= job->vocab;
+    const char *tr = hash_row(job, t);
+    int bad = !tr;
     int32_t id[128];
     float w[128];
     /* seen: one bit per expert, to find repeats in O(k) */
     uint64_t seen[GATE_MAX_E / 64];
     memset(seen, 0, sizeof seen);
     for (int32_t j = 0; j < k && !bad; j++) {
-        const int64_t at = tok * job->tid2eid_stride + j;
-        const int64_t e = job->tid2eid_dt == MLAF_I32 ? (int64_t)((const int32_t *)job->tid2eid)[at]
-                                                      : ((const int64_t *)job->tid2eid)[at];
+        const int64_t e = hash_id(job, tr, j);
         if (e < 0 || e >= E || ((seen[e >> 6] >> (e & 63)) & 1u)) {
             bad = 1;
             break;
@@ -401,14 +411,6 @@ static int hash_token(const mlaf_moe_gate_job *job, int64_t t, gate_scratch *sc)
     return bad;
 }
 
-/* Token t's table row, or NULL for a token id outside the table. */
-static const char *hash_row(const mlaf_moe_gate_job *job, int64_t t) {
-    const int64_t tok = job->token_ids_dt == MLAF_I32 ? (int64_t)((const int32_t *)job->token_ids)[t]
-                                                      : ((const int64_t *)job->token_ids)[t];
-    if (tok < 0 || tok >= job->vocab) return NULL;
-    return (const char *)job->tid2eid + (size_t)(tok * job->tid2eid_stride) * mlaf_dtype_size(job->tid2eid_dt);
-}
-
 /* A token's chain is three dependent reads (its id, its table row, the chosen logits), each
  * likely a miss: tokens HASH_AHEAD_ROW ahead get their table row prefetched, tokens
  * HASH_AHEAD_LOGITS ahead (whose row has arrived by then) the lines of their chosen logits. */
@@ -430,8 +432,7 @@ static int64_t hash_rows(const mlaf_moe_gate_job *job, int64_t t0, int64_t t1) {
         if (r) {
             const char *row = (const char *)job->logits + (size_t)(ta * job->logits_stride) * lsz;
             for (int32_t j = 0; j < job->top_k; j++) {
-                const int64_t e = job->tid2eid_dt == MLAF_I32 ? (int64_t)((const int32_t *)r)[j]
-                                                              : ((const int64_t *)r)[j];
+                const int64_t e = hash_id(job, r, j);
                 if (e >= 0 && e < job->E) __builtin_prefetch(row + (size_t)e * lsz, 0, 3);
             }
         }

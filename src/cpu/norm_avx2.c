@@ -26,14 +26,18 @@ static inline __m256 ld8(const void *p, mlaf_dtype dt, int64_t i) {
     return _mm256_cvtph_ps(h);
 }
 
+/* u + 0x7fff + lsb(u >> 16): the bf16 rounding of each lane, left in the high 16 bits; NaNs
+ * become the quiet NaN half.h makes. */
+static inline __m256i bf16_biased(__m256 v) {
+    const __m256i u = _mm256_castps_si256(v);
+    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    const __m256i r = _mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), lsb));
+    const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+    return _mm256_blendv_epi8(r, _mm256_or_si256(u, _mm256_set1_epi32(0x400000)), nan);
+}
+
 static inline __m128i to_bf16(__m256 v) {
-    __m256i u = _mm256_castps_si256(v);
-    __m256i hi = _mm256_srli_epi32(u, 16);
-    __m256i r = _mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff),
-                                                     _mm256_and_si256(hi, _mm256_set1_epi32(1))));
-    r = _mm256_srli_epi32(r, 16);
-    __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
-    r = _mm256_blendv_epi8(r, _mm256_or_si256(hi, _mm256_set1_epi32(0x40)), nan);
+    const __m256i r = _mm256_srli_epi32(bf16_biased(v), 16);
     __m256i packed = _mm256_packus_epi32(r, r); /* per 128-bit lane: r0..r3 r0..r3 */
     return _mm256_castsi256_si128(_mm256_permute4x64_epi64(packed, 0x08));
 }
@@ -157,12 +161,7 @@ static void convert_avx2(const float *v, int64_t n, void *out, mlaf_dtype odt, i
 
 static inline __m256 round_to(__m256 v, mlaf_dtype dt) {
     if (dt == MLAF_F16) return _mm256_cvtph_ps(_mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
-    const __m256i u = _mm256_castps_si256(v), hi = _mm256_srli_epi32(u, 16);
-    __m256i r = _mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), _mm256_and_si256(hi, _mm256_set1_epi32(1))));
-    r = _mm256_and_si256(r, _mm256_set1_epi32((int)0xffff0000u));
-    const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
-    r = _mm256_blendv_epi8(r, _mm256_slli_epi32(_mm256_or_si256(hi, _mm256_set1_epi32(0x40)), 16), nan);
-    return _mm256_castsi256_ps(r);
+    return _mm256_castsi256_ps(_mm256_and_si256(bf16_biased(v), _mm256_set1_epi32((int)0xffff0000u)));
 }
 
 static float round_amax_avx2(const float *v, int64_t n, mlaf_dtype dt, float *x, float m) {

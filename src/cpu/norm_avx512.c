@@ -368,16 +368,11 @@ static BF16_TARGET void convert_avx512_bf16(const float *v, int64_t n, void *out
 
 /* ---- fp8 writers' steps ------------------------------------------------------------------ */
 
-/* v rounded to dt and widened back: bf16 by the integer rounding (NaNs kept quiet, as half.h),
- * f16 through vcvtps2ph in round-to-nearest-even mode. */
+/* v rounded to dt and widened back: bf16 by bf16_biased's integer rounding (NaNs kept quiet, as
+ * half.h), f16 through vcvtps2ph in round-to-nearest-even mode. */
 AI __m512 round_to(__m512 v, mlaf_dtype dt) {
     if (dt == MLAF_F16) return _mm512_cvtph_ps(_mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-    const __m512i u = _mm512_castps_si512(v), hi = _mm512_srli_epi32(u, 16);
-    __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), _mm512_and_si512(hi, _mm512_set1_epi32(1))));
-    r = _mm512_and_si512(r, _mm512_set1_epi32((int)0xffff0000u));
-    const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-    r = _mm512_mask_mov_epi32(r, nan, _mm512_slli_epi32(_mm512_or_si512(hi, _mm512_set1_epi32(0x40)), 16));
-    return _mm512_castsi512_ps(r);
+    return _mm512_castsi512_ps(_mm512_and_si512(bf16_biased(v), _mm512_set1_epi32((int)0xffff0000u)));
 }
 
 AI float round_amax_body(const float *v, int64_t n, mlaf_dtype dt, float *x, float m) {
