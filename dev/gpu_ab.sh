@@ -49,7 +49,7 @@ for s in $steps; do case $s in
   peers) for r in 1 2 3; do for w in $(builds peers); do x="$(bin $w)" # rows where a peer's figure is the bar
         b peers-$w-gate-glm-graph-$r $x bench --op moe_gate --preset glm-4.7-flash --dtype f32 --tokens 1,16,64 --pdl
         for p in glm-4.7-flash deepseek-v3; do for d in f32 bf16; do
-          b peers-$w-gate-$p-$d-$r $x bench --op moe_gate --preset $p --dtype $d --tokens 256,1024,2048,4096; done; done
+          b peers-$w-gate-$p-$d-$r $x bench --op moe_gate --preset $p --dtype $d --tokens 128,256,512,1024,2048,4096; done; done
         b peers-$w-rope-glm-$r $x bench --op rope_q --preset glm-4.7-flash --tokens 1024,4096,16384
         b peers-$w-rope-dsv3-$r $x bench --op rope_q --preset deepseek-v3 --tokens 64 --pdl
         b peers-$w-kv-v32-$r $x bench --op mla_kv_cache --preset deepseek-v3.2 --tokens 1,16,64 --pdl
