@@ -347,9 +347,6 @@ void GATE_ROWS(const mlaf_moe_gate_job *job, int64_t t0, int64_t t1) {
 }
 
 #ifdef GATE_MAIN
-/* Hash routing, token t: ids from the table row of token_ids[t]; returns 1 for a bad row
- * (token id outside [0, vocab), an entry outside [0, E) or repeated), which gets ids
- * 0 .. k-1 with weight 0. */
 /* Token t's table row, or NULL for a token id outside the table. */
 static const char *hash_row(const mlaf_moe_gate_job *job, int64_t t) {
     const int64_t tok = job->token_ids_dt == MLAF_I32 ? (int64_t)((const int32_t *)job->token_ids)[t]
@@ -363,6 +360,9 @@ static int64_t hash_id(const mlaf_moe_gate_job *job, const char *row, int32_t j)
     return job->tid2eid_dt == MLAF_I32 ? (int64_t)((const int32_t *)row)[j] : ((const int64_t *)row)[j];
 }
 
+/* Hash routing, token t: ids from the table row of token_ids[t]; returns 1 for a bad row
+ * (token id outside [0, vocab), an entry outside [0, E) or repeated), which gets ids
+ * 0 .. k-1 with weight 0. */
 static int hash_token(const mlaf_moe_gate_job *job, int64_t t, gate_scratch *sc) {
     const int32_t E = job->E, k = job->top_k;
     const size_t lsz = mlaf_dtype_size(job->logits_dt);
