@@ -67,6 +67,7 @@ static inline size_t vv_byte(const vview *v, int64_t t, int64_t i) {
     return (size_t)((v->off + t * v->stride + i) * (int64_t)mlaf_dtype_size(v->dt));
 }
 static inline void *vv_dev(const vview *v) {
+    if (!v->b->g.ptr) return NULL; /* an empty buffer (no offset may be applied to NULL) */
     return (char *)v->b->g.ptr + v->off * (int64_t)mlaf_dtype_size(v->dt);
 }
 
