@@ -212,8 +212,9 @@ MLAF_API mlaf_status mlaf_mla_kv_cache(mlaf_context *ctx, const mlaf_mla_kv_cach
  *   FP8_DS_MLA  cache [num_blocks, block_size, C + C/32 + 2 R] bytes (u8 or fp8_e4m3), per token
  *               [C e4m3 | C/128 little-endian f32 tile scales | R bf16 rope(k_pe)] (656 B for
  *               C = 512, R = 64; FlashMLA's sparse decode reads block_size 64). Needs a bf16
- *               latent, C % 128 == 0, both cache strides multiples of 16 bytes. Tile t is values
- *               [128 t, 128 t + 128); its scale s by tile_scale, then e4m3(x / s):
+ *               latent, C % 128 == 0, 16-byte aligned data and both cache strides multiples of
+ *               16 bytes. Tile t is values [128 t, 128 t + 128); its scale s by tile_scale, then
+ *               e4m3(x / s):
  *                 MLAF_TILE_AMAX                max(amax / 448, FLT_MIN)            (vLLM)
  *                 MLAF_TILE_UE8M0               2^ceil_log2(max(amax, 1e-4) / 448)  (DeepSeek)
  *                 MLAF_TILE_UE8M0_FLOOR_SCALED  2^ceil_log2(max(amax / 448, 1e-4))  (FlashMLA's
