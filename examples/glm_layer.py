@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The MLA preparation and MoE routing of one GLM-4.7-Flash decoder layer, in PyTorch with
 random weights: once with plain PyTorch ops, once with mlafuse; checks that both agree within
-SPEC §7 and prints the time of each.
+the tolerances of docs/conventions.md and prints the time of each.
 
 Steps of the layer (T tokens, hidden 2048):
   1. latent = hidden @ W_a                       fused q-a / kv-a projection -> [T, 768+512+64]
@@ -88,7 +88,7 @@ def bf16_ulp(x):
 
 
 def within_ulp(a, b, what):
-    """SPEC §7 for two bf16 results that each round an fp32 value once: at most 1 ulp apart."""
+    """docs/conventions.md for two bf16 results that each round an fp32 value once: <= 1 ulp apart."""
     a, b = a.float(), b.float()
     tol = bf16_ulp(torch.maximum(a.abs(), b.abs()))
     bad = (a - b).abs() > tol

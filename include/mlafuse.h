@@ -6,15 +6,20 @@
  * the whole public C11 API and its manual: every function has its contract beside it. Ops:
  *
  *   mlaf_split_qk_norm   latent [T, Q+C+R] -> q = rmsnorm(q part), k_nope = rmsnorm(kv part),
- *                        k_pe = copy of the rope part                              (SPEC §2)
- *   mlaf_mla_kv_cache    the same, plus RoPE on k_pe and the paged KV-cache write  (SPEC §3)
- *   mlaf_rope_q          RoPE in place on the rope columns of q [T, H, D]          (SPEC §3)
- *   mlaf_mla_kv_cache_dsa  mla_kv_cache plus the DSA indexer key branch           (SPEC §10)
- *   mlaf_indexer_q       the DSA indexer query: RoPE, Hadamard, fp8, folded weights (SPEC §10)
- *   mlaf_moe_gate        MoE router: scores, bias, group mask, top-k, renormalize,
- *                        scale, fused shared experts                               (SPEC §4)
- *   mlaf_moe_gate_hash   hash-routed MoE layer: ids from a token -> experts table, weights
- *                        from the scores at those ids                              (SPEC §11)
+ *                        k_pe = copy of the rope part                         docs/mla.md
+ *   mlaf_mla_kv_cache    the same, plus RoPE on k_pe and the paged KV-cache   docs/mla.md,
+ *                        write, plain or fp8                                  docs/kv_formats.md
+ *   mlaf_rope_q          RoPE in place on the rope columns of q [T, H, D]     docs/mla.md
+ *   mlaf_mla_kv_cache_dsa  mla_kv_cache plus the DSA indexer key branch       docs/dsa.md
+ *   mlaf_indexer_q       the DSA indexer query: RoPE, Hadamard, fp8, folded   docs/dsa.md
+ *                        weights
+ *   mlaf_moe_gate        MoE router: scores, bias, group mask, top-k,         docs/moe_gate.md
+ *                        renormalize, scale, fused shared experts
+ *   mlaf_moe_gate_hash   hash-routed MoE layer: ids from a token -> experts   docs/moe_gate.md
+ *                        table, weights from the scores at those ids
+ *
+ * The docs pages hold the same contract at more length, with the tolerances and the
+ * performance method (docs/conventions.md).
  *
  * Conventions shared by every op
  * ------------------------------
@@ -231,7 +236,7 @@ MLAF_API int mlaf_context_cuda_pdl(const mlaf_context *ctx); /* 1 when enabled, 
 MLAF_API const char *mlaf_context_last_error(const mlaf_context *ctx);
 
 /* ---------------------------------------------------------------------------------------
- * Model presets (SPEC §1)
+ * Model presets (docs/models.md)
  * ------------------------------------------------------------------------------------- */
 /* SQRT_SOFTPLUS (DeepSeek-V4): s = sqrt(softplus(x)), softplus computed without overflow. */
 typedef enum mlaf_score_func {
@@ -266,14 +271,14 @@ typedef struct mlaf_model_config {
     float rms_norm_eps;
     int32_t n_shared_experts;
     mlaf_rope_style rope_style;
-    /* DSA lightning indexer (SPEC §1, §10: GLM-5, DeepSeek-V3.2); index_n_heads 0: none. Its key
+    /* DSA lightning indexer (GLM-5, DeepSeek-V3.2; docs/dsa.md); index_n_heads 0: none. Its key
      * and query rotate dims [0, 64) of each 128-wide head in index_rope_style (interleaved for
      * GLM-5, NeoX for DeepSeek-V3.2: a config's indexer_rope_interleave, absent = NeoX). */
     int32_t index_n_heads;
     int32_t index_head_dim;
     int32_t index_topk;
     mlaf_rope_style index_rope_style;
-    /* DeepSeek-V4 (SPEC §1, §11). kv_rope_tail: 0 for every MLA model; r > 0: the latent is
+    /* DeepSeek-V4 (docs/models.md). kv_rope_tail: 0 for every MLA model; r > 0: the latent is
      * [Q | C] (qk_rope_head_dim = 0) and RoPE rotates the normalized kv values [C - r, C)
      * (V4: 64 of 512). n_hash_layers: the first n MoE layers route by mlaf_moe_gate_hash
      * (V4: 3), the others by mlaf_moe_gate. */

@@ -249,7 +249,7 @@ const char *mlaf_context_last_error(const mlaf_context *ctx) {
     return ctx ? ctx->err : "context is NULL";
 }
 
-/* ---- presets (SPEC §1) ----------------------------------------------------------------- */
+/* ---- presets (docs/models.md) ----------------------------------------------------------------- */
 static const mlaf_model_config presets[] = {
     /* name, Q, C, R, nope, v, heads, E, top_k, n_group, topk_group, score, group score, bias,
      * norm_topk_prob, scaling, apply scaling, eps, shared, rope style, indexer (heads, head dim,
@@ -271,11 +271,11 @@ static const mlaf_model_config presets[] = {
      MLAF_ROPE_INTERLEAVED, 0, 0},
     {"deepseek-v3.2", 1536, 512, 64, 128, 128, 128, 256, 8, 8, 4, MLAF_SCORE_SIGMOID,
      MLAF_GROUP_TOP2_SUM, 1, 1, 2.5f, 1, 1e-6f, 1, MLAF_ROPE_INTERLEAVED, 64, 128, 2048, MLAF_ROPE_NEOX, 0, 0},
-    /* DeepSeek-V4-Flash (SPEC §1, §11): the latent is [1024 | 512] with no separate rope part
+    /* DeepSeek-V4-Flash (docs/models.md): the latent is [1024 | 512] with no separate rope part
      * (R = 0); RoPE rotates the last 64 of the 512 normalized kv values (kv_rope_tail), and the
      * q heads' last 64 of 512. Router: sqrt(softplus) + bias, top-6 of 256, no groups,
      * renormalized, x 1.5; its first 3 MoE layers are hash-routed. Its indexer (pooled keys) is
-     * not SPEC §10's, so the index fields stay 0. */
+     * not the DSA indexer (docs/dsa.md), so the index fields stay 0. */
     {"deepseek-v4-flash", 1024, 512, 0, 448, 512, 64, 256, 6, 1, 1, MLAF_SCORE_SQRT_SOFTPLUS,
      MLAF_GROUP_TOP2_SUM, 1, 1, 1.5f, 1, 1e-6f, 1, MLAF_ROPE_INTERLEAVED, 0, 0, 0, MLAF_ROPE_INTERLEAVED,
      64, 3},

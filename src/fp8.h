@@ -1,5 +1,5 @@
 /*
- * fp8.h — the fp8 numerics every fp8 cache writer shares (SPEC §9), for host code: e4m3
+ * fp8.h — the fp8 numerics every fp8 cache writer shares (docs/kv_formats.md), for host code: e4m3
  * conversion, its decoding, and the power-of-two (UE8M0) scale exponent. Bit-level, so results
  * do not depend on compiler flags or the host's FP environment; the CUDA writers use
  * __nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3), which this conversion reproduces.
@@ -56,7 +56,7 @@ static inline float mlaf_e4m3_to_f32(uint8_t b) {
     return mlaf_bits_f32(sign | ((ef - 7u + 127u) << 23) | (mt << 20));
 }
 
-/* ceil(log2(v)) of a positive normal f32 from its bits (SPEC §9): exponent - 127, plus 1 when the
+/* ceil(log2(v)) of a positive normal f32 from its bits (docs/kv_formats.md): exponent - 127, plus 1 when the
  * mantissa is not zero; +inf gives 128. */
 static inline int mlaf_ceil_log2_f32(float v) {
     const uint32_t u = mlaf_f32_bits(v);
@@ -83,13 +83,13 @@ static inline float mlaf_exp2_neg_f32(int e) {
     return mlaf_bits_f32(e <= 126 ? (uint32_t)(127 - e) << 23 : 1u << (149 - e));
 }
 
-/* fp8_v4's scale byte of a UE8M0 exponent (SPEC §11): clamp(e + 127, 0, 255). */
+/* fp8_v4's scale byte of a UE8M0 exponent (docs/kv_formats.md, fp8_v4): clamp(e + 127, 0, 255). */
 static inline uint8_t mlaf_ue8m0_byte(int e) {
     const int b = e + 127;
     return (uint8_t)(b < 0 ? 0 : b > 255 ? 255 : b);
 }
 
-/* The scale of an fp8_ds_mla tile from its amax (SPEC §9), mode an mlaf_tile_scale:
+/* The scale of an fp8_ds_mla tile from its amax (docs/kv_formats.md), mode an mlaf_tile_scale:
  * AMAX max(amax / 448, FLT_MIN); UE8M0 2^ceil_log2(max(amax, 1e-4) / 448); UE8M0_FLOOR_SCALED
  * 2^ceil_log2(max(amax / 448, 1e-4)). amax is NaN-free (a NaN-ignoring max). */
 static inline float mlaf_tile_scale_of(float amax, int mode) {

@@ -1,5 +1,5 @@
 /*
- * index_math.h — the DSA indexer's per-row arithmetic (SPEC §10) for host code: the CPU backend
+ * index_math.h — the DSA indexer's per-row arithmetic (docs/dsa.md) for host code: the CPU backend
  * and the oracle's encoder. The CUDA kernels (src/cuda/index_row.cuh) compute the same steps in
  * the same order, lane l of a warp holding values [4 l, 4 l + 4), so both backends give the same
  * bits:

@@ -95,7 +95,7 @@ typedef struct mlaf_kv_cache_job {
                                 rope.R == r); 0: none */
 } mlaf_kv_cache_job;
 
-/* The DSA indexer key branch of mla_kv_cache (SPEC §10); rides with a mlaf_kv_cache_job whose
+/* The DSA indexer key branch of mla_kv_cache (docs/dsa.md); rides with a mlaf_kv_cache_job whose
  * rope (R = 64), slots and block_size it shares. */
 typedef struct mlaf_index_job {
     mlaf_rope_style style;
@@ -116,7 +116,7 @@ typedef struct mlaf_index_job {
     int64_t copy_stride;
 } mlaf_index_job;
 
-/* indexer_q (SPEC §10). */
+/* indexer_q (docs/dsa.md). */
 typedef struct mlaf_indexer_q_job {
     mlaf_rope_job rope;      /* R = 64, style = the indexer's */
     mlaf_index_scale scale;
@@ -233,7 +233,7 @@ mlaf_status mlaf_vcheck_rope_inputs(mlaf_context *ctx, int32_t R, mlaf_rope_styl
 mlaf_status mlaf_check_rope_q(mlaf_context *ctx, const mlaf_rope_params *p, const mlaf_tensor *q,
                               const mlaf_tensor *positions, const mlaf_tensor *cos_sin,
                               const mlaf_tensor *error_count, mlaf_rope_q_job *job);
-/* rope_q with its optional q_out (NULL: in place), SPEC §11. */
+/* rope_q with its optional q_out (NULL: in place): docs/mla.md, head_norm. */
 mlaf_status mlaf_check_rope_q_out(mlaf_context *ctx, const mlaf_rope_params *p, const mlaf_tensor *q,
                                   const mlaf_tensor *positions, const mlaf_tensor *cos_sin,
                                   const mlaf_tensor *q_out, const mlaf_tensor *error_count,

@@ -414,7 +414,7 @@ int64_t mlaf_kv_record_bytes(mlaf_kv_format f, mlaf_dtype dt, int32_t C, int32_t
     }
 }
 
-/* The cache description of mla_kv_cache (SPEC §9), into the job. */
+/* The cache description of mla_kv_cache (docs/kv_formats.md), into the job. */
 static mlaf_status check_cache_desc(mlaf_context *ctx, const mlaf_kv_cache_desc *d, int32_t C, int32_t R,
                                     int32_t tail, mlaf_dtype latent_dt, mlaf_kv_cache_job *j) {
     if (!d) return mlaf_fail(ctx, MLAF_ERR_NULL_POINTER, "cache (the cache description) is NULL (required)");

@@ -1,5 +1,5 @@
 /*
- * validate_dsa.c — validation of the DSA indexer (SPEC §10): mla_kv_cache's key branch and the
+ * validate_dsa.c — validation of the DSA indexer (docs/dsa.md): mla_kv_cache's key branch and the
  * indexer_q op. Same rules as validate.c: metadata only, a message naming the argument, nothing
  * written on a rejection.
  */
@@ -51,7 +51,7 @@ mlaf_status mlaf_check_indexer_k(mlaf_context *ctx, const mlaf_indexer_params *i
                                  const mlaf_tensor *q, const mlaf_tensor *k_nope, const mlaf_tensor *k_pe,
                                  const mlaf_tensor *error_count, const mlaf_kv_cache_job *kv, mlaf_index_job *job) {
     TRY(check_params(ctx, ip));
-    if (p->kv_rope_tail > 0) /* DeepSeek-V4: pooled 4-token indexer keys, another design (SPEC §1) */
+    if (p->kv_rope_tail > 0) /* DeepSeek-V4: pooled 4-token indexer keys, another design (docs/models.md) */
         return mlaf_fail(ctx, MLAF_ERR_INVALID_ARGUMENT,
                          "kv_rope_tail = %d: the indexer key branch is DSA's (GLM-5, DeepSeek-V3.2), not "
                          "DeepSeek-V4's pooled indexer", p->kv_rope_tail);

@@ -1,5 +1,5 @@
 /*
- * validate_hash.c — validation of mlaf_moe_gate_hash (SPEC §11: DeepSeek-V4's hash-routed layers).
+ * validate_hash.c — validation of mlaf_moe_gate_hash (docs/moe_gate.md: DeepSeek-V4's hash-routed layers).
  * Same rules as validate.c: metadata only, a message naming the argument, nothing written on a
  * rejection. The router's own arguments are moe_gate's (mlaf_check_moe_gate).
  */

@@ -646,7 +646,7 @@ static void context_cases(void) {
                      m->rope_style == MLAF_ROPE_INTERLEAVED && m->index_n_heads == 0 && m->kv_rope_tail == 0 &&
                      m->n_hash_layers == 0;
     }
-    CASE(presets_ok, "presets match SPEC table");
+    CASE(presets_ok, "presets match the preset tables (docs/models.md)");
     /* the DSA presets: MLA RoPE interleaved in both; the indexer's interleaved for GLM-5 and NeoX
      * for DeepSeek-V3.2 (getting it wrong was a real accuracy bug in three engines) */
     const mlaf_model_config *g5 = mlaf_preset_find("glm-5"), *v32 = mlaf_preset_find("deepseek-v3.2");
@@ -660,7 +660,7 @@ static void context_cases(void) {
              v32->index_topk == 2048 && v32->index_rope_style == MLAF_ROPE_NEOX,
          "preset deepseek-v3.2 (indexer 64 x 128, NeoX)");
     /* DeepSeek-V4-Flash: [1024 | 512] latent with RoPE on the last 64 kv values, sqrt(softplus)
-     * router, the first 3 layers hash-routed (SPEC §1, §11) */
+     * router, the first 3 layers hash-routed (docs/models.md) */
     const mlaf_model_config *v4 = mlaf_preset_find("deepseek-v4-flash");
     mlaf_moe_gate_params v4p = mlaf_moe_gate_params_from_config(v4);
     CASE(v4 && v4->q_lora_rank == 1024 && v4->kv_lora_rank == 512 && v4->qk_rope_head_dim == 0 &&

@@ -2,7 +2,7 @@
  * test_fp8.c — the shared fp8 numerics (src/fp8.h) against references written from the format's
  * definition: every f32 whose magnitude lies in [2^-12, 2^10) (both signs; a stride in quick
  * mode) and samples of the rest encode to the nearest finite e4m3 value with ties to the even
- * code, saturating at 448; NaN and the infinities as SPEC §9 says; every code decodes exactly and
+ * code, saturating at 448; NaN and the infinities as docs/kv_formats.md says; every code decodes exactly and
  * re-encodes to itself; ceil_log2 and the UE8M0 exponent on powers of two and their neighbours, and
  * the UE8M0 exponent against its definition's division for every f32 of positive sign (a stride in
  * quick mode).

@@ -1,5 +1,5 @@
 /*
- * test_indexer.c — the DSA indexer (SPEC §10) on every backend: mla_kv_cache with its key branch
+ * test_indexer.c — the DSA indexer (docs/dsa.md) on every backend: mla_kv_cache with its key branch
  * (every cache format, both RoPE styles, Hadamard on / off, ue8m0 / f32 scales, dtypes, T, block
  * sizes, strided views with an odd index-cache block stride, the in-place dense output, a short
  * slot_mapping) and indexer_q (with and without the MLA q_pe) against the float64 oracle

@@ -1,5 +1,5 @@
 /*
- * test_moe_gate.c — moe_gate (SPEC §4) on every backend against the float64 oracle:
+ * test_moe_gate.c — moe_gate (docs/moe_gate.md) on every backend against the float64 oracle:
  * presets x dtypes x token counts, the shapes other routers reject, exact tie order,
  * non-finite logits, and every rejected argument (status, message, nothing written).
  */
@@ -681,7 +681,7 @@ static void test_isas(mlaf_context *ctx) {
 
 /* ---- the per-token check mlafuse bench uses (mlaf_ref_moe_gate_check_token) ------------ *
  * One token, 4 groups of 2 experts, one group kept, top_k = 2: groups 1 and 2 have scores
- * within a near-tie (SPEC 7), so either group's pair is right, in c order; anything else is not.
+ * within a near-tie (docs/conventions.md), so either group's pair is right, in c order; anything else is not.
  * With the tie broken, only the oracle's group is. Host only (the oracle). */
 static void test_oracle_check(void) {
     const double s23 = 1.0 / (1.0 + exp(-1.0)) + 1.0 / (1.0 + exp(-0.5));

@@ -1,5 +1,5 @@
 /*
- * test_moe_gate_hash.c — mlaf_moe_gate_hash (SPEC §11, DeepSeek-V4's hash-routed layers) on
+ * test_moe_gate_hash.c — mlaf_moe_gate_hash (docs/moe_gate.md, DeepSeek-V4's hash-routed layers) on
  * every backend against the float64 oracle: the V4 preset and other score functions x dtypes x
  * token counts x layouts, every kind of bad row (counted, ids 0..k-1, weight 0), and every
  * rejected argument (status, message naming it, nothing written).

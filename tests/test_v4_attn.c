@@ -1,12 +1,12 @@
 /*
- * test_v4_attn.c — DeepSeek-V4's attention parts (SPEC §11, §12) on every backend, at the V4-Flash
+ * test_v4_attn.c — DeepSeek-V4's attention parts (docs/mla.md) on every backend, at the V4-Flash
  * numbers of mlaf_v4_flash_attn_config (src/ref/verify_util.c) and at smaller odd shapes:
  *
  *   KV_TAIL        mla_kv_cache with kv_rope_tail through the oracle harness: the kv part
  *                  normalized, rounded, its tail rotated and rounded again, into the dense k_nope
  *                  and a plain (any dtype) or per-tensor fp8 cache; strided rows, i32 / i64
  *                  indices, short slot_mapping, any block_size, rejected positions and slots
- *   KV_TAIL_INPLACE the roped in-place form of SPEC §12: k_nope given as the latent's own kv
+ *   KV_TAIL_INPLACE the roped in-place form (docs/mla.md, in-place forms): k_nope given as the latent's own kv
  *                  columns, the row ending as [q_norm | rope-tailed kv_norm]
  *   FP8_V4         the 584-B record through the harness (every byte against the reference
  *                  encoder applied to the op's own dense row, decoding within half an e4m3 ulp)

@@ -148,7 +148,7 @@ int blc_cache_write(const mlaf_kv_cache_job *j, const void *k_nope, const void *
     return 0;
 }
 
-/* The scale of an fp8_ds_mla tile from its (NaN-free) amax, per mode (SPEC §9): amax
+/* The scale of an fp8_ds_mla tile from its (NaN-free) amax, per mode (docs/kv_formats.md): amax
  * max(amax / 448, FLT_MIN); ue8m0 2^ceil_log2(max(amax, 1e-4) / 448); ue8m0_floor_scaled
  * 2^ceil_log2(max(amax / 448, 1e-4)). The power of two is built from its exponent bits
  * (ceil_log2 of +inf is 128, whose 2^128 is +inf). */
@@ -188,7 +188,7 @@ int blc_cache_write_fp8(const mlaf_kv_cache_job *j, const void *k_nope, const vo
         const char *kn = CROW(k_nope, dt, t, C), *kp = CROW(k_pe, dt, t, R);
         float x[4096]; /* the row as stored, in fp32 (round_amax rounds it in place: no change
                         * to a stored row's values, only its amax is used) */
-        if (v4) { /* SPEC §11 (bf16 rows of 512, the last 64 roped): a planar page */
+        if (v4) { /* fp8_v4 (docs/kv_formats.md; bf16 rows of 512, the last 64 roped): a planar page */
             uint8_t *page = (uint8_t *)j->cache + blk * j->cache_s0;
             uint8_t *data = page + off * 576, *sc = page + j->block_size * 576 + off * 8;
             widen(kn, dt, 448, x);
@@ -463,7 +463,7 @@ int blc_moe_gate_hash(const mlaf_moe_gate_job *j, const bench_moe_scratch *sc, i
     return 0;
 }
 
-/* ---- the DSA indexer key chain (SPEC §10), as separate passes ------------------------------ */
+/* ---- the DSA indexer key chain (docs/dsa.md), as separate passes ------------------------------ */
 /* 1. LayerNorm of index_k into dense rows [T, 128] (rounded to the latent dtype); 2. RoPE of their
  * first 64 columns (blc_rope_rows with the indexer's style); 3. the Hadamard, when on; 4. the
  * quantize-and-write pass: each row's scale and e4m3 bytes into the block-planar index cache at

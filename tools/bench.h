@@ -55,7 +55,7 @@ int blc_rope_rows(void *x, mlaf_dtype dt, int64_t T, int64_t stride, const mlaf_
 /* Copies dense k_nope [T, C] and roped k_pe [T, R] rows into the paged cache at the slots. */
 int blc_cache_write(const mlaf_kv_cache_job *job, const void *k_nope, const void *k_pe,
                     int threads);
-/* The quantize-and-write pass of the unfused fp8 chains (SPEC §9, §11), as engines run it after
+/* The quantize-and-write pass of the unfused fp8 chains (docs/kv_formats.md), as engines run it after
  * the norm and RoPE kernels (vLLM's concat_and_cache_mla / concat_and_cache_ds_mla): reads dense
  * k_nope [T, C] and roped k_pe [T, R] rows (dtype job->norm.dt, rows contiguous) and slot_mapping,
  * and writes each token's record of job->format (MLAF_KV_FP8 or MLAF_KV_FP8_DS_MLA) at its slot:
@@ -67,11 +67,11 @@ int blc_cache_write(const mlaf_kv_cache_job *job, const void *k_nope, const void
  * comparison is of the passes, not of the conversion code. */
 int blc_cache_write_fp8(const mlaf_kv_cache_job *job, const void *k_nope, const void *k_pe,
                         int threads, const struct mlaf_norm_kern *k);
-/* rope_q's head_norm as its own pass (SPEC §11): every head of q RMS-normalized without weight
+/* rope_q's head_norm as its own pass (docs/mla.md, head_norm): every head of q RMS-normalized without weight
  * (eps job->head_eps), in place, rounded to q's dtype, by the fused op's sumsq and scale kernels
  * (k); blc_rope_q then rotates. */
 int blc_head_norm(const mlaf_rope_q_job *job, int threads, const struct mlaf_norm_kern *k);
-/* The DSA indexer key chain (SPEC §10) as engines' unfused pipelines run it: LayerNorm of index_k
+/* The DSA indexer key chain (docs/dsa.md) as engines' unfused pipelines run it: LayerNorm of index_k
  * into dense [T, 128] rows (latent dtype), RoPE of their first 64 columns, the Hadamard when on,
  * then the quantize-and-write pass into the block-planar index cache (tokens t >= n_map and
  * slots outside the cache skipped). The index cache bytes equal the fused op's. */

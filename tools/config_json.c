@@ -249,7 +249,7 @@ static int parse_config(const cJSON *root, const char *path, mlaf_model_config *
     if (get_int(root, "q_lora_rank", path, 0, 0, 0, BIG, &cfg->q_lora_rank)) return -1;
     const char *mt0 = get_string(root, "model_type");
     if (mt0 && !strcmp(mt0, "deepseek_v4")) {
-        /* DeepSeek-V4 (SPEC §1, §11): one shared K = V head of head_dim [512] values whose last
+        /* DeepSeek-V4 (docs/models.md): one shared K = V head of head_dim [512] values whose last
          * qk_rope_head_dim [64] are rotated: the latent is [q_lora | head_dim] with no separate
          * rope part (R = 0, kv_rope_tail = qk_rope_head_dim). */
         int32_t hd = 0, rope = 0;
@@ -371,7 +371,7 @@ static int parse_config(const cJSON *root, const char *path, mlaf_model_config *
         fprintf(stderr, "mlafuse: %s: model_type \"%s\" is a DSA model but has no \"index_n_heads\"\n", path, mt);
         return -1;
     }
-    if (mt0 && !strcmp(mt0, "deepseek_v4")) /* its indexer (pooled keys) is not SPEC §10's */
+    if (mt0 && !strcmp(mt0, "deepseek_v4")) /* its indexer (pooled keys) is not the DSA indexer (docs/dsa.md) */
         cfg->index_n_heads = cfg->index_head_dim = cfg->index_topk = 0;
     if (cfg->index_n_heads && cfg->index_head_dim < 64) {
         fprintf(stderr, "mlafuse: %s: \"index_head_dim\" = %d, expected at least 64 (RoPE on dims [0, 64))\n", path,
@@ -379,7 +379,7 @@ static int parse_config(const cJSON *root, const char *path, mlaf_model_config *
         return -1;
     }
 
-    /* The router's limits (SPEC §4), reported by key name rather than by parameter. */
+    /* The router's limits (docs/moe_gate.md), reported by key name rather than by parameter. */
     if (cfg->n_routed_experts % cfg->n_group) {
         fprintf(stderr, "mlafuse: %s: \"n_group\" = %d does not divide \"n_routed_experts\" = %d\n",
                 path, cfg->n_group, cfg->n_routed_experts);

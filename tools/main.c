@@ -1,7 +1,7 @@
 /*
  * main.c — the `mlafuse` command: dispatch to presets | verify | bench.
  *
- *   mlafuse presets [--config F]      the built-in models (SPEC §1), or one from config.json
+ *   mlafuse presets [--config F]      the built-in models (docs/models.md), or one from config.json
  *   mlafuse verify  [...]             every op x model x dtype x T x layout vs the oracle
  *   mlafuse bench   [...]             fused vs unfused vs copy bandwidth, in one run
  *

@@ -1,7 +1,7 @@
 /*
  * presets_cmd.c — `mlafuse presets`: the built-in models as a table, every column of
- * SPEC §1, or the one model a Hugging Face config.json describes (--config), with the RoPE
- * table its rope_theta and rope_scaling ask for.
+ * docs/models.md's preset tables, or the one model a Hugging Face config.json describes
+ * (--config), with the RoPE table its rope_theta and rope_scaling ask for.
  */
 #include <math.h>
 #include <stdio.h>
@@ -12,7 +12,7 @@
 static void help(void) {
     printf("usage: mlafuse presets [--config path/config.json]\n"
            "\n"
-           "Lists the built-in model presets (every column of SPEC section 1). With --config, shows\n"
+           "Lists the built-in model presets (every column of docs/models.md). With --config, shows\n"
            "the model a Hugging Face config.json describes instead, as the other commands use it,\n"
            "and its RoPE: rope_theta and rope_scaling (plain or yarn; other types are rejected).\n");
 }

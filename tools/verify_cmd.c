@@ -1,7 +1,7 @@
 /*
  * verify_cmd.c — `mlafuse verify`: every op x model x dtype x token count x layout on each
  * backend against the float64 oracle, through the shared harness of src/ref/verify.h (the
- * same rules the C tests use: poisoned outputs, guard zones, SPEC §7 tolerances).
+ * same rules the C tests use: poisoned outputs, guard zones, docs/conventions.md tolerances).
  *
  * One greppable line per case, e.g.
  *   SPLIT_QK_NORM(preset=glm-4.7-flash,T=7,dtype=bf16,backend=cpu,strided): OK worst=0.50ulp
@@ -12,7 +12,7 @@
  *   mla_kv_cache   {contiguous (block 16, i64 indices) | strided (flat block 1, i32 indices,
  *                  cache in another dtype) | in place (block 64)} x {interleaved, neox}
  *   rope_q         {contiguous (i64) | strided (i32)} x {interleaved, neox}
- *   mla_kv_cache with --cache: the cache formats of SPEC §9 instead, each x block size
+ *   mla_kv_cache with --cache: the cache formats of docs/kv_formats.md instead, each x block size
  *                  {1, 16, 64} x {contiguous, strided} (below, kv_fmts and run_kv_formats)
  *   mla_kv_cache with --indexer: the DSA indexer key branch (verify_indexer.c) over the caches
  *                  of --cache (default plain) x four indexer settings (run_indexer_cases)
@@ -40,7 +40,7 @@ static void help(void) {
     printf(
         "usage: mlafuse verify [options]\n"
         "\n"
-        "Checks every op against the float64 oracle (SPEC section 7) and prints one line per case.\n"
+        "Checks every op against the float64 oracle (docs/conventions.md) and prints one line per case.\n"
         "\n"
         "  --backend cpu|cuda|all   backends to check (default all: cpu, and cuda when a GPU is visible)\n"
         "  --op NAME|all            split_qk_norm, mla_kv_cache, rope_q, moe_gate, indexer_q (default all)\n"
@@ -54,7 +54,7 @@ static void help(void) {
         "  --cache LIST             mla_kv_cache's cache formats: plain, fp8, fp8_ds_mla or all\n"
         "                           (comma-separated), each x block size 1, 16, 64 x contiguous,\n"
         "                           strided; without it, the plain cache cases above\n"
-        "  --indexer                mla_kv_cache with the DSA indexer key branch (SPEC 10) instead:\n"
+        "  --indexer                mla_kv_cache with the DSA indexer key branch (docs/dsa.md) instead:\n"
         "                           models with rope 64, the caches of --cache (default plain), each x\n"
         "                           four indexer settings (rope style, Hadamard, scale, layout)\n"
         "  --seed N                 random seed of the inputs (default 1)\n"
@@ -323,7 +323,7 @@ static void run_indexer_cases(mlaf_context *ctx, unsigned mask, const mlaf_model
     }
 }
 
-/* --cache: the cache formats of SPEC §9. */
+/* --cache: the cache formats of docs/kv_formats.md. */
 enum { CACHE_PLAIN = 1, CACHE_FP8 = 2, CACHE_DS = 4, CACHE_ALL = 7 };
 
 typedef struct kv_fmt {
@@ -447,7 +447,7 @@ static void run_kv_formats(mlaf_context *ctx, unsigned mask, const mlaf_model_co
     }
 }
 
-/* DeepSeek-V4's attention cases (SPEC §11, §12) for a model with a kv_rope_tail, one dtype and
+/* DeepSeek-V4's attention cases (docs/mla.md) for a model with a kv_rope_tail, one dtype and
  * T: split_qk_norm as any model (R = 0); mla_kv_cache with the tail into the plain cache (the
  * latent dtype and f32), the roped in-place form, per-tensor fp8 and, for bf16, fp8_v4 (block
  * sizes 1, 64 and 3, contiguous / strided, cache-only, slot_mapping shorter than T); rope_q with

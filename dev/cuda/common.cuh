@@ -31,7 +31,7 @@
 /* Validation failures so far; every program exits 1 if any. */
 static int dev_failures = 0;
 
-/* Model row shapes (SPEC §1). */
+/* Model row shapes (docs/models.md). */
 struct dev_shape {
     const char *name;
     int Q, C, R;

@@ -1,5 +1,5 @@
 /*
- * indexer_q_v1 — the DSA indexer query op (SPEC §10: RoPE on dims [0, 64) of each 128-wide head,
+ * indexer_q_v1 — the DSA indexer query op (docs/dsa.md: RoPE on dims [0, 64) of each 128-wide head,
  * the optional Hadamard, the per-head scale, 128 e4m3 bytes and the folded head weight) in new
  * kernel shapes against the library's (src/cuda/indexer_q.cu, called through mlaf_indexer_q as
  * it ships). Every variant keeps index_row.cuh's arithmetic step for step, so its q_fp8 bytes and

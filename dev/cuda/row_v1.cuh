@@ -1,5 +1,5 @@
 /*
- * norm_common.cuh — the one row kernel behind split_qk_norm and mla_kv_cache (SPEC §2, §3).
+ * norm_common.cuh — the one row kernel behind split_qk_norm and mla_kv_cache (docs/mla.md).
  *
  * Algorithm, per latent row t = [q part (Q) | kv part (C) | pe part (R)]:
  *   1. One warp owns the row. (mla_kv_cache: it also reads positions[t] and slot_mapping[t]

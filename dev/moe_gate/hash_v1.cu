@@ -1,5 +1,5 @@
 /*
- * hash_v1.cu — DeepSeek-V4 hash routing (mlaf_moe_gate_hash, SPEC §11) kernel versions.
+ * hash_v1.cu — DeepSeek-V4 hash routing (mlaf_moe_gate_hash, docs/moe_gate.md) kernel versions.
  *
  * Per token t: ids = tid2eid[token_ids[t]] (k of E), w_j = s(logit[ids_j]) (0 for a non-finite
  * logit), renormalized (sum + eps) and scaled; a bad row (token id outside [0, vocab), an entry

@@ -11,7 +11,7 @@
 #endif
 
 /* ---------------------------------------------------------------------------------------
- * DSA lightning indexer (SPEC §10; DeepSeek-V3.2, GLM-5): the key branch of mla_kv_cache and the
+ * DSA lightning indexer (DeepSeek-V3.2, GLM-5; docs/dsa.md): the key branch of mla_kv_cache and the
  * indexer_q op. Heads are D = 128 wide; RoPE rotates dims [0, 64) (rope first, nope after: the
  * reverse of MLA) with the MLA's cos_sin table, which must then be 64 wide (rope_dim = 64):
  * row p = cos[0..31] | sin[0..31]; NeoX pairs (x[i], x[i+32]), interleaved pairs (x[2i], x[2i+1]),
@@ -63,7 +63,7 @@ MLAF_API mlaf_indexer_params mlaf_indexer_params_from_config(const mlaf_model_co
  *   out       [T, 128]   optional: the vector quantized (after the Hadamard when on), latent's
  *                        dtype, for context-parallel gathers; may be index_k itself (in place)
  *   topk_fill [T, K]     optional i32, filled with -1 (a full-indexer layer's top-k buffer)
- *   copies, copy_stride  the multi-destination store (SPEC §12, context-parallel peers): with
+ *   copies, copy_stride  the multi-destination store (context-parallel peers): with
  *                        copies = n in [2, 8] the index records are written, byte for byte the
  *                        same, to n caches: cache's view at cache.data + k * copy_stride bytes,
  *                        k < n (e.g. peer-mapped memory); copy_stride >= the bytes one cache
@@ -104,7 +104,7 @@ MLAF_API mlaf_status mlaf_mla_kv_cache_dsa(mlaf_context *ctx, const mlaf_mla_kv_
                                            const mlaf_tensor *error_count,
                                            const mlaf_indexer_params *ip, const mlaf_indexer_k *ik);
 
-/* indexer_q (SPEC §10): the indexer's query side, after the q-b projection.
+/* indexer_q: the indexer's query side, after the q-b projection.
  *
  *   q_idx     [T, H, 128]  f32 | f16 | bf16, strides (s0, s1, 1)
  *   positions [T], cos_sin [max_pos, 64]   as mla_kv_cache

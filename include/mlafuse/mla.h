@@ -11,7 +11,7 @@
 #endif
 
 /* ---------------------------------------------------------------------------------------
- * split_qk_norm (SPEC §2)
+ * split_qk_norm
  *
  *   latent [T, Q + C + R]        f32 | f16 | bf16, rows strided
  *   w_q    [Q]                   latent's dtype or f32; absent iff Q == 0
@@ -36,7 +36,7 @@ typedef struct mlaf_split_qk_norm_params {
     int32_t rope_dim;     /* R >= 0 */
     float eps_q;
     float eps_kv;
-    /* DeepSeek-V4's rope inside the kv part (SPEC §11): must be 0 here. split_qk_norm has no
+    /* DeepSeek-V4's rope inside the kv part (kv_rope_tail below): must be 0 here. split_qk_norm has no
      * positions to rotate with, so a nonzero value is rejected (MLAF_ERR_INVALID_ARGUMENT);
      * mla_kv_cache takes it (its dense k_nope output is then the normalized, rope-tailed kv). */
     int32_t kv_rope_tail;
@@ -48,7 +48,7 @@ MLAF_API mlaf_status mlaf_split_qk_norm(mlaf_context *ctx, const mlaf_split_qk_n
                                         const mlaf_tensor *k_nope, const mlaf_tensor *k_pe);
 
 /* ---------------------------------------------------------------------------------------
- * RoPE tables (SPEC §3), shared by mla_kv_cache and rope_q
+ * RoPE tables, shared by mla_kv_cache and rope_q
  *
  *   positions [T]             i32 | i64; each in [0, max_pos), else the token is rejected
  *                             by the kernel as described per op
@@ -65,7 +65,7 @@ MLAF_API mlaf_status mlaf_split_qk_norm(mlaf_context *ctx, const mlaf_split_qk_n
 typedef struct mlaf_rope_params {
     int32_t rope_dim;        /* R > 0, even */
     mlaf_rope_style style;
-    /* rope_q only. head_norm nonzero (DeepSeek-V4's q, SPEC §11): each head's D values are first
+    /* rope_q only. head_norm nonzero (DeepSeek-V4's q): each head's D values are first
      * RMS-normalized without weight, y = x * rstd with rstd = 1 / sqrt(mean(x^2) + head_norm_eps)
      * in fp32, then the last R values of y are rotated in fp32, and every value is rounded once
      * to q's dtype. head_norm_eps: 0 means the default 1e-6; else finite and > 0. */
@@ -136,7 +136,7 @@ MLAF_API mlaf_status mlaf_rope_table_init_scaled(float *table, int64_t max_pos, 
                                                  double base, const mlaf_rope_scaling *scaling);
 
 /* ---------------------------------------------------------------------------------------
- * mla_kv_cache (SPEC §3): split + both RMSNorms + RoPE on k_pe + paged KV-cache write
+ * mla_kv_cache: split + both RMSNorms + RoPE on k_pe + paged KV-cache write
  *
  *   latent, w_q, w_kv, q       as split_qk_norm (q is the dense q_norm output)
  *   positions [T]              i32 | i64
@@ -158,7 +158,7 @@ MLAF_API mlaf_status mlaf_rope_table_init_scaled(float *table, int64_t max_pos, 
  * bit-identical. Two tokens naming the same slot: one of them wins (unspecified which).
  * R == 0 is accepted (no rotation); cos_sin and positions may then be absent.
  *
- * kv_rope_tail = r > 0 (DeepSeek-V4, SPEC §11; 0 = none, every other model): the rope part lives
+ * kv_rope_tail = r > 0 (DeepSeek-V4; 0 = none, every other model): the rope part lives
  * inside the kv part. Requires R == 0 (the latent row is [Q | C]), r even, 0 < r <= C, and the
  * interleaved style; positions [T] and cos_sin [max_pos, r] are then required. Per token:
  * k_nope = RMSNorm(kv) * w_kv in fp32 over all C values, rounded to the latent dtype; then the
@@ -170,7 +170,7 @@ MLAF_API mlaf_status mlaf_rope_table_init_scaled(float *table, int64_t max_pos, 
  * A token with a position outside [0, max_pos) or a slot past the cache is counted and writes
  * no cache row and no tail values of k_nope (its nope values are written). k_pe must be absent
  * and the cache has no rope part (no kpe). In place: k_nope may be the latent's own kv columns;
- * the row then ends as [q_norm | rope-tailed kv_norm] (SPEC §12). Formats: plain, fp8, fp8_v4
+ * the row then ends as [q_norm | rope-tailed kv_norm]. Formats: plain, fp8, fp8_v4
  * (fp8_ds_mla is rejected with a tail).
  * ------------------------------------------------------------------------------------- */
 typedef struct mlaf_mla_kv_cache_params {
@@ -193,7 +193,7 @@ MLAF_API mlaf_status mlaf_mla_kv_cache(mlaf_context *ctx, const mlaf_mla_kv_cach
                                        const mlaf_tensor *error_count);
 
 /* ---------------------------------------------------------------------------------------
- * mla_kv_cache into a cache format (SPEC §9): the same op, its cache in any format an MLA
+ * mla_kv_cache into a cache format (docs/kv_formats.md): the same op, its cache in any format an MLA
  * decode kernel reads, quantized in the same pass
  *
  * mlaf_mla_kv_cache_fmt takes mlaf_mla_kv_cache's arguments with the cache described by a
@@ -212,14 +212,15 @@ MLAF_API mlaf_status mlaf_mla_kv_cache(mlaf_context *ctx, const mlaf_mla_kv_cach
  *   FP8_DS_MLA  cache [num_blocks, block_size, C + C/32 + 2 R] bytes (u8 or fp8_e4m3), per token
  *               [C e4m3 | C/128 little-endian f32 tile scales | R bf16 rope(k_pe)] (656 B for
  *               C = 512, R = 64; FlashMLA's sparse decode reads block_size 64). Needs a bf16
- *               latent, C % 128 == 0, both cache strides multiples of 16 bytes. Tile t is values
- *               [128 t, 128 t + 128); its scale s by tile_scale, then e4m3(x / s):
+ *               latent, C % 128 == 0, 16-byte aligned data and both cache strides multiples of
+ *               16 bytes. Tile t is values [128 t, 128 t + 128); its scale s by tile_scale, then
+ *               e4m3(x / s):
  *                 MLAF_TILE_AMAX                max(amax / 448, FLT_MIN)            (vLLM)
  *                 MLAF_TILE_UE8M0               2^ceil_log2(max(amax, 1e-4) / 448)  (DeepSeek)
  *                 MLAF_TILE_UE8M0_FLOOR_SCALED  2^ceil_log2(max(amax / 448, 1e-4))  (FlashMLA's
  *                                               test quantizer)
  *               (an infinite amax gives ceil_log2 = 128: s = +inf).
- *   FP8_V4      DeepSeek-V4's SM90 FlashMLA record (584 B per token; SPEC §11). Needs a bf16 latent,
+ *   FP8_V4      DeepSeek-V4's SM90 FlashMLA record (584 B per token). Needs a bf16 latent,
  *               C = 512, rope_dim 0 and kv_rope_tail 64 (the only layout FlashMLA reads). cache
  *               [num_blocks, block_size, 584] bytes (u8 or fp8_e4m3) with stride[1] = 584 and
  *               stride[0] = the page stride in bytes, >= block_size * 584 and a multiple of 16,
@@ -284,7 +285,7 @@ MLAF_API mlaf_status mlaf_mla_kv_cache_fmt(mlaf_context *ctx, const mlaf_mla_kv_
                                            const mlaf_tensor *error_count);
 
 /* ---------------------------------------------------------------------------------------
- * rope_q (SPEC §3): RoPE in place on the last R columns of q viewed as [T, H, D]
+ * rope_q: RoPE in place on the last R columns of q viewed as [T, H, D]
  *
  *   q         [T, H, D]  f32 | f16 | bf16, strides (s0, s1, 1); D = nope_dim + R; modified
  *   positions [T]        i32 | i64
@@ -298,7 +299,7 @@ MLAF_API mlaf_status mlaf_rope_q(mlaf_context *ctx, const mlaf_rope_params *p,
                                  const mlaf_tensor *q, const mlaf_tensor *positions,
                                  const mlaf_tensor *cos_sin, const mlaf_tensor *error_count);
 
-/* rope_q with an optional output (SPEC §11): q_out NULL is mlaf_rope_q (in place). Otherwise
+/* rope_q with an optional output (DeepSeek-V4): q_out NULL is mlaf_rope_q (in place). Otherwise
  * q_out [T, Hpad, D] in q's dtype, strides (s0, s1, 1), Hpad >= H, disjoint from every input:
  * head h < H receives the whole result head (the first D - R values copied, or normalized with
  * head_norm; the last R rotated) and heads H .. Hpad - 1 are written as +0.0 (FlashMLA takes 64

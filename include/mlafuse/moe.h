@@ -11,7 +11,7 @@
 #endif
 
 /* ---------------------------------------------------------------------------------------
- * moe_gate (SPEC §4): router top-k
+ * moe_gate: router top-k (docs/moe_gate.md)
  *
  *   logits  [T, E]       f32 | f16 | bf16, rows strided
  *   bias    [E]          optional f32 (e_score_correction_bias: used to choose, not to weigh)
@@ -51,7 +51,7 @@
  * apply_routed_scaling = 1; HF V2: scaling applies only when not renormalizing; SGLang
  * renormalizes without eps (eps = 0 matches it).
  *
- * sqrt_softplus (DeepSeek-V4, SPEC §11): s = sqrt(softplus(x)) in fp32 with softplus(x) =
+ * sqrt_softplus (DeepSeek-V4): s = sqrt(softplus(x)) in fp32 with softplus(x) =
  * log1p(exp(x)), taken as x above 20 and s = exp(x / 2) below -20 (both exact to fp32 there),
  * so no logit overflows; the same NaN policy as sigmoid.
  *
@@ -82,7 +82,7 @@ MLAF_API mlaf_status mlaf_moe_gate(mlaf_context *ctx, const mlaf_moe_gate_params
                                    const mlaf_tensor *scores);
 
 /* ---------------------------------------------------------------------------------------
- * moe_gate_hash (SPEC §11): DeepSeek-V4's hash-routed layers
+ * moe_gate_hash: DeepSeek-V4's hash-routed layers
  *
  *   logits    [T, E]          f32 | f16 | bf16, rows strided
  *   tid2eid   [vocab, top_k]  i32 | i64, rows strided: the experts of each token id

@@ -231,7 +231,7 @@ def run_mla_kv_cache(ctx, Q, C, R, eps_q, eps_kv, style, latent, w_q, w_kv, posi
 
 def run_rope_q(ctx, R, style, q, positions, cos_sin, error_count, head_norm=False,
                head_norm_eps=0.0, q_out=None):
-    """mlaf_rope_q, or mlaf_rope_q_out when q_out is given (SPEC §11)."""
+    """mlaf_rope_q, or mlaf_rope_q_out when q_out is given (docs/mla.md, head_norm)."""
     p = L.RopeParams(int(R), int(style), 1 if head_norm else 0, float(head_norm_eps))
     if q_out is None:
         ctx.check(L.mlaf_rope_q(ctx.ptr, ctypes.byref(p), byref(q), byref(positions),

@@ -122,7 +122,7 @@ class MlaKvCacheParams(ctypes.Structure):
 
 
 class KvCacheDesc(ctypes.Structure):
-    """mlaf_kv_cache_desc: the cache of mla_kv_cache in one of its formats (SPEC §9)."""
+    """mlaf_kv_cache_desc: the cache of mla_kv_cache in one of its formats (docs/kv_formats.md)."""
 
     _fields_ = [
         ("format", ctypes.c_int),

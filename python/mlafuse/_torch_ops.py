@@ -184,7 +184,7 @@ _register("split_qk_norm_inplace(Tensor(a!) latent, Tensor? w_q, Tensor w_kv, "
 
 
 # ---- mla_kv_cache --------------------------------------------------------------------------
-# The cache-format arguments (SPEC §9) come last, with defaults that make the plain call:
+# The cache-format arguments (docs/kv_formats.md) come last, with the plain call's defaults:
 # cache_format 0 plain / 1 fp8 / 2 fp8_ds_mla / 3 fp8_v4; scale [1] f32 (fp8; read on the device by the
 # kernel); fp8_conv 0 x / scale, 1 x * scale; amax_out [1] f32 (fp8, optional, max-accumulated);
 # tile_scale 0 amax / 1 ue8m0 / 2 ue8m0_floor_scaled (fp8_ds_mla); kpe_cache the separate rope
@@ -245,10 +245,10 @@ _register(f"mla_kv_cache_out({_KV_IN}, Tensor(c!)? q, Tensor(d!)? k_nope, Tensor
           f"{_KV_P}, {_kv_fmt('f', 'g')}) -> ()", _kv_out, _nothing)
 
 
-# ---- the DSA indexer (SPEC §10) ------------------------------------------------------------
+# ---- the DSA indexer (docs/dsa.md) ---------------------------------------------------------
 # The indexer's settings (mlafuse.indexer_params) as plain arguments: index_style (the indexer's
 # RoPE, 0 interleaved / 1 neox), hadamard, ln_eps, amax_eps, index_scale (0 ue8m0 / 1 f32).
-# mla_kv_cache_dsa's index_copies > 1 (SPEC §12) also writes the same records at index_cache's
+# mla_kv_cache_dsa's index_copies > 1 (docs/mla.md) also writes the same records at index_cache's
 # address + k * index_copy_stride bytes (peers' caches), which the schema cannot name.
 _IDX_P = "int index_style, bool hadamard, float ln_eps, float amax_eps, int index_scale"
 _KV_DSA_IDX = ("Tensor index_k, Tensor index_weight, Tensor index_bias, Tensor({c}!) index_cache, "
@@ -374,7 +374,7 @@ _register(f"indexer_q_out(Tensor q_idx, Tensor positions, Tensor cos_sin, Tensor
 
 
 # ---- rope_q --------------------------------------------------------------------------------
-# head_norm (SPEC §11): DeepSeek-V4's weightless per-head RMSNorm first (head_norm_eps 0: 1e-6);
+# head_norm (docs/mla.md): DeepSeek-V4's weightless per-head RMSNorm first (head_norm_eps 0: 1e-6);
 # q_out [T, Hpad, D]: the result out of place, heads past q's written as zeros (q only read).
 def _rope_q(q, positions, cos_sin, R, style, error_count=None, head_norm=False,
             head_norm_eps=0.0, q_out=None):

@@ -1,4 +1,4 @@
-"""Engine-facing adapters (SPEC §13): the functions inference engines already call, with their
+"""Engine-facing adapters (docs/python.md): the functions inference engines already call, with their
 exact signatures, defaults and return conventions, computed by mlafuse.
 
 Each function names the engine and the commit (or release) whose signature it follows. They
@@ -38,7 +38,7 @@ def fused_split_qk_norm(fused_qkv_a_proj_out, q_a_layernorm, kv_a_layernorm, q_l
                         kv_lora_rank, qk_rope_dim, eps=1e-6):
     """Split the fused q-a / kv-a projection output and RMS-normalize both parts: the seed
     kernel's Python entry (SGLang's DeepSeek-V2 attention prepares its latent the same way:
-    ``fused_qkv_a_proj_with_mqa`` output -> ``q_a_layernorm``, ``kv_a_layernorm``; SPEC §13).
+    ``fused_qkv_a_proj_with_mqa`` output -> ``q_a_layernorm``, ``kv_a_layernorm``; docs/python.md).
 
     fused_qkv_a_proj_out  [T, q_lora_rank + kv_lora_rank + qk_rope_dim], rows may be strided
                           (a slice of a wider GEMM output); f32 / f16 / bf16
@@ -270,14 +270,14 @@ _E4M3_MAX = 448.0
 def _div448(torch, v):
     """v / 448 correctly rounded on every device: torch's CUDA division by a Python number
     multiplies by its reciprocal, which is not 1 / 448 exactly, so scales would differ from
-    SPEC §9's amax / 448 by an ulp (and bytes at e4m3 ties with them)."""
+    the amax / 448 of docs/kv_formats.md by an ulp (and bytes at e4m3 ties with them)."""
     return v / torch.full_like(v, _E4M3_MAX)
 
 
 def _e4m3_bytes(torch, x):
     """f32 -> e4m3 bytes as CUDA's __nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3): round
     to nearest even, saturate to +-448 (inf included), NaN of either sign -> 0x7F, the sign kept
-    on zero (SPEC §9). Integer arithmetic on the f32 bits, so the bytes are the same on every
+    on zero (docs/kv_formats.md). Integer arithmetic on the f32 bits, so the bytes are the same on every
     device and CPU (torch's own float8 casts are not held to one rounding across backends)."""
     x = x.float().contiguous()
     sign = (x.view(torch.int32) >> 24) & 0x80
@@ -299,7 +299,7 @@ def concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, sca
     skipped too). Returns None.
 
     kv_c [T, C] (already normalized), k_pe [T, R] or [T, 1, R] (already roped), rows strided.
-    kv_cache_dtype (SPEC §9, same bytes as mlafuse's mla_kv_cache writes for the same dense
+    kv_cache_dtype (docs/kv_formats.md, same bytes as mlafuse's mla_kv_cache writes for the same dense
     values):
       "auto"               kv_cache in any float dtype, W = C + R, values cast to it
       "fp8", "fp8_e4m3"    kv_cache uint8 / float8_e4m3fn, W = C + R, e4m3(x / scale), scale a
@@ -390,12 +390,12 @@ def concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, sca
     return None
 
 
-# ---- DSA indexer key cache (SPEC §10) ---------------------------------------------------------
+# ---- DSA indexer key cache (docs/dsa.md) ---------------------------------------------------------
 _INDEX_D = 128
 
 
 def _ceil_log2_f32(torch, v):
-    """ceil(log2 v) of positive f32 values from their bits (SPEC §9; +inf gives 128)."""
+    """ceil(log2 v) of positive f32 values from their bits (docs/kv_formats.md; +inf gives 128)."""
     bits = v.contiguous().view(torch.int32)
     return ((bits >> 23) & 0xFF) - 127 + ((bits & 0x7FFFFF) != 0).to(torch.int32)
 
@@ -433,7 +433,7 @@ def indexer_k_quant_and_cache(k, kv_cache, slot_mapping, quant_block_size, kv_ca
     slot_mapping  [N] int32 / int64, N >= T
     quant_block_size  D % quant_block_size == 0; one scale per quant_block_size values
     kv_cache_dtype    vLLM's ``scale_fmt``: "ue8m0" gives s = 2^ceil(log2(max(amax, 1e-4) /
-                  448)) (the exponent exact from the f32 bits, SPEC §9; vLLM's
+                  448)) (the exponent exact from the f32 bits, docs/kv_formats.md; vLLM's
                   exp2f(ceilf(log2f(.))) agrees except where log2f rounds to an integer),
                   any other string s = max(amax, 1e-4) / 448; then e4m3(x / s)
 
@@ -533,12 +533,12 @@ def fused_norm_rope_deepseek_v32(positions, q_c, q_rms_norm_w, q_rms_eps, kv_c, 
     "fp8_e4m3" (``mla_k_scale``, default 1.0) or "fp8_ds_mla" (656 B, amax tile scales).
     With ``has_indexer``: index_k [T, 128] LayerNorm (w, b, index_k_layer_norm_eps), RoPE on
     dims [0, 64) (NeoX, or GPT-J when ``index_rope_interleave``), UE8M0 fp8 into
-    ``indexer_k_cache`` [num_blocks, block_size, 132] (block-planar, SPEC §10; the MLA
+    ``indexer_k_cache`` [num_blocks, block_size, 132] (block-planar, docs/dsa.md; the MLA
     cache's block_size), and rows t < T of ``topk_indices_buffer`` [>= T, K] filled with -1; without it (a
     layer sharing the previous indexer) neither is touched. A negative slot skips the token's
     cache writes; ``slot_mapping`` None (vLLM's profiling run) writes no cache.
 
-    Numerics are mlafuse's (SPEC §9, §10): every value is rounded to the latent dtype before it
+    Numerics are mlafuse's (docs/kv_formats.md, docs/dsa.md): every value is rounded to the latent dtype before it
     is roped or quantized, as vLLM's unfused path (rms_norm, rotary_embedding,
     concat_and_cache_mla, indexer_k_quant_and_cache) computes it; vLLM's Triton kernel keeps
     them in f32 (and multiplies by 1 / 448 for the ds_mla tile scale), so its cache bytes can
@@ -646,7 +646,7 @@ def _mla_kv_cache_dsa(*args, **kwargs):
     return mla_kv_cache_dsa(*args, **kwargs)
 
 
-# ---- DeepSeek-V4 (SPEC §11) -------------------------------------------------------------------
+# ---- DeepSeek-V4 (docs/mla.md) -------------------------------------------------------------------
 def fused_deepseek_v4_qnorm_rope_kv_rope_quant_insert(q_in, kv, k_cache, slot_mapping,
                                                       position_ids, cos_sin_cache, q_head_padded,
                                                       eps, cache_block_size, apply_q_norm=True):
@@ -662,7 +662,7 @@ def fused_deepseek_v4_qnorm_rope_kv_rope_quant_insert(q_in, kv, k_cache, slot_ma
     kv            [T, 512] same dtype, read only: the kv latent AFTER its RMSNorm (vLLM runs
                   fused_q_kv_rmsnorm first)
     k_cache       [num_blocks, block_bytes] uint8 (or a [num_blocks, block_size, 584] view of
-                  the same), MUTATED: fp8_v4 pages (SPEC §11) of ``block_size`` tokens, page
+                  the same), MUTATED: fp8_v4 pages (docs/kv_formats.md, fp8_v4) of ``block_size`` tokens, page
                   stride k_cache.stride(0) bytes
     slot_mapping  [N] int32 / int64, N <= T: rows t >= N insert nothing; negative: skipped
     position_ids  [T] int32 / int64;  cos_sin_cache [max_pos, 64] (cos | sin; converted to f32)

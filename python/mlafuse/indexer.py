@@ -1,4 +1,4 @@
-"""The DSA lightning indexer (SPEC §10; DeepSeek-V3.2, GLM-5): mla_kv_cache with the indexer key
+"""The DSA lightning indexer (docs/dsa.md; DeepSeek-V3.2, GLM-5): mla_kv_cache with the indexer key
 branch, and indexer_q.
 
 numpy arrays run on the CPU backend through ctypes; torch tensors go through the custom ops
@@ -95,7 +95,7 @@ def mla_kv_cache_dsa(latent, w_q, w_kv, positions, cos_sin, slot_mapping, kv_cac
     index_out     [T, 128] optional output: the vector quantized (latent's dtype); may be index_k
                   itself (context-parallel in place); return_index_out allocates one
     topk_fill     [T, K] int32, optional, MUTATED: filled with -1
-    index_copies, index_copy_stride  the multi-destination store (SPEC §12): the same index
+    index_copies, index_copy_stride  the multi-destination store (docs/mla.md): the same index
                   records also into copies 1 .. n-1 at index_cache's address + k * stride bytes
                   (e.g. context-parallel peers' caches); stride >= the bytes one cache spans
 
@@ -173,7 +173,7 @@ def mla_kv_cache_dsa(latent, w_q, w_kv, positions, cos_sin, slot_mapping, kv_cac
 
 def indexer_q(q_idx, positions, cos_sin, weights, *, indexer=None, q_fp8=None, w_out=None,
               q_pe=None, q_pe_style="interleaved", error_count=None):
-    """The indexer's query side (SPEC §10): per (token, head) RoPE on dims [0, 64), the optional
+    """The indexer's query side (docs/dsa.md): per (token, head) RoPE on dims [0, 64), the optional
     Hadamard, fp8 e4m3 with one scale s, and the folded head weight
     ((w * s) * 128^-0.5) * H^-0.5.
 

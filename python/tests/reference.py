@@ -1,5 +1,5 @@
-"""float64 references for the tests, written from SPEC.md independently of the library (plain
-numpy, a few lines per op), and the SPEC §7 comparison helpers."""
+"""float64 references for the tests, written from the contract in docs/ independently of the library (plain
+numpy, a few lines per op), and the comparison helpers of docs/conventions.md."""
 import numpy as np
 
 MANTISSA = {"float32": 23, "float16": 10, "bfloat16": 7}
@@ -83,7 +83,7 @@ def gate_scores(x, score_func):
 
 def moe_gate_hash(logits, tid2eid, token_ids, top_k, score_func="sqrt_softplus",
                   renormalize=True, scale=1.0, apply_scale=True, eps=1e-20, n_shared=0):
-    """Hash routing (SPEC §11). Returns (s [T,E], ids [T,top_k+S], weights [T,top_k+S], bad
+    """Hash routing (docs/moe_gate.md). Returns (s [T,E], ids [T,top_k+S], weights [T,top_k+S], bad
     rows): ids = tid2eid[token_ids] in table order; a token id outside [0, vocab) or a row with
     an entry outside [0, E) or repeated gets ids 0..k-1 and weight 0."""
     x = f64(logits)
@@ -144,7 +144,7 @@ def rope_magnitude(x, style):
 
 
 def assert_close_ulp(got, ref, dtype, what="", mag=None):
-    """SPEC §7: f16 / bf16 within 1 ulp of the oracle rounded once; f32 relative <= 1e-5.
+    """docs/conventions.md, correctness: f16 / bf16 within 1 ulp of the oracle rounded once; f32 relative <= 1e-5.
     mag (RoPE outputs): also allow the fp32 rounding of the products, a few f32 ulps of the
     pair's magnitude."""
     got, ref = f64(got), f64(ref)
@@ -181,7 +181,7 @@ def assert_gate_ids(ids, c, ref_ids, top_k, E, rel=1e-6):
     assert not bad.any(), f"ids differ at {np.argwhere(bad)[:5].tolist()}"
 
 
-# ---- fp8 cache formats (SPEC §9), from the formats' definitions ---------------------------
+# ---- fp8 cache formats (docs/kv_formats.md), from the formats' definitions ---------------------------
 def _e4m3_table():
     """The non-negative finite e4m3 values by code 0x00..0x7E: bias 7, 3 mantissa bits,
     subnormals m * 2^-9 (0x7F is NaN)."""
@@ -197,7 +197,7 @@ FLT_MIN = np.float32(2.0 ** -126)
 
 
 def e4m3(y):
-    """f32 values -> e4m3 bytes as SPEC §9 converts: the nearest value, ties to the even code,
+    """f32 values -> e4m3 bytes as docs/kv_formats.md converts: the nearest value, ties to the even code,
     magnitudes past 448 (and infinities) to +-448, NaN of either sign to 0x7F, the sign kept
     on zero."""
     y = np.asarray(y, np.float32)
@@ -220,7 +220,7 @@ def e4m3_decode(b):
 
 
 def ceil_log2(v):
-    """ceil(log2 v) of positive normal f32 values from their bits (SPEC §9); +inf gives 128."""
+    """ceil(log2 v) of positive normal f32 values from their bits (docs/kv_formats.md); +inf gives 128."""
     v = np.asarray(v, np.float32)
     bits = v.view(np.uint32)
     e = ((bits >> 23) & 0xFF).astype(np.int64) - 127 + ((bits & 0x7FFFFF) != 0)
@@ -234,7 +234,7 @@ def nan_amax(x, axis=-1):
 
 
 def tile_scale(amax, mode):
-    """fp8_ds_mla's f32 scale of a tile from its amax (SPEC §9), all arithmetic in f32."""
+    """fp8_ds_mla's f32 scale of a tile from its amax (docs/kv_formats.md), all arithmetic in f32."""
     amax = np.asarray(amax, np.float32)
     if mode == "amax":
         return np.maximum(amax / np.float32(448), FLT_MIN)

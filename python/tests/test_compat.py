@@ -397,7 +397,7 @@ def test_concat_and_cache_mla_errors():
         compat.concat_and_cache_mla(kv_c, k_pe, cache, slots, "int4", torch.ones(1))
 
 
-# ---- vLLM indexer_k_quant_and_cache (SPEC §10) -------------------------------------------------
+# ---- vLLM indexer_k_quant_and_cache (docs/dsa.md) -------------------------------------------------
 def ref_index_cache(cache, k, slots, qb, ue8m0):
     """vLLM's indexer_k_quant_and_cache as plain numpy: per quant block s = max(amax, 1e-4) /
     448 (ue8m0: 2^ceil(log2 s)), e4m3(x / s); block-planar: values at b * stride + o * D,
@@ -557,7 +557,7 @@ def test_fused_norm_rope_deepseek_v32(device, fmt, interleave, adjacent):
     # vLLM's unfused path, transcribed: q RMSNorm; kv RMSNorm -> bf16; GPT-J RoPE of k_pe;
     # index LayerNorm -> bf16 -> RoPE on [0, 64) -> bf16 -> ue8m0 fp8.
     ref.assert_close_ulp(q_out, ref.rmsnorm(d["q_c"], d["q_rms_norm_w"], 1e-6), "bfloat16", "q")
-    # The implementation's dense rows (SPEC §9 (b): cache bytes from its own dense row).
+    # The implementation's dense rows (docs/kv_formats.md, check 2: cache bytes from its own dense row).
     _, kn, kp, dense = mlafuse.mla_kv_cache_dsa(
         torch.cat([d["q_c"], d["kv_c"], d["k_pe"]], 1), d["q_rms_norm_w"], d["kv_rms_norm_w"],
         d["positions"], d["k_rope_cos_sin_cache"], slots, mla0.clone(), d["index_k"],
@@ -640,7 +640,7 @@ def test_fused_norm_rope_deepseek_v32_errors():
 
 # ---- vLLM fused_deepseek_v4_qnorm_rope_kv_rope_quant_insert ----------------------------------
 def ref_v4_pages(pages, kv_roped, slots, bs):
-    """The fp8_v4 pages (SPEC §11) as plain numpy from the roped bf16 kv rows: per 64-block
+    """The fp8_v4 pages (docs/kv_formats.md, fp8_v4) as plain numpy from the roped bf16 kv rows: per 64-block
     e = ceil_log2(max(amax, 1e-4) / 448), e4m3(x * 2^-e), byte e + 127; data row
     [448 e4m3 | 64 bf16] at o * 576, scale row [7 bytes | 0] at bs * 576 + o * 8."""
     out = pages.clone().cpu().numpy().copy()

@@ -1,5 +1,5 @@
-"""The DSA indexer (SPEC §10) through the numpy path: mlafuse.mla_kv_cache_dsa and
-mlafuse.indexer_q against a plain float64 transcription of SPEC §10 (LayerNorm, RoPE on dims
+"""The DSA indexer (docs/dsa.md) through the numpy path: mlafuse.mla_kv_cache_dsa and
+mlafuse.indexer_q against a plain float64 transcription of docs/dsa.md (LayerNorm, RoPE on dims
 [0, 64), the optional Hadamard, each rounded to the dtype; ue8m0 / f32 scales; the block-planar
 132-byte index cache), strided GEMM slices, an odd block stride, the in-place dense output,
 errors. Needs only numpy and pytest."""
@@ -42,7 +42,7 @@ H128 = hadamard128()
 
 
 def ref_index_row(x, pos, cos_sin, style, hadamard, dt, w=None, b=None, eps=1e-6):
-    """SPEC §10 in float64, rounded to dt after each step; x [T, 128]."""
+    """docs/dsa.md in float64, rounded to dt after each step; x [T, 128]."""
     y = np.asarray(x, np.float64)
     if w is not None:
         mu = y.mean(axis=1, keepdims=True)

@@ -1,4 +1,4 @@
-"""mla_kv_cache's cache formats (SPEC §9) through the Python API: "fp8" / "fp8_e4m3" (one
+"""mla_kv_cache's cache formats (docs/kv_formats.md) through the Python API: "fp8" / "fp8_e4m3" (one
 per-tensor scale, vLLM's k_scale or FlashInfer's quant_scale, optional amax_out, optional
 separate kpe array) and "fp8_ds_mla" (FlashMLA's 656-byte record, three tile-scale modes), for
 numpy arrays and torch tensors (both bindings: test_bindings reruns this file under the other
@@ -39,7 +39,7 @@ def run_or_skip(device, fn, *args, **kwargs):
 def t_e4m3(y):
     """f32 tensor -> e4m3 bytes (uint8): torch's cast rounds to nearest even but turns values
     past the largest finite (448) into NaN, so clamp to +-448 first (saturation); NaN of
-    either sign gives 0x7F (SPEC §9)."""
+    either sign gives 0x7F (docs/kv_formats.md)."""
     y = y.float()
     b = y.clamp(-448.0, 448.0).to(torch.float8_e4m3fn).view(torch.uint8)
     return torch.where(torch.isnan(y), torch.full_like(b, 0x7F), b)
@@ -96,7 +96,7 @@ def t_ds_mla_record(k_nope, k_pe, mode):
     return torch.cat([q, scales, pe], dim=1)
 
 
-# ---- the two transcriptions agree, and with SPEC's fixed points -----------------------------
+# ---- the two transcriptions agree, and with docs/kv_formats.md's fixed points -----------------------------
 @needs_torch
 def test_e4m3_transcriptions_agree():
     every_bf16 = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16).view(
@@ -191,7 +191,7 @@ def poisoned_bytes(shape, dtype, device, pad=0):
 
 
 def check_dense(a, d, q, k, p, style="interleaved"):
-    """The dense outputs against the float64 oracle (SPEC §7); k_pe of the tokens that write
+    """The dense outputs against the float64 oracle (docs/conventions.md); k_pe of the tokens that write
     it (not the counted ones)."""
     Q, C, R = d["Q"], d["C"], d["R"]
     rq, rk, rp = ref.split_qk_norm(a["latent"], a["w_q"], a["w_kv"], Q, C, R, 1e-5, 1e-5)
@@ -348,7 +348,7 @@ def test_ds_mla(device, mode, cache_dtype):
     b = buf.cpu()
     assert bool((b[:, :, DS_BYTES:] == POISON_BYTE).all()), "row padding written"
     check_records(b[:, :, :DS_BYTES].contiguous(), {s: want[t] for t, s in toks}, d, mode)
-    # Decoding (SPEC §9 (d)): fp8 * scale is within half an e4m3 ulp of the dense value.
+    # Decoding (docs/kv_formats.md, check 4): fp8 * scale is within half an e4m3 ulp of the dense value.
     for t, s in toks:
         if t == 3:
             continue

@@ -1,6 +1,7 @@
 """numpy arrays on the CPU backend: every op against the float64 references of reference.py,
-within SPEC §7; strided views (no copies), given and allocated outputs, the in-place form, and
-errors raised as MlafError with the library's message. Needs only numpy and pytest."""
+within the tolerances of docs/conventions.md; strided views (no copies), given and allocated
+outputs, the in-place form, and errors raised as MlafError with the library's message. Needs
+only numpy and pytest."""
 import zlib
 
 import numpy as np

@@ -1,4 +1,4 @@
-"""DeepSeek-V4's router (SPEC §11) through the numpy binding: the sqrt_softplus score in
+"""DeepSeek-V4's router (docs/moe_gate.md) through the numpy binding: the sqrt_softplus score in
 moe_gate and hash routing (moe_gate_hash), against the float64 numpy reference."""
 import numpy as np
 import pytest

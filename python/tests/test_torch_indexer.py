@@ -1,4 +1,4 @@
-"""The DSA indexer ops (SPEC §10) on torch tensors: mlafuse.mla_kv_cache_dsa and
+"""The DSA indexer ops (docs/dsa.md) on torch tensors: mlafuse.mla_kv_cache_dsa and
 mlafuse.indexer_q through torch.ops.mlafuse.mla_kv_cache_dsa(_out) / indexer_q(_out), byte for
 byte against the numpy (ctypes) path on the same data; errors; torch.library.opcheck of the four
 ops; torch.compile(fullgraph=True) of a function calling both, with the caches written in place.
@@ -117,7 +117,7 @@ def test_mla_kv_cache_dsa_equals_numpy(device, dtype, style, hadamard, scale, fo
         got = dsa_call(a, **outs, **kw)
         assert got[0] is outs["q"] and got[3] is outs["index_out"]
     assert all(x is not None for x in got)
-    # SPEC §7: f32 norm outputs agree within 1e-5 relative (the backends sum in different
+    # docs/conventions.md: f32 norm outputs agree within 1e-5 relative (the backends sum in different
     # orders); 16-bit ones, k_pe, the indexer key and every cache byte of it bit for bit
     normed = ("q", "k_nope", "kv_cache") if dtype == torch.float32 else ()
     for name, x, y in zip(("q", "k_nope", "k_pe", "index_out"), got, want):

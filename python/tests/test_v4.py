@@ -1,7 +1,8 @@
-"""DeepSeek-V4's attention parts (SPEC §11, §12) through the Python API: mla_kv_cache with
+"""DeepSeek-V4's attention parts (docs/mla.md) through the Python API: mla_kv_cache with
 kv_rope_tail (dense k_nope and a plain cache; the roped in-place form), the "fp8_v4" cache format
 (584-byte planar pages; bf16, so numpy needs ml_dtypes, torch tensors always work) and rope_q's
-head_norm / q_out. References: reference.py, from the SPEC's definitions."""
+head_norm / q_out. References: reference.py, from the definitions in docs/mla.md and
+docs/kv_formats.md."""
 import numpy as np
 import pytest
 
@@ -41,7 +42,7 @@ def round_to(x, dtype):
 
 
 def kv_tail_ref(latent, w_kv, Q, C, eps, positions, cos_sin, dtype):
-    """SPEC §11: RMSNorm over all C values, rounded; the last 64 rotated (interleaved)."""
+    """docs/mla.md, kv_rope_tail: RMSNorm over all C values, rounded; the last 64 rotated (interleaved)."""
     kv = round_to(ref.rmsnorm(ref.f64(latent)[:, Q:Q + C], w_kv, eps), dtype)
     kv[:, C - TAIL:] = ref.rope(kv[:, C - TAIL:], positions, cos_sin, "interleaved")
     return kv
@@ -126,7 +127,7 @@ def test_kv_rope_tail_errors():
 
 # ---- fp8_v4 ---------------------------------------------------------------------------------
 def v4_record(k_nope_bf16_f32, k_nope_bf16_bits):
-    """SPEC §11's record of dense rows [n, 512] (bf16 values as f32, and their bits): the data
+    """The fp8_v4 record (docs/kv_formats.md) of dense rows [n, 512] (bf16 values as f32, and their bits): the data
     row [448 e4m3 | 64 bf16] and the scale row [7 UE8M0 | 0], as two arrays."""
     x = np.asarray(k_nope_bf16_f32, np.float32)
     n = x.shape[0]

@@ -1,5 +1,5 @@
 /*
- * indexer.c — CPU DSA indexer (SPEC §10): the key branch of mla_kv_cache as a writer of the row
+ * indexer.c — CPU DSA indexer (docs/dsa.md): the key branch of mla_kv_cache as a writer of the row
  * loop (norm.c: it runs at each row's finish, on the thread that computed the row) and the
  * indexer_q op. The arithmetic is index_math.h's, in the CUDA kernels' order (same bits).
  *

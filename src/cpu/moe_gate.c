@@ -1,5 +1,5 @@
 /*
- * moe_gate.c — CPU router top-k (SPEC §4).
+ * moe_gate.c — CPU router top-k (docs/moe_gate.md).
  *
  * Per token, all in fp32:
  *   1. Load the logits row into a float scratch row (bf16 / f16 widened branch-free so the

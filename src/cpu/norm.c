@@ -2,7 +2,7 @@
  * norm.c — CPU split_qk_norm, mla_kv_cache and rope_q: the drivers (tokens over threads) and
  * the portable row kernels.
  *
- * Algorithm, per token t (SPEC §2, §3):
+ * Algorithm, per token t (docs/mla.md):
  *   1. ss_q = sum L[t, :Q]^2 and ss_kv = sum L[t, Q:Q+C]^2 in fp32 — both before anything of
  *      the row is written, so the in-place form (outputs = the latent's own columns) is safe.
  *   2. rstd = 1 / sqrtf(ss / n + eps) per part.
@@ -240,7 +240,7 @@ static wview weights_prepare(const void *w, mlaf_dtype wdt, int64_t n, float *sc
 /* pe parts up to this many values are roped by the path's kernel in one piece. */
 #define PE_MAX 2048
 
-/* kv_rope_tail (SPEC §11): the values v[a, b) of a chunk whose row offset is i0 that fall in the
+/* kv_rope_tail (docs/mla.md): the values v[a, b) of a chunk whose row offset is i0 that fall in the
  * tail [n - tail, n): rounded to the latent dtype, then rotated in fp32 as interleaved pairs with
  * the position's cos / sin row cs (pair i of the tail: cs[i], cs[tail / 2 + i]), separate
  * products as the path kernels' rotation. The tail starts at an even offset and chunks at even
@@ -454,7 +454,7 @@ static int64_t rope_q_heads(const mlaf_norm_kern *k, const mlaf_rope_q_job *j, i
     return errors;
 }
 
-/* The head_norm / q_out form (SPEC §11), items [i0, i1) of the flattened [T, Hpad] index: head
+/* The head_norm / q_out form (docs/mla.md, head_norm), items [i0, i1) of the flattened [T, Hpad] index: head
  * h < H read from q, optionally RMS-normalized without weight (rstd in fp32), its last R values
  * rotated in fp32 from the unrounded normalized values, all rounded once into q_out (or in place);
  * heads h >= H of q_out zeroed. A token with a bad position writes nothing and is counted once

@@ -120,7 +120,7 @@ mlaf_cpu_writer mlaf_cpu_writer_ds_mla(const mlaf_norm_kern *k, const mlaf_kv_ca
     return w;
 }
 
-/* fp8_v4 (SPEC §11; C = 512, kv_rope_tail = 64, R = 0): the kv part arrives as its 448 NoPE
+/* fp8_v4 (docs/kv_formats.md, fp8_v4; C = 512, kv_rope_tail = 64, R = 0): the kv part arrives as its 448 NoPE
  * values (one chunk, from offset 0) and then, for a token with a usable position, its 64 roped
  * values. Page b of the cache holds block_size data rows of 576 B, then block_size scale rows of
  * 8 B. */

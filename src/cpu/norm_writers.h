@@ -47,13 +47,13 @@ mlaf_cpu_writer mlaf_cpu_writer_dense(const mlaf_norm_kern *k, const mlaf_norm_j
 /* The plain paged cache row [k_nope | rope(k_pe)] of the token's slot, in the cache dtype. */
 mlaf_cpu_writer mlaf_cpu_writer_paged(const mlaf_norm_kern *k, const mlaf_kv_cache_job *job);
 
-/* The fp8 formats (SPEC §9): per-tensor e4m3 with one scale (and the optional amax_out), or the
+/* The fp8 formats (docs/kv_formats.md): per-tensor e4m3 with one scale (and the optional amax_out), or the
  * fp8_ds_mla record (e4m3 tiles of 128 with their f32 scales, then the bf16 rope part). Every
  * value is first rounded to the latent dtype (the value the op stores densely). */
 mlaf_cpu_writer mlaf_cpu_writer_fp8(const mlaf_norm_kern *k, const mlaf_kv_cache_job *job);
 mlaf_cpu_writer mlaf_cpu_writer_ds_mla(const mlaf_norm_kern *k, const mlaf_kv_cache_job *job);
 
-/* fp8_v4 (SPEC §11): per page, data rows [448 e4m3 | 64 bf16 roped] of 576 B, then scale rows of
+/* fp8_v4 (docs/kv_formats.md): per page, data rows [448 e4m3 | 64 bf16 roped] of 576 B, then scale rows of
  * 8 B (7 UE8M0 bytes and a zero). Needs the kv_rope_tail 64 of a 512-wide kv part. */
 mlaf_cpu_writer mlaf_cpu_writer_v4(const mlaf_norm_kern *k, const mlaf_kv_cache_job *job);
 /* The cache writer of the job's format (one of the four above). */

@@ -1,5 +1,5 @@
 /*
- * index_row.cuh — the DSA indexer's row arithmetic on a warp (SPEC §10): lane l holds values
+ * index_row.cuh — the DSA indexer's row arithmetic on a warp (docs/dsa.md): lane l holds values
  * [4 l, 4 l + 4) of a 128-wide head. The steps and their order are index_math.h's (the CPU
  * backend's), so both backends give the same bits:
  *   1. (key) LayerNorm: each lane sums its four values in order, the warp's xor butterfly

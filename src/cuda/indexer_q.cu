@@ -1,5 +1,5 @@
 /*
- * indexer_q.cu — CUDA indexer_q (SPEC §10). Per indexer head of 128 values, with index_row.cuh's
+ * indexer_q.cu — CUDA indexer_q (docs/dsa.md). Per indexer head of 128 values, with index_row.cuh's
  * arithmetic in the same order (the CPU's bits; dev/cuda/indexer_q_v1 checks every byte):
  *   1. half a warp per head: lane l of the half holds values [8 l, 8 l + 8) (one 16-byte load
  *      when q_idx allows it, two for f32);

@@ -1,9 +1,9 @@
 /*
- * mla_kv_cache.cu — CUDA entry of mla_kv_cache (SPEC §3): the row kernel (row_launch.cuh) with
+ * mla_kv_cache.cu — CUDA entry of mla_kv_cache (docs/mla.md): the row kernel (row_launch.cuh) with
  * the token decision and RoPE, and two writers: the dense outputs (q, optional k_nope and roped
  * k_pe) and the cache record at slot_mapping[t] in the call's format: plain [k_nope | rope(k_pe)]
  * (row_writers.cuh), per-tensor fp8, fp8_ds_mla or fp8_v4 (row_writers_fp8.cuh). With kv_rope_tail
- * (SPEC §11) the row kernel rotates the kv part's tail itself (row_core.cuh, mlaf_tail_vec), so
+ * (docs/mla.md, kv_rope_tail) the row kernel rotates the kv part's tail itself (row_core.cuh, mlaf_tail_vec), so
  * every writer receives the finished values.
  */
 #include "kv_cache_launch.cuh"

@@ -1,5 +1,5 @@
 /*
- * mla_kv_cache_dsa.cu — CUDA entry of mla_kv_cache with the DSA indexer key branch (SPEC §10):
+ * mla_kv_cache_dsa.cu — CUDA entry of mla_kv_cache with the DSA indexer key branch (docs/dsa.md):
  * the row kernels of mla_kv_cache.cu with a third writer, mlaf_wr_index (index_row.cuh), whose
  * key rows run as side work on blocks of their own interleaved with the MLA rows' blocks: one
  * launch for both. Kept apart from mla_kv_cache.cu so that the plain op's instantiations (and their

@@ -1,5 +1,5 @@
 /*
- * moe_gate.cu — CUDA router top-k (SPEC §4): which kernel takes a call, and the extern "C"
+ * moe_gate.cu — CUDA router top-k (docs/moe_gate.md): which kernel takes a call, and the extern "C"
  * entry. Five kernels share one total order (moe_gate_common.cuh), so ids match the oracle and
  * the CPU exactly, ties included. A call takes the first of these that fits it:
  *   1. T <= 64, or up to one wave of full-occupancy blocks for routers of 97+ experts

@@ -3,7 +3,7 @@
  * the NaN policy's constants, warp and team reductions, the sigmoid, a team's group selection,
  * the staging copies. Included first by moe_gate.cu (each moe_gate_*.cuh includes it too).
  *
- * One total order in every kernel (SPEC §4), so ids match the oracle and the CPU exactly, ties
+ * One total order in every kernel (docs/moe_gate.md), so ids match the oracle and the CPU exactly, ties
  * included:
  *   1. c = s + bias, plus 0.0f so that -0 becomes +0: one key per value;
  *   2. c descending by ord32(c), the float's order as an unsigned integer, then the lower
@@ -189,7 +189,7 @@ __device__ __forceinline__ float sigmoid_fast(float x) {
     return r;
 }
 
-/* sqrt(softplus(x)) for finite x, without overflow (SPEC §11): x to fp32 above 20, exp(x / 2)
+/* sqrt(softplus(x)) for finite x, without overflow (docs/moe_gate.md): x to fp32 above 20, exp(x / 2)
  * below -20 (log1p(exp(x)) = exp(x) to fp32 there, and exp(x) alone would underflow first);
  * accurate libdevice forms, as the CPU's libm ones. */
 __device__ __forceinline__ float sqrt_softplus_f(float x) {

@@ -1,5 +1,5 @@
 /*
- * moe_gate_hash.cuh — hash routing (mlaf_moe_gate_hash, SPEC §11: DeepSeek-V4's first MoE
+ * moe_gate_hash.cuh — hash routing (mlaf_moe_gate_hash, docs/moe_gate.md: DeepSeek-V4's first MoE
  * layers). Three kernels, the same operations in the same order (bit-identical results):
  *
  * Top_k <= 8 with sigmoid or sqrt_softplus scores and no scores output (DeepSeek-V4): a token

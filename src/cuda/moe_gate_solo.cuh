@@ -21,7 +21,8 @@
  *      stays ahead); the winners' weights are their s.
  *   6. Renormalize, scale, shared experts, stores, with the team kernel's formulas.
  * Rows with a non-finite logit or bias, and lists that overflow (heavy ties), take
- * solo_exact_warp: the SPEC §4 policy computed by the whole warp, one such token after another.
+ * solo_exact_warp: the moe_gate policy (docs/moe_gate.md) computed by the whole warp, one such
+ * token after another.
  * sqrt_softplus rows (kSoloSsp) rank by a cheap score in passes 1-2 and re-key the candidates
  * exactly before step 5.
  * Limits (else try_solo returns false): sigmoid, or sqrt_softplus in one group; no scores output,
@@ -190,7 +191,7 @@ __device__ __forceinline__ void solo_store(const GateArgs &a, int64_t t, int E, 
     }
 }
 
-/* The SPEC §4 policy for token t, computed by the whole warp from the row in global memory
+/* The moe_gate policy (docs/moe_gate.md) for token t, computed by the whole warp from the row in global memory
  * (every lane calls it, convergent; lane `owner` stores): lane l holds the E / 32 contiguous
  * experts [l E / 32, (l + 1) E / 32), so a group is a run of lanes and team_group_kept and
  * team_max_u64 (the team kernel's exact path) apply with one 32-lane team. Invalid experts

@@ -68,7 +68,7 @@ template <class S, int L> __device__ __forceinline__ int team_phys(int team, int
 
 /*
  * The exact path of one team's token, out of line so the common path stays small in the
- * instruction cache: taken for rows or a bias with non-finite values (SPEC §4 policy), when
+ * instruction cache: taken for rows or a bias with non-finite values (docs/moe_gate.md policy), when
  * the scores output is requested, when k exceeds the candidate list, or when the threshold
  * leaves too many candidates (heavy ties). Recomputes c from the staged logits with the
  * policy (invalid expert: c = -inf, ranked after every finite c, weight 0; softmax over the

@@ -1,6 +1,6 @@
 /*
- * rope_q.cu — CUDA entry of rope_q (SPEC §3): RoPE in place on columns [D-R, D) of every head
- * of q viewed as [T, H, D] (strides s0, s1, 1). The head_norm and q_out forms (SPEC §11) run
+ * rope_q.cu — CUDA entry of rope_q (docs/mla.md): RoPE in place on columns [D-R, D) of every head
+ * of q viewed as [T, H, D] (strides s0, s1, 1). The head_norm and q_out forms (docs/mla.md, head_norm) run
  * rope_q_norm.cuh's kernel instead.
  *
  * Vector path (16-byte aligned heads, R a multiple of the vector width W; NeoX: R/2 a
@@ -258,7 +258,7 @@ static cudaError_t mlaf_rope_q_launch(const mlaf_rope_q_args &a, int sms, cudaSt
 }
 
 extern "C" mlaf_status mlaf_cuda_rope_q(mlaf_context *ctx, const mlaf_rope_q_job *job) {
-    if (job->head_norm || job->q_out) { /* SPEC §11: rope_q_norm.cuh */
+    if (job->head_norm || job->q_out) { /* docs/mla.md, head_norm: rope_q_norm.cuh */
         if (job->T == 0 || job->Hpad == 0) return MLAF_OK;
         mlaf_cuda_device_guard guard(ctx);
         const cudaError_t e = mlaf_rope_qn_run(job, ctx->cuda_sm_count, (cudaStream_t)ctx->cuda_stream);

@@ -1,7 +1,7 @@
 /*
- * rope_q_norm.cuh — rope_q's SPEC §11 forms: head_norm (DeepSeek-V4's weightless per-head RMSNorm
- * before the rotation) and the out-of-place q_out [T, Hpad, D] with zeroed padding heads
- * (mlaf_rope_q_out). Included by rope_q.cu.
+ * rope_q_norm.cuh — rope_q's DeepSeek-V4 forms (docs/mla.md, head_norm): head_norm (V4's
+ * weightless per-head RMSNorm before the rotation) and the out-of-place q_out [T, Hpad, D] with
+ * zeroed padding heads (mlaf_rope_q_out). Included by rope_q.cu.
  *
  * Per item (token t, head h < Hpad), one warp:
  *   1. A position outside [0, max_pos): nothing of the token is written; item (t, 0) counts it.
@@ -143,7 +143,7 @@ static cudaError_t mlaf_rope_qn_launch(const mlaf_rope_qn_args &a, int sms, cuda
     return cudaGetLastError();
 }
 
-/* The SPEC §11 forms of a validated job (head_norm or q_out). */
+/* The head_norm / q_out forms (docs/mla.md) of a validated job (head_norm or q_out). */
 static cudaError_t mlaf_rope_qn_run(const mlaf_rope_q_job *job, int sms, cudaStream_t stream) {
     mlaf_rope_qn_args a;
     a.q = job->q;

@@ -1,5 +1,5 @@
 /*
- * row_core.cuh — the per-row arithmetic of split_qk_norm and mla_kv_cache (SPEC §2, §3), shared
+ * row_core.cuh — the per-row arithmetic of split_qk_norm and mla_kv_cache (docs/mla.md), shared
  * by every launch shape (row_kernels.cuh) and every writer (row_writers.cuh).
  *
  * A latent row is [q (Q) | kv (C) | pe (R)]. Per row:
@@ -47,7 +47,7 @@ struct mlaf_row_args {
     int32_t bs_shift; /* below 2^31 (mlaf_div_magic) */
     int32_t *err;
     int32_t slot;     /* bulk shape: bytes of a warp's row slot in shared memory */
-    int32_t tail;     /* kv_rope_tail (SPEC §11): kv values [C - tail, C) rotated; R == 0 then */
+    int32_t tail;     /* kv_rope_tail (docs/mla.md): kv values [C - tail, C) rotated; R == 0 then */
     int32_t split;    /* block shape: a row's q part in one block, its kv and pe parts in the next */
 };
 
@@ -225,7 +225,7 @@ __device__ __forceinline__ mlaf_tail_cs<T> mlaf_tail_gather(const mlaf_row_args 
     return g;
 }
 
-/* kv_rope_tail (SPEC §11): kv vector j, normalized (f, fp32) and packed (o, rounded to T). When
+/* kv_rope_tail (docs/mla.md): kv vector j, normalized (f, fp32) and packed (o, rounded to T). When
  * it lies in the tail [C - tail, C) (the launch keeps C - tail a multiple of W, so a vector is
  * wholly in or out and holds whole interleaved pairs), its rounded values are rotated in fp32,
  * pair p of the tail with cs[p], cs[tail / 2 + p] (the shared no-FMA rotation; taken from `pre`

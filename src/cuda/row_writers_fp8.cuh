@@ -1,5 +1,5 @@
 /*
- * row_writers_fp8.cuh — the fp8 cache writers of mla_kv_cache (SPEC §9), the writer concept of
+ * row_writers_fp8.cuh — the fp8 cache writers of mla_kv_cache (docs/kv_formats.md), the writer concept of
  * row_writers.cuh:
  *
  *   mlaf_wr_fp8      per-tensor e4m3 rows [C + R] (or C here and R in a separate kpe array),
@@ -8,7 +8,7 @@
  *   mlaf_wr_ds_mla   the fp8_ds_mla record [C e4m3 | C/128 f32 tile scales | R bf16 rope]: a
  *                    tile of 128 values is 16 lanes' vectors (bf16), its amax a half-warp max;
  *                    lane 0 of the tile stores the scale.
- *   mlaf_wr_v4       DeepSeek-V4's planar page (SPEC §11; C = 512 with the rope tail 64): data
+ *   mlaf_wr_v4       DeepSeek-V4's planar page (docs/kv_formats.md, fp8_v4; C = 512 with the rope tail 64): data
  *                    rows of 576 B [448 e4m3 | 64 bf16], then scale rows of 8 B [7 UE8M0 | 0]. A
  *                    64-value block is 8 lanes' vectors, its amax an 8-lane max; the block's first
  *                    lane stores its scale byte (block 7's, the zero, by the tail's first lane).

@@ -1,5 +1,5 @@
 /*
- * split_qk_norm.cu — CUDA entry of split_qk_norm (SPEC §2): the row kernel (row_launch.cuh)
+ * split_qk_norm.cu — CUDA entry of split_qk_norm (docs/mla.md): the row kernel (row_launch.cuh)
  * with the dense writer; the pe part is copied bit for bit.
  */
 #include "row_launch.cuh"

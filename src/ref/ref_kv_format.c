@@ -1,10 +1,10 @@
 /*
- * ref_kv_format.c — the reference encoder of mla_kv_cache's fp8 cache formats (SPEC §9), and
+ * ref_kv_format.c — the reference encoder of mla_kv_cache's fp8 cache formats (docs/kv_formats.md), and
  * the decoding bound the checks hold the records to.
  *
  * The encoder works from one token's dense row as the op stored it (k_nope_norm and the roped
  * k_pe, each value already rounded to the latent dtype) and writes the format's record bytes,
- * one formula per value, in the order the SPEC states them:
+ * one formula per value, in the order docs/kv_formats.md states them:
  *   fp8         e4m3(x / scale) (DIV) or e4m3(x * scale) (MUL), one f32 division or product
  *   fp8_ds_mla  per 128-value tile: amax (NaN-ignoring max of |x|), its scale s by the tile
  *               mode, e4m3(x / s); then the tile scales as little-endian f32; then the rope
@@ -67,7 +67,7 @@ float mlaf_ref_kv_encode(const mlaf_kv_encoding *e, const float *nope, const flo
         return amax;
     }
     if (e->format == MLAF_KV_FP8_V4) {
-        /* SPEC §11 (C = 512, the tail 64 inside nope[448, 512)): data row [448 e4m3 | 64 bf16],
+        /* fp8_v4 (docs/kv_formats.md; C = 512, the tail 64 inside nope[448, 512)): data row [448 e4m3 | 64 bf16],
          * then the scale row [7 UE8M0 bytes | 0] */
         for (int32_t b = 0; b < 7; b++) {
             float m = 0.0f;

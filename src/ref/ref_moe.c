@@ -1,6 +1,6 @@
 /*
- * ref_moe.c — the float64 oracle of moe_gate (SPEC §4) and the check that compares a
- * backend with it (SPEC §7).
+ * ref_moe.c — the float64 oracle of moe_gate (docs/moe_gate.md) and the check that compares a
+ * backend with it (docs/conventions.md).
  *
  * The oracle follows the header's text step by step, with plain loops and no cleverness:
  *   1. s = sigmoid(x), softmax over the valid logits or sqrt(softplus(x)); an expert is
@@ -230,7 +230,7 @@ static const char *check_positions(const mlaf_moe_gate_job *job, const ref_token
 }
 
 /* The groups a backend kept when two groups' scores nearly tie across the topk_group boundary
- * (SPEC 7 accepts either): the oracle's kept set with each group of got[] that the oracle
+ * (docs/conventions.md accepts either): the oracle's kept set with each group of got[] that the oracle
  * dropped swapped for a kept group it nearly ties and that got[] does not use. 0 if got[]
  * cannot come from such a set. */
 static int swapped_groups(const mlaf_moe_gate_job *job, const ref_token *r, const int32_t *got,

@@ -1,5 +1,5 @@
 /*
- * ref_moe_hash.c — the float64 oracle of mlaf_moe_gate_hash (SPEC §11) and its verify case.
+ * ref_moe_hash.c — the float64 oracle of mlaf_moe_gate_hash (docs/moe_gate.md) and its verify case.
  *
  * The oracle, per token, as the header states it:
  *   1. tok = token_ids[t]; the row is bad when tok is outside [0, vocab), or when an entry of
@@ -7,7 +7,7 @@
  *   2. a good row: ids = tid2eid[tok] in table order, w = s[ids] (s from mlaf_ref_moe_scores;
  *      0 for a non-finite logit); a bad row: ids 0 .. k-1, w = 0;
  *   3. renormalize (w / (sum + eps), skipped when that is 0), scale, shared experts as moe_gate.
- * The check: ids identical (SPEC §7b), weights within 1e-5 relative (or of the row's total),
+ * The check: ids identical (docs/conventions.md), weights within 1e-5 relative (or of the row's total),
  * scores as moe_gate's check, error_count = its start value + the bad rows, and every byte
  * not an output value (row padding, inputs, guards) unchanged.
  */

@@ -1,5 +1,5 @@
 /*
- * ref_norm.c — the float64 oracle of split_qk_norm, mla_kv_cache and rope_q (SPEC §2, §3).
+ * ref_norm.c — the float64 oracle of split_qk_norm, mla_kv_cache and rope_q (docs/mla.md).
  *
  * Plain loops, one step at a time, no fusion: read the inputs of a validated job (host
  * memory), compute in double, write dense unrounded results. The checks (verify_*.c, verify_case.h)
@@ -75,7 +75,7 @@ void mlaf_ref_mla_kv_cache(const mlaf_kv_cache_job *job, double *q, double *k_no
         int64_t pos = 0;
         int bad = slot >= slots_in_cache || ((R > 0 || tail > 0) && !position_ok(&job->rope, t, &pos));
         status[t] = bad ? -1 : (slot < 0 ? 0 : 1);
-        /* 2b. kv_rope_tail (SPEC §11): the normalized kv rounded to the latent dtype, then its last
+        /* 2b. kv_rope_tail (docs/mla.md): the normalized kv rounded to the latent dtype, then its last
          * `tail` values rotated (interleaved); nothing of the tail is defined for a bad token. */
         if (tail > 0) {
             double *kt = k_nope + t * C + (C - tail);
@@ -114,7 +114,7 @@ void mlaf_ref_rope_q(const mlaf_rope_q_job *job, double *q_out, int8_t *status) 
             const char *head = (const char *)job->q + (t * job->s0 + h * job->s1) * (int64_t)es;
             double *dst = q_out + (t * HP + h) * D;
             for (int32_t d = 0; d < D; d++) dst[d] = mlaf_load_f32(head, job->dt, d);
-            if (job->head_norm) { /* SPEC §11: weightless RMSNorm of the whole head first */
+            if (job->head_norm) { /* docs/mla.md, head_norm: weightless RMSNorm of the whole head first */
                 double ss = 0.0;
                 for (int32_t d = 0; d < D; d++) ss += dst[d] * dst[d];
                 const double rstd = 1.0 / sqrt(ss / (double)D + (double)job->head_eps);

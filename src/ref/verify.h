@@ -1,7 +1,7 @@
 /*
  * verify.h — the float64 oracle of every op and the checks that compare a backend with it.
  * Shared by the C tests (tests/) and `mlafuse verify` (tools/), so both judge by the same
- * rules (SPEC §7). Not part of the shipped library.
+ * rules (docs/conventions.md). Not part of the shipped library.
  *
  * Oracle functions read the inputs of a validated job (host memory) and write dense,
  * row-major float64 results, unrounded; the checks round them once to the output dtype.
@@ -108,7 +108,7 @@ typedef struct mlaf_verify_case {
     mlaf_dtype index_dtype;    /* positions and slot_mapping: I32 or I64 */
     int64_t map_short;         /* mla_kv_cache: slot_mapping has max(T - map_short, 0) entries
                                   (rows past its end take slot -1); 0: T entries */
-    /* mla_kv_cache cache format (SPEC §9); the zeroed default is plain */
+    /* mla_kv_cache cache format (docs/kv_formats.md); the zeroed default is plain */
     mlaf_kv_format kv_format;
     mlaf_fp8_conv fp8_conv;    /* fp8 */
     float fp8_scale;           /* fp8: > 0 the scale itself; 0: fitted so that the largest |x|
@@ -119,12 +119,12 @@ typedef struct mlaf_verify_case {
     float amax_init;
     int kpe_separate;          /* plain / fp8: the rope part in its own kpe array */
     mlaf_tile_scale tile_scale; /* fp8_ds_mla */
-    int32_t kv_rope_tail;      /* mla_kv_cache: the rope tail inside the kv part (SPEC §11; cfg's
+    int32_t kv_rope_tail;      /* mla_kv_cache: the rope tail inside the kv part (docs/mla.md; cfg's
                                   qk_rope_head_dim must then be 0); 0: none */
     /* rope_q */
     int head_norm;             /* weightless per-head RMSNorm first (eps: cfg.rms_norm_eps) */
     int64_t q_out_heads;       /* > 0: out of place into q_out [T, q_out_heads, D] (>= heads); 0: in place */
-    /* the DSA indexer (SPEC §10): mla_kv_cache with its key branch (mlaf_mla_kv_cache_dsa, judged
+    /* the DSA indexer (docs/dsa.md): mla_kv_cache with its key branch (mlaf_mla_kv_cache_dsa, judged
      * by verify_indexer.c; in_place then means the dense index output is index_k itself), and
      * indexer_q; the preset's index_n_heads is indexer_q's H */
     int indexer;               /* mla_kv_cache: 1 = with the key branch */
@@ -133,7 +133,7 @@ typedef struct mlaf_verify_case {
     mlaf_index_scale index_scale;
     int index_q_pe;            /* indexer_q: also rope the MLA q_pe [T, heads, nope + rope] */
     int index_copies;          /* mla_kv_cache with the key branch: > 1 = the multi-destination
-                                  store into that many index caches (SPEC §12) */
+                                  store into that many index caches (docs/mla.md) */
     /* moe_gate */
     int moe_override;          /* 1: use `moe` and `experts` below instead of cfg's router */
     mlaf_moe_gate_params moe;
@@ -146,7 +146,7 @@ typedef struct mlaf_verify_case {
      * of its cache record, when it writes one) is altered after the run, and every 500th token
      * after it; 0 (the default) for none. The check must then fail and name that first token. */
     int64_t corrupt_from;
-    /* moe_gate (SPEC §11) */
+    /* moe_gate and moe_gate_hash (docs/moe_gate.md) */
     int moe_wide;              /* a few logits per row of large magnitude (see mlaf_ref_moe_fill) */
     int moe_hash;              /* 1: mlaf_moe_gate_hash with a random tid2eid table (i32 / i64 as
                                   index_dtype; token ids the other dtype when strided); 2: the
@@ -167,8 +167,8 @@ typedef struct mlaf_verify_result {
     char detail[512];          /* first failure, or a one-line summary */
 } mlaf_verify_result;
 
-/* The deepseek-v4-flash preset (SPEC §1: q_lora 1024, kv_lora 512, R 0, 64 heads of 512 with a
- * 64-wide interleaved rope tail, eps 1e-6), with *kv_rope_tail = its kv_rope_tail (64). */
+/* The deepseek-v4-flash preset (docs/models.md: q_lora 1024, kv_lora 512, R 0, 64 heads of 512
+ * with a 64-wide interleaved rope tail, eps 1e-6), with *kv_rope_tail = its kv_rope_tail (64). */
 mlaf_model_config mlaf_v4_flash_attn_config(int32_t *kv_rope_tail);
 
 /* A case with the defaults: preset cfg, dtype bf16, weights in dtype, T tokens, seed. */
@@ -195,7 +195,7 @@ mlaf_status mlaf_verify_mla_kv_cache_dsa(mlaf_context *ctx, const mlaf_verify_ca
                                          mlaf_verify_result *r);
 mlaf_status mlaf_verify_indexer_q(mlaf_context *ctx, const mlaf_verify_case *c,
                                   mlaf_verify_result *r);
-/* The float64 oracle of one indexer row (SPEC §10), rounded to dt after every step as the op
+/* The float64 oracle of one indexer row (docs/dsa.md), rounded to dt after every step as the op
  * does: x[128] the input (key: before the LayerNorm, w / b given; query: w NULL, no LayerNorm),
  * cs the position's cos_sin row. y: the final vector; bound: per value, the largest |got - y|
  * an implementation that follows the contract may show (one unit of dt per rounding plus what
@@ -206,7 +206,7 @@ void mlaf_ref_index_row(const double *x, const double *w, const double *b, doubl
 mlaf_status mlaf_verify_op(mlaf_context *ctx, mlaf_op op, const mlaf_verify_case *c,
                            mlaf_verify_result *r);
 
-/* ---- cache formats (SPEC §9): the reference encoder (ref_kv_format.c) --------------------- */
+/* ---- cache formats (docs/kv_formats.md): the reference encoder (ref_kv_format.c) ------- */
 typedef struct mlaf_kv_encoding {
     mlaf_kv_format format;      /* FP8 or FP8_DS_MLA */
     mlaf_fp8_conv conv;         /* FP8 */
@@ -226,10 +226,10 @@ float mlaf_ref_kv_encode(const mlaf_kv_encoding *e, const float *nope, const flo
 float mlaf_ref_tile_scale(mlaf_tile_scale mode, float amax);
 /* e4m3(x / scale) (DIV) or e4m3(x * scale) (MUL). */
 uint8_t mlaf_ref_fp8_quantize(float x, float scale, mlaf_fp8_conv conv);
-/* SPEC §9 (d) for one value: e4m3 byte b decoded (b * scale, or b / scale for MUL) is within
- * half an e4m3 ulp of x, widened by the f32 rounding of x / scale (x * scale). 1 within, 0
- * not, -1 not judged (x or its quantized value not finite, or saturated: |y| >= 464). *ratio:
- * the error over the bound. */
+/* The decoding check of docs/kv_formats.md for one value: e4m3 byte b decoded (b * scale, or
+ * b / scale for MUL) is within half an e4m3 ulp of x, widened by the f32 rounding of x / scale
+ * (x * scale). 1 within, 0 not, -1 not judged (x or its quantized value not finite, or
+ * saturated: |y| >= 464). *ratio: the error over the bound. */
 int mlaf_ref_fp8_decode_check(uint8_t b, float x, float scale, mlaf_fp8_conv conv, double *ratio);
 
 /* ---- the oracle (float64, plain loops) ------------------------------------------------- */
@@ -248,9 +248,9 @@ void mlaf_ref_rope_q(const mlaf_rope_q_job *job, double *q_out, int8_t *status);
  * scores [T,E] (may be NULL). */
 void mlaf_ref_moe_gate(const mlaf_moe_gate_job *job, double *weights, int32_t *ids, double *sel,
                        double *scores);
-/* SPEC §7 for one token t of a job whose logits and bias are in host memory: NULL when the
- * routed ids got[0, top_k) are acceptable (the oracle's, or within its near-ties of c and of
- * group scores), else why not (written to why). */
+/* The router check (docs/conventions.md) for one token t of a job whose logits and bias are in
+ * host memory: NULL when the routed ids got[0, top_k) are acceptable (the oracle's, or within
+ * its near-ties of c and of group scores), else why not (written to why). */
 /* s of every expert of token t (NaN for a non-finite logit), float64. */
 void mlaf_ref_moe_scores(const mlaf_moe_gate_job *job, int64_t t, double *s);
 /* A moe_gate case's logits and bias (ref_moe.c; shared with the hash-routing case). */

@@ -11,7 +11,7 @@
  * valid slot names, the nope columns of rope_q, the rope part of rejected tokens — must equal
  * its initial value bit for bit. Guards must be intact.
  *
- * Tolerance (SPEC §7): output values within 1 unit (mlaf_err_units) of the oracle; copies bit
+ * Tolerance (docs/conventions.md): output values within 1 unit (mlaf_err_units) of the oracle; copies bit
  * exact. RoPE outputs: the contract fixes the rotation as separate fp32 products and one
  * add / subtract, whose rounding (at most 2^-23 of |x0*c| + |x1*s|) can dwarf an ulp of a
  * result that cancels to near zero; that allowance (rope_allowance) is granted before

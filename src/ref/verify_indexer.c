@@ -1,5 +1,5 @@
 /*
- * verify_indexer.c — the DSA indexer (SPEC §10) against the float64 oracle: mla_kv_cache with its
+ * verify_indexer.c — the DSA indexer (docs/dsa.md) against the float64 oracle: mla_kv_cache with its
  * key branch (mlaf_verify_mla_kv_cache_dsa) and indexer_q (mlaf_verify_indexer_q). How buffers
  * are judged: verify_case.h.
  *

@@ -4,7 +4,7 @@
  * op, and q, k_nope, the roped k_pe and every cache row a valid slot names against the float64
  * oracle (ref_norm.c). How buffers are judged: verify_case.h.
  *
- * Cache formats (SPEC §9; the case's kv_format):
+ * Cache formats (docs/kv_formats.md; the case's kv_format):
  *   plain       each cache value within 1 unit of the oracle rounded once to the cache dtype,
  *               the rope part in the cache row or in the separate kpe array
  *   fp8,        the dense outputs are always requested, and then
@@ -24,7 +24,7 @@
  *               with the record's own UE8M0 byte.
  * Rows no slot names, row and block padding, and the scale stay as they were (canaries).
  *
- * kv_rope_tail (SPEC §11, the case's kv_rope_tail; R = 0): k_nope's last `tail` values are the
+ * kv_rope_tail (docs/mla.md, kv_rope_tail, the case's kv_rope_tail; R = 0): k_nope's last `tail` values are the
  * oracle's rotation of its normalized kv rounded to the latent dtype. The allowance of those values
  * is rope_allowance's plus, where the implementation's fp32 norm may round an input to the other
  * neighbour (the oracle's value within 2^-16 of a rounding boundary), that neighbour's step times

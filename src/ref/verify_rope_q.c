@@ -3,10 +3,11 @@
  * head's rotated rope part against the float64 oracle (ref_norm.c); the nope columns and the
  * heads of rejected positions must stay as they were. How buffers are judged: verify_case.h.
  *
- * SPEC §11 forms (the case's head_norm, q_out_heads): with head_norm every value of a head is
- * judged (normalized; the rope part's allowance doubled for the fp32 normalization's rounding of
- * its inputs); with q_out_heads the result goes to q_out [T, q_out_heads, D] (mlaf_rope_q_out),
- * whose padding heads must be +0.0 bit for bit, and q must stay as it was.
+ * DeepSeek-V4's forms (docs/mla.md, head_norm; the case's head_norm, q_out_heads): with head_norm
+ * every value of a head is judged (normalized; the rope part's allowance doubled for the fp32
+ * normalization's rounding of its inputs); with q_out_heads the result goes to
+ * q_out [T, q_out_heads, D] (mlaf_rope_q_out), whose padding heads must be +0.0 bit for bit,
+ * and q must stay as it was.
  */
 #include <math.h>
 #include <stdio.h>

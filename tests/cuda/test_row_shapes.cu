@@ -265,8 +265,8 @@ static void one(const char *model, int Q, int C, int R, bool neox, bool rope, ml
             const double u = rs[i] ? fabs(b.rstd[i] - rs[i]) / rs[i] : fabs(b.rstd[i]);
             if (!(u <= ur)) ur = u;
         }
-        /* sums in another order: f32 values within SPEC §7's 1e-5 relative (about 84 ulp), 16-bit
-         * ones within one rounding */
+        /* sums in another order: f32 values within the 1e-5 relative of docs/conventions.md (about
+         * 84 ulp), 16-bit ones within one rounding */
         const double tol = dt == MLAF_F32 ? 84 : 1, cache_tol = cdt == MLAF_F32 ? 84 : 1;
         tl_case(uq <= tol && uk <= tol && uc <= cache_tol && pe_same && err_same && (!rope || ref.err == (R > 0 ? 3 : 1)) &&
                     ur <= 1e-5,
@@ -347,9 +347,9 @@ static void fp8_one(const char *model, int Q, int C, int R, bool neox, int cc, i
     }
 }
 
-/* DeepSeek-V4 (SPEC §11): the kv rope tail (64 of C = 512, R = 0) and the fp8_v4 page writer in
- * every shape (bf16): each shape's dense k_nope within 1 ulp of the generic shape's (its tail
- * rotated the same way), and its cache pages equal to the reference encoder (src/ref) applied to
+/* DeepSeek-V4 (docs/mla.md, docs/kv_formats.md): the kv rope tail (64 of C = 512, R = 0) and the
+ * fp8_v4 page writer in every shape (bf16): each shape's dense k_nope within 1 ulp of the generic
+ * shape's (its tail rotated the same way), and its cache pages equal to the reference encoder (src/ref) applied to
  * that shape's own dense rows at the planar offsets (data row page + 576 o, scale row page +
  * 576 bs + 8 o), every other byte as it was; the error count 3 (two positions, one slot). */
 static void v4_one(int cc, int sms) {
