@@ -222,7 +222,9 @@ MLAF_API mlaf_status mlaf_context_set_cuda_stream(mlaf_context *ctx, void *strea
  * may start before the op has finished, so it must wait the same way before reading the op's
  * outputs (kernels launched without the attribute see plain stream order). Enabling on a
  * device below sm_90 is MLAF_ERR_UNSUPPORTED; on a device changed later to one below sm_90
- * the setting is kept and launches go without the attribute. */
+ * the setting is kept and launches go without the attribute. Enabling on a context of another
+ * backend is MLAF_ERR_INVALID_ARGUMENT; disabling (enable = 0) succeeds on every backend (a
+ * no-op where PDL does not exist), so code that turns it off need not ask the backend first. */
 MLAF_API mlaf_status mlaf_context_set_cuda_pdl(mlaf_context *ctx, int enable);
 MLAF_API int mlaf_context_cuda_pdl(const mlaf_context *ctx); /* 1 when enabled, else 0 */
 

@@ -613,10 +613,13 @@ mlaf_status mlaf_check_rope_q_out(mlaf_context *ctx, const mlaf_rope_params *p, 
                                   const mlaf_tensor *q_out, const mlaf_tensor *error_count,
                                   mlaf_rope_q_job *job) {
     if (!p) return mlaf_fail(ctx, MLAF_ERR_NULL_POINTER, "params is NULL (required)");
+    /* Checked whatever head_norm says: a NaN / infinite / negative eps is a caller's mistake
+     * even where no head norm reads it. */
     const float heps = p->head_norm_eps == 0.0f ? 1e-6f : p->head_norm_eps;
-    if (p->head_norm && !(isfinite(heps) && heps > 0.0f))
+    if (!(isfinite(heps) && heps > 0.0f))
         return mlaf_fail(ctx, MLAF_ERR_INVALID_ARGUMENT,
-                         "head_norm_eps = %g, expected finite and > 0 (0: the default 1e-6)",
+                         "head_norm_eps = %g, expected finite and > 0 (0: the default 1e-6), "
+                         "whatever head_norm is",
                          (double)p->head_norm_eps);
     if (p->rope_dim <= 0)
         return mlaf_fail(ctx, MLAF_ERR_INVALID_ARGUMENT, "rope_dim = %d, expected > 0 and even",
