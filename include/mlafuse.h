@@ -30,6 +30,19 @@
  *   stride but the innermost steps less than 2^62 bytes (also that of a dim of extent 1). Every
  *   product of shapes and strides is checked before it is formed, so a view no memory could
  *   hold is rejected by its numbers alone, whatever its data pointer.
+ * - Overlaps (MLAF_ERR_OVERLAP, naming both tensors): an output may share no byte with an
+ *   input or another output, except the in-place forms an op documents. Two views are judged
+ *   by the bytes their elements reach, not by their spans: views whose [first, last] byte
+ *   ranges are apart are disjoint; else, with P the gcd of the byte steps of every outer dim
+ *   of extent > 1 of both views, each view's rows (its innermost, contiguous dim) sit at one
+ *   residue modulo P, and views whose row byte ranges are apart modulo P are disjoint. So
+ *   column slices of one buffer are accepted, whatever the ndim, when their outer strides
+ *   are equal (or multiples of a common pitch) and their columns apart: e.g. a cache as
+ *   columns [0, C) and its kpe as columns [C, C + R) of one [num_blocks, block_size, C + R]
+ *   buffer. Views that are disjoint only by which whole rows each takes, under pitches with a
+ *   smaller gcd (rows {0, 1, 4, 5} and {2, 3, 6, 7} of one buffer as [2, 2, w] views; the
+ *   even pages' columns [0, C) and the odd pages' columns [0, R)), are conservatively
+ *   reported as overlapping; use separate buffers or column slices for those.
  * - A tensor argument passed as NULL is "absent"; only arguments documented as optional may
  *   be absent.
  * - Ops never allocate. On the CUDA backend they enqueue on the context's stream and return:
