@@ -68,9 +68,9 @@ typedef struct mlaf_rope_params {
     /* rope_q only. head_norm nonzero (DeepSeek-V4's q, SPEC §11): each head's D values are first
      * RMS-normalized without weight, y = x * rstd with rstd = 1 / sqrt(mean(x^2) + head_norm_eps)
      * in fp32, then the last R values of y are rotated in fp32, and every value is rounded once
-     * to q's dtype. head_norm_eps: 0 means the default 1e-6; else finite and > 0, checked whatever
- * head_norm is (a NaN, infinite or negative eps is MLAF_ERR_INVALID_ARGUMENT even with head_norm
- * off). */
+     * to q's dtype. head_norm_eps: 0 means the default 1e-6; else finite and > 0, checked
+     * whatever head_norm is (a NaN, infinite or negative eps is MLAF_ERR_INVALID_ARGUMENT even
+     * with head_norm off). */
     int32_t head_norm;
     float head_norm_eps;
 } mlaf_rope_params;
