@@ -35,6 +35,19 @@
  *   stride but the innermost steps less than 2^62 bytes (also that of a dim of extent 1). Every
  *   product of shapes and strides is checked before it is formed, so a view no memory could
  *   hold is rejected by its numbers alone, whatever its data pointer.
+ * - Overlaps (MLAF_ERR_OVERLAP, naming both tensors): an output may share no byte with an
+ *   input or another output, except the in-place forms an op documents. Two views are judged
+ *   by the bytes their elements reach, not by their spans: views whose [first, last] byte
+ *   ranges are apart are disjoint; else, with P the gcd of the byte steps of every outer dim
+ *   of extent > 1 of both views, each view's rows (its innermost, contiguous dim) sit at one
+ *   residue modulo P, and views whose row byte ranges are apart modulo P are disjoint. So
+ *   column slices of one buffer are accepted, whatever the ndim, when their outer strides
+ *   are equal (or multiples of a common pitch) and their columns apart: e.g. a cache as
+ *   columns [0, C) and its kpe as columns [C, C + R) of one [num_blocks, block_size, C + R]
+ *   buffer. Views that are disjoint only by which whole rows each takes, under pitches with a
+ *   smaller gcd (rows {0, 1, 4, 5} and {2, 3, 6, 7} of one buffer as [2, 2, w] views; the
+ *   even pages' columns [0, C) and the odd pages' columns [0, R)), are conservatively
+ *   reported as overlapping; use separate buffers or column slices for those.
  * - A tensor argument passed as NULL is "absent"; only arguments documented as optional may
  *   be absent.
  * - Ops never allocate. On the CUDA backend they enqueue on the context's stream and return:
@@ -227,7 +240,9 @@ MLAF_API mlaf_status mlaf_context_set_cuda_stream(mlaf_context *ctx, void *strea
  * may start before the op has finished, so it must wait the same way before reading the op's
  * outputs (kernels launched without the attribute see plain stream order). Enabling on a
  * device below sm_90 is MLAF_ERR_UNSUPPORTED; on a device changed later to one below sm_90
- * the setting is kept and launches go without the attribute. */
+ * the setting is kept and launches go without the attribute. Enabling on a context of another
+ * backend is MLAF_ERR_INVALID_ARGUMENT; disabling (enable = 0) succeeds on every backend (a
+ * no-op where PDL does not exist), so code that turns it off need not ask the backend first. */
 MLAF_API mlaf_status mlaf_context_set_cuda_pdl(mlaf_context *ctx, int enable);
 MLAF_API int mlaf_context_cuda_pdl(const mlaf_context *ctx); /* 1 when enabled, else 0 */
 

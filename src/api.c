@@ -158,7 +158,7 @@ mlaf_status mlaf_moe_gate_hash(mlaf_context *ctx, const mlaf_moe_gate_params *p,
 
 mlaf_status mlaf_rope_table_init(float *table, int64_t max_pos, int32_t rope_dim, double base) {
     if (!table) return MLAF_ERR_NULL_POINTER;
-    if (max_pos < 1 || rope_dim <= 0 || rope_dim % 2 != 0 || !(base > 1.0) || !isfinite(base))
+    if (max_pos < 1 || rope_dim <= 0 || rope_dim % 2 != 0 || !(base > 1.0 && base <= MLAF_ROPE_MAX_BASE))
         return MLAF_ERR_INVALID_ARGUMENT;
     int32_t half = rope_dim / 2;
     for (int64_t p = 0; p < max_pos; p++) {

@@ -229,6 +229,10 @@ mlaf_status mlaf_context_set_cuda_stream(mlaf_context *ctx, void *stream) {
 
 mlaf_status mlaf_context_set_cuda_pdl(mlaf_context *ctx, int enable) {
     if (!ctx) return MLAF_ERR_NULL_POINTER;
+    if (!enable && ctx->backend != MLAF_BACKEND_CUDA) { /* off is what every other backend is */
+        ctx->err[0] = '\0';
+        return MLAF_OK;
+    }
     if (ctx->backend != MLAF_BACKEND_CUDA)
         return mlaf_fail(ctx, MLAF_ERR_INVALID_ARGUMENT,
                          "set_cuda_pdl on a %s context", mlaf_backend_name(ctx->backend));
@@ -344,12 +348,16 @@ mlaf_rope_scaling mlaf_rope_scaling_yarn(double factor, int64_t original_max_pos
     return s;
 }
 
+/* The ranges of mla.h's mlaf_rope_scaling comment; each comparison is false for NaN. */
 static int yarn_valid(const mlaf_rope_scaling *s) {
-    return isfinite(s->factor) && s->factor >= 1.0 && s->original_max_position_embeddings >= 1 &&
-           isfinite(s->beta_fast) && s->beta_fast > 0.0 && isfinite(s->beta_slow) &&
-           s->beta_slow > 0.0 && isfinite(s->mscale) && s->mscale >= 0.0 &&
-           isfinite(s->mscale_all_dim) && s->mscale_all_dim >= 0.0 &&
-           isfinite(s->attention_factor) && s->attention_factor >= 0.0;
+    return s->factor >= 1.0 && s->factor <= MLAF_YARN_MAX_FACTOR &&
+           s->original_max_position_embeddings >= 1 &&
+           s->original_max_position_embeddings <= MLAF_YARN_MAX_ORIGINAL && s->beta_fast > 0.0 &&
+           s->beta_fast <= MLAF_YARN_MAX_BETA && s->beta_slow > 0.0 &&
+           s->beta_slow <= MLAF_YARN_MAX_BETA && s->mscale >= 0.0 &&
+           s->mscale <= MLAF_YARN_MAX_MSCALE && s->mscale_all_dim >= 0.0 &&
+           s->mscale_all_dim <= MLAF_YARN_MAX_MSCALE && s->attention_factor >= 0.0 &&
+           s->attention_factor <= MLAF_YARN_MAX_MSCALE;
 }
 
 static double yarn_mscale(double factor, double k) {
@@ -370,7 +378,7 @@ mlaf_status mlaf_rope_table_init_scaled(float *table, int64_t max_pos, int32_t r
     if (!s || s->type == MLAF_ROPE_SCALING_NONE)
         return mlaf_rope_table_init(table, max_pos, rope_dim, base);
     if (!table) return MLAF_ERR_NULL_POINTER;
-    if (max_pos < 1 || rope_dim <= 0 || rope_dim % 2 != 0 || !(base > 1.0) || !isfinite(base))
+    if (max_pos < 1 || rope_dim <= 0 || rope_dim % 2 != 0 || !(base > 1.0 && base <= MLAF_ROPE_MAX_BASE))
         return MLAF_ERR_INVALID_ARGUMENT;
     if (s->type != MLAF_ROPE_SCALING_YARN || !yarn_valid(s)) return MLAF_ERR_INVALID_ARGUMENT;
 

@@ -173,26 +173,52 @@ static span span_of(const mlaf_tensor *t) {
     return s;
 }
 
-/* 1 if the two views may share a byte. Exact for the common case of two 2-D views with the
- * same row stride in bytes (column slices of one wide buffer); conservative otherwise. */
+static uint64_t gcd_u64(uint64_t a, uint64_t b) {
+    while (b) {
+        uint64_t t = a % b;
+        a = b;
+        b = t;
+    }
+    return a;
+}
+
+/* The byte step of every stepped outer dim (extent > 1) of t folded into *g by gcd; 0 when
+ * t's innermost dim is not one contiguous row (then no row pitch applies). */
+static int fold_outer_pitch(const mlaf_tensor *t, uint64_t *g) {
+    const int64_t es = (int64_t)mlaf_dtype_size(t->dtype);
+    if (t->shape[t->ndim - 1] > 1 && t->stride[t->ndim - 1] != 1) return 0;
+    for (int i = 0; i < t->ndim - 1; i++)
+        if (t->shape[i] > 1) *g = gcd_u64(*g, (uint64_t)(t->stride[i] * es)); /* < 2^62: checked */
+    return 1;
+}
+
+/* 1 if the two views may share a byte, decided on the bytes their elements reach.
+ *
+ * First the spans [first byte, one past the last byte]: apart, the views are disjoint. Else
+ * the rows: each view is rows of w contiguous bytes (its innermost dim) whose starts differ
+ * from its data pointer by multiples of its outer dims' byte steps. Let P be the gcd of every
+ * stepped outer byte step of both views. Modulo P, every byte of a lies in [a, a + wa) and
+ * every byte of b in [b, b + wb) (a, b the data pointers): when those two ranges of residues
+ * are apart (wa + wb <= P and b - a mod P in [wa, P - wb]), no byte of a can equal a byte of
+ * b, whatever the shapes and strides. This is exact for column slices of one buffer (the same
+ * outer strides, the column ranges apart: a cache and its kpe, q / kv / pe of one latent) and
+ * for rows interleaved by a common pitch; it is conservative (reports an overlap) for views
+ * that are disjoint only by which whole rows they take under different pitches, e.g. rows
+ * {0, 1, 4, 5} and {2, 3, 6, 7} of one buffer as [2, 2, w] views. */
 static int views_overlap(const mlaf_tensor *a, const mlaf_tensor *b) {
     span sa = span_of(a), sb = span_of(b);
     if (sa.lo == sa.hi || sb.lo == sb.hi) return 0;
     if (sa.hi <= sb.lo || sb.hi <= sa.lo) return 0;
-    if (a->ndim == 2 && b->ndim == 2 && a->shape[0] > 1 && b->shape[0] > 1) {
-        /* Both checked views: steps and widths below 2^62 bytes, so these are exact. */
-        int64_t ra = a->stride[0] * (int64_t)mlaf_dtype_size(a->dtype);
-        int64_t rb = b->stride[0] * (int64_t)mlaf_dtype_size(b->dtype);
-        int64_t wa = a->shape[1] * (int64_t)mlaf_dtype_size(a->dtype);
-        int64_t wb = b->shape[1] * (int64_t)mlaf_dtype_size(b->dtype);
-        if (ra == rb && wa + wb <= ra) {
-            /* Column byte ranges inside one period of the row stride. */
-            int64_t oa = (int64_t)(sa.lo % (uintptr_t)ra), ob = (int64_t)(sb.lo % (uintptr_t)ra);
-            int64_t d = ((ob - oa) % ra + ra) % ra; /* b's start relative to a's, in [0, ra) */
-            return !(d >= wa && d + wb <= ra);
-        }
-    }
-    return 1;
+    uint64_t P = 0;
+    if (!fold_outer_pitch(a, &P) || !fold_outer_pitch(b, &P) || P == 0) return 1;
+    /* Row widths in bytes (checked views: below 2^62, exact). */
+    const uint64_t wa = (uint64_t)a->shape[a->ndim - 1] * mlaf_dtype_size(a->dtype);
+    const uint64_t wb = (uint64_t)b->shape[b->ndim - 1] * mlaf_dtype_size(b->dtype);
+    if (wa > P || wb > P - wa) return 1;
+    /* b's start after a's, modulo P, in [0, P) (no unsigned wrap: 2^64 is no multiple of P) */
+    const uint64_t d = sb.lo >= sa.lo ? (uint64_t)(sb.lo - sa.lo) % P
+                                      : (P - (uint64_t)(sa.lo - sb.lo) % P) % P;
+    return !(d >= wa && d <= P - wb);
 }
 
 static mlaf_status no_overlap(mlaf_context *ctx, const mlaf_tensor *out, const char *out_name,
@@ -613,10 +639,13 @@ mlaf_status mlaf_check_rope_q_out(mlaf_context *ctx, const mlaf_rope_params *p, 
                                   const mlaf_tensor *q_out, const mlaf_tensor *error_count,
                                   mlaf_rope_q_job *job) {
     if (!p) return mlaf_fail(ctx, MLAF_ERR_NULL_POINTER, "params is NULL (required)");
+    /* Checked whatever head_norm says: a NaN / infinite / negative eps is a caller's mistake
+     * even where no head norm reads it. */
     const float heps = p->head_norm_eps == 0.0f ? 1e-6f : p->head_norm_eps;
-    if (p->head_norm && !(isfinite(heps) && heps > 0.0f))
+    if (!(isfinite(heps) && heps > 0.0f))
         return mlaf_fail(ctx, MLAF_ERR_INVALID_ARGUMENT,
-                         "head_norm_eps = %g, expected finite and > 0 (0: the default 1e-6)",
+                         "head_norm_eps = %g, expected finite and > 0 (0: the default 1e-6), "
+                         "whatever head_norm is",
                          (double)p->head_norm_eps);
     if (p->rope_dim <= 0)
         return mlaf_fail(ctx, MLAF_ERR_INVALID_ARGUMENT, "rope_dim = %d, expected > 0 and even",

@@ -15,11 +15,17 @@
  *   [interleaved], name from _name_or_path, else model_type, else the file name.
  * The routed scaling factor is applied inside the router, as in every preset.
  * RoPE: rope_theta [10000]; rope_scaling (or rope_parameters, transformers' newer name) absent,
- *   null or {"type" | "rope_type": "default"}: plain; "yarn": factor (required, >= 1),
+ *   null or {"type" | "rope_type": "default"}: plain; "yarn": factor (required),
  *   original_max_position_embeddings [max_position_embeddings, as transformers falls back],
  *   beta_fast [32], beta_slow [1] (0 also takes the default, as transformers reads them),
- *   mscale, mscale_all_dim, attention_factor [absent], truncate [true]. Any other type, or a
- *   key yarn does not have, is an error: a table built while ignoring it would be wrong.
+ *   mscale, mscale_all_dim, attention_factor [absent], truncate [true]. Any other type, a type
+ *   that is not a string, or a key yarn does not have, is an error: a table built while
+ *   ignoring it would be wrong.
+ * Ranges: every integer key is checked on the JSON number (a double) before any conversion: a
+ *   whole number in the key's range, else an error naming the key and the value. rope_theta in
+ *   (1, 1e12], and yarn's numbers in the ranges mlaf_rope_table_init_scaled accepts (mla.h's
+ *   MLAF_YARN_MAX_*): factor [1, 1e6], original_max_position_embeddings [1, 2^31 - 1],
+ *   beta_fast and beta_slow (0, 1000], mscale, mscale_all_dim and attention_factor [0, 100].
  */
 #define _POSIX_C_SOURCE 200809L /* strtok_r, strcasecmp */
 #include <math.h>
@@ -76,6 +82,17 @@ static int get_number(const cJSON *root, const char *key, const char *path, doub
     return 0;
 }
 
+/* v as the shortest %g text that reads back as v ("1e+19", "9.223372036854776e+18", "inf"). */
+static const char *num_text(double v, char *buf, size_t cap) {
+    for (int prec = 1; prec <= 17; prec++) {
+        snprintf(buf, cap, "%.*g", prec, v);
+        if (strtod(buf, NULL) == v || v != v) break;
+    }
+    return buf;
+}
+
+/* An integer key: the double is range-checked (and checked whole) before any conversion, so a
+ * value no int32_t or long long holds (1e19, 1e300, 1e999 = inf, 2^63) is reported, not converted. */
 static int get_int(const cJSON *root, const char *key, const char *path, int required,
                    int32_t dflt, int32_t lo, int32_t hi, int32_t *out) {
     double v;
@@ -90,12 +107,30 @@ static int get_int(const cJSON *root, const char *key, const char *path, int req
         *out = dflt;
         return 0;
     }
-    if (v != (double)(long long)v || v < lo || v > hi) {
-        fprintf(stderr, "mlafuse: %s: \"%s\" = %g, expected a whole number in %d .. %d\n", path,
-                key, v, lo, hi);
+    if (!(v >= (double)lo && v <= (double)hi) || v != floor(v)) {
+        char buf[40];
+        fprintf(stderr, "mlafuse: %s: \"%s\" = %s, expected an integer in [%d, %d]\n", path, key,
+                num_text(v, buf, sizeof buf), lo, hi);
         return -1;
     }
     *out = (int32_t)v;
+    return 0;
+}
+
+/* A number key of rope_scaling / rope_parameters (`what` names the object) in [lo, hi], or in
+ * (lo, hi] when lo_open. 0 ok with *out set; 1 absent; -1 after a message. */
+static int get_ranged(const cJSON *obj, const char *what, const char *key, const char *path,
+                      double lo, int lo_open, double hi, double *out) {
+    double v;
+    int r = get_number(obj, key, path, &v);
+    if (r != 0) return r;
+    if (!((lo_open ? v > lo : v >= lo) && v <= hi)) {
+        char buf[40];
+        fprintf(stderr, "mlafuse: %s: %s\"%s\" = %s, expected a number in %c%g, %g]\n", path,
+                what, key, num_text(v, buf, sizeof buf), lo_open ? '(' : '[', lo, hi);
+        return -1;
+    }
+    *out = v;
     return 0;
 }
 
@@ -137,40 +172,49 @@ static int parse_yarn(const cJSON *root, const cJSON *obj, const char *key, cons
             return -1;
         }
     }
+    char what[64];
+    snprintf(what, sizeof what, "\"%s\" (yarn): ", key);
     double factor = 0, orig = 0, v;
-    int r = get_number(obj, "factor", path, &factor);
+    int r = get_ranged(obj, what, "factor", path, 1.0, 0, MLAF_YARN_MAX_FACTOR, &factor);
     if (r < 0) return -1;
     if (r == 1) {
         fprintf(stderr, "mlafuse: %s: \"%s\" (yarn) has no \"factor\"\n", path, key);
         return -1;
     }
-    r = get_number(obj, "original_max_position_embeddings", path, &orig);
+    const char *okey = "original_max_position_embeddings";
+    r = get_number(obj, okey, path, &orig);
     if (r < 0) return -1;
-    if (r == 1 && (r = get_number(root, "max_position_embeddings", path, &orig)) != 0) {
-        if (r == 1)
-            fprintf(stderr,
-                    "mlafuse: %s: \"%s\" (yarn) has no \"original_max_position_embeddings\" "
-                    "and the config no \"max_position_embeddings\"\n",
-                    path, key);
-        return -1;
+    if (r == 1) {
+        okey = "max_position_embeddings";
+        if ((r = get_number(root, okey, path, &orig)) != 0) {
+            if (r == 1)
+                fprintf(stderr,
+                        "mlafuse: %s: \"%s\" (yarn) has no \"original_max_position_embeddings\" "
+                        "and the config no \"max_position_embeddings\"\n",
+                        path, key);
+            return -1;
+        }
     }
-    if (!(orig >= 1 && orig <= 9.0e15 && orig == (double)(long long)orig)) {
-        fprintf(stderr,
-                "mlafuse: %s: \"%s\": original_max_position_embeddings = %g, expected a whole "
-                "number >= 1\n",
-                path, key, orig);
+    if (!(orig >= 1 && orig <= MLAF_YARN_MAX_ORIGINAL) || orig != floor(orig)) {
+        char buf[40];
+        fprintf(stderr, "mlafuse: %s: \"%s\" = %s, expected an integer in [1, %d]%s\n", path,
+                okey, num_text(orig, buf, sizeof buf), MLAF_YARN_MAX_ORIGINAL,
+                okey[0] == 'm' ? " (yarn's original_max_position_embeddings falls back to it)" : "");
         return -1;
     }
     *sc = mlaf_rope_scaling_yarn(factor, (int64_t)orig);
-    if ((r = get_number(obj, "beta_fast", path, &v)) < 0) return -1;
+    /* beta 0 takes the default, as transformers reads it */
+    if ((r = get_ranged(obj, what, "beta_fast", path, 0.0, 0, MLAF_YARN_MAX_BETA, &v)) < 0) return -1;
     if (r == 0 && v != 0) sc->beta_fast = v;
-    if ((r = get_number(obj, "beta_slow", path, &v)) < 0) return -1;
+    if ((r = get_ranged(obj, what, "beta_slow", path, 0.0, 0, MLAF_YARN_MAX_BETA, &v)) < 0) return -1;
     if (r == 0 && v != 0) sc->beta_slow = v;
-    if ((r = get_number(obj, "mscale", path, &v)) < 0) return -1;
+    if ((r = get_ranged(obj, what, "mscale", path, 0.0, 0, MLAF_YARN_MAX_MSCALE, &v)) < 0) return -1;
     if (r == 0) sc->mscale = v;
-    if ((r = get_number(obj, "mscale_all_dim", path, &v)) < 0) return -1;
+    if ((r = get_ranged(obj, what, "mscale_all_dim", path, 0.0, 0, MLAF_YARN_MAX_MSCALE, &v)) < 0)
+        return -1;
     if (r == 0) sc->mscale_all_dim = v;
-    if ((r = get_number(obj, "attention_factor", path, &v)) < 0) return -1;
+    if ((r = get_ranged(obj, what, "attention_factor", path, 0.0, 0, MLAF_YARN_MAX_MSCALE, &v)) < 0)
+        return -1;
     if (r == 0) sc->attention_factor = v;
     int b;
     if (get_bool(obj, "truncate", path, 1, &b)) return -1;
@@ -198,16 +242,15 @@ static int parse_rope(const cJSON *root, const char *path, cli_rope *rope) {
         obj = cJSON_GetObjectItemCaseSensitive(root, key);
     }
     double theta = 0;
-    int r = get_number(root, "rope_theta", path, &theta);
+    int r = get_ranged(root, "", "rope_theta", path, 1.0, 1, MLAF_ROPE_MAX_BASE, &theta);
     if (r < 0) return -1;
-    if (r == 1 && obj && cJSON_IsObject(obj) && (r = get_number(obj, "rope_theta", path, &theta)) < 0)
-        return -1;
-    if (r == 0) {
-        if (!(theta > 1.0 && theta < 1e300)) {
-            fprintf(stderr, "mlafuse: %s: \"rope_theta\" = %g, expected finite and > 1\n", path,
-                    theta);
+    if (r == 1 && obj && cJSON_IsObject(obj)) {
+        char what[64];
+        snprintf(what, sizeof what, "\"%s\": ", key);
+        if ((r = get_ranged(obj, what, "rope_theta", path, 1.0, 1, MLAF_ROPE_MAX_BASE, &theta)) < 0)
             return -1;
-        }
+    }
+    if (r == 0) {
         rope->theta = theta;
         rope->theta_given = 1;
     }
@@ -215,6 +258,17 @@ static int parse_rope(const cJSON *root, const char *path, cli_rope *rope) {
     if (!cJSON_IsObject(obj)) {
         fprintf(stderr, "mlafuse: %s: \"%s\" is not an object (or null)\n", path, key);
         return -1;
+    }
+    static const char *const type_keys[2] = {"rope_type", "type"};
+    for (int k = 0; k < 2; k++) {
+        const cJSON *t = cJSON_GetObjectItemCaseSensitive(obj, type_keys[k]);
+        if (t && !cJSON_IsString(t)) {
+            char *txt = cJSON_PrintUnformatted(t);
+            fprintf(stderr, "mlafuse: %s: \"%s\": \"%s\" = %.40s, expected a string (\"default\" or "
+                    "\"yarn\")\n", path, key, type_keys[k], txt ? txt : "?");
+            cJSON_free(txt);
+            return -1;
+        }
     }
     const char *type = get_string(obj, "rope_type");
     if (!type) type = get_string(obj, "type");

@@ -68,15 +68,19 @@ typedef struct mlaf_rope_params {
     /* rope_q only. head_norm nonzero (DeepSeek-V4's q): each head's D values are first
      * RMS-normalized without weight, y = x * rstd with rstd = 1 / sqrt(mean(x^2) + head_norm_eps)
      * in fp32, then the last R values of y are rotated in fp32, and every value is rounded once
-     * to q's dtype. head_norm_eps: 0 means the default 1e-6; else finite and > 0. */
+     * to q's dtype. head_norm_eps: 0 means the default 1e-6; else finite and > 0, checked
+     * whatever head_norm is (a NaN, infinite or negative eps is MLAF_ERR_INVALID_ARGUMENT even
+     * with head_norm off). */
     int32_t head_norm;
     float head_norm_eps;
 } mlaf_rope_params;
 
 /* Builds a cos_sin table on the host: cos_sin[p, i] = cos(p * base^(-2i/R)),
  * cos_sin[p, R/2 + i] = sin(...), computed in double and rounded once to f32.
- * table must hold max_pos * rope_dim floats. Scaled tables (YaRN): mlaf_rope_table_init_scaled
- * below; the ops accept any table of this layout. */
+ * table must hold max_pos * rope_dim floats; max_pos >= 1, rope_dim > 0 and even,
+ * 1 < base <= MLAF_ROPE_MAX_BASE (1e12), else MLAF_ERR_INVALID_ARGUMENT and the table untouched.
+ * Scaled tables (YaRN): mlaf_rope_table_init_scaled below; the ops accept any table of this
+ * layout. */
 MLAF_API mlaf_status mlaf_rope_table_init(float *table, int64_t max_pos, int32_t rope_dim,
                                           double base);
 
@@ -107,15 +111,24 @@ typedef enum mlaf_rope_scaling_type {
     MLAF_ROPE_SCALING_COUNT_
 } mlaf_rope_scaling_type;
 
+/* Upper bounds of the scaling's numbers (and of the base, rope_theta, of both table builders):
+ * far above any released model's, low enough that factor x original and every product above
+ * stay finite and exact enough. `mlafuse presets --config` applies the same bounds. */
+#define MLAF_ROPE_MAX_BASE 1e12            /* base (rope_theta): 1 < base <= 1e12 */
+#define MLAF_YARN_MAX_FACTOR 1e6           /* 1 <= factor <= 1e6 */
+#define MLAF_YARN_MAX_ORIGINAL 2147483647  /* 1 <= original_max_position_embeddings <= 2^31 - 1 */
+#define MLAF_YARN_MAX_BETA 1000.0          /* 0 < beta_fast, beta_slow <= 1000 */
+#define MLAF_YARN_MAX_MSCALE 100.0         /* 0 <= mscale, mscale_all_dim, attention_factor <= 100 */
+
 typedef struct mlaf_rope_scaling {
     mlaf_rope_scaling_type type;
-    double factor;            /* context extension factor, finite and >= 1 */
-    int64_t original_max_position_embeddings; /* the context before extension, >= 1 */
-    double beta_fast;         /* finite and > 0 (Hugging Face default 32) */
-    double beta_slow;         /* finite and > 0 (default 1) */
-    double mscale;            /* finite and >= 0; 0 = absent */
-    double mscale_all_dim;    /* finite and >= 0; 0 = absent */
-    double attention_factor;  /* finite and >= 0; 0 = derived from the mscales (above) */
+    double factor;            /* context extension factor, 1 <= factor <= 1e6 */
+    int64_t original_max_position_embeddings; /* the context before extension, 1 .. 2^31 - 1 */
+    double beta_fast;         /* 0 < beta_fast <= 1000 (Hugging Face default 32) */
+    double beta_slow;         /* 0 < beta_slow <= 1000 (default 1) */
+    double mscale;            /* 0 <= mscale <= 100; 0 = absent */
+    double mscale_all_dim;    /* 0 <= mscale_all_dim <= 100; 0 = absent */
+    double attention_factor;  /* 0 <= attention_factor <= 100; 0 = derived from the mscales (above) */
     int32_t truncate;         /* nonzero (the default): round the correction range outward */
 } mlaf_rope_scaling;
 
@@ -131,7 +144,9 @@ MLAF_API double mlaf_rope_scaling_attention_factor(const mlaf_rope_scaling *scal
 /* mlaf_rope_table_init with a scaling (NULL or NONE: the plain table, bit for bit). Computed in
  * double and rounded once to f32. MLAF_ERR_NULL_POINTER for a NULL table;
  * MLAF_ERR_INVALID_ARGUMENT, the table untouched, for a bad max_pos / rope_dim / base (as
- * mlaf_rope_table_init), an unknown type, or a parameter outside the ranges above. */
+ * mlaf_rope_table_init), an unknown type, or a field outside its range above (NaN and the
+ * infinities are outside every range). This call has no context to carry a message: the
+ * ranges are those of the struct's comments and the MLAF_ROPE_MAX_* / MLAF_YARN_MAX_* bounds. */
 MLAF_API mlaf_status mlaf_rope_table_init_scaled(float *table, int64_t max_pos, int32_t rope_dim,
                                                  double base, const mlaf_rope_scaling *scaling);
 
