@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "internal.h"
+#include "kv_format.h"
 
 /* ---- version --------------------------------------------------------------------------- */
 unsigned mlaf_version_number(void) { return MLAF_VERSION_NUMBER; }
@@ -65,8 +66,8 @@ const char *mlaf_dtype_name(mlaf_dtype t) {
 }
 
 const char *mlaf_kv_format_name(mlaf_kv_format f) {
-    static const char *const names[] = {"plain", "fp8", "fp8_ds_mla", "fp8_v4"};
-    return (unsigned)f < MLAF_KV_FORMAT_COUNT_ ? names[f] : "unknown";
+    const mlaf_kv_format_info *k = mlaf_kv_format_row(f);
+    return k ? k->name : "unknown";
 }
 
 const char *mlaf_backend_name(mlaf_backend b) {

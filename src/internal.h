@@ -227,6 +227,9 @@ mlaf_status mlaf_vcheck_tensor(mlaf_context *ctx, const mlaf_tensor *t, const ch
                                const int64_t *want, const char *const *want_expr);
 mlaf_status mlaf_vcheck_no_overlap(mlaf_context *ctx, const mlaf_tensor *out, const char *out_name,
                                    const mlaf_tensor *other, const char *other_name);
+/* One [num_blocks, block_size, width] cache view of dtypes `dtypes` (width < 0: any). */
+mlaf_status mlaf_vcheck_cache_view(mlaf_context *ctx, const mlaf_tensor *t, const char *name, unsigned dtypes,
+                                   int64_t width, const char *width_expr);
 mlaf_status mlaf_vcheck_rope_inputs(mlaf_context *ctx, int32_t R, mlaf_rope_style style, int64_t T,
                                     const mlaf_tensor *positions, const mlaf_tensor *cos_sin, mlaf_rope_job *rope);
 

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "internal.h"
+#include "kv_format.h"
 
 #define DT_FLOAT ((1u << MLAF_F32) | (1u << MLAF_F16) | (1u << MLAF_BF16))
 #define DT_INDEX ((1u << MLAF_I32) | (1u << MLAF_I64))
@@ -428,88 +429,45 @@ static mlaf_status check_scalar_f32(mlaf_context *ctx, const mlaf_tensor *t, con
 }
 
 int64_t mlaf_kv_record_bytes(mlaf_kv_format f, mlaf_dtype dt, int32_t C, int32_t R) {
-    if (C <= 0 || R < 0 || R % 2 != 0 || (int64_t)C + R > ((int64_t)1 << 20)) return 0;
-    switch (f) {
-    case MLAF_KV_PLAIN:
-        return (dt == MLAF_F32 || dt == MLAF_F16 || dt == MLAF_BF16) ? ((int64_t)C + R) * (int64_t)mlaf_dtype_size(dt) : 0;
-    case MLAF_KV_FP8: return (dt == MLAF_U8 || dt == MLAF_FP8_E4M3) ? (int64_t)C + R : 0;
-    case MLAF_KV_FP8_DS_MLA:
-        return (dt == MLAF_U8 || dt == MLAF_FP8_E4M3) && C % 128 == 0 ? (int64_t)C + C / 32 + 2 * (int64_t)R : 0;
-    case MLAF_KV_FP8_V4: return (dt == MLAF_U8 || dt == MLAF_FP8_E4M3) && C == 512 && R == 0 ? 584 : 0;
-    default: return 0;
-    }
+    const mlaf_kv_format_info *k = mlaf_kv_format_row(f);
+    if (!k || C <= 0 || R < 0 || R % 2 != 0 || (int64_t)C + R > ((int64_t)1 << 20)) return 0;
+    return (unsigned)dt < MLAF_DTYPE_COUNT_ && (k->cache_dtypes & DT_(dt)) ? k->record_bytes(dt, C, R) : 0;
 }
 
-/* The cache description of mla_kv_cache (docs/kv_formats.md), into the job. */
+/* The cache description of mla_kv_cache (docs/kv_formats.md), into the job: the rules every format
+ * shares, by its row's flags, then the row's own (kv_format.c). */
 static mlaf_status check_cache_desc(mlaf_context *ctx, const mlaf_kv_cache_desc *d, int32_t C, int32_t R,
                                     int32_t tail, mlaf_dtype latent_dt, mlaf_kv_cache_job *j) {
     if (!d) return mlaf_fail(ctx, MLAF_ERR_NULL_POINTER, "cache (the cache description) is NULL (required)");
-    const unsigned DT_BYTES = DT_(MLAF_U8) | DT_(MLAF_FP8_E4M3);
-    char wexpr[96];
+    char list[160];
     const mlaf_kv_format f = d->format;
-    if ((unsigned)f >= MLAF_KV_FORMAT_COUNT_)
-        return mlaf_fail(ctx, MLAF_ERR_INVALID_ARGUMENT,
-                         "cache.format = %d, expected 0 (plain), 1 (fp8), 2 (fp8_ds_mla) or 3 (fp8_v4)", (int)f);
-    const char *fn = mlaf_kv_format_name(f);
-    if (f != MLAF_KV_FP8 && d->scale)
+    const mlaf_kv_format_info *k = mlaf_kv_format_row(f);
+    if (!k)
+        return mlaf_fail(ctx, MLAF_ERR_INVALID_ARGUMENT, "cache.format = %d, expected %s", (int)f,
+                         mlaf_kv_format_list(0, list, sizeof list, 1));
+    const char *fn = k->name;
+    const int scaled = (k->flags & MLAF_KVF_SCALE) != 0;
+    if (!scaled && d->scale)
         return mlaf_fail(ctx, MLAF_ERR_INVALID_ARGUMENT, "cache.scale is given, but format %s takes none", fn);
-    if (f != MLAF_KV_FP8 && d->amax_out)
+    if (!scaled && d->amax_out)
         return mlaf_fail(ctx, MLAF_ERR_INVALID_ARGUMENT, "cache.amax_out is given, but format %s takes none", fn);
-    if ((f == MLAF_KV_FP8_DS_MLA || f == MLAF_KV_FP8_V4) && d->kpe)
+    if (!(k->flags & MLAF_KVF_KPE) && d->kpe)
         return mlaf_fail(ctx, MLAF_ERR_INVALID_ARGUMENT,
                          "cache.kpe is given, but %s keeps the rope part inside its record", fn);
-    if (f == MLAF_KV_FP8_DS_MLA && tail > 0)
+    if (tail > 0 && !(k->flags & MLAF_KVF_TAIL))
         return mlaf_fail(ctx, MLAF_ERR_INVALID_ARGUMENT,
-                         "kv_rope_tail = %d with cache format fp8_ds_mla, expected 0 (a rope tail inside the "
-                         "kv part is DeepSeek-V4's: format fp8_v4, plain or fp8)",
-                         tail);
+                         "kv_rope_tail = %d with cache format %s, expected 0 (a rope tail inside the kv part "
+                         "goes to format %s)",
+                         tail, fn, mlaf_kv_format_list(MLAF_KVF_TAIL, list, sizeof list, 0));
     if (d->kpe && R == 0)
         return mlaf_fail(ctx, MLAF_ERR_INVALID_ARGUMENT, "cache.kpe is given, but rope_dim = 0");
-    const unsigned dts = f == MLAF_KV_PLAIN ? DT_FLOAT : DT_BYTES;
-    if (f == MLAF_KV_FP8_DS_MLA) {
-        if (latent_dt != MLAF_BF16)
-            return mlaf_fail(ctx, MLAF_ERR_DTYPE, "latent.dtype = %s, expected bf16 for cache format fp8_ds_mla",
-                             mlaf_dtype_name(latent_dt));
-        if (C % 128 != 0)
-            return mlaf_fail(ctx, MLAF_ERR_INVALID_ARGUMENT,
-                             "kv_lora_rank = %d, expected a multiple of 128 for cache format fp8_ds_mla "
-                             "(one scale per 128 values)", C);
-        snprintf(wexpr, sizeof wexpr, "fp8_ds_mla record bytes kv_lora_rank + kv_lora_rank / 32 + 2 rope_dim");
-        TRY(check_cache_view(ctx, d->cache, "kv_cache", dts, (int64_t)C + C / 32 + 2 * (int64_t)R, wexpr));
-        const mlaf_tensor *c = d->cache;
-        if ((uintptr_t)c->data % 16 || c->stride[0] % 16 || c->stride[1] % 16)
-            return mlaf_fail(ctx, MLAF_ERR_STRIDE,
-                             "kv_cache: data = %p, strides (%lld, %lld) bytes, expected 16-byte aligned data "
-                             "and strides multiples of 16 for fp8_ds_mla",
-                             c->data, (long long)c->stride[0], (long long)c->stride[1]);
-    } else if (f == MLAF_KV_FP8_V4) {
-        if (latent_dt != MLAF_BF16)
-            return mlaf_fail(ctx, MLAF_ERR_DTYPE, "latent.dtype = %s, expected bf16 for cache format fp8_v4",
-                             mlaf_dtype_name(latent_dt));
-        if (C != 512 || R != 0 || tail != 64)
-            return mlaf_fail(ctx, MLAF_ERR_INVALID_ARGUMENT,
-                             "kv_lora_rank = %d, rope_dim = %d, kv_rope_tail = %d, expected 512, 0 and 64 for "
-                             "cache format fp8_v4 (DeepSeek-V4's 584-byte record)",
-                             C, R, tail);
-        TRY(check_cache_view(ctx, d->cache, "kv_cache", dts, 584, "fp8_v4 record bytes 584"));
-        const mlaf_tensor *c = d->cache;
-        if (c->stride[1] != 584)
-            return mlaf_fail(ctx, MLAF_ERR_STRIDE,
-                             "kv_cache.stride[1] = %lld, expected 584 for fp8_v4 (a page is planar: the "
-                             "pages' stride is stride[0])",
-                             (long long)c->stride[1]);
-        if ((uintptr_t)c->data % 16 || c->stride[0] % 16 || c->stride[0] < c->shape[1] * 584)
-            return mlaf_fail(ctx, MLAF_ERR_STRIDE,
-                             "kv_cache: data = %p, stride[0] = %lld bytes, expected 16-byte aligned data and "
-                             "a page stride >= block_size * 584 = %lld, a multiple of 16, for fp8_v4",
-                             c->data, (long long)c->stride[0], (long long)(c->shape[1] * 584));
-    } else {
-        const char *what = f == MLAF_KV_PLAIN ? "" : "fp8 bytes ";
-        snprintf(wexpr, sizeof wexpr, "%s%s", what, d->kpe ? "kv_lora_rank (rope part in kpe)" : "kv_lora_rank + rope_dim");
-        TRY(check_cache_view(ctx, d->cache, "kv_cache", dts, d->kpe ? C : (int64_t)C + R, wexpr));
-    }
+    if ((k->flags & MLAF_KVF_BF16_LATENT) && latent_dt != MLAF_BF16)
+        return mlaf_fail(ctx, MLAF_ERR_DTYPE, "latent.dtype = %s, expected bf16 for cache format %s",
+                         mlaf_dtype_name(latent_dt), fn);
+    if (k->check_dims) TRY(k->check_dims(ctx, C, R, tail));
+    TRY(k->check_cache(ctx, d->cache, d->kpe, C, R));
     if (d->kpe) {
-        TRY(check_cache_view(ctx, d->kpe, "kpe", dts, R, "rope_dim"));
+        TRY(check_cache_view(ctx, d->kpe, "kpe", k->cache_dtypes, R, "rope_dim"));
         if (d->kpe->dtype != d->cache->dtype)
             return mlaf_fail(ctx, MLAF_ERR_DTYPE, "kpe.dtype = %s, expected kv_cache's dtype %s",
                              mlaf_dtype_name(d->kpe->dtype), mlaf_dtype_name(d->cache->dtype));
@@ -518,16 +476,16 @@ static mlaf_status check_cache_desc(mlaf_context *ctx, const mlaf_kv_cache_desc 
                 return mlaf_fail(ctx, MLAF_ERR_SHAPE, "kpe.shape[%d] = %lld, expected kv_cache.shape[%d] = %lld", i,
                                  (long long)d->kpe->shape[i], i, (long long)d->cache->shape[i]);
     }
-    if (f == MLAF_KV_FP8) {
+    if (scaled) {
         if (!d->scale)
-            return mlaf_fail(ctx, MLAF_ERR_NULL_POINTER, "cache.scale is NULL (required by format fp8: [1] f32)");
+            return mlaf_fail(ctx, MLAF_ERR_NULL_POINTER, "cache.scale is NULL (required by format %s: [1] f32)", fn);
         TRY(check_scalar_f32(ctx, d->scale, "scale"));
         if (d->conv != MLAF_FP8_DIV && d->conv != MLAF_FP8_MUL)
             return mlaf_fail(ctx, MLAF_ERR_INVALID_ARGUMENT,
                              "cache.conv = %d, expected 0 (divide by scale) or 1 (multiply by scale)", (int)d->conv);
         if (d->amax_out) TRY(check_scalar_f32(ctx, d->amax_out, "amax_out"));
     }
-    if (f == MLAF_KV_FP8_DS_MLA && (unsigned)d->tile_scale > MLAF_TILE_UE8M0_FLOOR_SCALED)
+    if ((k->flags & MLAF_KVF_TILE_SCALE) && (unsigned)d->tile_scale > MLAF_TILE_UE8M0_FLOOR_SCALED)
         return mlaf_fail(ctx, MLAF_ERR_INVALID_ARGUMENT,
                          "cache.tile_scale = %d, expected 0 (amax), 1 (ue8m0) or 2 (ue8m0_floor_scaled)",
                          (int)d->tile_scale);
@@ -542,10 +500,10 @@ static mlaf_status check_cache_desc(mlaf_context *ctx, const mlaf_kv_cache_desc 
     j->kpe = d->kpe ? d->kpe->data : NULL;
     j->kpe_s0 = d->kpe ? d->kpe->stride[0] : 0;
     j->kpe_s1 = d->kpe ? d->kpe->stride[1] : 0;
-    j->scale = f == MLAF_KV_FP8 ? (const float *)d->scale->data : NULL;
-    j->conv = f == MLAF_KV_FP8 ? d->conv : MLAF_FP8_DIV;
-    j->amax_out = f == MLAF_KV_FP8 && d->amax_out ? (float *)d->amax_out->data : NULL;
-    j->tile_scale = f == MLAF_KV_FP8_DS_MLA ? d->tile_scale : MLAF_TILE_AMAX;
+    j->scale = scaled ? (const float *)d->scale->data : NULL;
+    j->conv = scaled ? d->conv : MLAF_FP8_DIV;
+    j->amax_out = scaled && d->amax_out ? (float *)d->amax_out->data : NULL;
+    j->tile_scale = k->flags & MLAF_KVF_TILE_SCALE ? d->tile_scale : MLAF_TILE_AMAX;
     return MLAF_OK;
 }
 
@@ -822,3 +780,7 @@ mlaf_status mlaf_vcheck_rope_inputs(mlaf_context *ctx, int32_t R, mlaf_rope_styl
     return check_rope_inputs(ctx, R, style, T, positions, cos_sin, rope);
 }
 mlaf_status mlaf_vcheck_error_count(mlaf_context *ctx, const mlaf_tensor *ec) { return check_error_count(ctx, ec); }
+mlaf_status mlaf_vcheck_cache_view(mlaf_context *ctx, const mlaf_tensor *t, const char *name, unsigned dtypes,
+                                   int64_t width, const char *width_expr) {
+    return check_cache_view(ctx, t, name, dtypes, width, width_expr);
+}

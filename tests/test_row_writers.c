@@ -2,15 +2,34 @@
  * test_row_writers.c — the CPU row loop with a writer of the test's choosing: mlaf_cpu_writer_rstd
  * stores each row's two rstd values beside the dense writer, on every instruction-set path; they
  * must be the float64 values within 1e-5 relative, and the dense outputs those of the op itself.
+ * FORMAT_TABLE: every KV-cache format of src/kv_format.h has its row (a name, cache dtypes, a
+ * record size and checks), a CPU writer and an oracle encoder, and the names are distinct.
  */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "../src/cpu/norm_writers.h"
+#include "../src/kv_format.h"
+#include "../src/ref/verify.h"
 #include "testlib.h"
 
+static void format_table(void) {
+    int rows = 1;
+    for (int f = 0; f < MLAF_KV_FORMAT_COUNT_; f++) {
+        const mlaf_kv_format_info *k = &mlaf_kv_formats[f];
+        rows = rows && k->name && k->summary && k->cache_dtypes && k->record_bytes && k->check_cache &&
+               !strcmp(mlaf_kv_format_name((mlaf_kv_format)f), k->name);
+        for (int g = 0; g < f; g++) rows = rows && k->name && strcmp(mlaf_kv_formats[g].name, k->name);
+    }
+    const int cpu = mlaf_cpu_cache_writer_count(), ref = mlaf_ref_kv_encoder_count();
+    tl_case(rows && cpu == MLAF_KV_FORMAT_COUNT_ && ref == MLAF_KV_FORMAT_COUNT_, "FORMAT_TABLE(kv_cache)",
+            "%d formats: rows %s, %d CPU writers, %d oracle encoders", MLAF_KV_FORMAT_COUNT_,
+            rows ? "complete" : "INCOMPLETE", cpu, ref);
+}
+
 int main(void) {
+    format_table();
     static const mlaf_cpu_isa isas[] = {MLAF_CPU_ISA_SCALAR, MLAF_CPU_ISA_AVX2, MLAF_CPU_ISA_AVX512};
     static const char *isa_names[] = {"portable", "avx2", "avx512"};
     const int32_t Q = 768, C = 512, R = 64, W = Q + C + R;

@@ -34,6 +34,7 @@
 #include <strings.h>
 
 #include "cli.h"
+#include "kv_format.h"
 #include "ref/verify.h"
 
 static void help(void) {
@@ -51,7 +52,7 @@ static void help(void) {
         "  --dtype f32|f16|bf16|all activation dtype (default all)\n"
         "  --tokens LIST            token counts, e.g. 0,1,7 (default 0,1,2,7,64,257,4096,65537;\n"
         "                           with --cache, mla_kv_cache's default is 0,1,7,257,4099,65537)\n"
-        "  --cache LIST             mla_kv_cache's cache formats: plain, fp8, fp8_ds_mla or all\n"
+        "  --cache LIST             mla_kv_cache's cache formats (mlafuse presets lists them) or all\n"
         "                           (comma-separated), each x block size 1, 16, 64 x contiguous,\n"
         "                           strided; without it, the plain cache cases above\n"
         "  --indexer                mla_kv_cache with the DSA indexer key branch (docs/dsa.md) instead:\n"
@@ -289,11 +290,12 @@ static void run_indexer_cases(mlaf_context *ctx, unsigned mask, const mlaf_model
         return;
     }
     const mlaf_rope_style own = cfg->index_n_heads > 0 ? cfg->index_rope_style : MLAF_ROPE_NEOX;
-    for (int f = 0; f < 3; f++) {
+    for (int f = 0; f < MLAF_KV_FORMAT_COUNT_; f++) {
         if (!(mask & (1u << f))) continue;
-        if (f == MLAF_KV_FP8_DS_MLA && (dt != MLAF_BF16 || cfg->kv_lora_rank % 128)) {
-            printf("SKIP: mla_kv_cache --indexer cache=fp8_ds_mla for %s, dtype %s: needs a bf16 latent and "
-                   "kv_lora_rank %% 128 == 0\n", cfg->name, mlaf_dtype_name(dt));
+        if (!mlaf_kv_format_fits((mlaf_kv_format)f, dt, cfg->kv_lora_rank, cfg->qk_rope_head_dim, 0)) {
+            printf("SKIP: mla_kv_cache --indexer cache=%s for %s, dtype %s: not a format of these dims and dtype "
+                   "(mlafuse presets lists what each needs)\n",
+                   mlaf_kv_formats[f].name, cfg->name, mlaf_dtype_name(dt));
             n->skipped++;
             continue;
         }
@@ -301,7 +303,7 @@ static void run_indexer_cases(mlaf_context *ctx, unsigned mask, const mlaf_model
             mlaf_verify_case c = mlaf_verify_case_default(cfg, dt, T, seed + 7919u * (uint64_t)(i + 4 * f));
             c.indexer = 1;
             c.kv_format = (mlaf_kv_format)f;
-            c.cache_dtype = f == MLAF_KV_PLAIN ? dt : MLAF_U8;
+            c.cache_dtype = mlaf_kv_formats[f].cache_dtypes & (1u << dt) ? dt : MLAF_U8;
             c.index_style = i == 2 ? (mlaf_rope_style)(1 - own) : own;
             c.index_hadamard = i == 1 || i == 3;
             c.index_scale = i >= 2 ? MLAF_INDEX_SCALE_F32 : MLAF_INDEX_SCALE_UE8M0;
@@ -323,50 +325,55 @@ static void run_indexer_cases(mlaf_context *ctx, unsigned mask, const mlaf_model
     }
 }
 
-/* --cache: the cache formats of docs/kv_formats.md. */
-enum { CACHE_PLAIN = 1, CACHE_FP8 = 2, CACHE_DS = 4, CACHE_ALL = 7 };
-
+/* --cache: the cache formats of src/kv_format.h, each in the variants its row's flags open: the
+ * two fp8 conventions of a per-tensor scale, the tile scale modes, the rope part apart in kpe. */
 typedef struct kv_fmt {
-    const char *label;
-    unsigned group;
+    char label[64];
     mlaf_kv_format format;
     mlaf_fp8_conv conv;
     mlaf_tile_scale tile;
     int kpe; /* the rope part in its own array */
 } kv_fmt;
 
-static const kv_fmt kv_fmts[] = {
-    {"plain", CACHE_PLAIN, MLAF_KV_PLAIN, MLAF_FP8_DIV, MLAF_TILE_AMAX, 0},
-    {"plain,kpe", CACHE_PLAIN, MLAF_KV_PLAIN, MLAF_FP8_DIV, MLAF_TILE_AMAX, 1},
-    {"fp8,div", CACHE_FP8, MLAF_KV_FP8, MLAF_FP8_DIV, MLAF_TILE_AMAX, 0},
-    {"fp8,mul", CACHE_FP8, MLAF_KV_FP8, MLAF_FP8_MUL, MLAF_TILE_AMAX, 0},
-    {"fp8,div,kpe", CACHE_FP8, MLAF_KV_FP8, MLAF_FP8_DIV, MLAF_TILE_AMAX, 1},
-    {"fp8,mul,kpe", CACHE_FP8, MLAF_KV_FP8, MLAF_FP8_MUL, MLAF_TILE_AMAX, 1},
-    {"fp8_ds_mla,amax", CACHE_DS, MLAF_KV_FP8_DS_MLA, MLAF_FP8_DIV, MLAF_TILE_AMAX, 0},
-    {"fp8_ds_mla,ue8m0", CACHE_DS, MLAF_KV_FP8_DS_MLA, MLAF_FP8_DIV, MLAF_TILE_UE8M0, 0},
-    {"fp8_ds_mla,ue8m0_floor_scaled", CACHE_DS, MLAF_KV_FP8_DS_MLA, MLAF_FP8_DIV, MLAF_TILE_UE8M0_FLOOR_SCALED, 0},
-};
+static int kv_variants(kv_fmt *out, int cap) {
+    static const char *tiles[3] = {"amax", "ue8m0", "ue8m0_floor_scaled"};
+    int n = 0;
+    for (int f = 0; f < MLAF_KV_FORMAT_COUNT_; f++) {
+        const mlaf_kv_format_info *k = &mlaf_kv_formats[f];
+        const int nconv = k->flags & MLAF_KVF_SCALE ? 2 : 1, ntile = k->flags & MLAF_KVF_TILE_SCALE ? 3 : 1;
+        for (int kpe = 0; kpe <= (k->flags & MLAF_KVF_KPE ? 1 : 0); kpe++)
+            for (int tl = 0; tl < ntile; tl++)
+                for (int cv = 0; cv < nconv && n < cap; cv++) {
+                    kv_fmt *v = &out[n++];
+                    v->format = (mlaf_kv_format)f, v->conv = (mlaf_fp8_conv)cv, v->tile = (mlaf_tile_scale)tl;
+                    v->kpe = kpe;
+                    snprintf(v->label, sizeof v->label, "%s%s%s%s", k->name,
+                             nconv > 1 ? (cv ? ",mul" : ",div") : "", ntile > 1 ? "," : "", ntile > 1 ? tiles[tl] : "");
+                    if (kpe) snprintf(v->label + strlen(v->label), sizeof v->label - strlen(v->label), ",kpe");
+                }
+    }
+    return n;
+}
 
-/* "plain,fp8" -> the groups' bits; -1 after a usage error. */
+/* "plain,fp8" -> one bit per format (1 << its enum value); -1 after a usage error. */
 static int parse_cache_set(const char *v) {
-    char buf[128];
+    char buf[128], names[160];
     snprintf(buf, sizeof buf, "%s", v);
+    mlaf_kv_format_list(0, names, sizeof names, 0);
     unsigned mask = 0;
     char *save = NULL;
     for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-        if (!strcasecmp(tok, "all"))
-            mask |= CACHE_ALL;
-        else if (!strcasecmp(tok, "plain"))
-            mask |= CACHE_PLAIN;
-        else if (!strcasecmp(tok, "fp8"))
-            mask |= CACHE_FP8;
-        else if (!strcasecmp(tok, "fp8_ds_mla"))
-            mask |= CACHE_DS;
-        else
-            return cli_usage_error("verify", "--cache: unknown format '%s' (plain, fp8, fp8_ds_mla or all)", tok),
-                   -1;
+        int f = 0;
+        if (!strcasecmp(tok, "all")) {
+            mask |= (1u << MLAF_KV_FORMAT_COUNT_) - 1;
+            continue;
+        }
+        while (f < MLAF_KV_FORMAT_COUNT_ && strcasecmp(tok, mlaf_kv_formats[f].name)) f++;
+        if (f == MLAF_KV_FORMAT_COUNT_)
+            return cli_usage_error("verify", "--cache: unknown format '%s' (%s or all)", tok, names), -1;
+        mask |= 1u << f;
     }
-    if (!mask) return cli_usage_error("verify", "--cache: no format given (plain, fp8, fp8_ds_mla or all)"), -1;
+    if (!mask) return cli_usage_error("verify", "--cache: no format given (%s or all)", names), -1;
     return (int)mask;
 }
 
@@ -383,14 +390,22 @@ static int parse_cache_set(const char *v) {
 static void run_kv_formats(mlaf_context *ctx, unsigned mask, const mlaf_model_config *cfg, mlaf_dtype dt,
                            const int64_t *tokens, int ntok, uint64_t seed, counters *n) {
     static const int64_t blocks[3] = {1, 16, 64};
-    for (size_t f = 0; f < sizeof kv_fmts / sizeof kv_fmts[0]; f++) {
+    kv_fmt kv_fmts[32];
+    const int nfmt = kv_variants(kv_fmts, 32);
+    for (int f = 0; f < nfmt; f++) {
         const kv_fmt *k = &kv_fmts[f];
-        if (!(mask & k->group)) continue;
-        if (k->format == MLAF_KV_FP8_DS_MLA && (dt != MLAF_BF16 || cfg->kv_lora_rank % 128 != 0)) {
-            printf("SKIP: mla_kv_cache cache=%s for preset %s, dtype %s: fp8_ds_mla needs %s\n", k->label,
-                   cfg->name, mlaf_dtype_name(dt),
-                   dt != MLAF_BF16 ? "a bf16 latent (FlashMLA, its reader, pairs it with bf16)"
-                                   : "kv_lora_rank a multiple of 128 (one scale per 128 values)");
+        const mlaf_kv_format_info *row = &mlaf_kv_formats[k->format];
+        if (!(mask & (1u << k->format))) continue;
+        if (!mlaf_kv_format_fits(k->format, dt, cfg->kv_lora_rank, cfg->qk_rope_head_dim, 0)) {
+            char why[200];
+            if (row->flags & MLAF_KVF_BF16_LATENT && dt != MLAF_BF16)
+                snprintf(why, sizeof why, "a bf16 latent");
+            else if (row->check_dims && row->check_dims(ctx, cfg->kv_lora_rank, cfg->qk_rope_head_dim, 0) != MLAF_OK)
+                snprintf(why, sizeof why, "other dims: %.160s", mlaf_context_last_error(ctx));
+            else
+                snprintf(why, sizeof why, "other dims");
+            printf("SKIP: mla_kv_cache cache=%s for preset %s, dtype %s: %s needs %s\n", k->label, cfg->name,
+                   mlaf_dtype_name(dt), row->name, why);
             n->skipped++;
             continue;
         }
@@ -400,12 +415,13 @@ static void run_kv_formats(mlaf_context *ctx, unsigned mask, const mlaf_model_co
             n->skipped++;
             continue;
         }
+        const int values = (row->cache_dtypes & (1u << MLAF_U8)) == 0; /* the cache holds latent-like values */
         for (int t = 0; t < ntok; t++)
             for (int li = 0; li < 6; li++) {
                 const int st = li % 2;
                 const int64_t bs = blocks[li / 2];
                 mlaf_verify_case c =
-                    mlaf_verify_case_default(cfg, dt, tokens[t], seed + 7919u * (uint64_t)(f * 6 + (size_t)li) + 131u * (uint64_t)t);
+                    mlaf_verify_case_default(cfg, dt, tokens[t], seed + 7919u * (uint64_t)(f * 6 + li) + 131u * (uint64_t)t);
                 c.strided = st;
                 c.block_size = bs;
                 c.rope_style = (li / 2 + st) % 2 ? MLAF_ROPE_NEOX : MLAF_ROPE_INTERLEAVED;
@@ -416,11 +432,11 @@ static void run_kv_formats(mlaf_context *ctx, unsigned mask, const mlaf_model_co
                 c.kpe_separate = k->kpe;
                 char label[192], extra[96] = "";
                 size_t el = 0;
-                if (k->format == MLAF_KV_PLAIN) {
+                if (values) {
                     if (li == 1 || li == 3) c.cache_dtype = other_dtype(dt);
                     el += (size_t)snprintf(extra + el, sizeof extra - el, ",%s", mlaf_dtype_name(c.cache_dtype));
                 } else {
-                    if (k->format == MLAF_KV_FP8) {
+                    if (row->flags & MLAF_KVF_SCALE) {
                         static const float scales[3] = {0.0f, 1.0f, -4000.0f};
                         static const char *names[3] = {"fit300", "1", "fit4000"};
                         c.fp8_scale = scales[li % 3];
@@ -439,7 +455,7 @@ static void run_kv_formats(mlaf_context *ctx, unsigned mask, const mlaf_model_co
                                            li == 2 ? ",in-place" : li == 4 ? ",cache-only" : li == 5 ? ",no-k_pe"
                                                    : li == 3 ? ",slots=T-T/3" : "");
                 }
-                snprintf(label, sizeof label, "cache=%s%s,bs=%lld,%s,%s,%s", k->label, extra, (long long)bs,
+                snprintf(label, sizeof label, "cache=%.63s%s,bs=%lld,%s,%s,%s", k->label, extra, (long long)bs,
                          st ? "strided" : "contiguous", st ? "i32" : "i64",
                          c.rope_style == MLAF_ROPE_NEOX ? "neox" : "interleaved");
                 run_case(ctx, MLAF_OP_MLA_KV_CACHE, cfg->name, &c, label, n);
@@ -469,41 +485,51 @@ static void run_v4(mlaf_context *ctx, mlaf_op op, const mlaf_model_config *cfg, 
         }
         return;
     }
+    /* every format that takes a rope tail, in the layouts of its kind: values (plain) or bytes */
     static const struct {
         const char *label;
-        mlaf_kv_format fmt;
-        int cache_f32, in_place, strided, cache_only, short_map;
+        int bytes, cache_f32, in_place, strided, cache_only, short_map;
         int64_t bs;
     } v[] = {
-        {"cache=plain", MLAF_KV_PLAIN, 0, 0, 0, 0, 0, 64},
-        {"cache=plain,f32,strided", MLAF_KV_PLAIN, 1, 0, 1, 0, 1, 1},
-        {"cache=plain,in-place-roped", MLAF_KV_PLAIN, 0, 1, 1, 0, 0, 3},
-        {"cache=fp8,scale=fit300", MLAF_KV_FP8, 0, 0, 1, 1, 0, 64},
-        {"cache=fp8_v4", MLAF_KV_FP8_V4, 0, 0, 0, 0, 0, 64},
-        {"cache=fp8_v4,strided,short-map", MLAF_KV_FP8_V4, 0, 0, 1, 0, 1, 1},
-        {"cache=fp8_v4,in-place-roped", MLAF_KV_FP8_V4, 0, 1, 0, 0, 0, 3},
-        {"cache=fp8_v4,cache-only", MLAF_KV_FP8_V4, 0, 0, 1, 1, 0, 64},
+        {"", 0, 0, 0, 0, 0, 0, 64},
+        {",f32,strided", 0, 1, 0, 1, 0, 1, 1},
+        {",in-place-roped", 0, 0, 1, 1, 0, 0, 3},
+        {"", 1, 0, 0, 0, 0, 0, 64},
+        {",strided,short-map", 1, 0, 0, 1, 0, 1, 1},
+        {",in-place-roped", 1, 0, 1, 0, 0, 0, 3},
+        {",cache-only", 1, 0, 0, 1, 1, 0, 64},
     };
-    for (size_t k = 0; k < sizeof v / sizeof v[0]; k++) {
-        if (v[k].fmt == MLAF_KV_FP8_V4 && dt != MLAF_BF16) continue; /* bf16 only: said once, below */
-        mlaf_verify_case c = mlaf_verify_case_default(cfg, dt, T, seed + 7919u * (uint64_t)k);
-        c.kv_rope_tail = tail;
-        c.kv_format = v[k].fmt;
-        c.cache_dtype = v[k].fmt == MLAF_KV_PLAIN ? (v[k].cache_f32 ? MLAF_F32 : dt) : MLAF_U8;
-        c.in_place = v[k].in_place;
-        c.strided = v[k].strided;
-        c.no_k_pe = v[k].cache_only ? 2 : 0;
-        c.map_short = v[k].short_map ? T / 3 : 0;
-        c.block_size = v[k].bs;
-        c.index_dtype = k % 2 ? MLAF_I32 : MLAF_I64;
-        char label[160];
-        snprintf(label, sizeof label, "kv_rope_tail=%d,%s,bs=%lld", (int)tail, v[k].label, (long long)v[k].bs);
-        run_case(ctx, op, cfg->name, &c, label, n);
-    }
-    if (dt != MLAF_BF16 && T == 0) {
-        printf("SKIP: mla_kv_cache cache=fp8_v4 for preset %s, dtype %s: fp8_v4 needs a bf16 latent\n", cfg->name,
-               mlaf_dtype_name(dt));
-        n->skipped++;
+    int k = 0;
+    for (int f = 0; f < MLAF_KV_FORMAT_COUNT_; f++) {
+        const mlaf_kv_format_info *row = &mlaf_kv_formats[f];
+        if (!(row->flags & MLAF_KVF_TAIL)) continue;
+        if (!mlaf_kv_format_fits((mlaf_kv_format)f, dt, cfg->kv_lora_rank, cfg->qk_rope_head_dim, tail)) {
+            if (T == 0) { /* said once */
+                printf("SKIP: mla_kv_cache cache=%s for preset %s, dtype %s: %s\n", row->name, cfg->name,
+                       mlaf_dtype_name(dt),
+                       row->flags & MLAF_KVF_BF16_LATENT && dt != MLAF_BF16 ? "needs a bf16 latent" : "other dims");
+                n->skipped++;
+            }
+            continue;
+        }
+        const int bytes = (row->cache_dtypes & (1u << MLAF_U8)) != 0;
+        for (size_t i = 0; i < sizeof v / sizeof v[0]; i++, k++) {
+            if (v[i].bytes != bytes) continue;
+            mlaf_verify_case c = mlaf_verify_case_default(cfg, dt, T, seed + 7919u * (uint64_t)k);
+            c.kv_rope_tail = tail;
+            c.kv_format = (mlaf_kv_format)f;
+            c.cache_dtype = bytes ? MLAF_U8 : v[i].cache_f32 ? MLAF_F32 : dt;
+            c.in_place = v[i].in_place;
+            c.strided = v[i].strided;
+            c.no_k_pe = v[i].cache_only ? 2 : 0;
+            c.map_short = v[i].short_map ? T / 3 : 0;
+            c.block_size = v[i].bs;
+            c.index_dtype = k % 2 ? MLAF_I32 : MLAF_I64;
+            char label[160];
+            snprintf(label, sizeof label, "kv_rope_tail=%d,cache=%s%s,bs=%lld", (int)tail, row->name, v[i].label,
+                     (long long)v[i].bs);
+            run_case(ctx, op, cfg->name, &c, label, n);
+        }
     }
 }
 

@@ -150,11 +150,23 @@ mlaf_cpu_writer mlaf_cpu_writer_v4(const mlaf_norm_kern *k, const mlaf_kv_cache_
     return w;
 }
 
+/* The cache writer of each format (src/kv_format.h), by its enum value. */
+typedef mlaf_cpu_writer (*cache_writer_fn)(const mlaf_norm_kern *k, const mlaf_kv_cache_job *job);
+static const cache_writer_fn cache_writers[MLAF_KV_FORMAT_COUNT_] = {
+    [MLAF_KV_PLAIN] = mlaf_cpu_writer_paged,
+    [MLAF_KV_FP8] = mlaf_cpu_writer_fp8,
+    [MLAF_KV_FP8_DS_MLA] = mlaf_cpu_writer_ds_mla,
+    [MLAF_KV_FP8_V4] = mlaf_cpu_writer_v4,
+};
+
 mlaf_cpu_writer mlaf_cpu_writer_cache(const mlaf_norm_kern *k, const mlaf_kv_cache_job *job) {
-    return job->format == MLAF_KV_FP8          ? mlaf_cpu_writer_fp8(k, job)
-           : job->format == MLAF_KV_FP8_DS_MLA ? mlaf_cpu_writer_ds_mla(k, job)
-           : job->format == MLAF_KV_FP8_V4     ? mlaf_cpu_writer_v4(k, job)
-                                               : mlaf_cpu_writer_paged(k, job);
+    return cache_writers[job->format](k, job); /* a validated format */
+}
+
+int mlaf_cpu_cache_writer_count(void) {
+    int n = 0;
+    for (int f = 0; f < MLAF_KV_FORMAT_COUNT_; f++) n += cache_writers[f] != NULL;
+    return n;
 }
 
 /* ---- rstd (diagnostic) ----------------------------------------------------------------- */

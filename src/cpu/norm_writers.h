@@ -56,8 +56,10 @@ mlaf_cpu_writer mlaf_cpu_writer_ds_mla(const mlaf_norm_kern *k, const mlaf_kv_ca
 /* fp8_v4 (docs/kv_formats.md): per page, data rows [448 e4m3 | 64 bf16 roped] of 576 B, then scale rows of
  * 8 B (7 UE8M0 bytes and a zero). Needs the kv_rope_tail 64 of a 512-wide kv part. */
 mlaf_cpu_writer mlaf_cpu_writer_v4(const mlaf_norm_kern *k, const mlaf_kv_cache_job *job);
-/* The cache writer of the job's format (one of the four above). */
+/* The cache writer of the job's format: norm_writers.c's table, one constructor per format of
+ * src/kv_format.h. mlaf_cpu_cache_writer_count: how many formats have one (a test checks all). */
 mlaf_cpu_writer mlaf_cpu_writer_cache(const mlaf_norm_kern *k, const mlaf_kv_cache_job *job);
+int mlaf_cpu_cache_writer_count(void);
 
 /* The DSA indexer's LayerNorm of a key row (y rounded to dt) and its quantization (e4m3 bytes of
  * y[128] into q, the scale returned): index_math.h's arithmetic with the rounding, amax and e4m3

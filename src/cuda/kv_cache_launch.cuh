@@ -29,47 +29,26 @@ static inline mlaf_row_args mlaf_kv_args(const mlaf_kv_cache_job *job) {
     return a;
 }
 
-/* The cache arrays take a vector of W values of `es` bytes each at every W-th value. */
-static inline bool mlaf_kv_cache_vec_ok(const mlaf_kv_cache_job *job, int64_t W, int64_t es) {
-    const int64_t ca = W * es < 16 ? W * es : 16;
-    bool ok = mlaf_aligned(job->cache, job->cache_s0 * es, ca) && (job->cache_s1 * es) % ca == 0;
-    if (job->kpe) ok = ok && mlaf_aligned(job->kpe, job->kpe_s0 * es, ca) && (job->kpe_s1 * es) % ca == 0;
-    return ok;
-}
-
 template <class Wc> struct mlaf_writer_tag { typedef Wc type; };
 
 /* go(mlaf_writer_tag<Wc>, Wc::params, cache_vec_ok) with the cache writer Wc of the job's format:
- * per-tensor fp8, fp8_ds_mla and (with V4) fp8_v4, bf16 latents only (validation), else the plain
- * paged cache. */
-template <typename T, bool V4, class Go>
+ * the formats' rows (mlaf_kv_writer_of<F>, row_writers*.cuh), walked from F = 0; rows not made
+ * for the latent type T (or, with Dsa, not for mla_kv_cache_dsa) are not instantiated, and a job
+ * reaching one (which validation prevents) gets cudaErrorInvalidValue. */
+template <typename T, bool Dsa, int F = 0, class Go>
 static cudaError_t mlaf_kv_cache_writer(const mlaf_kv_cache_job *job, Go &&go) {
-    constexpr int W = mlaf_vec<T>::W;
-    if (job->format == MLAF_KV_FP8) {
-        typename mlaf_wr_fp8<T>::params p;
-        p.cache = job->cache, p.kpe = job->kpe;
-        p.s0 = job->cache_s0, p.s1 = job->cache_s1, p.k0 = job->kpe_s0, p.k1 = job->kpe_s1;
-        p.scale = job->scale, p.amax = job->amax_out, p.mul = job->conv == MLAF_FP8_MUL;
-        return go(mlaf_writer_tag<mlaf_wr_fp8<T>>(), p, mlaf_kv_cache_vec_ok(job, W, 1));
-    }
-    if (job->format == MLAF_KV_FP8_DS_MLA || job->format == MLAF_KV_FP8_V4) {
-        if constexpr (std::is_same<T, __nv_bfloat16>::value) {
-            if (job->format == MLAF_KV_FP8_DS_MLA) {
-                mlaf_wr_ds_mla::params p;
-                p.cache = job->cache, p.s0 = job->cache_s0, p.s1 = job->cache_s1, p.mode = (int32_t)job->tile_scale;
-                return go(mlaf_writer_tag<mlaf_wr_ds_mla>(), p, true); /* 16-byte aligned records */
-            }
-            if constexpr (V4) {
-                mlaf_wr_v4::params p;
-                p.cache = job->cache, p.s0 = job->cache_s0;
-                return go(mlaf_writer_tag<mlaf_wr_v4>(), p, true); /* 16-byte aligned pages */
+    if constexpr (F == MLAF_KV_FORMAT_COUNT_) {
+        return cudaErrorInvalidValue;
+    } else {
+        typedef mlaf_kv_writer_of<F> Row;
+        if constexpr (Row::template kLatent<T> && (Row::kDsa || !Dsa)) {
+            if (job->format == F) {
+                typedef typename Row::template type<T> Wc;
+                typename Wc::params p;
+                const bool vec_ok = Row::template params<T>(job, &p);
+                return go(mlaf_writer_tag<Wc>(), p, vec_ok);
             }
         }
-        return cudaErrorInvalidValue;
+        return mlaf_kv_cache_writer<T, Dsa, F + 1>(job, static_cast<Go &&>(go));
     }
-    typename mlaf_wr_paged<T>::params p;
-    p.cache = job->cache, p.kpe = job->kpe, p.dt = job->cache_dt;
-    p.s0 = job->cache_s0, p.s1 = job->cache_s1, p.k0 = job->kpe_s0, p.k1 = job->kpe_s1;
-    return go(mlaf_writer_tag<mlaf_wr_paged<T>>(), p,
-              mlaf_kv_cache_vec_ok(job, W, (int64_t)mlaf_dtype_size(job->cache_dt)));
 }

@@ -9,7 +9,7 @@
 #include "kv_cache_launch.cuh"
 
 template <typename T> static cudaError_t kv_launch(const mlaf_context *ctx, const mlaf_kv_cache_job *job) {
-    return mlaf_kv_cache_writer<T, true>(job, [&](auto tag, const auto &cp, bool cache_vec_ok) {
+    return mlaf_kv_cache_writer<T, false>(job, [&](auto tag, const auto &cp, bool cache_vec_ok) {
         typedef mlaf_wr_pair<mlaf_wr_dense<T>, typename decltype(tag)::type> Wr;
         bool vec_ok;
         typename Wr::params wp;

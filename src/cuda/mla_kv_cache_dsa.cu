@@ -18,7 +18,7 @@ static cudaError_t dsa_launch(const mlaf_context *ctx, const mlaf_kv_cache_job *
     xp.out = ix->out, xp.os = ix->out_stride;
     xp.topk = ix->topk, xp.tks = ix->topk_stride, xp.tkn = ix->topk_n;
     xp.copies = ix->copies, xp.copy_stride = ix->copy_stride;
-    return mlaf_kv_cache_writer<T, false>(job, [&](auto tag, const auto &cp, bool cache_vec_ok) {
+    return mlaf_kv_cache_writer<T, true>(job, [&](auto tag, const auto &cp, bool cache_vec_ok) {
         typedef mlaf_wr_pair<mlaf_wr_pair<mlaf_wr_dense<T>, typename decltype(tag)::type>, mlaf_wr_index<T>> Wr;
         bool vec_ok;
         typename Wr::params wp;

@@ -30,10 +30,6 @@
 /* Forced shapes, for tests and dev/ comparisons (the library passes AUTO). */
 enum mlaf_row_shape { MLAF_ROW_AUTO = 0, MLAF_ROW_BLOCK, MLAF_ROW_WARP, MLAF_ROW_BULK, MLAF_ROW_GENERIC, MLAF_ROW_SPLIT };
 
-static inline bool mlaf_aligned(const void *p, int64_t stride_bytes, int64_t a) {
-    return ((uintptr_t)p % (uintptr_t)a) == 0 && (stride_bytes % a) == 0;
-}
-
 /* Step 1, the conditions on the latent and weights (the writers check their own outputs). */
 template <typename T> static bool mlaf_row_vec_ok(const mlaf_row_args &a, bool rope) {
     constexpr int W = mlaf_vec<T>::W;

@@ -9,6 +9,11 @@
 
 #include <type_traits>
 
+/* p and every step of stride_bytes aligned to a bytes (the host's check before vector access). */
+static inline bool mlaf_aligned(const void *p, int64_t stride_bytes, int64_t a) {
+    return ((uintptr_t)p % (uintptr_t)a) == 0 && (stride_bytes % a) == 0;
+}
+
 /* The mlaf_dtype of a kernel element type. */
 template <typename T> constexpr mlaf_dtype mlaf_dtype_of() {
     return sizeof(T) == 4 ? MLAF_F32 : std::is_same<T, __half>::value ? MLAF_F16 : MLAF_BF16;

@@ -130,6 +130,39 @@ template <typename T> struct mlaf_wr_paged : mlaf_wr_base {
     }
 };
 
+/* ---- the cache formats' CUDA rows --------------------------------------------------------
+ * mlaf_kv_writer_of<F>: the CUDA writer of format F of src/kv_format.h, one specialization per
+ * format beside its writer (the dispatch, kv_cache_launch.cuh, walks them; a format without one
+ * does not compile):
+ *   template <typename T> using type = W;      the writer for a latent of type T
+ *   template <typename T> static constexpr bool kLatent;   false: not instantiated for T
+ *                                              (validation rejects that latent dtype)
+ *   static constexpr bool kDsa;                instantiated by mla_kv_cache_dsa too
+ *   template <typename T> static bool params(const mlaf_kv_cache_job *, typename type<T>::params *)
+ *                                              fills them; returns whether its arrays take whole
+ *                                              vectors (else the kernel's element-wise shape)
+ */
+template <int F> struct mlaf_kv_writer_of;
+
+/* The cache arrays take a vector of W values of `es` bytes each at every W-th value. */
+static inline bool mlaf_kv_cache_vec_ok(const mlaf_kv_cache_job *job, int64_t W, int64_t es) {
+    const int64_t ca = W * es < 16 ? W * es : 16;
+    bool ok = mlaf_aligned(job->cache, job->cache_s0 * es, ca) && (job->cache_s1 * es) % ca == 0;
+    if (job->kpe) ok = ok && mlaf_aligned(job->kpe, job->kpe_s0 * es, ca) && (job->kpe_s1 * es) % ca == 0;
+    return ok;
+}
+
+template <> struct mlaf_kv_writer_of<MLAF_KV_PLAIN> {
+    template <typename T> using type = mlaf_wr_paged<T>;
+    template <typename T> static constexpr bool kLatent = true;
+    static constexpr bool kDsa = true;
+    template <typename T> static bool params(const mlaf_kv_cache_job *job, typename mlaf_wr_paged<T>::params *p) {
+        p->cache = job->cache, p->kpe = job->kpe, p->dt = job->cache_dt;
+        p->s0 = job->cache_s0, p->s1 = job->cache_s1, p->k0 = job->kpe_s0, p->k1 = job->kpe_s1;
+        return mlaf_kv_cache_vec_ok(job, mlaf_vec<T>::W, (int64_t)mlaf_dtype_size(job->cache_dt));
+    }
+};
+
 /* Each row's two rstd values as f32 [T, 2] (q, kv): a diagnostic writer, for tests. */
 template <typename T> struct mlaf_wr_rstd : mlaf_wr_base {
     struct params {

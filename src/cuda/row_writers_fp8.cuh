@@ -265,3 +265,36 @@ struct mlaf_wr_v4 : mlaf_wr_base {
         }
     }
 };
+
+/* ---- their rows of the format table (row_writers.cuh, mlaf_kv_writer_of) ------------------- */
+template <> struct mlaf_kv_writer_of<MLAF_KV_FP8> {
+    template <typename T> using type = mlaf_wr_fp8<T>;
+    template <typename T> static constexpr bool kLatent = true;
+    static constexpr bool kDsa = true;
+    template <typename T> static bool params(const mlaf_kv_cache_job *job, typename mlaf_wr_fp8<T>::params *p) {
+        p->cache = job->cache, p->kpe = job->kpe;
+        p->s0 = job->cache_s0, p->s1 = job->cache_s1, p->k0 = job->kpe_s0, p->k1 = job->kpe_s1;
+        p->scale = job->scale, p->amax = job->amax_out, p->mul = job->conv == MLAF_FP8_MUL;
+        return mlaf_kv_cache_vec_ok(job, mlaf_vec<T>::W, 1);
+    }
+};
+
+template <> struct mlaf_kv_writer_of<MLAF_KV_FP8_DS_MLA> {
+    template <typename T> using type = mlaf_wr_ds_mla;
+    template <typename T> static constexpr bool kLatent = std::is_same<T, __nv_bfloat16>::value;
+    static constexpr bool kDsa = true;
+    template <typename T> static bool params(const mlaf_kv_cache_job *job, mlaf_wr_ds_mla::params *p) {
+        p->cache = job->cache, p->s0 = job->cache_s0, p->s1 = job->cache_s1, p->mode = (int32_t)job->tile_scale;
+        return true; /* 16-byte aligned records (validation) */
+    }
+};
+
+template <> struct mlaf_kv_writer_of<MLAF_KV_FP8_V4> {
+    template <typename T> using type = mlaf_wr_v4;
+    template <typename T> static constexpr bool kLatent = std::is_same<T, __nv_bfloat16>::value;
+    static constexpr bool kDsa = false; /* DeepSeek-V4 has no indexer of this kind (validation) */
+    template <typename T> static bool params(const mlaf_kv_cache_job *job, mlaf_wr_v4::params *p) {
+        p->cache = job->cache, p->s0 = job->cache_s0;
+        return true; /* 16-byte aligned pages (validation) */
+    }
+};

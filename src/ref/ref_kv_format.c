@@ -12,7 +12,8 @@
  *   fp8_v4      per 64-value block of the 448 NoPE values: amax, e = ceil_log2(max(amax, 1e-4) / 448),
  *               e4m3(x * 2^-e) (ldexpf: exact), the byte clamp(e + 127, 0, 255); the 64 roped values
  *               as bf16 bits; the record is the data row (576 B) followed by the scale row (8 B)
- * e4m3 is fp8.h's conversion (round to nearest even, satfinite).
+ * e4m3 is fp8.h's conversion (round to nearest even, satfinite). One encoder per format, in
+ * encoders[] by the enum value of the format's row in src/kv_format.h.
  */
 #include <float.h>
 #include <math.h>
@@ -55,38 +56,24 @@ static void put_le32(uint8_t *p, uint32_t u) {
     p[3] = (uint8_t)(u >> 24);
 }
 
-float mlaf_ref_kv_encode(const mlaf_kv_encoding *e, const float *nope, const float *pe,
-                         uint8_t *rec, float *tile_scales) {
-    const int32_t C = e->C, R = e->R;
-    float amax = 0.0f;
-    for (int32_t i = 0; i < C; i++) amax = nan_max(amax, nope[i]);
-    for (int32_t i = 0; i < R; i++) amax = nan_max(amax, pe[i]);
-    if (e->format == MLAF_KV_FP8) {
-        for (int32_t i = 0; i < C; i++) rec[i] = mlaf_ref_fp8_quantize(nope[i], e->scale, e->conv);
-        for (int32_t i = 0; i < R; i++) rec[C + i] = mlaf_ref_fp8_quantize(pe[i], e->scale, e->conv);
-        return amax;
-    }
-    if (e->format == MLAF_KV_FP8_V4) {
-        /* fp8_v4 (docs/kv_formats.md; C = 512, the tail 64 inside nope[448, 512)): data row [448 e4m3 | 64 bf16],
-         * then the scale row [7 UE8M0 bytes | 0] */
-        for (int32_t b = 0; b < 7; b++) {
-            float m = 0.0f;
-            for (int32_t i = 0; i < 64; i++) m = nan_max(m, nope[64 * b + i]);
-            const int ex = mlaf_ceil_log2_f32((m > 1e-4f ? m : 1e-4f) / 448.0f);
-            if (tile_scales) tile_scales[b] = ldexpf(1.0f, ex);
-            for (int32_t i = 0; i < 64; i++) rec[64 * b + i] = mlaf_f32_to_e4m3(ldexpf(nope[64 * b + i], -ex));
-            rec[576 + b] = (uint8_t)(ex + 127 < 0 ? 0 : ex + 127 > 255 ? 255 : ex + 127);
-        }
-        rec[583] = 0;
-        for (int32_t i = 0; i < 64; i++) {
-            const uint16_t h = mlaf_f32_to_bf16(nope[448 + i]);
-            rec[448 + 2 * i] = (uint8_t)h;
-            rec[448 + 2 * i + 1] = (uint8_t)(h >> 8);
-        }
-        return amax;
-    }
-    /* fp8_ds_mla */
-    const int32_t tiles = C / 128;
+/* ---- one encoder per format (the rows of src/kv_format.h, by enum value) ------------------- */
+
+/* plain: the dense values are the record (the harness compares them directly); nothing to encode */
+static void enc_plain(const mlaf_kv_encoding *e, const float *nope, const float *pe, uint8_t *rec,
+                      float *tile_scales) {
+    (void)e, (void)nope, (void)pe, (void)rec, (void)tile_scales;
+}
+
+static void enc_fp8(const mlaf_kv_encoding *e, const float *nope, const float *pe, uint8_t *rec, float *tile_scales) {
+    (void)tile_scales;
+    for (int32_t i = 0; i < e->C; i++) rec[i] = mlaf_ref_fp8_quantize(nope[i], e->scale, e->conv);
+    for (int32_t i = 0; i < e->R; i++) rec[e->C + i] = mlaf_ref_fp8_quantize(pe[i], e->scale, e->conv);
+}
+
+/* fp8_ds_mla: per 128-value tile e4m3(x / s), the tile scales as little-endian f32, the rope as bf16 */
+static void enc_ds_mla(const mlaf_kv_encoding *e, const float *nope, const float *pe, uint8_t *rec,
+                       float *tile_scales) {
+    const int32_t C = e->C, R = e->R, tiles = C / 128;
     for (int32_t t = 0; t < tiles; t++) {
         float m = 0.0f;
         for (int32_t i = 0; i < 128; i++) m = nan_max(m, nope[128 * t + i]);
@@ -101,6 +88,49 @@ float mlaf_ref_kv_encode(const mlaf_kv_encoding *e, const float *nope, const flo
         rope[2 * i] = (uint8_t)h;
         rope[2 * i + 1] = (uint8_t)(h >> 8);
     }
+}
+
+/* fp8_v4 (C = 512, the tail 64 inside nope[448, 512)): the data row [448 e4m3 | 64 bf16], then
+ * the scale row [7 UE8M0 bytes | 0] */
+static void enc_v4(const mlaf_kv_encoding *e, const float *nope, const float *pe, uint8_t *rec, float *tile_scales) {
+    (void)e, (void)pe;
+    for (int32_t b = 0; b < 7; b++) {
+        float m = 0.0f;
+        for (int32_t i = 0; i < 64; i++) m = nan_max(m, nope[64 * b + i]);
+        const int ex = mlaf_ceil_log2_f32((m > 1e-4f ? m : 1e-4f) / 448.0f);
+        if (tile_scales) tile_scales[b] = ldexpf(1.0f, ex);
+        for (int32_t i = 0; i < 64; i++) rec[64 * b + i] = mlaf_f32_to_e4m3(ldexpf(nope[64 * b + i], -ex));
+        rec[576 + b] = (uint8_t)(ex + 127 < 0 ? 0 : ex + 127 > 255 ? 255 : ex + 127);
+    }
+    rec[583] = 0;
+    for (int32_t i = 0; i < 64; i++) {
+        const uint16_t h = mlaf_f32_to_bf16(nope[448 + i]);
+        rec[448 + 2 * i] = (uint8_t)h;
+        rec[448 + 2 * i + 1] = (uint8_t)(h >> 8);
+    }
+}
+
+typedef void (*kv_encoder)(const mlaf_kv_encoding *e, const float *nope, const float *pe, uint8_t *rec,
+                           float *tile_scales);
+static const kv_encoder encoders[MLAF_KV_FORMAT_COUNT_] = {
+    [MLAF_KV_PLAIN] = enc_plain,
+    [MLAF_KV_FP8] = enc_fp8,
+    [MLAF_KV_FP8_DS_MLA] = enc_ds_mla,
+    [MLAF_KV_FP8_V4] = enc_v4,
+};
+
+int mlaf_ref_kv_encoder_count(void) {
+    int n = 0;
+    for (int f = 0; f < MLAF_KV_FORMAT_COUNT_; f++) n += encoders[f] != NULL;
+    return n;
+}
+
+float mlaf_ref_kv_encode(const mlaf_kv_encoding *e, const float *nope, const float *pe,
+                         uint8_t *rec, float *tile_scales) {
+    float amax = 0.0f;
+    for (int32_t i = 0; i < e->C; i++) amax = nan_max(amax, nope[i]);
+    for (int32_t i = 0; i < e->R; i++) amax = nan_max(amax, pe[i]);
+    encoders[e->format](e, nope, pe, rec, tile_scales);
     return amax;
 }
 

@@ -222,6 +222,8 @@ typedef struct mlaf_kv_encoding {
  * takes). */
 float mlaf_ref_kv_encode(const mlaf_kv_encoding *e, const float *nope, const float *pe,
                          uint8_t *rec, float *tile_scales);
+/* How many formats of src/kv_format.h have an encoder here (a test checks: all of them). */
+int mlaf_ref_kv_encoder_count(void);
 /* A ds_mla tile's scale from its amax, by mode. */
 float mlaf_ref_tile_scale(mlaf_tile_scale mode, float amax);
 /* e4m3(x / scale) (DIV) or e4m3(x * scale) (MUL). */
