@@ -105,6 +105,7 @@ int cmd_bench(int argc, char **argv) {
     int graph = 0, pdl = 0, json = 0, cache_order = CO_SHUFFLED, sweep = 0, hash = 0, indexer = 0;
     cache_opt co = {0, MLAF_KV_PLAIN, MLAF_TILE_AMAX, 1.0};
     int tile_set = 0, kv_scale_set = 0;
+    int op_all = 0; /* --op all: ops a model does not have are skipped with a note */
 
     for (int i = 1; i < argc; i++) {
         const char *v;
@@ -130,6 +131,7 @@ int cmd_bench(int argc, char **argv) {
             backend_set = 1;
         } else if ((r = cli_take_value(argc, argv, &i, "--op", &v)) != 0) {
             if (r < 0 || cli_parse_op_set("--op", v, want_op)) return CLI_EXIT_USAGE;
+            op_all = !strcasecmp(v, "all");
         } else if ((r = cli_take_value(argc, argv, &i, "--preset", &v)) != 0) {
             if (r < 0) return CLI_EXIT_USAGE;
             if (cli_check_preset("bench", v)) return CLI_EXIT_USAGE;
@@ -232,6 +234,14 @@ int cmd_bench(int argc, char **argv) {
     if (sweep) {
         nmodels = cli_sweep_models(&models[0], models, 16);
         memset(tails, 0, sizeof tails);
+    }
+    /* An op named by --op that the one model does not have is an error, not a skip. */
+    for (int d = 0; d < N_BENCH_OPS; d++) {
+        const bench_op_def *def = bench_ops[d];
+        const char *why = def->skip ? def->skip(&models[0], tails[0]) : NULL;
+        if (want_op[def->op] && def->skip_note && !op_all && nmodels == 1 && why)
+            return cli_usage_error("bench", "--op %s: %s %s %s (see mlafuse presets)", mlaf_op_name(def->op),
+                                   config ? "model" : "preset", models[0].name, why);
     }
 
     mlaf_context *ctx = NULL;
@@ -347,6 +357,12 @@ int cmd_bench(int argc, char **argv) {
             const bench_op_def *def = bench_ops[d];
             const int oi = (int)def->op;
             if (!want_op[oi]) continue;
+            const char *why = def->skip_note && def->skip ? def->skip(&models[m], tails[m]) : NULL;
+            if (why) { /* one note line for the model, instead of a skipped row per T */
+                fprintf(json ? stderr : stdout, "# %s skipped: %s %s %s\n", mlaf_op_name(def->op),
+                        config ? "model" : "preset", models[m].name, why);
+                continue;
+            }
             for (int ti = 0; ti < ntok; ti++) {
                 row *r = &rows[nrows++];
                 memset(r, 0, sizeof *r);

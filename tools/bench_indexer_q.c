@@ -6,7 +6,7 @@
 
 static const char *skip_indexer_q(const mlaf_model_config *m, int32_t tail) {
     (void)tail;
-    return m->index_n_heads <= 0 ? "the model has no DSA indexer" : NULL;
+    return m->index_n_heads <= 0 ? "has no DSA indexer" : NULL;
 }
 
 static int setup_indexer_q(bench_op *o, size_t llc, mlaf_rng *rng, char *err, size_t cap) {
@@ -58,6 +58,7 @@ static int outputs_indexer_q(const bench_op *o, int *ids) {
 const bench_op_def bench_indexer_q_def = {
     .op = MLAF_OP_INDEXER_Q,
     .skip = skip_indexer_q,
+    .skip_note = 1,
     .setup = setup_indexer_q,
     .fused = fused_indexer_q,
     .unfused = NULL,

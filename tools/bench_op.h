@@ -85,8 +85,12 @@ typedef struct views {
 /* ---- the op registry ------------------------------------------------------------------------ */
 typedef struct bench_op_def {
     mlaf_op op;
-    /* why a model has nothing of this op to time (its rows are skipped), or NULL */
+    /* why a model has nothing of this op to time, or NULL */
     const char *(*skip)(const mlaf_model_config *m, int32_t tail);
+    /* skip: 1 = a model without the op gets one note line ("# OP skipped: preset NAME <why>"), and
+     * --op OP naming it for that one model is an error; 0 = a skipped row per T, the why in its
+     * error column */
+    int skip_note;
     /* the op's part of setup(): its rotation count (bench_rotation), then its buffers and bytes */
     int (*setup)(bench_op *o, size_t llc, mlaf_rng *rng, char *err, size_t cap);
     bench_call_fn fused;   /* one call through the public API */
