@@ -319,7 +319,7 @@ int cmd_bench(int argc, char **argv) {
             printf("# cache: fp8_v4 (DeepSeek-V4: planar pages of 576-B data rows [448 e4m3 | 64 bf16] and 8-B UE8M0 scale rows)\n");
         else if (co.show)
             printf("# cache: plain (%s, C + R values per token)\n", mlaf_dtype_name(dt));
-        printf("# reproduce: mlafuse bench --backend %s --dtype %s --reps %lld", mlaf_backend_name(be),
+        printf("# reproduce: %s bench --backend %s --dtype %s --reps %lld", cli_program, mlaf_backend_name(be),
                mlaf_dtype_name(dt), reps);
         if (config) printf(" --config %s", config);
         else printf(" --preset %s", preset ? preset : models[0].name);
@@ -503,6 +503,7 @@ int cmd_bench(int argc, char **argv) {
         }
     if (json) print_json(mlaf_backend_name(be), device, (int)threads, model_list, dt, cache_order, &co, copy_gbps,
                          copy_bytes, rows, nrows);
+    print_summary(json ? stderr : stdout, rows, nrows);
     free(rows);
 #ifdef MLAF_WITH_CUDA
     if (be == MLAF_BACKEND_CUDA) bcu_teardown();

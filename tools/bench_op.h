@@ -162,5 +162,8 @@ void print_json(const char *backend, const char *device, int threads, const char
                 int nrows);
 void print_header(int show_cache);
 void print_row(const row *r, int show_cache);
+/* The closing line: rows, skipped rows, baseline checks ok, rows without a baseline, and rows that
+ * failed (a check that is not ok, or an error); "# bench: N rows, M checks ok, F failed (...)". */
+void print_summary(FILE *f, const row *rows, int nrows);
 
 #endif

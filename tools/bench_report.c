@@ -123,3 +123,22 @@ void print_row(const row *r, int show_cache) {
            r->error[0] ? "  error: " : "", r->error);
     fflush(stdout);
 }
+
+void print_summary(FILE *f, const row *rows, int nrows) {
+    int skipped = 0, ok = 0, no_baseline = 0, failed = 0;
+    for (int i = 0; i < nrows; i++) {
+        const row *r = &rows[i];
+        if (!strcmp(r->check, "skipped")) {
+            skipped++;
+            continue;
+        }
+        const int check_ok = !strncmp(r->check, "ok", 2); /* "ok (N near-tie rows)" is ok */
+        const int none = !strcmp(r->check, "no baseline");
+        ok += check_ok;
+        no_baseline += none;
+        failed += r->error[0] || (!check_ok && !none);
+    }
+    fprintf(f, "# bench: %d row%s, %d check%s ok, %d failed (%d without a baseline, %d skipped)\n", nrows,
+            nrows == 1 ? "" : "s", ok, ok == 1 ? "" : "s", failed, no_baseline, skipped);
+    fflush(f);
+}
