@@ -15,13 +15,11 @@ static int setup_indexer_q(bench_op *o, size_t llc, mlaf_rng *rng, char *err, si
     const int64_t T = o->T;
     /* Bytes of one input/output set, for the rotation count. */
     bench_rotation(o, llc, (double)T * o->cfg.index_n_heads * (128.0 * es + 132.0 + es));
-    (void)rng;
-    if (o->op == MLAF_OP_INDEXER_Q) { /* the indexer's own 64-wide table */
-        o->R = MLAF_INDEX_ROPE_DIM;
-        o->H = o->cfg.index_n_heads;
-        o->ip = mlaf_indexer_params_from_config(&o->cfg);
-        o->RP = o->R;
-    }
+    /* the indexer's own 64-wide table */
+    o->R = MLAF_INDEX_ROPE_DIM;
+    o->H = o->cfg.index_n_heads;
+    o->ip = mlaf_indexer_params_from_config(&o->cfg);
+    o->RP = o->R;
     if (bench_setup_rope(o, err, cap)) return -1;
     const size_t n = (size_t)(T * o->H * MLAF_INDEX_HEAD_DIM);
     void *q = host_random(rng, dt, n, -2.0, 2.0);
