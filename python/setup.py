@@ -9,7 +9,7 @@
    One file, not the soname symlink chain: wheels would store each link as a full copy.
 
 4. When torch can be imported at build time (pip install --no-build-isolation, torch in that
-   environment), the compiled torch binding csrc/mlafuse_torch.cpp is built with torch's own
+   environment), the compiled torch binding csrc/mlafuse_torch*.cpp is built with torch's own
    extension tooling (torch.utils.cpp_extension; a C++ compiler, no nvcc) as
    mlafuse/lib/torch_ops.abi3.so, with torch_ops.json beside it naming the torch it was built
    against; it is copied into the source package too. Without torch (or with build isolation,
@@ -131,7 +131,9 @@ def torch_extension():
         return None, None
     # py_limited_api: the extension uses no Python API at all (it registers its ops with the
     # dispatcher and is loaded by torch.ops.load_library), so it does not link libtorch_python.
-    ext = CppExtension(TORCH_EXT_NAME, [os.path.join("csrc", "mlafuse_torch.cpp")],
+    sources = [os.path.join("csrc", f) for f in ("mlafuse_torch.cpp", "mlafuse_torch_mla.cpp",
+                                                 "mlafuse_torch_moe.cpp")]  # + csrc/mlafuse_torch.h
+    ext = CppExtension(TORCH_EXT_NAME, sources,
                        include_dirs=[os.path.join(ROOT, "include")],
                        extra_compile_args=["-O2", "-g0", "-fvisibility=hidden"], libraries=["dl"],
                        py_limited_api=True)

@@ -45,7 +45,7 @@ int bench_cpu_time(bench_call_fn fn, void *arg, int nsets, int reps, bench_stats
 double bench_cpu_copy_gbps(int threads, size_t bytes, int reps);
 const char *bench_cpu_name(void); /* CPU model from /proc/cpuinfo, or "cpu" */
 
-/* ---- CPU baselines (baselines_cpu.c): the unfused chains, one OpenMP loop per pass ----- */
+/* ---- CPU baselines (baselines_cpu_<op>.c): the unfused chains, one OpenMP loop per pass ----- */
 /* split (q, kv, pe -> three dense tensors; pe lands in job->k_pe), RMSNorm q (q_dense ->
  * job->q), RMSNorm kv (kv_dense -> job->k_nope). */
 int blc_split_qk_norm(const mlaf_norm_job *job, void *q_dense, void *kv_dense, int threads);
@@ -91,7 +91,7 @@ int blc_moe_gate(const mlaf_moe_gate_job *job, const bench_moe_scratch *s, int t
 /* hash routing (job->tid2eid): score -> ids = tid2eid[token_ids] -> gather -> normalize -> scale. */
 int blc_moe_gate_hash(const mlaf_moe_gate_job *job, const bench_moe_scratch *s, int threads);
 
-/* ---- CUDA harness and baselines (bench_cuda.cu, baselines_cuda.cu) ----------------------- */
+/* ---- CUDA harness and baselines (bench_cuda.cu, baselines_cuda_<op>.cu) ----------------------- */
 #ifdef MLAF_WITH_CUDA
 /* Creates the bench stream, the events and the L2 flush buffer (256 MB). */
 int bcu_setup(char *err, size_t cap);
@@ -130,7 +130,7 @@ int blg_cache_write_fp8(const mlaf_kv_cache_job *job, const void *k_nope, const 
                         void *stream);
 int blg_rope_q(const mlaf_rope_q_job *job, void *gather, void *stream);
 int blg_head_norm(const mlaf_rope_q_job *job, void *stream);
-/* blc_index_k on the GPU: a warp per token in each pass (baselines_index_cuda.cu). */
+/* blc_index_k on the GPU: a warp per token in each pass (baselines_cuda_mla_kv_cache_dsa.cu). */
 int blg_index_k(const mlaf_kv_cache_job *kv, const mlaf_index_job *ix, void *dense, void *stream);
 int blg_moe_gate(const mlaf_moe_gate_job *job, const bench_moe_scratch *s, void *stream);
 int blg_moe_gate_hash(const mlaf_moe_gate_job *job, const bench_moe_scratch *s, void *stream);

@@ -603,3 +603,8 @@ extern "C" int bcu_copy_time(double bytes, int reps, int graph_calls, bench_stat
     (void)cudaFree(b);
     return rc;
 }
+
+/* The text of a blg_* baseline's error code (a cudaError_t). */
+extern "C" const char *blg_error_string(int code) {
+    return cudaGetErrorString(static_cast<cudaError_t>(code));
+}

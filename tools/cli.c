@@ -13,6 +13,8 @@
 #include "cli.h"
 #include "ref/verify.h"
 
+const char *cli_program = "mlafuse";
+
 int cli_usage_error(const char *cmd, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);

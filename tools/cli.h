@@ -43,6 +43,10 @@ int cli_check_preset(const char *cmd, const char *text);
 int cli_find_model(const char *name, mlaf_model_config *cfg, int32_t *kv_rope_tail);
 
 /* Prints "mlafuse <cmd>: <message>\n" on stderr; returns CLI_EXIT_USAGE. */
+/* The path of the running binary as invoked (main's argv[0]; "mlafuse" until main sets it), for
+ * command lines printed to be pasted back (bench's "# reproduce:"). */
+extern const char *cli_program;
+
 int cli_usage_error(const char *cmd, const char *fmt, ...)
 #if defined(__GNUC__)
     __attribute__((format(printf, 2, 3)))

@@ -26,6 +26,7 @@ static void usage(FILE *f) {
 }
 
 int main(int argc, char **argv) {
+    if (argc > 0 && argv[0] && argv[0][0]) cli_program = argv[0];
     if (argc < 2) {
         usage(stderr);
         return CLI_EXIT_USAGE;

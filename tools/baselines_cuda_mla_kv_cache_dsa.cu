@@ -1,5 +1,5 @@
 /*
- * baselines_index_cuda.cu — the unfused DSA indexer key chain on the GPU (blg_index_k): a
+ * baselines_cuda_mla_kv_cache_dsa.cu — the unfused DSA indexer key chain on the GPU (blg_index_k): a
  * LayerNorm kernel into dense [T, 128] rows, blg_rope_rows on their first 64 columns, a Hadamard
  * kernel when on, and a quantize-and-write kernel into the block-planar index cache; each a warp
  * per token with the library's row arithmetic (src/cuda/index_row.cuh), so the cache bytes equal

@@ -1,0 +1,215 @@
+"""The Python API of mla_kv_cache: split_qk_norm, RoPE and the paged-cache write in one pass, every
+cache format (the format names and their arguments are here too). Re-exported by mlafuse.ops (see
+its docstring for the conventions every op follows)."""
+from __future__ import annotations
+
+from ._ops_common import (_torch, _core, L, MlafError, _TT, _torch_error, _STYLES, _enum, version,
+                          rope_table, _dim, _np_in, _np_out, _ranks, _check_same_kind)
+
+if _torch is not None:
+    # The op packets, looked up once: the torch paths below call them directly.
+    _op_kv = _torch.ops.mlafuse.mla_kv_cache
+    _op_kv_out = _torch.ops.mlafuse.mla_kv_cache_out
+
+
+# ---- mla_kv_cache --------------------------------------------------------------------------
+# Cache formats by name (SPEC §9; vLLM's kv_cache_dtype names): "auto" / "plain" is the
+# bf16 / f16 / f32 cache, "fp8" and "fp8_e4m3" the same per-tensor e4m3 format.
+_KV_FORMATS = {"auto": L.KV_PLAIN, "plain": L.KV_PLAIN, "fp8": L.KV_FP8, "fp8_e4m3": L.KV_FP8,
+               "fp8_ds_mla": L.KV_FP8_DS_MLA, "fp8_v4": L.KV_FP8_V4}
+# Formats engines name that this version does not write: rejected with their name.
+_KV_FORMATS_NOT_SUPPORTED = {
+    "fp8_e5m2": "e5m2 bytes",
+    "nvfp4_ds_mla": "the 352-byte nvfp4 record",
+}
+_TILE_SCALES = {"amax": L.TILE_AMAX, "ue8m0": L.TILE_UE8M0,
+                "ue8m0_floor_scaled": L.TILE_UE8M0_FLOOR_SCALED}
+
+
+def _kv_format_code(cache_format) -> int:
+    if isinstance(cache_format, str):
+        name = cache_format.lower()
+        code = _KV_FORMATS.get(name)
+        if code is not None:
+            return code
+        if name in _KV_FORMATS_NOT_SUPPORTED:
+            raise MlafError(L.ERR_UNSUPPORTED,
+                            f"cache_format = {cache_format!r} ({_KV_FORMATS_NOT_SUPPORTED[name]}) "
+                            f"is not supported by this mlafuse; supported: {sorted(_KV_FORMATS)}")
+        raise ValueError(f"cache_format = {cache_format!r}, expected one of {sorted(_KV_FORMATS)}")
+    return int(cache_format)  # the library's number; it reports a bad one
+
+
+def _scalar_arg(x, name):
+    """A [1] view of a one-value f32 array given as [1] or 0-d (vLLM keeps k_scale 0-d); a
+    Python number is refused: the kernel reads the value from memory (on CUDA from the device,
+    so a captured graph follows changes to it)."""
+    if x is None:
+        return None
+    if not hasattr(x, "shape"):
+        raise TypeError(f"{name} is a {type(x).__name__}, expected a 1-element float32 tensor "
+                        "(numpy array for numpy calls) on the cache's device")
+    return x.reshape(1) if len(x.shape) == 0 else x
+
+
+def _kv_format_args(cache_format, k_scale, quant_scale, amax_out, tile_scale, kpe_cache):
+    """The op's cache-format arguments (cache_format, scale, fp8_conv, amax_out, tile_scale,
+    kpe_cache), or None for the plain call without them."""
+    if (cache_format == "auto" and k_scale is None and quant_scale is None
+            and amax_out is None and tile_scale is None and kpe_cache is None):
+        return None
+    fmt = _kv_format_code(cache_format)
+    fname = cache_format if isinstance(cache_format, str) else L.mlaf_kv_format_name(fmt).decode()
+    if fmt == L.KV_FP8:
+        if k_scale is not None and quant_scale is not None:
+            raise MlafError(L.ERR_INVALID_ARGUMENT,
+                            "k_scale and quant_scale are both given; cache format fp8 takes one: "
+                            "k_scale (stores e4m3(x / k_scale), vLLM) or quant_scale (stores "
+                            "e4m3(x * quant_scale), FlashInfer / TRT-LLM)")
+        if k_scale is None and quant_scale is None:
+            raise MlafError(L.ERR_NULL_POINTER,
+                            f"cache_format = {fname!r} needs a scale: k_scale= (stores "
+                            "e4m3(x / k_scale), vLLM) or quant_scale= (e4m3(x * quant_scale), "
+                            "FlashInfer / TRT-LLM), a 1-element float32 tensor")
+    else:
+        for name, x in (("k_scale", k_scale), ("quant_scale", quant_scale),
+                        ("amax_out", amax_out)):
+            if x is not None:
+                raise MlafError(L.ERR_INVALID_ARGUMENT,
+                                f"{name} is given, but cache_format = {fname!r} takes none "
+                                "(only fp8 / fp8_e4m3 has a per-tensor scale)")
+    if tile_scale is not None and fmt != L.KV_FP8_DS_MLA:
+        raise MlafError(L.ERR_INVALID_ARGUMENT,
+                        f"tile_scale is given, but cache_format = {fname!r} has no tile scales "
+                        "(only fp8_ds_mla)")
+    conv = L.FP8_MUL if quant_scale is not None else L.FP8_DIV
+    scale = _scalar_arg(quant_scale if quant_scale is not None else k_scale,
+                        "quant_scale" if quant_scale is not None else "k_scale")
+    tile = _enum(tile_scale, _TILE_SCALES, "tile_scale") if tile_scale is not None else L.TILE_AMAX
+    return fmt, scale, conv, _scalar_arg(amax_out, "amax_out"), tile, kpe_cache
+
+
+def mla_kv_cache(latent, w_q, w_kv, positions, cos_sin, slot_mapping, kv_cache, *,
+                 eps_q: float = 1e-5, eps_kv: float = 1e-5, style="interleaved",
+                 q_lora_rank: int | None = None, kv_lora_rank: int | None = None,
+                 rope_dim: int | None = None, q=None, k_nope=None, k_pe=None,
+                 return_k_nope: bool = False, return_k_pe: bool = False, error_count=None,
+                 cache_format="auto", k_scale=None, quant_scale=None, amax_out=None,
+                 tile_scale=None, kpe_cache=None, kv_rope_tail: int = 0):
+    """split_qk_norm + RoPE on k_pe + paged KV-cache write, in one pass (SPEC §3), the cache in
+    any of the formats of SPEC §9.
+
+    latent, w_q, w_kv  as split_qk_norm
+    positions     [T]                 int32 | int64, each in [0, max_pos)
+    cos_sin       [max_pos, R]        f32 (see rope_table); positions and cos_sin may be None
+                                      when R = 0
+    slot_mapping  [N]                 int32 | int64, N <= T (rows t >= N write no cache row);
+                                      slot = block * block_size + offset; a negative slot
+                                      skips the token (CUDA-graph padding)
+    kv_cache      [num_blocks, block_size, W]   MUTATED: record slot_mapping[t] becomes the
+                                      token's [k_nope_norm | rope(k_pe)] in the cache format;
+                                      every other record stays bit-identical
+    style         "interleaved" (pairs 2i, 2i+1; GLM / DeepSeek) or "neox" (pairs i, i+R/2)
+    error_count   [1] int32, optional. MUTATED: incremented once per token whose slot is past
+                  the cache or whose position is outside [0, max_pos) (that token writes no
+                  cache row and no k_pe row). The caller zeroes it.
+
+    Cache formats (``cache_format``):
+      "auto"        kv_cache f32 | f16 | bf16, W = C + R, each value rounded to the cache dtype
+      "fp8", "fp8_e4m3"   kv_cache uint8 | float8_e4m3fn, W = C + R, every value
+                    e4m3(x / k_scale) (``k_scale``, vLLM) or e4m3(x * quant_scale)
+                    (``quant_scale``, FlashInfer / TRT-LLM): exactly one of the two, a
+                    1-element (or 0-d) float32 tensor on the cache's device, read by the kernel
+                    (CUDA graphs follow changes to it). ``amax_out`` [1] float32, optional,
+                    MUTATED: raised to the max |x| written (NaN ignored; the caller zeroes it)
+      "fp8_ds_mla"  kv_cache uint8 | float8_e4m3fn, W = C + C/32 + 2R bytes (656 for C = 512,
+                    R = 64): [C e4m3 | C/128 f32 tile scales | R bf16 rope(k_pe)]; bf16
+                    latent, C % 128 == 0, cache strides multiples of 16 bytes. ``tile_scale``
+                    "amax" (default; max(amax / 448, FLT_MIN), vLLM), "ue8m0"
+                    (2^ceil(log2(max(amax, 1e-4) / 448)), DeepSeek) or "ue8m0_floor_scaled"
+                    (FlashMLA's test quantizer)
+    x is the value stored densely (rounded to the latent dtype first); e4m3 rounds to nearest
+    even and saturates to +-448, NaN gives 0x7F. ``kpe_cache`` [num_blocks, block_size, R]
+    (auto and fp8), optional: the rope part in a separate array of kv_cache's dtype
+    (FlashInfer / TRT-LLM); kv_cache then holds C values. "fp8_e5m2" and "nvfp4_ds_mla" raise
+    MlafError (MLAF_ERR_UNSUPPORTED).
+      "fp8_v4"      DeepSeek-V4's SM90 FlashMLA page (SPEC §11): kv_cache uint8 | float8_e4m3fn
+                    [num_blocks, block_size, 584] with stride(1) = 584 and stride(0) the page
+                    stride in bytes (>= block_size * 584, a multiple of 16; a contiguous
+                    [.., 64, 584] tensor is one). Planar: token o's data row [448 e4m3 | 64 bf16
+                    roped] at page + 576 o, its scale row [7 UE8M0 bytes | 0] at page +
+                    576 block_size + 8 o. bf16 latent, kv_lora_rank 512, rope_dim 0,
+                    kv_rope_tail 64.
+
+    kv_rope_tail  r > 0 (DeepSeek-V4; 0 for every other model): the latent is [Q | C] (R = 0)
+                  and the last r values of the normalized kv part, rounded to the latent dtype,
+                  are rotated (interleaved) with positions / cos_sin [max_pos, r] and rounded
+                  again; k_nope holds all C values and the cache record is k_nope (plain: C
+                  values). k_pe must not be asked for. In place: k_nope may be the latent's own
+                  kv columns (the row ends as [q_norm | rope-tailed kv_norm]).
+
+    Returns ``(q, k_nope, k_pe)``: q [T, Q] = q_norm (None when Q = 0); k_nope [T, C] normalized
+    and k_pe [T, R] roped, only when requested with return_k_nope / return_k_pe or given as
+    outputs (else None). Given outputs are mutated and returned.
+    """
+    Q, C, R = _ranks(latent, w_q, w_kv, q_lora_rank, kv_lora_rank, rope_dim)
+    style = _enum(style, _STYLES, "style")
+    tail = int(kv_rope_tail)
+    if isinstance(latent, _TT):
+        fmt = _kv_format_args(cache_format, k_scale, quant_scale, amax_out, tile_scale,
+                              kpe_cache)
+        if fmt is not None:
+            _check_same_kind(True, k_scale=k_scale, quant_scale=quant_scale,
+                             amax_out=amax_out, kpe_cache=kpe_cache)
+        if tail != 0:  # the op's last argument, after the format's
+            fmt = (*(fmt or (L.KV_PLAIN, None, L.FP8_DIV, None, L.TILE_AMAX, None)), tail)
+        try:
+            if q is None and k_nope is None and k_pe is None:
+                args = (latent, w_q, w_kv, positions, cos_sin, slot_mapping, kv_cache,
+                        error_count, Q, C, R, eps_q, eps_kv, style, return_k_nope, return_k_pe)
+                q, k_nope, k_pe = _op_kv(*args) if fmt is None else _op_kv(*args, *fmt)
+                return (q if Q > 0 else None, k_nope if return_k_nope else None,
+                        k_pe if return_k_pe else None)
+            T = _dim(latent, 0)
+            if q is None and Q > 0:
+                q = latent.new_empty((T, Q))
+            if k_nope is None and return_k_nope:
+                k_nope = latent.new_empty((T, C))
+            if k_pe is None and return_k_pe:
+                k_pe = latent.new_empty((T, max(R, 0)))
+            args = (latent, w_q, w_kv, positions, cos_sin, slot_mapping, kv_cache, error_count,
+                    q, k_nope, k_pe, Q, C, R, eps_q, eps_kv, style)
+            _op_kv_out(*args) if fmt is None else _op_kv_out(*args, *fmt)
+            return q, k_nope, k_pe
+        except RuntimeError as e:
+            raise _torch_error(e, w_q=w_q, w_kv=w_kv, positions=positions, cos_sin=cos_sin,
+                               slot_mapping=slot_mapping, kv_cache=kv_cache, q=q,
+                               k_nope=k_nope, k_pe=k_pe, error_count=error_count) from None
+    _check_same_kind(False, w_q=w_q, w_kv=w_kv, positions=positions, cos_sin=cos_sin,
+                     slot_mapping=slot_mapping, kv_cache=kv_cache, q=q, k_nope=k_nope,
+                     k_pe=k_pe, error_count=error_count, k_scale=k_scale,
+                     quant_scale=quant_scale, amax_out=amax_out, kpe_cache=kpe_cache)
+    fmt = _kv_format_args(cache_format, k_scale, quant_scale, amax_out, tile_scale, kpe_cache)
+    T = _dim(latent, 0)
+
+    np = _core._numpy()
+    if q is None and Q > 0:
+        q = np.empty((T, Q), latent.dtype)
+    if k_nope is None and return_k_nope:
+        k_nope = np.empty((T, C), latent.dtype)
+    if k_pe is None and return_k_pe:
+        k_pe = np.empty((T, max(R, 0)), latent.dtype)
+    extra = ()
+    if fmt is not None:
+        f, scale, conv, amax, tile, kpe = fmt
+        extra = (f, _np_in(scale, "scale"), conv, _np_out(amax, "amax_out"), tile,
+                 _np_out(kpe, "kpe_cache"), tail)
+    elif tail != 0:
+        extra = (L.KV_PLAIN, None, L.FP8_DIV, None, L.TILE_AMAX, None, tail)
+    _core.run_mla_kv_cache(
+        _core.context(L.BACKEND_CPU), Q, C, R, eps_q, eps_kv, style, _np_in(latent, "latent"),
+        _np_in(w_q, "w_q"), _np_in(w_kv, "w_kv"), _np_in(positions, "positions"),
+        _np_in(cos_sin, "cos_sin"), _np_in(slot_mapping, "slot_mapping"),
+        _np_out(kv_cache, "kv_cache"), _np_out(q, "q"), _np_out(k_nope, "k_nope"),
+        _np_out(k_pe, "k_pe"), _np_out(error_count, "error_count"), *extra)
+    return q, k_nope, k_pe

@@ -1,0 +1,51 @@
+"""The Python API of rope_q: RoPE of the rope columns of every q head in place (or into q_out),
+head_norm. Re-exported by mlafuse.ops (see its docstring for the conventions every op follows)."""
+from __future__ import annotations
+
+from ._ops_common import (_torch, _core, L, _TT, _torch_error, _STYLES, _enum, _dim, _np_in, _np_out,
+                          _check_same_kind)
+
+if _torch is not None:
+    # The op packets, looked up once: the torch paths below call them directly.
+    _op_rope = _torch.ops.mlafuse.rope_q
+
+
+# ---- rope_q --------------------------------------------------------------------------------
+def rope_q(q, positions, cos_sin, *, style="interleaved", rope_dim: int | None = None,
+           error_count=None, head_norm: bool = False, head_norm_eps: float = 1e-6, q_out=None):
+    """RoPE in place on the last R columns of every head of q (SPEC §3).
+
+    q            [T, H, D]     f32 | f16 | bf16, strides (s0, s1, 1); D = nope + R.  MUTATED
+    positions    [T]           int32 | int64
+    cos_sin      [max_pos, R]  f32; R defaults to cos_sin.shape[1]
+    error_count  [1] int32, optional.  MUTATED: +1 per token whose position is outside
+                 [0, max_pos) (that token is left unrotated)
+
+    Bit-identical to what mla_kv_cache writes for the key at the same position. Returns q.
+
+    DeepSeek-V4's q (SPEC §11): ``head_norm=True`` first normalizes every head without weight
+    (rstd = 1 / sqrt(mean(x^2) + head_norm_eps) in fp32), rotates the last R values of the fp32
+    result and rounds once. ``q_out`` [T, Hpad, D] (Hpad >= H, q's dtype), optional, MUTATED:
+    the result goes there instead (q is only read) and heads H .. Hpad-1 are written as +0.0
+    (FlashMLA takes 64 or 128 heads); returns q_out. A token with a bad position writes nothing.
+    """
+    style = _enum(style, _STYLES, "style")
+    R = int(rope_dim) if rope_dim is not None else _dim(cos_sin, 1)
+    hn, heps = bool(head_norm), float(head_norm_eps)
+    if isinstance(q, _TT):
+        try:
+            if hn or q_out is not None:
+                _op_rope(q, positions, cos_sin, R, style, error_count, hn, heps, q_out)
+            else:
+                _op_rope(q, positions, cos_sin, R, style, error_count)
+        except RuntimeError as e:
+            raise _torch_error(e, positions=positions, cos_sin=cos_sin,
+                               error_count=error_count, q_out=q_out) from None
+        return q if q_out is None else q_out
+    _check_same_kind(False, positions=positions, cos_sin=cos_sin, error_count=error_count,
+                     q_out=q_out)
+    _core.run_rope_q(_core.context(L.BACKEND_CPU), R, style,
+                     _np_in(q, "q") if q_out is not None else _np_out(q, "q"),
+                     _np_in(positions, "positions"), _np_in(cos_sin, "cos_sin"),
+                     _np_out(error_count, "error_count"), hn, heps, _np_out(q_out, "q_out"))
+    return q if q_out is None else q_out

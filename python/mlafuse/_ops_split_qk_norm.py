@@ -1,0 +1,87 @@
+"""The Python API of split_qk_norm: the latent row split into q, k_nope and k_pe with the two
+RMSNorms. Re-exported by mlafuse.ops (see its docstring for the conventions every op follows)."""
+from __future__ import annotations
+
+from ._ops_common import (_torch, _core, L, _TT, _torch_error, _dim, _np_in, _np_out, _ranks,
+                          _check_same_kind)
+
+if _torch is not None:
+    # The op packets, looked up once: the torch paths below call them directly.
+    _op_split = _torch.ops.mlafuse.split_qk_norm
+    _op_split_out = _torch.ops.mlafuse.split_qk_norm_out
+    _op_split_inplace = _torch.ops.mlafuse.split_qk_norm_inplace
+
+
+# ---- split_qk_norm -------------------------------------------------------------------------
+def split_qk_norm(latent, w_q, w_kv, *, eps_q: float = 1e-5, eps_kv: float = 1e-5,
+                  q_lora_rank: int | None = None, kv_lora_rank: int | None = None,
+                  rope_dim: int | None = None, q=None, k_nope=None, k_pe=None,
+                  return_k_pe: bool = True, inplace: bool = False):
+    """Split the fused q-a / kv-a projection output and RMS-normalize both parts (SPEC §2).
+
+    latent  [T, Q + C + R]  f32 | f16 | bf16; rows may be strided (a slice of a wider GEMM
+                            output), elements inside a row contiguous. Not modified (unless
+                            ``inplace``).
+    w_q     [Q]             latent's dtype or f32; None when the model has no q LoRA (Q = 0)
+    w_kv    [C]             latent's dtype or f32
+
+    Q, C and R default to len(w_q), len(w_kv) and the rest of the latent row; pass
+    q_lora_rank / kv_lora_rank / rope_dim to have them checked instead.
+
+    Returns ``(q, k_nope, k_pe)``:
+      q       [T, Q]  rmsnorm(latent[:, :Q]) * w_q, eps_q   (None when Q = 0)
+      k_nope  [T, C]  rmsnorm(latent[:, Q:Q+C]) * w_kv, eps_kv
+      k_pe    [T, R]  latent[:, Q+C:] copied bit-exactly (None when return_k_pe is False and
+                      no k_pe is given)
+    each in the latent's dtype. Outputs given as ``q=``, ``k_nope=``, ``k_pe=`` are written
+    (mutated) and returned; missing ones are allocated.
+
+    ``inplace=True`` is the context-parallel form: the latent itself is mutated so each row
+    becomes [q_norm | k_nope_norm | k_pe]; the returned outputs are views of it.
+    """
+    Q, C, R = _ranks(latent, w_q, w_kv, q_lora_rank, kv_lora_rank, rope_dim)
+    outs_given = q is not None or k_nope is not None or k_pe is not None
+    if inplace and outs_given:
+        raise ValueError("split_qk_norm: inplace=True writes into the latent; do not also "
+                         "pass q=, k_nope= or k_pe=")
+    if isinstance(latent, _TT):
+        try:
+            if inplace:
+                _op_split_inplace(latent, w_q, w_kv, Q, C, R, eps_q, eps_kv)
+                return (latent[:, :Q] if Q > 0 else None, latent[:, Q:Q + C],
+                        latent[:, Q + C:Q + C + R])
+            if not outs_given:
+                q, k_nope, k_pe = _op_split(latent, w_q, w_kv, Q, C, R, eps_q, eps_kv,
+                                            return_k_pe)
+                return (q if Q > 0 else None, k_nope, k_pe if return_k_pe else None)
+            T = _dim(latent, 0)
+            if q is None and Q > 0:
+                q = latent.new_empty((T, Q))
+            if k_nope is None:
+                k_nope = latent.new_empty((T, C))
+            if k_pe is None and return_k_pe:
+                k_pe = latent.new_empty((T, max(R, 0)))
+            _op_split_out(latent, w_q, w_kv, q, k_nope, k_pe, Q, C, R, eps_q, eps_kv)
+            return q, k_nope, k_pe
+        except RuntimeError as e:
+            raise _torch_error(e, w_q=w_q, w_kv=w_kv, q=q, k_nope=k_nope, k_pe=k_pe) from None
+    _check_same_kind(False, w_q=w_q, w_kv=w_kv, q=q, k_nope=k_nope, k_pe=k_pe)
+
+    np = _core._numpy()
+    if inplace:
+        lat = _core.view_numpy(latent, "latent", writable=True)
+        q = latent[:, :Q] if Q > 0 else None
+        k_nope, k_pe = latent[:, Q:Q + C], latent[:, Q + C:Q + C + R]
+    else:
+        lat = _np_in(latent, "latent")
+        T = _dim(latent, 0)
+        if q is None and Q > 0:
+            q = np.empty((T, Q), latent.dtype)
+        if k_nope is None:
+            k_nope = np.empty((T, C), latent.dtype)
+        if k_pe is None and return_k_pe:
+            k_pe = np.empty((T, max(R, 0)), latent.dtype)
+    _core.run_split_qk_norm(_core.context(L.BACKEND_CPU), Q, C, R, eps_q, eps_kv, lat,
+                            _np_in(w_q, "w_q"), _np_in(w_kv, "w_kv"), _np_out(q, "q"),
+                            _np_out(k_nope, "k_nope"), _np_out(k_pe, "k_pe"))
+    return q, k_nope, k_pe
