@@ -20,7 +20,7 @@
  *     build runs this test);
  *   - on an error, leave every buffer and every guard byte bit-identical; a forbidden mutation
  *     must be an error (a huge shape is allowed through only when its view is empty);
- *   - on MLAF_OK, match the float64 oracle (src/ref): norm outputs within 1 unit (SPEC §7), RoPE
+ *   - on MLAF_OK, match the float64 oracle (src/ref): norm outputs within 1 unit (docs/conventions.md), RoPE
  *     values bit for bit the header's fp32 formula (separate products, one add), copies bit
  *     exact, moe_gate ids as mlaf_ref_moe_gate_check_token accepts them with weights and
  *     scores within 1e-5; error_count = its start + the bad tokens; every byte no output names

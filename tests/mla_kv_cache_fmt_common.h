@@ -2,7 +2,7 @@
  * mla_kv_cache_fmt_common.h — what the cache-format tests of mla_kv_cache share
  * (test_mla_kv_cache_formats, test_mla_kv_cache_fp8_layout, test_mla_kv_cache_fp8_reject): the
  * formats they run, and one direct mla_kv_cache_fmt call with guarded buffers
- * (mla_kv_cache_fmt_common.c). The formats (SPEC §9), on every backend: plain with the separate
+ * (mla_kv_cache_fmt_common.c). The formats (docs/kv_formats.md), on every backend: plain with the separate
  * kpe array, fp8 per-tensor (DIV / MUL, amax_out, separate kpe) and fp8_ds_mla (amax / ue8m0 /
  * ue8m0_floor_scaled tile scales). The cases, by test:
  *

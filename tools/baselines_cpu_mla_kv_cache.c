@@ -45,7 +45,7 @@ int blc_cache_write(const mlaf_kv_cache_job *j, const void *k_nope, const void *
     return 0;
 }
 
-/* The scale of an fp8_ds_mla tile from its (NaN-free) amax, per mode (SPEC §9): amax
+/* The scale of an fp8_ds_mla tile from its (NaN-free) amax, per mode (docs/kv_formats.md): amax
  * max(amax / 448, FLT_MIN); ue8m0 2^ceil_log2(max(amax, 1e-4) / 448); ue8m0_floor_scaled
  * 2^ceil_log2(max(amax / 448, 1e-4)). The power of two is built from its exponent bits
  * (ceil_log2 of +inf is 128, whose 2^128 is +inf). */
@@ -85,7 +85,7 @@ int blc_cache_write_fp8(const mlaf_kv_cache_job *j, const void *k_nope, const vo
         const char *kn = CROW(k_nope, dt, t, C), *kp = CROW(k_pe, dt, t, R);
         float x[4096]; /* the row as stored, in fp32 (round_amax rounds it in place: no change
                         * to a stored row's values, only its amax is used) */
-        if (v4) { /* SPEC §11 (bf16 rows of 512, the last 64 roped): a planar page */
+        if (v4) { /* docs/kv_formats.md, fp8_v4 (bf16 rows of 512, the last 64 roped): a planar page */
             uint8_t *page = (uint8_t *)j->cache + blk * j->cache_s0;
             uint8_t *data = page + off * 576, *sc = page + j->block_size * 576 + off * 8;
             widen(kn, dt, 448, x);

@@ -2,7 +2,7 @@
  * baselines_cpu.h). */
 #include "baselines_cpu.h"
 
-/* ---- the DSA indexer key chain (SPEC §10), as separate passes ------------------------------ */
+/* ---- the DSA indexer key chain (docs/dsa.md), as separate passes ------------------------------ */
 /* 1. LayerNorm of index_k into dense rows [T, 128] (rounded to the latent dtype); 2. RoPE of their
  * first 64 columns (blc_rope_rows with the indexer's style); 3. the Hadamard, when on; 4. the
  * quantize-and-write pass: each row's scale and e4m3 bytes into the block-planar index cache at

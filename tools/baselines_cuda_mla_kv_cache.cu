@@ -30,12 +30,12 @@ int cache_write(const mlaf_kv_cache_job *j, const void *kn, const void *kp, cuda
 /* ---- fp8 quantize-and-write (the unfused fp8 chains' last pass) ------------------------------ */
 constexpr int kWarpsPerBlock = kThreads / 32;
 
-/* CUDA's own conversion (SPEC §9's reference): nearest even, satfinite, NaN -> 0x7F. */
+/* CUDA's own conversion (the reference of docs/kv_formats.md): nearest even, satfinite, NaN -> 0x7F. */
 __device__ __forceinline__ uint32_t e4m3(float x) {
     return (uint32_t)__nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3);
 }
 
-/* The fp8_ds_mla tile scale of a NaN-free amax (SPEC §9): amax max(amax / 448, FLT_MIN); ue8m0
+/* The fp8_ds_mla tile scale of a NaN-free amax (docs/kv_formats.md): amax max(amax / 448, FLT_MIN); ue8m0
  * 2^ceil_log2(max(amax, 1e-4) / 448); ue8m0_floor_scaled 2^ceil_log2(max(amax / 448, 1e-4));
  * ceil_log2 from the bits, 128 for +inf (2^128 = +inf). */
 __device__ __forceinline__ float tile_scale(float amax, mlaf_tile_scale mode) {
@@ -169,7 +169,7 @@ __global__ void __launch_bounds__(kThreads) ds_mla_write_kernel(
     }
 }
 
-/* fp8_v4 (SPEC §11): a warp per token over its dense bf16 row of 512 (the last 64 roped): lane l
+/* fp8_v4 (docs/kv_formats.md): a warp per token over its dense bf16 row of 512 (the last 64 roped): lane l
  * takes NoPE vectors l and l + 32 (8 values each, 56 in all), a 64-value block is 8 lanes and its
  * amax an 8-lane shuffle max; e4m3(x * 2^-e) as 8-byte stores, the scale bytes by each block's
  * first lane, the 64 rope values copied as 8 16-byte stores. vec: the rows are 16-byte aligned. */

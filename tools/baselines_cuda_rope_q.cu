@@ -19,7 +19,7 @@ __global__ void gather_kernel(const T *q, int64_t H, int32_t D, int32_t R, int64
     }
 }
 
-/* rope_q's head_norm pass (SPEC §11): one block per head, weightless RMSNorm in place. */
+/* rope_q's head_norm pass (docs/mla.md, head_norm): one block per head, weightless RMSNorm in place. */
 template <typename T>
 __global__ void head_norm_kernel(T *q, int64_t H, int64_t s0, int64_t s1, int32_t D, float eps) {
     const int64_t r = blockIdx.x;

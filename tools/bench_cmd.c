@@ -73,7 +73,7 @@ static void help(void) {
         "  --kv-scale X         fp8: the scale (default 1, what engines run without calibration)\n"
         "  --hash               moe_gate: the hash-routed router (mlaf_moe_gate_hash, DeepSeek-V4's\n"
         "                       first layers) instead of top-k: ids from a [129280, top_k] table\n"
-        "  --indexer            mla_kv_cache with the DSA indexer key branch (SPEC 10; models with\n"
+        "  --indexer            mla_kv_cache with the DSA indexer key branch (docs/dsa.md; models with\n"
         "                       rope 64; the preset's indexer RoPE style, ue8m0, no Hadamard): the\n"
         "                       unfused chain adds LayerNorm, RoPE, quantize-and-write passes and\n"
         "                       the check compares the index caches byte for byte\n"
@@ -465,7 +465,7 @@ int cmd_bench(int argc, char **argv) {
                     r->have_unfused = 1;
                 }
 #ifdef MLAF_WITH_CUDA
-                /* the same bytes through cudaMemcpyAsync, timed like the op (SPEC 8's copy
+                /* the same bytes through cudaMemcpyAsync, timed like the op (the same-run copy of docs/conventions.md,
                  * at this size: what ramp-up and tail leave of the copy bandwidth) */
                 if (be == MLAF_BACKEND_CUDA && r->bytes > 0) {
                     err[0] = '\0';

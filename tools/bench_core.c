@@ -303,7 +303,7 @@ int check_baseline(bench_op *o, char *check, size_t ccap, char *err, size_t cap)
         const bbuf *bb = &o->b[outs[i]];
         if (outs[i] == B_CACHE && o->kv_fmt != MLAF_KV_PLAIN) {
             /* an fp8 record is bytes (e4m3 values, f32 scales, bf16 rope values): the chain
-             * must write exactly the fused op's bytes (SPEC §9's rounded-first rule) */
+             * must write exactly the fused op's bytes (the rounded-first rule of docs/kv_formats.md) */
             const unsigned char *ca = (const unsigned char *)a[i], *cb = (const unsigned char *)b[i];
             int64_t nbad = 0, first = -1;
             for (size_t k = 0; k < bb->bytes; k++)

@@ -137,7 +137,7 @@ static void compare_moe_gate(bench_op *o, void *const *a, void *const *b, char *
     const float *wa = (const float *)a[1], *wb = (const float *)b[1];
     /* the oracle's view of the same rows (host copies of the inputs), for rows whose
      * ids differ beyond a near-tie of c: a near-tie of two groups' scores lets either side
-     * keep either group (SPEC 7), and then whole runs of ids differ */
+     * keep either group (docs/conventions.md), and then whole runs of ids differ */
     mlaf_moe_gate_job hj;
     memset(&hj, 0, sizeof hj);
     hj.T = o->T;
@@ -176,7 +176,7 @@ static void compare_moe_gate(bench_op *o, void *const *a, void *const *b, char *
             double d = fabs((double)wa[i] - wb[i]) / fmax(fabs((double)wa[i]), 1e-12);
             if (d > row_worst) row_worst = d;
         }
-        /* A near-tie (SPEC §7: either expert is right) swaps one expert for another of a
+        /* A near-tie (docs/conventions.md: either expert is right) swaps one expert for another of a
          * different weight, so renormalization moves every other weight of the row: those
          * are compared only in rows where the ids agree. */
         if (id_bad && o->hash) {

@@ -72,7 +72,7 @@ void split_qk_norm_inplace(const at::Tensor &latent, const std::optional<at::Ten
 }
 
 // ---- mla_kv_cache ------------------------------------------------------------------------
-// The cache-format arguments (SPEC §9) come last with the plain call's defaults: cache_format
+// The cache-format arguments (docs/kv_formats.md) come last with the plain call's defaults: cache_format
 // an mlaf_kv_format, scale [1] f32 (fp8; the kernel reads it, on CUDA from the device),
 // fp8_conv an mlaf_fp8_conv, amax_out [1] f32 (fp8, optional), tile_scale an mlaf_tile_scale
 // (fp8_ds_mla), kpe_cache the separate rope array (plain and fp8). The library checks them all.
@@ -83,7 +83,7 @@ struct KvFormat {
     std::optional<at::Tensor> amax_out;
     int64_t tile_scale = MLAF_TILE_AMAX;
     std::optional<at::Tensor> kpe;
-    int64_t kv_rope_tail = 0;  // SPEC §11: the rope tail inside the kv part (R = 0 then)
+    int64_t kv_rope_tail = 0;  // docs/mla.md, kv_rope_tail: the rope tail inside the kv part (R = 0 then)
 };
 
 // An enum argument as the int the library takes; a value outside int32 is refused here (it
@@ -176,9 +176,9 @@ void mla_kv_cache_out(const at::Tensor &latent, const std::optional<at::Tensor> 
                 kv_format(cache_format, scale, fp8_conv, amax_out, tile_scale, kpe_cache, kv_rope_tail));
 }
 
-// ---- the DSA indexer (SPEC §10) ------------------------------------------------------------
+// ---- the DSA indexer (docs/dsa.md) ------------------------------------------------------------
 // The indexer's settings as plain arguments (index_style an mlaf_rope_style, hadamard, ln_eps,
-// amax_eps, index_scale an mlaf_index_scale). index_copies > 1 (SPEC §12) also writes the same
+// amax_eps, index_scale an mlaf_index_scale). index_copies > 1 (docs/mla.md, multi-destination store) also writes the same
 // records at index_cache's address + k * index_copy_stride bytes, which the schema cannot name.
 mlaf_indexer_params indexer_params(int64_t index_style, bool hadamard, double ln_eps,
                                    double amax_eps, int64_t index_scale) {
@@ -313,7 +313,7 @@ std::tuple<at::Tensor, at::Tensor> indexer_q(
 }
 
 // ---- rope_q ------------------------------------------------------------------------------
-// head_norm (SPEC §11): the weightless per-head RMSNorm first (head_norm_eps 0: 1e-6); q_out:
+// head_norm (docs/mla.md): the weightless per-head RMSNorm first (head_norm_eps 0: 1e-6); q_out:
 // the result out of place into [T, Hpad, D], heads past q's as zeros (mlaf_rope_q_out).
 void rope_q(const at::Tensor &q, const at::Tensor &positions, const at::Tensor &cos_sin,
             int64_t R, int64_t style, const std::optional<at::Tensor> &error_count, bool head_norm,

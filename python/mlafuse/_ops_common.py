@@ -113,7 +113,7 @@ get_num_threads = _core.get_num_threads
 # ---- presets -------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Preset:
-    """A model's numbers (SPEC §1), as the library's mlaf_model_config."""
+    """A model's numbers (docs/models.md), as the library's mlaf_model_config."""
 
     name: str
     q_lora_rank: int

@@ -13,7 +13,7 @@ if _torch is not None:
 
 
 # ---- mla_kv_cache --------------------------------------------------------------------------
-# Cache formats by name (SPEC §9; vLLM's kv_cache_dtype names): "auto" / "plain" is the
+# Cache formats by name (docs/kv_formats.md; vLLM's kv_cache_dtype names): "auto" / "plain" is the
 # bf16 / f16 / f32 cache, "fp8" and "fp8_e4m3" the same per-tensor e4m3 format.
 _KV_FORMATS = {"auto": L.KV_PLAIN, "plain": L.KV_PLAIN, "fp8": L.KV_FP8, "fp8_e4m3": L.KV_FP8,
                "fp8_ds_mla": L.KV_FP8_DS_MLA, "fp8_v4": L.KV_FP8_V4}
@@ -96,8 +96,8 @@ def mla_kv_cache(latent, w_q, w_kv, positions, cos_sin, slot_mapping, kv_cache, 
                  return_k_nope: bool = False, return_k_pe: bool = False, error_count=None,
                  cache_format="auto", k_scale=None, quant_scale=None, amax_out=None,
                  tile_scale=None, kpe_cache=None, kv_rope_tail: int = 0):
-    """split_qk_norm + RoPE on k_pe + paged KV-cache write, in one pass (SPEC §3), the cache in
-    any of the formats of SPEC §9.
+    """split_qk_norm + RoPE on k_pe + paged KV-cache write, in one pass (docs/mla.md), the cache in
+    any of the formats of docs/kv_formats.md.
 
     latent, w_q, w_kv  as split_qk_norm
     positions     [T]                 int32 | int64, each in [0, max_pos)
@@ -133,7 +133,7 @@ def mla_kv_cache(latent, w_q, w_kv, positions, cos_sin, slot_mapping, kv_cache, 
     (auto and fp8), optional: the rope part in a separate array of kv_cache's dtype
     (FlashInfer / TRT-LLM); kv_cache then holds C values. "fp8_e5m2" and "nvfp4_ds_mla" raise
     MlafError (MLAF_ERR_UNSUPPORTED).
-      "fp8_v4"      DeepSeek-V4's SM90 FlashMLA page (SPEC §11): kv_cache uint8 | float8_e4m3fn
+      "fp8_v4"      DeepSeek-V4's SM90 FlashMLA page (docs/kv_formats.md, fp8_v4): kv_cache uint8 | float8_e4m3fn
                     [num_blocks, block_size, 584] with stride(1) = 584 and stride(0) the page
                     stride in bytes (>= block_size * 584, a multiple of 16; a contiguous
                     [.., 64, 584] tensor is one). Planar: token o's data row [448 e4m3 | 64 bf16

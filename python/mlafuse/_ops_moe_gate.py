@@ -73,7 +73,7 @@ def moe_gate(logits, bias=None, *, config=None, top_k: int | None = None,
              apply_routed_scaling: bool | None = None, eps: float | None = None,
              n_shared_experts: int | None = None, return_scores: bool = False,
              weights_dtype=None, weights=None, ids=None, scores=None):
-    """MoE router top-k (SPEC §4).
+    """MoE router top-k (docs/moe_gate.md).
 
     logits   [T, E]   f32 | f16 | bf16, rows strided; not modified
     bias     [E]      f32, optional (e_score_correction_bias: chooses, never weighs)
@@ -151,7 +151,7 @@ def moe_gate_hash(logits, tid2eid, token_ids, *, config=None, top_k: int | None 
                   apply_routed_scaling: bool | None = None, eps: float | None = None,
                   n_shared_experts: int | None = None, return_scores: bool = False,
                   weights_dtype=None, weights=None, ids=None, scores=None, error_count=None):
-    """Hash-routed MoE layer (SPEC §11: DeepSeek-V4's first n_hash_layers layers).
+    """Hash-routed MoE layer (docs/moe_gate.md, hash routing: DeepSeek-V4's first n_hash_layers layers).
 
     logits     [T, E]         f32 | f16 | bf16, rows strided; not modified
     tid2eid    [vocab, top_k] int32 | int64, rows strided: the experts of each token id

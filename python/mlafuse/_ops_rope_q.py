@@ -13,7 +13,7 @@ if _torch is not None:
 # ---- rope_q --------------------------------------------------------------------------------
 def rope_q(q, positions, cos_sin, *, style="interleaved", rope_dim: int | None = None,
            error_count=None, head_norm: bool = False, head_norm_eps: float = 1e-6, q_out=None):
-    """RoPE in place on the last R columns of every head of q (SPEC §3).
+    """RoPE in place on the last R columns of every head of q (docs/mla.md).
 
     q            [T, H, D]     f32 | f16 | bf16, strides (s0, s1, 1); D = nope + R.  MUTATED
     positions    [T]           int32 | int64
@@ -23,7 +23,7 @@ def rope_q(q, positions, cos_sin, *, style="interleaved", rope_dim: int | None =
 
     Bit-identical to what mla_kv_cache writes for the key at the same position. Returns q.
 
-    DeepSeek-V4's q (SPEC §11): ``head_norm=True`` first normalizes every head without weight
+    DeepSeek-V4's q (docs/mla.md, head_norm): ``head_norm=True`` first normalizes every head without weight
     (rstd = 1 / sqrt(mean(x^2) + head_norm_eps) in fp32), rotates the last R values of the fp32
     result and rounds once. ``q_out`` [T, Hpad, D] (Hpad >= H, q's dtype), optional, MUTATED:
     the result goes there instead (q is only read) and heads H .. Hpad-1 are written as +0.0

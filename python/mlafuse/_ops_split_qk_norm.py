@@ -17,7 +17,7 @@ def split_qk_norm(latent, w_q, w_kv, *, eps_q: float = 1e-5, eps_kv: float = 1e-
                   q_lora_rank: int | None = None, kv_lora_rank: int | None = None,
                   rope_dim: int | None = None, q=None, k_nope=None, k_pe=None,
                   return_k_pe: bool = True, inplace: bool = False):
-    """Split the fused q-a / kv-a projection output and RMS-normalize both parts (SPEC §2).
+    """Split the fused q-a / kv-a projection output and RMS-normalize both parts (docs/mla.md, split_qk_norm).
 
     latent  [T, Q + C + R]  f32 | f16 | bf16; rows may be strided (a slice of a wider GEMM
                             output), elements inside a row contiguous. Not modified (unless
