@@ -18,6 +18,10 @@ int blc_rope_rows(void *x, mlaf_dtype dt, int64_t T, int64_t stride, const mlaf_
     return 0;
 }
 
+int bl_cache_fmt_has_pass(mlaf_kv_format f) {
+    return f == MLAF_KV_PLAIN || f == MLAF_KV_FP8 || f == MLAF_KV_FP8_DS_MLA || f == MLAF_KV_FP8_V4;
+}
+
 int blc_cache_write(const mlaf_kv_cache_job *j, const void *k_nope, const void *k_pe,
                     int threads) {
     const mlaf_dtype dt = j->norm.dt, cdt = j->cache_dt;

@@ -67,6 +67,9 @@ int blc_cache_write(const mlaf_kv_cache_job *job, const void *k_nope, const void
  * comparison is of the passes, not of the conversion code. */
 int blc_cache_write_fp8(const mlaf_kv_cache_job *job, const void *k_nope, const void *k_pe,
                         int threads, const struct mlaf_norm_kern *k);
+/* Whether the unfused chains have a quantize-and-write pass for cache format f (CPU: blc_*,
+ * CUDA: blg_*); a format without one benches against the same-run copy only. */
+int bl_cache_fmt_has_pass(mlaf_kv_format f);
 /* rope_q's head_norm as its own pass (docs/mla.md, head_norm): every head of q RMS-normalized without weight
  * (eps job->head_eps), in place, rounded to q's dtype, by the fused op's sumsq and scale kernels
  * (k); blc_rope_q then rotates. */

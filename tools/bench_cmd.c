@@ -158,10 +158,12 @@ int cmd_bench(int argc, char **argv) {
         } else if ((r = cli_take_value(argc, argv, &i, "--cache", &v)) != 0) {
             if (r < 0) return CLI_EXIT_USAGE;
             int f = 0;
-            while (f < 4 && strcmp(v, mlaf_kv_format_name(bench_formats[f]))) f++;
-            if (f == 4) return cli_usage_error("bench", "--cache '%s': expected plain, fp8, fp8_ds_mla or fp8_v4", v);
+            char names[160];
+            while (f < MLAF_KV_FORMAT_COUNT_ && strcmp(v, mlaf_kv_formats[f].name)) f++;
+            if (f == MLAF_KV_FORMAT_COUNT_)
+                return cli_usage_error("bench", "--cache '%s': expected %s", v, mlaf_kv_format_list(0, names, sizeof names, 0));
             co.show = 1;
-            co.fmt = bench_formats[f];
+            co.fmt = (mlaf_kv_format)f;
         } else if ((r = cli_take_value(argc, argv, &i, "--tile-scale", &v)) != 0) {
             if (r < 0) return CLI_EXIT_USAGE;
             int m = 0;
@@ -184,15 +186,19 @@ int cmd_bench(int argc, char **argv) {
     }
     if (preset && config)
         return cli_usage_error("bench", "--preset and --config are exclusive (pick one model source)");
-    if ((co.fmt == MLAF_KV_FP8_DS_MLA || co.fmt == MLAF_KV_FP8_V4) && dt != MLAF_BF16 && want_op[MLAF_OP_MLA_KV_CACHE])
+    const mlaf_kv_format_info *fmt_row = &mlaf_kv_formats[co.fmt];
+    if ((fmt_row->flags & MLAF_KVF_BF16_LATENT) && dt != MLAF_BF16 && want_op[MLAF_OP_MLA_KV_CACHE])
         return cli_usage_error("bench", "--cache %s needs --dtype bf16 (its rope values are bf16; got %s)",
                                mlaf_kv_format_name(co.fmt), mlaf_dtype_name(dt));
     if (co.show && !want_op[MLAF_OP_MLA_KV_CACHE])
         fprintf(stderr, "mlafuse bench: note: --cache applies to --op mla_kv_cache only; ignored\n");
-    if (tile_set && co.fmt != MLAF_KV_FP8_DS_MLA)
-        fprintf(stderr, "mlafuse bench: note: --tile-scale applies to --cache fp8_ds_mla only; ignored\n");
-    if (kv_scale_set && co.fmt != MLAF_KV_FP8)
-        fprintf(stderr, "mlafuse bench: note: --kv-scale applies to --cache fp8 only; ignored\n");
+    char fmt_names[160];
+    if (tile_set && !(fmt_row->flags & MLAF_KVF_TILE_SCALE))
+        fprintf(stderr, "mlafuse bench: note: --tile-scale applies to --cache %s only; ignored\n",
+                mlaf_kv_format_list(MLAF_KVF_TILE_SCALE, fmt_names, sizeof fmt_names, 0));
+    if (kv_scale_set && !(fmt_row->flags & MLAF_KVF_SCALE))
+        fprintf(stderr, "mlafuse bench: note: --kv-scale applies to --cache %s only; ignored\n",
+                mlaf_kv_format_list(MLAF_KVF_SCALE, fmt_names, sizeof fmt_names, 0));
 
     if (!backend_set) be = mlaf_backend_available(MLAF_BACKEND_CUDA) ? MLAF_BACKEND_CUDA : MLAF_BACKEND_CPU;
     if (be == MLAF_BACKEND_CUDA && !mlaf_backend_available(MLAF_BACKEND_CUDA)) {
@@ -309,16 +315,13 @@ int cmd_bench(int argc, char **argv) {
         printf("# copy reference: %.1f GB/s (%s, %.0f MB read + written)\n", copy_gbps,
                be == MLAF_BACKEND_CUDA ? "cudaMemcpyAsync device to device" : "memcpy, all threads",
                copy_bytes / 1e6);
-        if (co.show && co.fmt == MLAF_KV_FP8)
-            printf("# cache: fp8 (per-tensor e4m3 bytes, C + R per token: e4m3(x / scale), scale %g in %s memory)\n",
-                   co.kv_scale, mlaf_backend_name(be));
-        else if (co.show && co.fmt == MLAF_KV_FP8_DS_MLA)
-            printf("# cache: fp8_ds_mla (per token C e4m3 bytes + C/128 f32 tile scales (%s) + R bf16 rope values)\n",
-                   tile_scale_names[co.tile_scale]);
-        else if (co.show && co.fmt == MLAF_KV_FP8_V4)
-            printf("# cache: fp8_v4 (DeepSeek-V4: planar pages of 576-B data rows [448 e4m3 | 64 bf16] and 8-B UE8M0 scale rows)\n");
-        else if (co.show)
-            printf("# cache: plain (%s, C + R values per token)\n", mlaf_dtype_name(dt));
+        if (co.show) {
+            printf("# cache: %s (%s", fmt_row->name, fmt_row->summary);
+            if (fmt_row->flags & MLAF_KVF_SCALE) printf("; scale %g in %s memory", co.kv_scale, mlaf_backend_name(be));
+            if (fmt_row->flags & MLAF_KVF_TILE_SCALE) printf("; tile scales %s", tile_scale_names[co.tile_scale]);
+            if (!(fmt_row->cache_dtypes & (1u << MLAF_U8))) printf("; %s", mlaf_dtype_name(dt));
+            printf(")\n");
+        }
         printf("# reproduce: %s bench --backend %s --dtype %s --reps %lld", cli_program, mlaf_backend_name(be),
                mlaf_dtype_name(dt), reps);
         if (config) printf(" --config %s", config);
@@ -329,9 +332,9 @@ int cmd_bench(int argc, char **argv) {
         if (hash) printf(" --hash");
         if (cache_order != CO_SHUFFLED) printf(" --cache-order %s", cache_order_names[cache_order]);
         if (co.show) printf(" --cache %s", mlaf_kv_format_name(co.fmt));
-        if (co.show && co.fmt == MLAF_KV_FP8_DS_MLA && co.tile_scale != MLAF_TILE_AMAX)
+        if (co.show && (fmt_row->flags & MLAF_KVF_TILE_SCALE) && co.tile_scale != MLAF_TILE_AMAX)
             printf(" --tile-scale %s", tile_scale_names[co.tile_scale]);
-        if (co.show && co.fmt == MLAF_KV_FP8 && co.kv_scale != 1.0) printf(" --kv-scale %g", co.kv_scale);
+        if (co.show && (fmt_row->flags & MLAF_KVF_SCALE) && co.kv_scale != 1.0) printf(" --kv-scale %g", co.kv_scale);
         if (indexer) printf(" --indexer");
         printf(" --tokens ");
         for (int t = 0; t < ntok; t++) printf("%s%lld", t ? "," : "", (long long)tokens[t]);
@@ -421,7 +424,9 @@ int cmd_bench(int argc, char **argv) {
                 }
                 r->bytes = o.bytes;
                 char cerr[512] = "";
-                const int no_baseline = def->unfused == NULL; /* compared with the same-run copy only */
+                /* compared with the same-run copy only: an op without an unfused chain, or a case its
+                 * chain does not cover (a cache format without a separate pass) */
+                const int no_baseline = def->unfused == NULL || (def->has_unfused && !def->has_unfused(&o));
                 if (no_baseline) {
                     snprintf(r->check, sizeof r->check, "no baseline");
                 } else if (check_baseline(&o, r->check, sizeof r->check, cerr, sizeof cerr)) {

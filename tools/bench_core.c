@@ -6,7 +6,6 @@
 
 /* --cache-order names; --cache and --tile-scale: the formats the bench runs and their names */
 const char *const cache_order_names[CO_COUNT] = {"shuffled", "ordered", "page-local", "page-groups"};
-const mlaf_kv_format bench_formats[4] = {MLAF_KV_PLAIN, MLAF_KV_FP8, MLAF_KV_FP8_DS_MLA, MLAF_KV_FP8_V4};
 const char *const tile_scale_names[3] = {"amax", "ue8m0", "ue8m0_floor_scaled"};
 
 void *P(bench_op *o, int id, int set) {
@@ -97,7 +96,10 @@ int setup(bench_op *o, size_t llc, char *err, size_t cap) {
     if (o->num_blocks < 1) o->num_blocks = 1;
     mlaf_rng rng;
     mlaf_rng_seed(&rng, 0x6d6c6166ull + (uint64_t)T);
-    o->cache_dt = o->kv_fmt == MLAF_KV_PLAIN ? dt : o->kv_fmt == MLAF_KV_FP8 ? MLAF_FP8_E4M3 : MLAF_U8;
+    { /* the latent's dtype where the format stores values, else bytes: e4m3 where it takes them */
+        const unsigned dts = mlaf_kv_formats[o->kv_fmt].cache_dtypes;
+        o->cache_dt = dts & (1u << dt) ? dt : dts & (1u << MLAF_FP8_E4M3) && (mlaf_kv_formats[o->kv_fmt].flags & MLAF_KVF_SCALE) ? MLAF_FP8_E4M3 : MLAF_U8;
+    }
     o->rec_bytes = (o->C + o->R) * (int64_t)es;
     return o->def->setup(o, llc, &rng, err, cap);
 }
@@ -166,9 +168,9 @@ void make_views(bench_op *o, int set, views *v) {
     v->scale = mlaf_tensor_1d(P(o, B_SCALE, set), MLAF_F32, 1);
     v->cd = mlaf_kv_desc_plain(&v->cache);
     v->cd.format = o->kv_fmt;
-    v->cd.scale = o->kv_fmt == MLAF_KV_FP8 ? &v->scale : NULL;
+    v->cd.scale = mlaf_kv_formats[o->kv_fmt].flags & MLAF_KVF_SCALE ? &v->scale : NULL;
     v->cd.conv = MLAF_FP8_DIV;
-    v->cd.tile_scale = o->kv_fmt == MLAF_KV_FP8_DS_MLA ? o->tile_scale : MLAF_TILE_AMAX;
+    v->cd.tile_scale = mlaf_kv_formats[o->kv_fmt].flags & MLAF_KVF_TILE_SCALE ? o->tile_scale : MLAF_TILE_AMAX;
     v->qh = mlaf_tensor_3d(P(o, B_QH, set), dt, T, o->H, o->D, o->H * o->D, o->D);
     v->logits = mlaf_tensor_2d(P(o, B_LOGITS, set), dt, T, o->E, o->E);
     v->bias = mlaf_tensor_1d(P(o, B_BIAS, set), MLAF_F32, o->E);

@@ -53,12 +53,11 @@ static int setup_mla_kv_cache(bench_op *o, size_t llc, mlaf_rng *rng, char *err,
     const int64_t W = o->Q + o->C + o->R;
     if (o->kv_fmt != MLAF_KV_PLAIN) {
         o->rec_bytes = mlaf_kv_record_bytes(o->kv_fmt, o->cache_dt, (int32_t)o->C, (int32_t)o->R);
-        if (o->rec_bytes <= 0) {
-            snprintf(err, cap, "cache format %s does not take kv_lora_rank = %lld, rope_dim = %lld%s",
-                     mlaf_kv_format_name(o->kv_fmt), (long long)o->C, (long long)o->R,
-                     o->kv_fmt == MLAF_KV_FP8_DS_MLA ? " (needs kv_lora_rank % 128 == 0, rope_dim even)"
-                     : o->kv_fmt == MLAF_KV_FP8_V4   ? " (needs DeepSeek-V4's 512 with the rope tail: --preset deepseek-v4-flash)"
-                                                     : " (needs rope_dim even)");
+        const mlaf_kv_format_info *row = &mlaf_kv_formats[o->kv_fmt];
+        if (o->rec_bytes <= 0 || (row->check_dims && row->check_dims(o->ctx, (int32_t)o->C, (int32_t)o->R, o->tail))) {
+            snprintf(err, cap, "cache format %s does not take kv_lora_rank = %lld, rope_dim = %lld, kv_rope_tail = %d: %s",
+                     row->name, (long long)o->C, (long long)o->R, (int)o->tail,
+                     o->rec_bytes <= 0 ? "no record of these dims" : mlaf_context_last_error(o->ctx));
             return -1;
         }
     }
@@ -200,6 +199,8 @@ static int unfused_mla_kv_cache(void *arg, int set, char *err, size_t cap) {
     return baseline_err(r, "mla_kv_cache", err, cap);
 }
 
+static int has_unfused_mla_kv_cache(const bench_op *o) { return bl_cache_fmt_has_pass(o->kv_fmt); }
+
 static int outputs_mla_kv_cache(const bench_op *o, int *ids) {
     int n = 0;
     if (o->Q > 0) ids[n++] = B_Q;
@@ -211,6 +212,7 @@ static int outputs_mla_kv_cache(const bench_op *o, int *ids) {
 /* the op's entry in the registry (bench_cmd.c walks it) */
 const bench_op_def bench_mla_kv_cache_def = {
     .op = MLAF_OP_MLA_KV_CACHE,
+    .has_unfused = has_unfused_mla_kv_cache,
     .skip = NULL,
     .setup = setup_mla_kv_cache,
     .fused = fused_mla_kv_cache,

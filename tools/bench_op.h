@@ -14,6 +14,7 @@
 
 #include "bench.h"
 #include "cli.h"
+#include "kv_format.h"
 #include "cpu/norm_writers.h"
 #include "half.h"
 #include "ref/verify.h"
@@ -71,7 +72,6 @@ enum { CO_SHUFFLED, CO_ORDERED, CO_PAGE_LOCAL, CO_PAGE_GROUPS, CO_COUNT };
 extern const char *const cache_order_names[CO_COUNT];
 
 /* --cache and --tile-scale: the formats the bench runs and their names */
-extern const mlaf_kv_format bench_formats[4];
 extern const char *const tile_scale_names[3];
 
 /* ---- the calls ----------------------------------------------------------------------------- */
@@ -95,6 +95,8 @@ typedef struct bench_op_def {
     int (*setup)(bench_op *o, size_t llc, mlaf_rng *rng, char *err, size_t cap);
     bench_call_fn fused;   /* one call through the public API */
     bench_call_fn unfused; /* one call of the unfused chain; NULL: no baseline (same-run copy only) */
+    /* after setup: whether `unfused` covers this case (NULL: always) */
+    int (*has_unfused)(const struct bench_op *o);
     int (*outputs)(const bench_op *o, int *ids); /* the buffers the check compares */
     /* compares the fused outputs a with the unfused b itself (moe_gate); NULL: value by value */
     void (*compare)(bench_op *o, void *const *a, void *const *b, char *check, size_t ccap);

@@ -55,10 +55,10 @@ void print_json(const char *backend, const char *device, int threads, const char
             if (r->cache) json_str(r->cache);
             else printf("null");
             printf(", \"tile_scale\": ");
-            if (r->cache && co->fmt == MLAF_KV_FP8_DS_MLA) json_str(tile_scale_names[co->tile_scale]);
+            if (r->cache && (mlaf_kv_formats[co->fmt].flags & MLAF_KVF_TILE_SCALE)) json_str(tile_scale_names[co->tile_scale]);
             else printf("null");
             printf(", ");
-            json_num("kv_scale", r->cache && co->fmt == MLAF_KV_FP8 ? co->kv_scale : NAN, 1);
+            json_num("kv_scale", r->cache && (mlaf_kv_formats[co->fmt].flags & MLAF_KVF_SCALE) ? co->kv_scale : NAN, 1);
         }
         json_num("calls_per_sample", r->have_fused ? r->fused.calls_per_sample : nan, 1);
         json_num("samples", r->have_fused ? r->fused.samples : nan, 1);

@@ -292,6 +292,11 @@ mlaf_indexer_params_from_config = _proto("mlaf_indexer_params_from_config", Inde
 mlaf_kv_format_name = _proto("mlaf_kv_format_name", ctypes.c_char_p, ctypes.c_int)
 mlaf_kv_record_bytes = _proto("mlaf_kv_record_bytes", ctypes.c_int64, ctypes.c_int, ctypes.c_int,
                               ctypes.c_int32, ctypes.c_int32)
+# Every KV-cache format of the loaded library by name, read from its format table (the enum values
+# are consecutive from 0): a format the library gains is known here without a change to this file.
+KV_FORMATS = {}
+while mlaf_kv_format_name(len(KV_FORMATS)).decode() != "unknown":
+    KV_FORMATS[mlaf_kv_format_name(len(KV_FORMATS)).decode()] = len(KV_FORMATS)
 mlaf_rope_q = _proto("mlaf_rope_q", ctypes.c_int, _ctx_p, _P(RopeParams), _T, _T, _T, _T)
 mlaf_rope_q_out = _proto("mlaf_rope_q_out", ctypes.c_int, _ctx_p, _P(RopeParams), _T, _T, _T, _T, _T)
 mlaf_moe_gate = _proto("mlaf_moe_gate", ctypes.c_int, _ctx_p, _P(MoeGateParams),

@@ -13,10 +13,10 @@ if _torch is not None:
 
 
 # ---- mla_kv_cache --------------------------------------------------------------------------
-# Cache formats by name (docs/kv_formats.md; vLLM's kv_cache_dtype names): "auto" / "plain" is the
-# bf16 / f16 / f32 cache, "fp8" and "fp8_e4m3" the same per-tensor e4m3 format.
-_KV_FORMATS = {"auto": L.KV_PLAIN, "plain": L.KV_PLAIN, "fp8": L.KV_FP8, "fp8_e4m3": L.KV_FP8,
-               "fp8_ds_mla": L.KV_FP8_DS_MLA, "fp8_v4": L.KV_FP8_V4}
+# Cache formats by name (docs/kv_formats.md): the library's own names, and vLLM's kv_cache_dtype names
+# for two of them: "auto" is the bf16 / f16 / f32 cache ("plain"), "fp8_e4m3" the per-tensor e4m3
+# format ("fp8").
+_KV_FORMATS = {**L.KV_FORMATS, "auto": L.KV_PLAIN, "fp8_e4m3": L.KV_FP8}
 # Formats engines name that this version does not write: rejected with their name.
 _KV_FORMATS_NOT_SUPPORTED = {
     "fp8_e5m2": "e5m2 bytes",
