@@ -33,8 +33,9 @@
 #include "half.h"
 
 #define ROW(p, dt, t, stride) ((char *)(p) + (size_t)(t) * (size_t)(stride) * mlaf_dtype_size(dt))
+/* an absent row (p NULL: no k_pe in a model without one) stays NULL: no offset is applied to NULL */
 #define CROW(p, dt, t, stride) \
-    ((const char *)(p) + (size_t)(t) * (size_t)(stride) * mlaf_dtype_size(dt))
+    ((p) ? (const char *)(p) + (size_t)(t) * (size_t)(stride) * mlaf_dtype_size(dt) : (const char *)0)
 
 /* Like PyTorch's at::parallel_for (grain 32768 elements): a pass only fans out to the
  * threads when it has enough work, so small-T baselines are not timed waking a team. */
