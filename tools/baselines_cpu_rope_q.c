@@ -59,7 +59,7 @@ int blc_rope_q(const mlaf_rope_q_job *j, void *gather, int threads) {
     for (int64_t r = 0; r < rows; r++) {
         int64_t t = r / j->H, h = r % j->H;
         char *dst = (char *)j->q + (size_t)(t * j->s0 + h * j->s1 + (D - R)) * es;
-        memcpy(dst, CROW(gather, dt, r, R), (size_t)R * es);
+        memcpy(dst, ROW(gather, dt, r, R), (size_t)R * es);
     }
     return 0;
 }
