@@ -253,12 +253,16 @@ MLAF_API const char *mlaf_context_last_error(const mlaf_context *ctx);
 /* ---------------------------------------------------------------------------------------
  * Model presets (docs/models.md)
  * ------------------------------------------------------------------------------------- */
-/* SQRT_SOFTPLUS (DeepSeek-V4): s = sqrt(softplus(x)), softplus computed without overflow. */
+/* Router score s of a logit x (values append-only). SIGMOID: 1 / (1 + exp(-x)); SOFTMAX: over the
+ * row's finite logits; SQRT_SOFTPLUS (DeepSeek-V4): s = sqrt(softplus(x)), softplus computed
+ * without overflow. */
 typedef enum mlaf_score_func {
     MLAF_SCORE_SIGMOID = 0,
     MLAF_SCORE_SOFTMAX = 1,
     MLAF_SCORE_SQRT_SOFTPLUS = 2
 } mlaf_score_func;
+/* "sigmoid", "softmax", "sqrt_softplus"; "unknown" for a value that is not a score function. */
+MLAF_API const char *mlaf_score_func_name(mlaf_score_func f);
 /* Group score for group-limited routing: sum of the two largest biased scores in the group
  * (DeepSeek-V3 "noaux_tc"), or the group's maximum (DeepSeek-V2 "group_limited_greedy"). */
 typedef enum mlaf_group_score { MLAF_GROUP_TOP2_SUM = 0, MLAF_GROUP_MAX = 1 } mlaf_group_score;

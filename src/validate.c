@@ -12,6 +12,7 @@
 
 #include "internal.h"
 #include "kv_format.h"
+#include "score.h"
 
 #define DT_FLOAT ((1u << MLAF_F32) | (1u << MLAF_F16) | (1u << MLAF_BF16))
 #define DT_INDEX ((1u << MLAF_I32) | (1u << MLAF_I64))
@@ -672,11 +673,12 @@ mlaf_status mlaf_check_moe_gate(mlaf_context *ctx, const mlaf_moe_gate_params *p
         return mlaf_fail(ctx, MLAF_ERR_LIMIT,
                          "logits.shape[1] = %lld experts, expected 1 <= E <= 2048", (long long)E64);
     int32_t E = (int32_t)E64;
-    if (p->score_func != MLAF_SCORE_SIGMOID && p->score_func != MLAF_SCORE_SOFTMAX &&
-        p->score_func != MLAF_SCORE_SQRT_SOFTPLUS)
-        return mlaf_fail(ctx, MLAF_ERR_INVALID_ARGUMENT,
-                         "score_func = %d, expected 0 (sigmoid), 1 (softmax) or 2 (sqrt_softplus)",
-                         (int)p->score_func);
+    if (!mlaf_score_of(p->score_func)) {
+        char valid[128];
+        mlaf_score_list(valid, sizeof valid);
+        return mlaf_fail(ctx, MLAF_ERR_INVALID_ARGUMENT, "score_func = %d, expected %s",
+                         (int)p->score_func, valid);
+    }
     if (p->group_score != MLAF_GROUP_TOP2_SUM && p->group_score != MLAF_GROUP_MAX)
         return mlaf_fail(ctx, MLAF_ERR_INVALID_ARGUMENT,
                          "group_score = %d, expected 0 (top-2 sum) or 1 (max)", (int)p->group_score);

@@ -172,19 +172,10 @@ int cli_check_preset(const char *cmd, const char *text) {
 }
 
 const char *cli_score_text(const mlaf_model_config *cfg) {
-    if (cfg->score_func == MLAF_SCORE_SIGMOID) return cfg->has_score_bias ? "sigmoid+bias" : "sigmoid";
-    if (cfg->score_func == MLAF_SCORE_SQRT_SOFTPLUS)
-        return cfg->has_score_bias ? "sqrt_softplus+bias" : "sqrt_softplus";
-    return cfg->has_score_bias ? "softmax+bias" : "softmax";
-}
-
-const char *cli_score_name(mlaf_score_func f) {
-    switch (f) {
-    case MLAF_SCORE_SIGMOID: return "sigmoid";
-    case MLAF_SCORE_SOFTMAX: return "softmax";
-    case MLAF_SCORE_SQRT_SOFTPLUS: return "sqrt_softplus";
-    default: return "unknown";
-    }
+    static char text[48];
+    snprintf(text, sizeof text, "%s%s", mlaf_score_func_name(cfg->score_func),
+             cfg->has_score_bias ? "+bias" : "");
+    return text;
 }
 
 int cli_sweep_models(const mlaf_model_config *base, mlaf_model_config *out, int cap) {

@@ -77,10 +77,9 @@ int cli_load_hf_config_rope(const char *path, mlaf_model_config *cfg, cli_rope *
  * q_lora_rank Q in {0, 512, 768, 1024, 1536, 2048, 3072}, kv_lora_rank 512, qk_rope_head_dim
  * R in {0, 64}, named "sweep-qQ-rR". Fills up to cap models and returns how many. */
 int cli_sweep_models(const mlaf_model_config *base, mlaf_model_config *out, int cap);
-/* A short text for the router: "sigmoid + bias", "softmax", ... */
+/* A short text for the router: "sigmoid+bias", "softmax", ... (mlaf_score_func_name; a
+ * static buffer, valid until the next call). */
 const char *cli_score_text(const mlaf_model_config *cfg);
-/* "sigmoid", "softmax", "sqrt_softplus". */
-const char *cli_score_name(mlaf_score_func f);
 
 /* ---- commands ------------------------------------------------------------------------------ */
 int cmd_presets(int argc, char **argv);

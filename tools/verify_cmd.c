@@ -223,7 +223,7 @@ static void run_op(mlaf_context *ctx, mlaf_op op, const mlaf_model_config *cfg, 
             c.moe_wide = h == 1;
             c.index_dtype = h == 0 ? MLAF_I64 : MLAF_I32;
             char label[96];
-            snprintf(label, sizeof label, "hash,%s,score=%s", hv[h], cli_score_name(cfg->score_func));
+            snprintf(label, sizeof label, "hash,%s,score=%s", hv[h], mlaf_score_func_name(cfg->score_func));
             run_case(ctx, op, cfg->name, &c, label, n);
         }
     }

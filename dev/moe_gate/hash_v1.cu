@@ -156,10 +156,30 @@ struct Variant {
     std::function<void(const Call &, cudaStream_t)> fn;
 };
 
+/* The eight-lane or thread kernel K where it applies (hash_fast_ok), else the warp kernel. */
+template <typename T, bool kThread> static void launch_fast_or_warp(const Call &c, cudaStream_t s) {
+    dispatch_score(c.p.score_func, [&](auto tag) {
+        constexpr mlaf_score_func SF = decltype(tag)::value;
+        if constexpr (!score_traits<SF>::row_wise) {
+            if (hash_fast_ok<SF>(c.a)) {
+                if (kThread)
+                    launch_hash_thread<T, SF>(c.a, g_sm, s);
+                else
+                    launch_hash_octet<T, SF>(c.a, g_sm, s);
+                return;
+            }
+        }
+        launch_hash_warp<T, SF>(c.a, g_sm, s);
+    });
+}
+
 template <typename T> static std::vector<Variant> variants() {
     std::vector<Variant> v;
     v.push_back({"v0 warp per token", [](const Call &c, cudaStream_t s) {
-                     if (c.a.T > 0) launch_hash_warp<T>(c.a, g_sm, s);
+                     if (c.a.T > 0)
+                         dispatch_score(c.p.score_func, [&](auto tag) {
+                             launch_hash_warp<T, decltype(tag)::value>(c.a, g_sm, s);
+                         });
                  }});
     v.push_back({"library (API)", [](const Call &c, cudaStream_t s) {
                      API(mlaf_context_set_cuda_stream(g_ctx, (void *)s));
@@ -167,15 +187,15 @@ template <typename T> static std::vector<Variant> variants() {
                  }});
     /* the two fast kernels at every T (the fallback's where they do not apply) */
     v.push_back({"8 lanes per token", [](const Call &c, cudaStream_t s) {
-                     if (c.a.T > 0) (hash_fast_ok(c.a) ? launch_hash_octet<T> : launch_hash_warp<T>)(c.a, g_sm, s);
+                     if (c.a.T > 0) launch_fast_or_warp<T, false>(c, s);
                  }});
     v.push_back({"thread per token", [](const Call &c, cudaStream_t s) {
-                     if (c.a.T > 0) (hash_fast_ok(c.a) ? launch_hash_thread<T> : launch_hash_warp<T>)(c.a, g_sm, s);
+                     if (c.a.T > 0) launch_fast_or_warp<T, true>(c, s);
                  }});
     return v;
 }
 
-/* Registers, local memory and resident blocks of the kernels. */
+/* Registers, local memory and resident blocks of the kernels (sqrt_softplus: DeepSeek-V4). */
 template <typename T> static void print_kernels(const char *dtn) {
     auto one = [&](const char *name, const void *fn, int threads) {
         cudaFuncAttributes at;
@@ -185,9 +205,9 @@ template <typename T> static void print_kernels(const char *dtn) {
         printf("  %-5s %-24s %3d registers, %3zu B local, %5zu B shared, %2d blocks of %d per SM\n", dtn, name,
                at.numRegs, at.localSizeBytes, at.sharedSizeBytes, res, threads);
     };
-    one("warp per token", (const void *)moe_gate_hash_kernel<T>, kHashWarps * 32);
-    one("8 lanes per token", (const void *)moe_gate_hash_octet_kernel<T>, kHashWarps * 32);
-    one("thread per token", (const void *)moe_gate_hash_thread_kernel<T>, kHashThreads);
+    one("warp per token", (const void *)moe_gate_hash_kernel<T, MLAF_SCORE_SQRT_SOFTPLUS>, kHashWarps * 32);
+    one("8 lanes per token", (const void *)moe_gate_hash_octet_kernel<T, MLAF_SCORE_SQRT_SOFTPLUS>, kHashWarps * 32);
+    one("thread per token", (const void *)moe_gate_hash_thread_kernel<T, MLAF_SCORE_SQRT_SOFTPLUS>, kHashThreads);
 }
 
 /* ---- comparison ------------------------------------------------------------------------------ */

@@ -64,38 +64,53 @@ struct Variant {
 
 static int g_sm = 0;
 
+/* f(score_tag<SF>{}) for a router's score (sigmoid or softmax here: the scores every kernel
+ * measured below has; dispatch_score would instantiate sqrt_softplus too). */
+template <class F> static void by_score(bool softmax, F &&f) {
+    if (softmax)
+        f(score_tag<MLAF_SCORE_SOFTMAX>{});
+    else
+        f(score_tag<MLAF_SCORE_SIGMOID>{});
+}
+#define SF_OF(tag) decltype(tag)::value
+
 template <typename T> static std::vector<Variant> variants(const Router &r, const GateArgs &a0) {
     std::vector<Variant> v;
-    v.push_back({"v1 warp/token", [](const GateArgs &a, cudaStream_t s) { launch_dt<T>(a, g_sm, s); }});
-    v.push_back({"v3 library", [](const GateArgs &a, cudaStream_t s) {
-                     if (!try_team<T>(a, g_sm, s)) launch_dt<T>(a, g_sm, s);
+    const bool sm = r.softmax != 0;
+    v.push_back({"v1 warp/token", [sm](const GateArgs &a, cudaStream_t s) {
+                     by_score(sm, [&](auto tag) { launch_dt<T, SF_OF(tag)>(a, g_sm, s); });
+                 }});
+    v.push_back({"v3 library", [sm](const GateArgs &a, cudaStream_t s) {
+                     by_score(sm, [&](auto tag) {
+                         if (!try_team<T, SF_OF(tag)>(a, g_sm, s)) launch_dt<T, SF_OF(tag)>(a, g_sm, s);
+                     });
                  }});
     const int unit = fast_copy_unit<T>(a0);
 #define V2(N, L, AH)                                                                              \
     if (unit && fast_fits(a0, N, L))                                                              \
-        v.push_back({"v2 N=" #N " L=" #L " ahead=" #AH, [unit](const GateArgs &a, cudaStream_t s) { \
-                         launch_fast<T, N, L, AH>(a, unit, g_sm, s);                              \
+        v.push_back({"v2 N=" #N " L=" #L " ahead=" #AH, [unit, sm](const GateArgs &a, cudaStream_t s) { \
+                         by_score(sm, [&](auto tag) { launch_fast<T, N, L, SF_OF(tag), AH>(a, unit, g_sm, s); }); \
                      }});
 #define V3(N, L, AH)                                                                              \
     if (unit && team_fits(a0, N, L))                                                              \
         v.push_back({"v3 N=" #N " L=" #L " ah=" #AH, [unit](const GateArgs &a, cudaStream_t s) {    \
-                         launch_team<T, N, L, false, AH>(a, unit, g_sm, s);                       \
+                         launch_team<T, N, L, MLAF_SCORE_SIGMOID, AH>(a, unit, g_sm, s);                       \
                      }});
 #define V3S(N, L, AH)                                                                             \
     if (unit && team_fits(a0, N, L))                                                              \
         v.push_back({"v3 N=" #N " L=" #L " ah=" #AH, [unit](const GateArgs &a, cudaStream_t s) {    \
-                         launch_team<T, N, L, true, AH>(a, unit, g_sm, s);                        \
+                         launch_team<T, N, L, MLAF_SCORE_SOFTMAX, AH>(a, unit, g_sm, s);                        \
                      }});
 #define V3M(N, L, AH, MB)                                                                         \
     if (unit && team_fits(a0, N, L))                                                              \
         v.push_back({"v3 N=" #N " L=" #L " ah=" #AH " minb=" #MB,                                 \
                      [unit](const GateArgs &a, cudaStream_t s) {                                  \
-                         launch_team<T, N, L, false, AH, MB>(a, unit, g_sm, s);                   \
+                         launch_team<T, N, L, MLAF_SCORE_SIGMOID, AH, MB>(a, unit, g_sm, s);                   \
                      }});
 #define V4(E_, G_, VB_, KM_, F_)                                                                  \
-    if (solo_fits<T>(a0, E_, G_, VB_, KM_))                                                      \
+    if (!sm && solo_fits<T>(a0, E_, G_, VB_, KM_))                                               \
         v.push_back({"v4 solo E=" #E_ " VB=" #VB_ " F=" #F_, [](const GateArgs &a, cudaStream_t s) { \
-                         launch_solo<T, E_, G_, VB_, KM_, F_>(a, g_sm, s);                       \
+                         launch_solo<T, E_, G_, VB_, KM_, F_, MLAF_SCORE_SIGMOID>(a, g_sm, s);   \
                      }});
     /* F: 1 recompute s in pass 2, 2 one staging copy per row, 4 pass 1 unrolled by two units,
      * 8 the next tile's rows prefetched into L2 after pass 1, 16 half-row slots (with 1, two
@@ -108,7 +123,7 @@ template <typename T> static std::vector<Variant> variants(const Router &r, cons
     V4(64, 1, 8, 4, 21)
     if (sizeof(T) == 2) { V4(64, 1, 8, 4, 1) }
 #define V6(E_, G_, VB_, KM_, F_)                                                                  \
-    if (solo_fits<T>(a0, E_, G_, VB_, KM_))                                                      \
+    if (!sm && solo_fits<T>(a0, E_, G_, VB_, KM_))                                               \
         v.push_back({"v6 pair E=" #E_ " VB=" #VB_ " F=" #F_, [](const GateArgs &a, cudaStream_t s) { \
                          launch_pair<T, E_, G_, VB_, KM_, F_>(a, g_sm, s);                       \
                      }});
@@ -119,11 +134,15 @@ template <typename T> static std::vector<Variant> variants(const Router &r, cons
     V6(64, 1, 8, 4, 2) V6(64, 1, 8, 4, 6) V6(64, 1, 8, 4, 166)
     if (sizeof(T) == 2) { V6(64, 1, 8, 4, 3) }
 #undef V6
-    v.push_back({"v5 tiny (else v1)", [](const GateArgs &a, cudaStream_t s) {
-                     if (!try_tiny<T>(a, g_sm, s)) launch_dt<T>(a, g_sm, s);
+    v.push_back({"v5 tiny (else v1)", [sm](const GateArgs &a, cudaStream_t s) {
+                     by_score(sm, [&](auto tag) {
+                         if (!try_tiny<T, SF_OF(tag)>(a, g_sm, s)) launch_dt<T, SF_OF(tag)>(a, g_sm, s);
+                     });
                  }});
-    v.push_back({"v5 tiny any T", [](const GateArgs &a, cudaStream_t s) {
-                     if (!try_tiny<T>(a, g_sm, s, true)) launch_dt<T>(a, g_sm, s);
+    v.push_back({"v5 tiny any T", [sm](const GateArgs &a, cudaStream_t s) {
+                     by_score(sm, [&](auto tag) {
+                         if (!try_tiny<T, SF_OF(tag)>(a, g_sm, s, true)) launch_dt<T, SF_OF(tag)>(a, g_sm, s);
+                     });
                  }});
     if (getenv("MOE_V4ONLY")) return v; /* v1 (the reference), library, v4 */
     if (r.E == 256) {
@@ -134,13 +153,13 @@ template <typename T> static std::vector<Variant> variants(const Router &r, cons
     }
 #define V2M(N, L, MB)                                                                             \
     if (unit && fast_fits(a0, N, L))                                                              \
-        v.push_back({"v2 N=" #N " L=" #L " minb=" #MB, [unit](const GateArgs &a, cudaStream_t s) { \
-                         launch_fast<T, N, L, 2048, MB>(a, unit, g_sm, s);                        \
+        v.push_back({"v2 N=" #N " L=" #L " minb=" #MB, [unit, sm](const GateArgs &a, cudaStream_t s) { \
+                         by_score(sm, [&](auto tag) { launch_fast<T, N, L, SF_OF(tag), 2048, MB>(a, unit, g_sm, s); }); \
                      }});
 #define V3SM(N, L, MB)                                                                            \
     if (unit && team_fits(a0, N, L))                                                              \
         v.push_back({"v3 N=" #N " L=" #L " minb=" #MB, [unit](const GateArgs &a, cudaStream_t s) { \
-                         launch_team<T, N, L, true, 4096, MB>(a, unit, g_sm, s);                  \
+                         launch_team<T, N, L, MLAF_SCORE_SOFTMAX, 4096, MB>(a, unit, g_sm, s);                  \
                      }});
     if (r.E == 64) { V2(8, 8, 2048) V2M(8, 8, 6) V2M(8, 8, 8) V3(16, 4, 4096) }
     if (r.E == 384) { V2(12, 32, 2048) V3(12, 32, 4096) V3M(12, 32, 4096, 4) V3M(12, 32, 4096, 5) }
@@ -208,7 +227,7 @@ static int run_router(const Router &r, bool quick, float copy_gbs, const char *d
     a.E = E, a.top_k = K, a.n_group = r.G, a.topk_group = r.kg, a.n_shared = 0, a.K = K;
     a.P = E / r.G;
     a.P_magic = a.P == 1 ? 0u : (uint32_t)((0x100000000ull + (uint64_t)a.P - 1) / (uint64_t)a.P);
-    a.softmax = r.softmax, a.group_max = r.softmax, a.renormalize = !r.softmax, a.apply_scaling = 1;
+    a.group_max = r.softmax, a.renormalize = !r.softmax, a.apply_scaling = 1;
     a.scaling = r.scale, a.eps = 1e-20f;
     a.logits = d_log, a.logits_stride = E, a.bias = r.bias ? d_bias : nullptr;
     a.weights_f32 = 1, a.weights_stride = K, a.ids_stride = K;

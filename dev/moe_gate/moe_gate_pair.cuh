@@ -462,7 +462,7 @@ moe_gate_pair_kernel(const GateArgs a) {
         }
         for (unsigned em = __ballot_sync(kFull, live && exact && h == 0); em; em &= em - 1) {
             const int l = __ffs(em) - 1;
-            solo_exact_warp<T, E, G, KMAX>(a, tl * 16 + (l >> 1), l);
+            solo_exact_warp<T, E, G, KMAX, MLAF_SCORE_SIGMOID>(a, tl * 16 + (l >> 1), l);
         }
     }
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ < 900

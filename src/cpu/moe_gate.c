@@ -32,6 +32,7 @@
 
 #include "../half.h"
 #include "cpu.h"
+#include "../score.h"
 
 /* moe_gate_avx2.c / moe_gate_avx512.c include this file with GATE_SUFFIX set: the same
  * per-token code compiled for a wider instruction set (8 / 16 lanes instead of SSE2's 4, and
@@ -159,46 +160,60 @@ static void sqrt_softplus_row(const float *restrict x, float *restrict s, int32_
         if (x[e] < -20.0f) s[e] = expf(0.5f * x[e]);
 }
 
-/* s of a widened row (non-finite logits: any finite value, the callers mark them invalid). */
-static void gate_scores(const mlaf_moe_gate_job *job, const float *restrict x, float *restrict s) {
-    const int32_t E = job->E;
-    if (job->score_func == MLAF_SCORE_SIGMOID) {
-        for (int32_t e = 0; e < E; e++) {
-            float xe = is_finite_bits(f32_bits(x[e])) ? x[e] : 0.0f;
-            s[e] = 1.0f / (1.0f + gate_exp(-xe));
-        }
-    } else if (job->score_func == MLAF_SCORE_SQRT_SOFTPLUS) {
-        sqrt_softplus_row(x, s, E);
-    } else {
-        float m = -INFINITY;
-        for (int32_t e = 0; e < E; e++) {
-            float xe = is_finite_bits(f32_bits(x[e])) ? x[e] : -INFINITY;
-            m = xe > m ? xe : m;
-        }
-        /* Eight partial sums: a fixed order the compiler may vectorize, and a shorter
-         * rounding chain than one running sum over 2048 terms. */
-        float part[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-        int32_t e = 0;
-        for (; e + 8 <= E; e += 8)
-            for (int l = 0; l < 8; l++) {
-                float xe = x[e + l];
-                float d = is_finite_bits(f32_bits(xe)) ? xe - m : -87.3f;
-                float ex = is_finite_bits(f32_bits(xe)) ? gate_exp(d) : 0.0f;
-                s[e + l] = ex;
-                part[l] += ex;
-            }
-        for (; e < E; e++) {
-            float xe = x[e];
-            float ex = is_finite_bits(f32_bits(xe)) ? gate_exp(xe - m) : 0.0f;
-            s[e] = ex;
-            part[e & 7] += ex;
-        }
-        float sum = ((part[0] + part[1]) + (part[2] + part[3])) +
-                    ((part[4] + part[5]) + (part[6] + part[7]));
-        /* No valid logit at all: sum is 0 and every s becomes NaN below anyway. */
-        float inv_ok = sum > 0.0f ? sum : 1.0f;
-        for (e = 0; e < E; e++) s[e] = s[e] / inv_ok;
+/* sigmoid of a row (non-finite entries: anything). */
+static void sigmoid_row(const float *restrict x, float *restrict s, int32_t E) {
+    for (int32_t e = 0; e < E; e++) {
+        float xe = is_finite_bits(f32_bits(x[e])) ? x[e] : 0.0f;
+        s[e] = 1.0f / (1.0f + gate_exp(-xe));
     }
+}
+
+/* softmax over the finite values of a row (the others: s = 0 here, marked invalid by the callers). */
+static void softmax_row(const float *restrict x, float *restrict s, int32_t E) {
+    float m = -INFINITY;
+    for (int32_t e = 0; e < E; e++) {
+        float xe = is_finite_bits(f32_bits(x[e])) ? x[e] : -INFINITY;
+        m = xe > m ? xe : m;
+    }
+    /* Eight partial sums: a fixed order the compiler may vectorize, and a shorter
+     * rounding chain than one running sum over 2048 terms. */
+    float part[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int32_t e = 0;
+    for (; e + 8 <= E; e += 8)
+        for (int l = 0; l < 8; l++) {
+            float xe = x[e + l];
+            float d = is_finite_bits(f32_bits(xe)) ? xe - m : -87.3f;
+            float ex = is_finite_bits(f32_bits(xe)) ? gate_exp(d) : 0.0f;
+            s[e + l] = ex;
+            part[l] += ex;
+        }
+    for (; e < E; e++) {
+        float xe = x[e];
+        float ex = is_finite_bits(f32_bits(xe)) ? gate_exp(xe - m) : 0.0f;
+        s[e] = ex;
+        part[e & 7] += ex;
+    }
+    float sum = ((part[0] + part[1]) + (part[2] + part[3])) +
+                ((part[4] + part[5]) + (part[6] + part[7]));
+    /* No valid logit at all: sum is 0 and every s becomes NaN below anyway. */
+    float inv_ok = sum > 0.0f ? sum : 1.0f;
+    for (e = 0; e < E; e++) s[e] = s[e] / inv_ok;
+}
+
+/* s of a widened row of E logits by score f (non-finite logits: any finite value, the callers
+ * mark them invalid): the CPU's one choice of per-score code (src/score.h). An elementwise
+ * score's row function also serves one logit (E = 1: hash routing's chosen experts). */
+static void gate_score_row(mlaf_score_func f, const float *restrict x, float *restrict s, int32_t E) {
+    switch (f) {
+    case MLAF_SCORE_SOFTMAX: softmax_row(x, s, E); break;
+    case MLAF_SCORE_SQRT_SOFTPLUS: sqrt_softplus_row(x, s, E); break;
+    case MLAF_SCORE_SIGMOID:
+    default: sigmoid_row(x, s, E); break;
+    }
+}
+
+static void gate_scores(const mlaf_moe_gate_job *job, const float *restrict x, float *restrict s) {
+    gate_score_row(job->score_func, x, s, job->E);
 }
 
 typedef struct gate_scratch {
@@ -370,7 +385,7 @@ static int hash_token(const mlaf_moe_gate_job *job, int64_t t, gate_scratch *sc)
     float *x = sc->x, *s = sc->s;
     /* Softmax and the scores output need the whole row; sigmoid and sqrt_softplus only the k
      * chosen logits (one_score). */
-    const int full = job->score_func == MLAF_SCORE_SOFTMAX || job->scores;
+    const int full = mlaf_score_row_wise(job->score_func) || job->scores;
     if (full) {
         load_row(row, job->logits_dt, E, x);
         gate_scores(job, x, s);
@@ -397,10 +412,7 @@ static int hash_token(const mlaf_moe_gate_job *job, int64_t t, gate_scratch *sc)
             se = s[e];
         } else {
             const float xe = mlaf_load_f32(row, job->logits_dt, e);
-            if (job->score_func == MLAF_SCORE_SIGMOID)
-                se = 1.0f / (1.0f + gate_exp(-(is_finite_bits(f32_bits(xe)) ? xe : 0.0f)));
-            else
-                sqrt_softplus_row(&xe, &se, 1);
+            gate_score_row(job->score_func, &xe, &se, 1);
             se = is_finite_bits(f32_bits(xe)) ? se : NAN;
         }
         w[j] = isnan(se) ? 0.0f : se;
@@ -420,7 +432,7 @@ static int hash_token(const mlaf_moe_gate_job *job, int64_t t, gate_scratch *sc)
 static int64_t hash_rows(const mlaf_moe_gate_job *job, int64_t t0, int64_t t1) {
     gate_scratch sc;
     int64_t bad = 0;
-    const int full = job->score_func == MLAF_SCORE_SOFTMAX || job->scores;
+    const int full = mlaf_score_row_wise(job->score_func) || job->scores;
     const size_t lsz = mlaf_dtype_size(job->logits_dt);
     for (int64_t t = t0; t < t1; t++) {
         if (t + HASH_AHEAD_ROW < t1) {
@@ -446,7 +458,7 @@ static mlaf_status cpu_moe_gate_hash(mlaf_context *ctx, const mlaf_moe_gate_job 
     const int64_t T = job->T;
     int threads = ctx->threads;
     /* the work per token: the row for softmax / the scores output, else the k chosen logits */
-    const int full = job->score_func == MLAF_SCORE_SOFTMAX || job->scores;
+    const int full = mlaf_score_row_wise(job->score_func) || job->scores;
     if ((double)T * (full ? job->E : 8 * job->top_k) < 65536.0) threads = 1;
     if (threads > T) threads = (int)T;
     int64_t bad = 0;

@@ -21,7 +21,10 @@
  * sqrt_softplus routers (DeepSeek-V4) take steps 1, 2, 3, 6 (from 16384 tokens with 2-byte
  * logits, 65536 with f32) and 7: every kernel ranks by that score in the general kernel's
  * accurate form (the same bits; the solo kernel computes it for its candidates only); the
- * warp-step kernel has sigmoid alone.
+ * warp-step kernel has sigmoid and softmax alone.
+ * The score is a template argument of every kernel, chosen once per call (dispatch_score in the
+ * entry); its per-score thresholds and which kernels have it are score_traits<SF>
+ * (moe_gate_common.cuh).
  * Hash routing (mlaf_moe_gate_hash, job->tid2eid set) has its own kernels (moe_gate_hash.cuh:
  * 8 lanes or a thread per token for top_k <= 8, a warp per token for softmax, scores or
  * top_k > 8).
@@ -43,50 +46,44 @@ namespace {
  * of at most 128 experts in one group. */
 constexpr int64_t kTeamWideBelowT = 1024;
 
-/* Calls from this many tokens take the solo kernel where it fits; routers of <= 64 experts in one
- * group (GLM-4.7-Flash) from kSoloSmallEFromT, below which the general kernel's warp per token
- * is the shorter chain (dev/moe_gate/README.md). */
-constexpr int64_t kSoloFromT = 1024, kSoloSmallEFromT = 4096;
-/* sqrt_softplus calls take the solo kernel from this many tokens (below, its per-token chain
- * is longer than the general kernel's whole call). */
-constexpr int64_t kSoloSspFromT = 8192;
+template <typename T> struct dtype_tag {
+    using type = T;
+};
 
-/* sqrt_softplus calls from this many tokens take the team kernel (2- / 4-byte logits); below,
- * the general kernel, whose score chain is the shorter one there. */
-constexpr int64_t kSqrtSoftplusTeamFromT2 = 16384, kSqrtSoftplusTeamFromT4 = 65536;
+/* The solo kernel's and the team kernel's per-score thresholds (calls from solo_from_t tokens
+ * take the solo kernel where it fits; small_e_from_t for routers of <= 64 experts in one group;
+ * team_from_t) are score_traits<SF>'s (moe_gate_common.cuh; figures: dev/moe_gate/README.md). */
 
-template <typename T>
+template <typename T, mlaf_score_func SF>
 bool try_team(const GateArgs &a, int sm_count, cudaStream_t stream) {
-    const bool ssp = a.sqrt_softplus != 0; /* not in the warp-step kernel */
-    /* sigmoid, one group of <= 64 (GLM-4.7-Flash; measured there) */
-    const bool small_e = !ssp && !a.softmax && a.n_group == 1 && a.E <= 64;
-    const int64_t solo_from = ssp ? kSoloSspFromT : small_e ? kSoloSmallEFromT : kSoloFromT;
-    if (try_tiny<T>(a, sm_count, stream)) return true;
-    if (a.T >= solo_from && try_solo<T>(a, sm_count, stream)) return true;
+    using Sc = score_traits<SF>;
+    /* one group of <= 64 where the score has that rule (sigmoid: GLM-4.7-Flash, measured there) */
+    const bool small_e = Sc::small_e_from_t > 0 && a.n_group == 1 && a.E <= 64;
+    const int64_t solo_from = small_e ? Sc::small_e_from_t : Sc::solo_from_t;
+    if (try_tiny<T, SF>(a, sm_count, stream)) return true;
+    if constexpr (Sc::solo) {
+        if (a.T >= solo_from && try_solo<T, SF>(a, sm_count, stream)) return true;
+    }
     if (a.E <= 64 && a.T <= 64) return false; /* shorter chain in the general kernel */
-    if (small_e && a.T < kSoloSmallEFromT) return false;
-    if (ssp && a.T < (sizeof(T) == 2 ? kSqrtSoftplusTeamFromT2 : kSqrtSoftplusTeamFromT4))
-        return false;
+    if (small_e && a.T < Sc::small_e_from_t) return false;
+    if (a.T < Sc::team_from_t((int)sizeof(T))) return false;
     const int unit = fast_copy_unit<T>(a);
     if (unit == 0) return false;
-    if (!ssp && a.T >= kTeamWideBelowT && a.n_group == 1 && a.E <= 128) {
-        if (fast_fits(a, 8, 8)) {
-            launch_fast<T, 8, 8>(a, unit, sm_count, stream);
-            return true;
-        }
-        if (fast_fits(a, 8, 16)) {
-            launch_fast<T, 8, 16>(a, unit, sm_count, stream);
-            return true;
+    if constexpr (Sc::warp_step) {
+        if (a.T >= kTeamWideBelowT && a.n_group == 1 && a.E <= 128) {
+            if (fast_fits(a, 8, 8)) {
+                launch_fast<T, 8, 8, SF>(a, unit, sm_count, stream);
+                return true;
+            }
+            if (fast_fits(a, 8, 16)) {
+                launch_fast<T, 8, 16, SF>(a, unit, sm_count, stream);
+                return true;
+            }
         }
     }
 #define MLAF_TEAM(N, L, MINB)                                                                     \
     if (team_fits(a, N, L)) {                                                                     \
-        if (a.softmax)                                                                            \
-            launch_team<T, N, L, kScoreSoftmax, 4096, MINB>(a, unit, sm_count, stream);           \
-        else if (ssp)                                                                             \
-            launch_team<T, N, L, kScoreSqrtSoftplus, 4096, MINB>(a, unit, sm_count, stream);      \
-        else                                                                                      \
-            launch_team<T, N, L, kScoreSigmoid, 4096, MINB>(a, unit, sm_count, stream);           \
+        launch_team<T, N, L, SF, 4096, MINB>(a, unit, sm_count, stream);                          \
         return true;                                                                              \
     }
     /* MINB: resident blocks the register allocation must allow; the kernel is latency-bound,
@@ -107,29 +104,26 @@ extern "C" mlaf_status mlaf_cuda_moe_gate(mlaf_context *ctx, const mlaf_moe_gate
     const GateArgs a = gate_args_of(*job);
     cudaStream_t stream = (cudaStream_t)ctx->cuda_stream;
     const int sm = ctx->cuda_sm_count;
-    if (job->tid2eid) {
+    const bool hash = job->tid2eid != nullptr;
+    if (job->logits_dt != MLAF_F32 && job->logits_dt != MLAF_F16 && job->logits_dt != MLAF_BF16)
+        return mlaf_fail(ctx, MLAF_ERR_DTYPE, "logits.dtype = %s, expected f32, f16 or bf16",
+                         mlaf_dtype_name(job->logits_dt));
+    /* the one choice of the score's instantiation */
+    dispatch_score(job->score_func, [&](auto tag) {
+        constexpr mlaf_score_func SF = decltype(tag)::value;
+        auto go = [&](auto dt) {
+            using T = typename decltype(dt)::type;
+            if (hash)
+                launch_hash<T, SF>(a, sm, stream);
+            else if (!try_team<T, SF>(a, sm, stream))
+                launch_dt<T, SF>(a, sm, stream);
+        };
         switch (job->logits_dt) {
-        case MLAF_F32: launch_hash<float>(a, sm, stream); break;
-        case MLAF_F16: launch_hash<__half>(a, sm, stream); break;
-        case MLAF_BF16: launch_hash<__nv_bfloat16>(a, sm, stream); break;
-        default: return mlaf_fail(ctx, MLAF_ERR_DTYPE, "logits.dtype = %s, expected f32, f16 or bf16",
-                                  mlaf_dtype_name(job->logits_dt));
+        case MLAF_F32: go(dtype_tag<float>{}); break;
+        case MLAF_F16: go(dtype_tag<__half>{}); break;
+        default: go(dtype_tag<__nv_bfloat16>{}); break;
         }
-        return mlaf_cuda_check_launch(ctx, "moe_gate_hash");
-    }
-    switch (job->logits_dt) {
-    case MLAF_F32:
-        if (!try_team<float>(a, sm, stream)) launch_dt<float>(a, sm, stream);
-        break;
-    case MLAF_F16:
-        if (!try_team<__half>(a, sm, stream)) launch_dt<__half>(a, sm, stream);
-        break;
-    case MLAF_BF16:
-        if (!try_team<__nv_bfloat16>(a, sm, stream)) launch_dt<__nv_bfloat16>(a, sm, stream);
-        break;
-    default: return mlaf_fail(ctx, MLAF_ERR_DTYPE, "logits.dtype = %s, expected f32, f16 or bf16",
-                              mlaf_dtype_name(job->logits_dt));
-    }
-    return mlaf_cuda_check_launch(ctx, "moe_gate");
+    });
+    return mlaf_cuda_check_launch(ctx, hash ? "moe_gate_hash" : "moe_gate");
 }
 #endif

@@ -14,6 +14,9 @@
  * Every reduction ends with the same bits in every lane (xor butterflies; redux.sync on
  * sm_80+), so the lanes of a team agree on each result without a broadcast.
  * sigmoid_fast is the team, solo and tiny kernels' sigmoid, so their keys agree bit for bit.
+ * The score function is a template argument of every kernel (mlaf_score_func SF): its device
+ * math and per-score launch constants are score_traits<SF> below, and the host picks the
+ * instantiation once, in dispatch_score (src/score.h lists what a new score touches).
  */
 #pragma once
 
@@ -30,7 +33,10 @@ struct GateArgs {
     int32_t E, top_k, n_group, topk_group, n_shared, K;
     int32_t P;        /* experts per group */
     uint32_t P_magic; /* ceil(2^32 / P): e / P == umulhi(e, P_magic) for e < 2048; 0 when P == 1 */
-    int32_t softmax, group_max, renormalize, apply_scaling;
+    /* The score is a template argument; pad0 / pad1 hold the places of the former score
+     * flags, so that every kernel's parameter offsets, and with them the register allocation
+     * of the kernels whose code did not change, stay as measured. */
+    int32_t pad0, group_max, renormalize, apply_scaling;
     float scaling, eps;
     const void *logits;
     int64_t logits_stride;
@@ -42,9 +48,7 @@ struct GateArgs {
     int64_t ids_stride;
     float *scores;
     int64_t scores_stride;
-    /* sqrt_softplus score (DeepSeek-V4): the tiny, team and general kernels compute it
-     * (moe_gate.cu routes it there); softmax is 0 then. */
-    int32_t sqrt_softplus;
+    int32_t pad1;
     /* hash routing (moe_gate_hash.cuh) */
     const void *tid2eid;
     int32_t tid2eid_i64, token_ids_i64;
@@ -65,8 +69,6 @@ static inline GateArgs gate_args_of(const mlaf_moe_gate_job &j) {
     a.K = j.K;
     a.P = j.E / j.n_group;
     a.P_magic = a.P == 1 ? 0u : (uint32_t)((0x100000000ull + (uint64_t)a.P - 1) / (uint64_t)a.P);
-    a.softmax = j.score_func == MLAF_SCORE_SOFTMAX;
-    a.sqrt_softplus = j.score_func == MLAF_SCORE_SQRT_SOFTPLUS;
     a.group_max = j.group_score == MLAF_GROUP_MAX;
     a.renormalize = j.renormalize;
     a.apply_scaling = j.apply_scaling;
@@ -226,16 +228,77 @@ __device__ __forceinline__ float sqrt_softplus_margin(float tau, float bmax) {
     return 2.0f * (kSspFilterErr + kSspFilterRel * (at + bmax) + 2.4e-7f * at) + 1e-6f;
 }
 
-/* A kernel's score as a template argument (the tiny and team kernels). */
-constexpr int kScoreSigmoid = 0, kScoreSoftmax = 1, kScoreSqrtSoftplus = 2;
+/* ---- score functions ------------------------------------------------------------------
+ * One specialization of score_traits per mlaf_score_func; a score without one does not compile.
+ *   row_wise       s needs the whole row (softmax: the kernels' own max / sum code); else s is
+ *                  one logit's function, by these forms (finite x; the bits every caller of a
+ *                  form gets, so the kernels that share one rank alike):
+ *     exact(x)     the general and hash kernels' form (moe_gate_warp.cuh, moe_gate_hash.cuh);
+ *     fast(x)      the tiny, team and solo kernels' form;
+ *     quick(x)     the warp-step kernel's form (moe_gate_fast.cuh), where warp_step is true;
+ *     filter(x)    a cheap stand-in the solo kernel ranks by (filtered: then it lowers its
+ *                  threshold by margin(tau, bmax) and re-keys the candidates by fast(x); not
+ *                  filtered: filter is fast itself);
+ *   warp_step      the warp-step kernel has the score;
+ *   solo           the solo kernel has the score (moe_gate_solo.cuh lists its compiled shapes);
+ * and the launch thresholds measured per score (moe_gate.cu, dev/moe_gate/README.md):
+ *   solo_from_t    calls from this many tokens take the solo kernel where it fits;
+ *   small_e_from_t one group of <= 64 experts: the solo kernel from this T, the general kernel
+ *                  below it (0: no such rule);
+ *   team_from_t(b) the team kernel from this many tokens with b-byte logits (below: the general
+ *                  kernel, whose chain is the shorter one there). */
+template <mlaf_score_func SF> struct score_traits;
 
-/* s of one logit for the elementwise scores: sigmoid by ex2 / rcp, sqrt_softplus in the
- * general kernel's accurate form (the same bits, so every kernel ranks alike). */
-template <int kScore> __device__ __forceinline__ float gate_score(float x) {
-    if constexpr (kScore == kScoreSqrtSoftplus)
-        return sqrt_softplus_f(x);
-    else
-        return sigmoid_fast(x);
+template <> struct score_traits<MLAF_SCORE_SIGMOID> {
+    static constexpr bool row_wise = false, filtered = false, warp_step = true, solo = true;
+    static constexpr int64_t solo_from_t = 1024;
+    /* GLM-4.7-Flash (64 experts, one group): below this T the general kernel's warp per token
+     * is the shorter chain */
+    static constexpr int64_t small_e_from_t = 4096;
+    static constexpr int64_t team_from_t(int) { return 0; }
+    static __device__ __forceinline__ float exact(float x) { return 1.0f / (1.0f + expf(-x)); }
+    static __device__ __forceinline__ float fast(float x) { return sigmoid_fast(x); }
+    static __device__ __forceinline__ float quick(float x) {
+        return __fdividef(1.0f, 1.0f + __expf(-x));
+    }
+    static __device__ __forceinline__ float filter(float x) { return sigmoid_fast(x); }
+    static __device__ __forceinline__ float margin(float, float) { return 0.0f; }
+};
+
+template <> struct score_traits<MLAF_SCORE_SOFTMAX> {
+    static constexpr bool row_wise = true, filtered = false, warp_step = true, solo = false;
+    static constexpr int64_t solo_from_t = 1024, small_e_from_t = 0;
+    static constexpr int64_t team_from_t(int) { return 0; }
+};
+
+template <> struct score_traits<MLAF_SCORE_SQRT_SOFTPLUS> {
+    static constexpr bool row_wise = false, filtered = true, warp_step = false, solo = true;
+    /* below, the solo kernel's per-token chain is longer than the general kernel's whole call */
+    static constexpr int64_t solo_from_t = 8192, small_e_from_t = 0;
+    /* the team kernel from 16384 tokens (2-byte logits) / 65536 (f32); below, the general
+     * kernel, whose score chain is the shorter one there */
+    static constexpr int64_t team_from_t(int elem_bytes) { return elem_bytes == 2 ? 16384 : 65536; }
+    /* every kernel's form is the general kernel's accurate one (the same bits everywhere) */
+    static __device__ __forceinline__ float exact(float x) { return sqrt_softplus_f(x); }
+    static __device__ __forceinline__ float fast(float x) { return sqrt_softplus_f(x); }
+    static __device__ __forceinline__ float filter(float x) { return sqrt_softplus_filter(x); }
+    static __device__ __forceinline__ float margin(float tau, float bmax) {
+        return sqrt_softplus_margin(tau, bmax);
+    }
+};
+
+/* The host's one choice of instantiation: f(score_tag<SF>{}) for the job's score (validated:
+ * one of the enum's values; anything else takes sigmoid, as before). */
+template <mlaf_score_func SF> struct score_tag {
+    static constexpr mlaf_score_func value = SF;
+};
+template <class F> inline decltype(auto) dispatch_score(mlaf_score_func sf, F &&f) {
+    switch (sf) {
+    case MLAF_SCORE_SOFTMAX: return f(score_tag<MLAF_SCORE_SOFTMAX>{});
+    case MLAF_SCORE_SQRT_SOFTPLUS: return f(score_tag<MLAF_SCORE_SQRT_SOFTPLUS>{});
+    case MLAF_SCORE_SIGMOID:
+    default: return f(score_tag<MLAF_SCORE_SIGMOID>{});
+    }
 }
 
 /* Group selection for a team: every lane holds the best two c of its experts; a group is Lg

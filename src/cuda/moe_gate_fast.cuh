@@ -6,7 +6,8 @@
  *   1. Each warp streams its tokens' rows into a shared-memory ring with cp.async (16/8/4-byte
  *      units, one commit group per warp step), so the memory parallelism does not cost
  *      registers; the bias is loaded while the first rows fly.
- *   2. s = sigmoid (fast exp and reciprocal: ~1e-7 relative) or softmax (team max on ord32,
+ *   2. s = score_traits<SF>::quick(x) (sigmoid: fast exp and reciprocal, ~1e-7 relative), for
+ *      the scores whose traits say warp_step, or softmax (team max on ord32,
  *      butterfly sum, one IEEE reciprocal); c = s + bias; rank value v = ord32(c), 1 for an
  *      invalid expert, 0 for padding and dropped groups.
  *   3. Groups: a group is Lg = P / N adjacent lanes: per-lane top-2, log2(Lg) xor merges, then
@@ -46,9 +47,10 @@ template <typename T, int N, int L, int Ahead = kAheadBytes> struct FastShape {
                               : kLaneBytes % 4 == 0 ? 4 : 2;
 };
 
-template <typename T, int N, int L, int Ahead = kAheadBytes, int MinB = 1>
+template <typename T, int N, int L, mlaf_score_func SF, int Ahead = kAheadBytes, int MinB = 1>
 __global__ void __launch_bounds__(kFastWarps * 32, MinB)
 moe_gate_fast_kernel(const GateArgs a, const int copy_unit) {
+    static_assert(score_traits<SF>::warp_step, "warp-step kernel: a score its traits allow");
     mlaf_pdl_begin();
     using S = FastShape<T, N, L, Ahead>;
     extern __shared__ __align__(16) unsigned char fsmem[];
@@ -118,11 +120,10 @@ moe_gate_fast_kernel(const GateArgs a, const int copy_unit) {
         bool ok[N];
 #pragma unroll
         for (int i = 0; i < N; i++) ok[i] = (e0 + i < E) && isfinite(x[i]);
-        if (!a.softmax) {
+        if constexpr (!score_traits<SF>::row_wise) {
 #pragma unroll
-            for (int i = 0; i < N; i++)
-                s[i] = __fdividef(1.0f, 1.0f + __expf(-(ok[i] ? x[i] : 0.0f)));
-        } else {
+            for (int i = 0; i < N; i++) s[i] = score_traits<SF>::quick(ok[i] ? x[i] : 0.0f);
+        } else { /* softmax */
             float m = -INFINITY;
 #pragma unroll
             for (int i = 0; i < N; i++) m = ok[i] ? fmaxf(m, x[i]) : m;
@@ -267,11 +268,12 @@ moe_gate_fast_kernel(const GateArgs a, const int copy_unit) {
 
 /* Resident blocks per SM of one fast instantiation (read once; a pure function of the kernel
  * and the device architecture, so a benign per-process cache). */
-template <typename T, int N, int L, int Ahead = kAheadBytes, int MinB = 1> int fast_blocks_per_sm() {
+template <typename T, int N, int L, mlaf_score_func SF, int Ahead = kAheadBytes, int MinB = 1>
+int fast_blocks_per_sm() {
     static std::atomic<int> cached{0};
     int v = cached.load(std::memory_order_relaxed);
     if (v == 0) {
-        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, moe_gate_fast_kernel<T, N, L, Ahead, MinB>,
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, moe_gate_fast_kernel<T, N, L, SF, Ahead, MinB>,
                                                           kFastWarps * 32,
                                                           FastShape<T, N, L, Ahead>::kSmemBytes) !=
                 cudaSuccess ||
@@ -284,14 +286,14 @@ template <typename T, int N, int L, int Ahead = kAheadBytes, int MinB = 1> int f
     return v;
 }
 
-template <typename T, int N, int L, int Ahead = kAheadBytes, int MinB = 1>
+template <typename T, int N, int L, mlaf_score_func SF, int Ahead = kAheadBytes, int MinB = 1>
 void launch_fast(const GateArgs &a, int copy_unit, int sm_count, cudaStream_t stream) {
     using S = FastShape<T, N, L, Ahead>;
     const int64_t per_block = (int64_t)kFastWarps * S::R;
     const int64_t want = (a.T + per_block - 1) / per_block;
-    const int64_t cap = (int64_t)(sm_count > 0 ? sm_count : 1) * fast_blocks_per_sm<T, N, L, Ahead, MinB>();
+    const int64_t cap = (int64_t)(sm_count > 0 ? sm_count : 1) * fast_blocks_per_sm<T, N, L, SF, Ahead, MinB>();
     const int blocks = (int)(want < cap ? want : cap);
-    mlaf_launch(moe_gate_fast_kernel<T, N, L, Ahead, MinB>,
+    mlaf_launch(moe_gate_fast_kernel<T, N, L, SF, Ahead, MinB>,
         blocks, kFastWarps * 32, S::kSmemBytes, stream, a, copy_unit);
 }
 

@@ -40,12 +40,17 @@ __device__ __forceinline__ int64_t hash_index(const void *p, bool i64, int64_t i
     return i64 ? static_cast<const int64_t *>(p)[i] : (int64_t) static_cast<const int32_t *>(p)[i];
 }
 
-/* s of one finite logit for the elementwise scores (sigmoid, sqrt_softplus). */
-__device__ __forceinline__ float hash_score(const GateArgs &a, float x) {
-    return a.sqrt_softplus ? sqrt_softplus_f(x) : 1.0f / (1.0f + expf(-x));
+/* s of one finite logit: score_traits<SF>::exact, or for softmax exp(x - m) / sum (m and sum
+ * of the row's finite logits; the caller's m = 0, sum = 1 for the elementwise scores). */
+template <mlaf_score_func SF>
+__device__ __forceinline__ float hash_score(float x, float m, float sum) {
+    if constexpr (score_traits<SF>::row_wise)
+        return expf(x - m) / sum;
+    else
+        return score_traits<SF>::exact(x);
 }
 
-template <typename T>
+template <typename T, mlaf_score_func SF>
 __global__ void __launch_bounds__(kHashWarps * 32) moe_gate_hash_kernel(const GateArgs a) {
     mlaf_pdl_begin();
     const int lane = threadIdx.x & 31;
@@ -77,7 +82,7 @@ __global__ void __launch_bounds__(kHashWarps * 32) moe_gate_hash_kernel(const Ga
 
         /* 2. scores */
         float m = 0.0f, inv_sum = 1.0f;
-        if (a.softmax) {
+        if constexpr (score_traits<SF>::row_wise) { /* softmax */
             float mx = -INFINITY;
             for (int e = lane; e < E; e += 32) {
                 const float x = mlaf_ld(row + e);
@@ -97,7 +102,7 @@ __global__ void __launch_bounds__(kHashWarps * 32) moe_gate_hash_kernel(const Ga
             float *srow = a.scores + t * a.scores_stride;
             for (int e = lane; e < E; e += 32) {
                 const float x = mlaf_ld(row + e);
-                float s = a.softmax ? expf(x - m) / inv_sum : hash_score(a, x);
+                float s = hash_score<SF>(x, m, inv_sum);
                 srow[e] = isfinite(x) ? s : __uint_as_float(0x7fc00000u);
             }
         }
@@ -105,11 +110,11 @@ __global__ void __launch_bounds__(kHashWarps * 32) moe_gate_hash_kernel(const Ga
         if (!bad) {
             if (j0 < k) {
                 const float x = mlaf_ld(row + e0);
-                w0 = !isfinite(x) ? 0.0f : a.softmax ? expf(x - m) / inv_sum : hash_score(a, x);
+                w0 = !isfinite(x) ? 0.0f : hash_score<SF>(x, m, inv_sum);
             }
             if (j1 < k) {
                 const float x = mlaf_ld(row + e1);
-                w1 = !isfinite(x) ? 0.0f : a.softmax ? expf(x - m) / inv_sum : hash_score(a, x);
+                w1 = !isfinite(x) ? 0.0f : hash_score<SF>(x, m, inv_sum);
             }
         }
 
@@ -160,8 +165,9 @@ __device__ __forceinline__ float hash_sum8(const float (&w)[kHashKMax]) {
     return ((v[0] + v[4]) + (v[2] + v[6])) + ((v[1] + v[5]) + (v[3] + v[7]));
 }
 
-template <typename T>
+template <typename T, mlaf_score_func SF>
 __global__ void __launch_bounds__(kHashThreads) moe_gate_hash_thread_kernel(const GateArgs a, const int stage_out) {
+    static_assert(!score_traits<SF>::row_wise, "hash thread kernel: elementwise scores");
     mlaf_pdl_begin();
     constexpr int KM = kHashKMax;
     __shared__ __align__(16) uint32_t stage[(kHashThreads / 32) * 2 * 32 * KM]; /* per warp: ids, weights */
@@ -214,7 +220,7 @@ __global__ void __launch_bounds__(kHashThreads) moe_gate_hash_thread_kernel(cons
 #pragma unroll
         for (int j = 0; j < KM; j++) x[j] = (ok && j < k) ? mlaf_ld(row + e[j]) : 0.0f;
 #pragma unroll
-        for (int j = 0; j < KM; j++) w[j] = (ok && j < k) ? (!isfinite(x[j]) ? 0.0f : hash_score(a, x[j])) : 0.0f;
+        for (int j = 0; j < KM; j++) w[j] = (ok && j < k) ? (!isfinite(x[j]) ? 0.0f : hash_score<SF>(x[j], 0.0f, 1.0f)) : 0.0f;
 
         /* 3. weights */
         const float sum = hash_sum8(w);
@@ -271,8 +277,9 @@ __global__ void __launch_bounds__(kHashThreads) moe_gate_hash_thread_kernel(cons
 }
 
 /* ---- eight lanes per token ----------------------------------------------------------------- */
-template <typename T>
+template <typename T, mlaf_score_func SF>
 __global__ void __launch_bounds__(kHashWarps * 32) moe_gate_hash_octet_kernel(const GateArgs a) {
+    static_assert(!score_traits<SF>::row_wise, "hash octet kernel: elementwise scores");
     mlaf_pdl_begin();
     const int lane = threadIdx.x & 31, g = lane >> 3, tl = lane & 7;
     const unsigned team = 0xffu << (8 * g);
@@ -303,7 +310,7 @@ __global__ void __launch_bounds__(kHashWarps * 32) moe_gate_hash_octet_kernel(co
         float w = 0.0f;
         if (mine && !bad) {
             const float x = mlaf_ld(logits + t * a.logits_stride + e);
-            w = !isfinite(x) ? 0.0f : hash_score(a, x);
+            w = !isfinite(x) ? 0.0f : hash_score<SF>(x, 0.0f, 1.0f);
         }
         /* the warp kernel's sum: its xor-16 and xor-8 steps add +0 for k <= 8 */
         const float sum = team_sum<8>(w + 0.0f);
@@ -326,11 +333,11 @@ __global__ void __launch_bounds__(kHashWarps * 32) moe_gate_hash_octet_kernel(co
     }
 }
 
-template <typename T> static int hash_thread_resident(int sms) {
+template <typename T, mlaf_score_func SF> static int hash_thread_resident(int sms) {
     static std::atomic<int> cached{0};
     int v = cached.load(std::memory_order_relaxed);
     if (v == 0) {
-        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, moe_gate_hash_thread_kernel<T>, kHashThreads, 0) !=
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, moe_gate_hash_thread_kernel<T, SF>, kHashThreads, 0) !=
                 cudaSuccess ||
             v < 1) {
             (void)cudaGetLastError();
@@ -341,30 +348,32 @@ template <typename T> static int hash_thread_resident(int sms) {
     return v * (sms > 0 ? sms : 132);
 }
 
-template <typename T> void launch_hash_warp(const GateArgs &a, int sm_count, cudaStream_t stream) {
+template <typename T, mlaf_score_func SF> void launch_hash_warp(const GateArgs &a, int sm_count, cudaStream_t stream) {
     const int64_t want = (a.T + kHashWarps - 1) / kHashWarps;
     const int64_t cap = (int64_t)(sm_count > 0 ? sm_count : 1) * 16;
-    mlaf_launch(moe_gate_hash_kernel<T>,
+    mlaf_launch(moe_gate_hash_kernel<T, SF>,
         (int)(want < cap ? want : cap), kHashWarps * 32, 0, stream, a);
 }
 
-/* top_k <= 8, no softmax, no scores output (the eight-lane and thread kernels) */
-static inline bool hash_fast_ok(const GateArgs &a) { return a.top_k <= kHashKMax && !a.softmax && !a.scores; }
+/* top_k <= 8, an elementwise score, no scores output (the eight-lane and thread kernels) */
+template <mlaf_score_func SF> inline bool hash_fast_ok(const GateArgs &a) {
+    return !score_traits<SF>::row_wise && a.top_k <= kHashKMax && !a.scores;
+}
 
-template <typename T> void launch_hash_octet(const GateArgs &a, int sm_count, cudaStream_t stream) {
+template <typename T, mlaf_score_func SF> void launch_hash_octet(const GateArgs &a, int sm_count, cudaStream_t stream) {
     const int64_t want = (a.T + kHashWarps * 4 - 1) / (kHashWarps * 4);
     const int64_t cap = (int64_t)(sm_count > 0 ? sm_count : 1) * 16;
-    mlaf_launch(moe_gate_hash_octet_kernel<T>,
+    mlaf_launch(moe_gate_hash_octet_kernel<T, SF>,
         (int)(want < cap ? want : cap), kHashWarps * 32, 0, stream, a);
 }
 
-template <typename T> void launch_hash_thread(const GateArgs &a, int sm_count, cudaStream_t stream) {
+template <typename T, mlaf_score_func SF> void launch_hash_thread(const GateArgs &a, int sm_count, cudaStream_t stream) {
     const uintptr_t ids = reinterpret_cast<uintptr_t>(a.ids), w = reinterpret_cast<uintptr_t>(a.weights);
     const int stage_out = a.weights_f32 && a.K == a.top_k && a.ids_stride == a.K && a.weights_stride == a.K &&
                           ids % 16 == 0 && w % 16 == 0;
     const int64_t want = (a.T + kHashThreads - 1) / kHashThreads;
-    const int64_t cap = hash_thread_resident<T>(sm_count);
-    mlaf_launch(moe_gate_hash_thread_kernel<T>,
+    const int64_t cap = hash_thread_resident<T, SF>(sm_count);
+    mlaf_launch(moe_gate_hash_thread_kernel<T, SF>,
         (int)(want < cap ? want : cap), kHashThreads, 0, stream, a, stage_out);
 }
 
@@ -372,13 +381,17 @@ template <typename T> void launch_hash_thread(const GateArgs &a, int sm_count, c
  * "hash routing"). */
 constexpr int64_t kHashThreadFromT = 65536;
 
-template <typename T> void launch_hash(const GateArgs &a, int sm_count, cudaStream_t stream) {
-    if (!hash_fast_ok(a))
-        launch_hash_warp<T>(a, sm_count, stream);
-    else if (a.T < kHashThreadFromT)
-        launch_hash_octet<T>(a, sm_count, stream);
-    else
-        launch_hash_thread<T>(a, sm_count, stream);
+template <typename T, mlaf_score_func SF> void launch_hash(const GateArgs &a, int sm_count, cudaStream_t stream) {
+    if constexpr (score_traits<SF>::row_wise) {
+        launch_hash_warp<T, SF>(a, sm_count, stream);
+    } else {
+        if (!hash_fast_ok<SF>(a))
+            launch_hash_warp<T, SF>(a, sm_count, stream);
+        else if (a.T < kHashThreadFromT)
+            launch_hash_octet<T, SF>(a, sm_count, stream);
+        else
+            launch_hash_thread<T, SF>(a, sm_count, stream);
+    }
 }
 
 } // namespace

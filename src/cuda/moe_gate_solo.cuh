@@ -23,8 +23,8 @@
  * Rows with a non-finite logit or bias, and lists that overflow (heavy ties), take
  * solo_exact_warp: the moe_gate policy (docs/moe_gate.md) computed by the whole warp, one such
  * token after another.
- * sqrt_softplus rows (kSoloSsp) rank by a cheap score in passes 1-2 and re-key the candidates
- * exactly before step 5.
+ * Scores whose traits are `filtered` (sqrt_softplus) rank by a cheap score in passes 1-2 and
+ * re-key the candidates exactly before step 5.
  * Limits (else try_solo returns false): sigmoid, or sqrt_softplus in one group; no scores output,
  * 16-byte aligned rows, the compiled shapes (E, G) with k <= KMAX and k <= 2 x kept units.
  * Launch: 2 warps (64 tokens) per block, a persistent grid of SMs x resident blocks. Shared
@@ -48,24 +48,12 @@ constexpr int kSoloWarps = 2;
  * pass 1 holds the first in registers, and pass 2 / the winners' weights read first-half logits
  * from global memory (twice the resident tokens per SM for the same shared memory). */
 constexpr int kSoloRecompute = 1, kSoloOneSeg = 2, kSoloUnroll2 = 4, kSoloPrefetch = 8,
-              kSoloHalf = 16, kSoloSsp = 32;
+              kSoloHalf = 16;
 
-/* kSoloSsp: the sqrt_softplus score (DeepSeek-V4). Passes 1 and 2 rank by the cheap
- * sqrt_softplus_filter, the candidates' threshold lowered by sqrt_softplus_margin so that the
- * exact top k is among them; then the candidates' keys and the winners' weights are the exact
- * sqrt_softplus_f (the other kernels' bits). */
-template <bool SSP> __device__ __forceinline__ float solo_pass_score(float x) {
-    if constexpr (SSP)
-        return sqrt_softplus_filter(x);
-    else
-        return sigmoid_fast(x);
-}
-template <bool SSP> __device__ __forceinline__ float solo_exact_score(float x) {
-    if constexpr (SSP)
-        return sqrt_softplus_f(x);
-    else
-        return sigmoid_fast(x);
-}
+/* The score SF (score_traits<SF>::solo): passes 1 and 2 rank by score_traits<SF>::filter. A
+ * filtered score (sqrt_softplus, DeepSeek-V4) lowers the candidates' threshold by its margin so
+ * that the exact top k is among them; then the candidates' keys and the winners' weights are
+ * score_traits<SF>::fast (the other kernels' bits). Otherwise filter is fast itself (sigmoid). */
 
 /* Shared memory of one warp: 32 rows, one per lane, each padded by 16 bytes so that the 32
  * lanes reading the same offset of their rows hit distinct banks; row r holds s (f32) with the
@@ -200,7 +188,7 @@ __device__ __forceinline__ void solo_store(const GateArgs &a, int64_t t, int E, 
  * common epilogue. One token costs the warp a row load and ~k + log2(G) shuffle rounds; a
  * lane computing the policy alone (k passes over E values) is slow enough that a single list
  * overflow in a call sets the call's time. */
-template <typename T, int E, int G, int KMAX, bool SSP = false>
+template <typename T, int E, int G, int KMAX, mlaf_score_func SF>
 __device__ __noinline__ void solo_exact_warp(const GateArgs a, int64_t t, int owner) {
     constexpr int NPL = E / 32; /* experts per lane */
     constexpr int P = E / G;
@@ -213,7 +201,7 @@ __device__ __noinline__ void solo_exact_warp(const GateArgs a, int64_t t, int ow
     for (int i = 0; i < NPL; i++) {
         const float x = mlaf_ld(row + e0 + i);
         const float b = a.bias ? a.bias[e0 + i] : 0.0f;
-        c[i] = (isfinite(x) && isfinite(b)) ? solo_exact_score<SSP>(x) + b : kNegInf;
+        c[i] = (isfinite(x) && isfinite(b)) ? score_traits<SF>::fast(x) + b : kNegInf;
         lm2 = fmaxf(lm2, fminf(lm1, c[i]));
         lm1 = fmaxf(lm1, c[i]);
     }
@@ -238,20 +226,22 @@ __device__ __noinline__ void solo_exact_warp(const GateArgs a, int64_t t, int ow
         prev = best;
         const int e = (int)(0xffffffffu - (uint32_t)best);
         oid[r] = e;
-        ow[r] = (uint32_t)(best >> 32) == kOrdNegInf ? 0.0f : solo_exact_score<SSP>(mlaf_ld(row + e));
+        ow[r] = (uint32_t)(best >> 32) == kOrdNegInf ? 0.0f : score_traits<SF>::fast(mlaf_ld(row + e));
     }
     if (lane == owner) solo_store<T, KMAX>(a, t, E, oid, ow);
 }
 
-template <typename T, int E, int G, int VB, int KMAX, int F>
+template <typename T, int E, int G, int VB, int KMAX, int F, mlaf_score_func SF>
 __global__ void __launch_bounds__(kSoloWarps * 32)
 moe_gate_solo_kernel(const GateArgs a) {
     mlaf_pdl_begin();
     using S = SoloShape<T, E, G, VB, F>;
     constexpr int P = S::P, U = S::U, EPC = S::EPC, NS = S::NS;
     constexpr bool RC = S::RC;
-    constexpr bool SSP = (F & kSoloSsp) != 0;
-    static_assert(!SSP || (G == 1 && !S::HF), "solo: sqrt_softplus rows in one group, whole rows");
+    using Sc = score_traits<SF>;
+    static_assert(Sc::solo && !Sc::row_wise, "solo: a score its traits allow");
+    constexpr bool FLT = Sc::filtered; /* rank by the filter, re-key the candidates */
+    static_assert(!FLT || (G == 1 && !S::HF), "solo: filtered scores in one group, whole rows");
     constexpr int NCH = VB / EPC;               /* logits chunks per unit */
     constexpr int SEGB = S::kXBytes / NS;       /* bytes per row segment */
     extern __shared__ __align__(16) unsigned char ssmem[];
@@ -266,7 +256,7 @@ moe_gate_solo_kernel(const GateArgs a) {
 
     /* bias, padded per group; a non-finite bias sends every token to the exact path */
     int bias_bad = 0;
-    float bmax = 0.0f; /* kSoloSsp: the largest |bias| (sqrt_softplus_margin) */
+    float bmax = 0.0f; /* filtered scores: the largest |bias| (their margin) */
     for (int e = threadIdx.x; e < E; e += kSoloWarps * 32) {
         const float b = a.bias ? a.bias[e] : 0.0f;
         bsm[(e / P) * S::kBiasStride + e % P] = b;
@@ -274,14 +264,14 @@ moe_gate_solo_kernel(const GateArgs a) {
         bmax = fmaxf(bmax, fabsf(b));
     }
     __shared__ uint32_t s_bmax[kSoloWarps];
-    if constexpr (SSP) {
+    if constexpr (FLT) {
         const uint32_t m = __reduce_max_sync(kFull, __float_as_uint(bmax)); /* >= 0: bits order */
         if (lane == 0) s_bmax[wib] = m;
     }
     if (lane == 0)
         for (int sg = 0; sg < NS; sg++) mlaf_bar_init(bar0 + 8 * sg, 32);
     const bool all_exact = __syncthreads_or(bias_bad) != 0;
-    if constexpr (SSP) {
+    if constexpr (FLT) {
         bmax = 0.0f;
 #pragma unroll
         for (int w = 0; w < kSoloWarps; w++) bmax = fmaxf(bmax, __uint_as_float(s_bmax[w]));
@@ -394,7 +384,7 @@ moe_gate_solo_kernel(const GateArgs a) {
                 for (int i = 0; i < EPC; i++) {
                     const float x = mlaf_elem<T>::load(el[i]);
                     acc[i & 3] = fmaf(x, 0.0f, acc[i & 3]);
-                    sv[i] = solo_pass_score<SSP>(x);
+                    sv[i] = Sc::filter(x);
                 }
 #pragma unroll
                 for (int q = 0; q < EPC / 4; q++) {
@@ -466,7 +456,7 @@ moe_gate_solo_kernel(const GateArgs a) {
                     if (!((kept >> (u / S::UG)) & 1u)) tv[2 * u] = tv[2 * u + 1] = kNegInf;
             }
             float tau = solo_kth<2 * U, KMAX>(tv, K);
-            if constexpr (SSP) tau -= sqrt_softplus_margin(tau, bmax);
+            if constexpr (FLT) tau -= Sc::margin(tau, bmax);
 
             /* 4. pass 2: candidates of kept groups, ascending expert index. Entries past the
              * list (heavy ties) are counted, not stored: the token then takes the exact path. */
@@ -482,7 +472,7 @@ moe_gate_solo_kernel(const GateArgs a) {
                 }
                 n = o;
             };
-            if constexpr (SSP) {
+            if constexpr (FLT) {
                 /* one group: only the units whose best key reaches tau (each lane its own,
                  * ascending), read from their pass-1 entries before the list is overwritten */
                 uint32_t um = 0u;
@@ -505,7 +495,7 @@ moe_gate_solo_kernel(const GateArgs a) {
                         for (int j = 0; j < NBU; j++) {
                             float sq[4];
 #pragma unroll
-                            for (int i = 0; i < 4; i++) sq[i] = sqrt_softplus_filter(mlaf_elem<T>::load(el[4 * j + i]));
+                            for (int i = 0; i < 4; i++) sq[i] = Sc::filter(mlaf_elem<T>::load(el[4 * j + i]));
                             quad(sq, br[j], eb + 4 * j);
                         }
                     } else {
@@ -521,7 +511,7 @@ moe_gate_solo_kernel(const GateArgs a) {
                 }
             }
             uint32_t km = kept;
-            const int passes = SSP ? 0 : G > 1 ? a.topk_group : 1;
+            const int passes = FLT ? 0 : G > 1 ? a.topk_group : 1;
             for (int it = 0; it < passes; it++) {
                 const int g = __ffs(km) - 1;
                 km &= km - 1;
@@ -550,7 +540,7 @@ moe_gate_solo_kernel(const GateArgs a) {
                         for (int j = 0; j < NB; j++) {
                             float sq[4];
 #pragma unroll
-                            for (int i = 0; i < 4; i++) sq[i] = solo_pass_score<SSP>(mlaf_elem<T>::load(el[4 * j + i]));
+                            for (int i = 0; i < 4; i++) sq[i] = Sc::filter(mlaf_elem<T>::load(el[4 * j + i]));
                             quad(sq, br[j], g * P + 4 * (j0 + j));
                         }
                     } else {
@@ -571,7 +561,7 @@ moe_gate_solo_kernel(const GateArgs a) {
             auto logit_at = [&](int e) {
                 return mlaf_elem<T>::load(*reinterpret_cast<const T *>((RC ? xrow : grow) + e * (int)sizeof(T)));
             };
-            if constexpr (SSP) {
+            if constexpr (FLT) {
                 if (!exact) {
                     float xc[S::kCap];
 #pragma unroll
@@ -580,7 +570,7 @@ moe_gate_solo_kernel(const GateArgs a) {
                     for (int j = 0; j < S::kCap; j++) {
                         if (j < n) {
                             const int e = (int)list[32 * j].y;
-                            list[32 * j].x = __float_as_uint(sqrt_softplus_f(xc[j]) + bsm[e]);
+                            list[32 * j].x = __float_as_uint(Sc::fast(xc[j]) + bsm[e]);
                         }
                     }
                 }
@@ -611,13 +601,13 @@ moe_gate_solo_kernel(const GateArgs a) {
 #pragma unroll
                 for (int i = 0; i < KMAX; i++) {
                     const int e = tid[i];
-                    if constexpr (SSP)
-                        tw[i] = sqrt_softplus_f(logit_at(e));
+                    if constexpr (FLT)
+                        tw[i] = Sc::fast(logit_at(e));
                     else if constexpr (S::HF)
-                        tw[i] = sigmoid_fast(mlaf_elem<T>::load(*reinterpret_cast<const T *>(
+                        tw[i] = Sc::fast(mlaf_elem<T>::load(*reinterpret_cast<const T *>(
                             e >= E / 2 ? xrow + (e - E / 2) * (int)sizeof(T) : grow + e * (int)sizeof(T))));
                     else if constexpr (RC)
-                        tw[i] = sigmoid_fast(mlaf_elem<T>::load(*reinterpret_cast<const T *>(xrow + e * (int)sizeof(T))));
+                        tw[i] = Sc::fast(mlaf_elem<T>::load(*reinterpret_cast<const T *>(xrow + e * (int)sizeof(T))));
                     else
                         tw[i] = *reinterpret_cast<const float *>(srow + e * 4);
                 }
@@ -627,7 +617,7 @@ moe_gate_solo_kernel(const GateArgs a) {
         /* the tile's exact tokens, one at a time by the whole warp */
         for (unsigned em = __ballot_sync(kFull, live && exact); em; em &= em - 1) {
             const int l = __ffs(em) - 1;
-            solo_exact_warp<T, E, G, KMAX, SSP>(a, tl * 32 + l, l);
+            solo_exact_warp<T, E, G, KMAX, SF>(a, tl * 32 + l, l);
         }
     }
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ < 900
@@ -635,12 +625,12 @@ moe_gate_solo_kernel(const GateArgs a) {
 #endif
 }
 
-template <typename T, int E, int G, int VB, int KMAX, int F> int solo_blocks_per_sm() {
+template <typename T, int E, int G, int VB, int KMAX, int F, mlaf_score_func SF> int solo_blocks_per_sm() {
     static std::atomic<int> cached{0};
     int v = cached.load(std::memory_order_relaxed);
     if (v == 0) {
         if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-                &v, moe_gate_solo_kernel<T, E, G, VB, KMAX, F>, kSoloWarps * 32,
+                &v, moe_gate_solo_kernel<T, E, G, VB, KMAX, F, SF>, kSoloWarps * 32,
                 SoloShape<T, E, G, VB, F>::kSmemBytes) != cudaSuccess ||
             v < 1) {
             (void)cudaGetLastError();
@@ -651,53 +641,56 @@ template <typename T, int E, int G, int VB, int KMAX, int F> int solo_blocks_per
     return v;
 }
 
-template <typename T, int E, int G, int VB, int KMAX, int F = 0>
+template <typename T, int E, int G, int VB, int KMAX, int F, mlaf_score_func SF>
 void launch_solo(const GateArgs &a, int sm_count, cudaStream_t stream) {
     using S = SoloShape<T, E, G, VB, F>;
     static_assert(S::kSmemBytes <= 227 * 1024, "solo kernel shared memory");
     if (S::kSmemBytes > 48 * 1024)
-        (void)cudaFuncSetAttribute(moe_gate_solo_kernel<T, E, G, VB, KMAX, F>,
+        (void)cudaFuncSetAttribute(moe_gate_solo_kernel<T, E, G, VB, KMAX, F, SF>,
                                    cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmemBytes);
     const int64_t tiles = (a.T + 31) / 32;
     const int64_t want = (tiles + kSoloWarps - 1) / kSoloWarps;
-    const int64_t cap = (int64_t)(sm_count > 0 ? sm_count : 1) * solo_blocks_per_sm<T, E, G, VB, KMAX, F>();
+    const int64_t cap = (int64_t)(sm_count > 0 ? sm_count : 1) * solo_blocks_per_sm<T, E, G, VB, KMAX, F, SF>();
     const int blocks = (int)(want < cap ? want : cap);
-    mlaf_launch(moe_gate_solo_kernel<T, E, G, VB, KMAX, F>,
+    mlaf_launch(moe_gate_solo_kernel<T, E, G, VB, KMAX, F, SF>,
         blocks, kSoloWarps * 32, S::kSmemBytes, stream, a);
 }
 
-/* Whether the solo kernel (E, G experts / groups, units of VB, KMAX) can run call a. */
+/* Whether the solo kernel (E, G experts / groups, units of VB, KMAX) can run call a (of the
+ * score the shape was compiled for). */
 template <typename T>
-inline bool solo_fits(const GateArgs &a, int E, int G, int VB, int KMAX, bool ssp = false) {
-    if (a.E != E || a.n_group != G || a.softmax || a.scores || a.top_k > KMAX) return false;
-    if ((a.sqrt_softplus != 0) != ssp) return false;
+inline bool solo_fits(const GateArgs &a, int E, int G, int VB, int KMAX) {
+    if (a.E != E || a.n_group != G || a.scores || a.top_k > KMAX) return false;
     const int units_kept = G > 1 ? a.topk_group * (E / G / VB) : E / VB;
     if (a.top_k > 2 * units_kept) return false;
     return fast_copy_unit<T>(a) == 16;
 }
 
-/* The prefill router for the shapes compiled here; false: the caller picks another kernel. */
-template <typename T>
+/* The prefill router for the shapes compiled here, each for one score; false: the caller picks
+ * another kernel. */
+template <typename T, mlaf_score_func SF>
 bool try_solo(const GateArgs &a, int sm_count, cudaStream_t stream) {
     /* Pass 1 unrolled by two units everywhere; DeepSeek-V3 with 2-byte logits recomputes s in
      * pass 2 (twice the resident warps). */
     constexpr int kHalf = sizeof(T) == 2 ? kSoloRecompute : 0;
-#define MLAF_SOLO(E_, G_, VB_, KM_, F_)                                                           \
-    if (solo_fits<T>(a, E_, G_, VB_, KM_, ((F_) & kSoloSsp) != 0)) {                             \
-        launch_solo<T, E_, G_, VB_, KM_, F_>(a, sm_count, stream);                               \
-        return true;                                                                              \
+#define MLAF_SOLO(SF_, E_, G_, VB_, KM_, F_)                                                      \
+    if constexpr (SF == (SF_)) {                                                                  \
+        if (solo_fits<T>(a, E_, G_, VB_, KM_)) {                                                  \
+            launch_solo<T, E_, G_, VB_, KM_, F_, SF>(a, sm_count, stream);                        \
+            return true;                                                                          \
+        }                                                                                         \
     }
     /* DeepSeek-V3 / R1 with 2-byte logits from 49152 tokens: half-row slots (16 resident warps
      * per SM instead of 10); below that T they lose, and so do f32 rows at every T but 32768. */
     if constexpr (sizeof(T) == 2) {
-        if (a.T >= 49152) MLAF_SOLO(256, 8, 16, 8, kSoloUnroll2 | kSoloRecompute | kSoloHalf)
+        if (a.T >= 49152) { MLAF_SOLO(MLAF_SCORE_SIGMOID, 256, 8, 16, 8, kSoloUnroll2 | kSoloRecompute | kSoloHalf) }
     }
     /* DeepSeek-V3 / R1: rows with one copy each */
-    MLAF_SOLO(256, 8, 16, 8, kSoloUnroll2 | kHalf | kSoloOneSeg)
+    MLAF_SOLO(MLAF_SCORE_SIGMOID, 256, 8, 16, 8, kSoloUnroll2 | kHalf | kSoloOneSeg)
     /* GLM-4.7-Flash: one copy per row, not two */
-    MLAF_SOLO(64, 1, 8, 4, kSoloUnroll2 | kSoloOneSeg)
+    MLAF_SOLO(MLAF_SCORE_SIGMOID, 64, 1, 8, 4, kSoloUnroll2 | kSoloOneSeg)
     /* DeepSeek-V4: sqrt_softplus, one group of 256 */
-    MLAF_SOLO(256, 1, 16, 8, kSoloUnroll2 | kHalf | kSoloOneSeg | kSoloSsp)
+    MLAF_SOLO(MLAF_SCORE_SQRT_SOFTPLUS, 256, 1, 16, 8, kSoloUnroll2 | kHalf | kSoloOneSeg)
 #undef MLAF_SOLO
     return false;
 }

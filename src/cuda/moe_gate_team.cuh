@@ -76,7 +76,7 @@ template <class S, int L> __device__ __forceinline__ int team_phys(int team, int
  * popped; writes the winners in rank order to list[0, k). Returns the softmax max and
  * 1 / sum the weights need.
  */
-template <typename T, int N, int L, class S, int kScore>
+template <typename T, int N, int L, class S, mlaf_score_func SF>
 __device__ __noinline__ float2 team_exact(const GateArgs &a, const unsigned char *row, int team,
                                           int tl, unsigned team_mask, unsigned long long *list,
                                           int64_t t) {
@@ -89,7 +89,7 @@ __device__ __noinline__ float2 team_exact(const GateArgs &a, const unsigned char
                             row + team_phys<S, L>(team, (e0 + i) * (int)sizeof(T))))
                       : 0.0f;
     float smax = 0.0f, rinv = 1.0f;
-    if constexpr (kScore == kScoreSoftmax) {
+    if constexpr (score_traits<SF>::row_wise) { /* softmax */
         float m = kNegInf;
 #pragma unroll
         for (int i = 0; i < N; i++)
@@ -107,7 +107,7 @@ __device__ __noinline__ float2 team_exact(const GateArgs &a, const unsigned char
         for (int i = 0; i < N; i++) c[i] = __fmul_rn(c[i], rinv);
     } else {
 #pragma unroll
-        for (int i = 0; i < N; i++) c[i] = gate_score<kScore>(x[i]);
+        for (int i = 0; i < N; i++) c[i] = score_traits<SF>::fast(x[i]);
     }
     if (a.scores) {
         float *srow = a.scores + t * a.scores_stride;
@@ -144,7 +144,7 @@ __device__ __noinline__ float2 team_exact(const GateArgs &a, const unsigned char
 }
 
 /* One token per team of L lanes: the steps of the opening comment. */
-template <typename T, int N, int L, int Ahead, int kScore, int MinB>
+template <typename T, int N, int L, int Ahead, mlaf_score_func SF, int MinB>
 __global__ void __launch_bounds__(kTeamWarps * 32, MinB)
 moe_gate_team_kernel(const GateArgs a, const int copy_unit) {
     mlaf_pdl_begin();
@@ -225,7 +225,7 @@ moe_gate_team_kernel(const GateArgs a, const int copy_unit) {
                 raw[j] = *reinterpret_cast<const V *>(
                     row + team_phys<S, L>(team, e0 * (int)sizeof(T) + j * S::kVec));
             const T *el = reinterpret_cast<const T *>(raw);
-            if constexpr (kScore == kScoreSoftmax) {
+            if constexpr (score_traits<SF>::row_wise) { /* softmax */
                 float m = kNegInf;
 #pragma unroll
                 for (int i = 0; i < N; i++) {
@@ -252,7 +252,7 @@ moe_gate_team_kernel(const GateArgs a, const int copy_unit) {
                         acc1 = fmaf(xi, 0.0f, acc1);
                     else
                         acc = fmaf(xi, 0.0f, acc);
-                    c[i] = gate_score<kScore>(xi) + breg[i];
+                    c[i] = score_traits<SF>::fast(xi) + breg[i];
                 }
                 acc += acc1;
             }
@@ -305,7 +305,7 @@ moe_gate_team_kernel(const GateArgs a, const int copy_unit) {
             }
         }
         if (exact) {
-            const float2 sm = team_exact<T, N, L, S, kScore>(a, row, team, tl, team_mask, list, t);
+            const float2 sm = team_exact<T, N, L, S, SF>(a, row, team, tl, team_mask, list, t);
             smax = sm.x;
             rinv = sm.y;
             n = K;
@@ -335,10 +335,10 @@ moe_gate_team_kernel(const GateArgs a, const int copy_unit) {
                         const float xv = mlaf_elem<T>::load(*reinterpret_cast<const T *>(
                             row + team_phys<S, L>(team, e * (int)sizeof(T))));
                         float w;
-                        if constexpr (kScore == kScoreSoftmax)
+                        if constexpr (score_traits<SF>::row_wise) /* softmax */
                             w = __fmul_rn(__expf(xv - smax), rinv);
                         else
-                            w = gate_score<kScore>(xv);
+                            w = score_traits<SF>::fast(xv);
                         if ((uint32_t)(kj >> 32) == kOrdNegInf) w = 0.0f; /* invalid: weight 0 */
                         wr[jj] = r;
                         wid[jj] = e;
@@ -378,12 +378,12 @@ moe_gate_team_kernel(const GateArgs a, const int copy_unit) {
     cp_async_wait<0>(); /* no copy outlives the block */
 }
 
-template <typename T, int N, int L, int Ahead, int kScore, int MinB> int team_blocks_per_sm() {
+template <typename T, int N, int L, int Ahead, mlaf_score_func SF, int MinB> int team_blocks_per_sm() {
     static std::atomic<int> cached{0};
     int v = cached.load(std::memory_order_relaxed);
     if (v == 0) {
         if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-                &v, moe_gate_team_kernel<T, N, L, Ahead, kScore, MinB>, kTeamWarps * 32,
+                &v, moe_gate_team_kernel<T, N, L, Ahead, SF, MinB>, kTeamWarps * 32,
                 TeamShape<T, N, L, Ahead>::kSmemBytes) != cudaSuccess ||
             v < 1) {
             (void)cudaGetLastError();
@@ -394,19 +394,19 @@ template <typename T, int N, int L, int Ahead, int kScore, int MinB> int team_bl
     return v;
 }
 
-template <typename T, int N, int L, int kScore, int Ahead = 4096, int MinB = 1>
+template <typename T, int N, int L, mlaf_score_func SF, int Ahead = 4096, int MinB = 1>
 void launch_team(const GateArgs &a, int copy_unit, int sm_count, cudaStream_t stream) {
     using S = TeamShape<T, N, L, Ahead>;
     static_assert(S::kSmemBytes <= 227 * 1024, "team kernel shared memory");
     if (S::kSmemBytes > 48 * 1024)
-        (void)cudaFuncSetAttribute(moe_gate_team_kernel<T, N, L, Ahead, kScore, MinB>,
+        (void)cudaFuncSetAttribute(moe_gate_team_kernel<T, N, L, Ahead, SF, MinB>,
                                    cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmemBytes);
     const int64_t per_block = (int64_t)kTeamWarps * S::R;
     const int64_t want = (a.T + per_block - 1) / per_block;
     const int64_t cap =
-        (int64_t)(sm_count > 0 ? sm_count : 1) * team_blocks_per_sm<T, N, L, Ahead, kScore, MinB>();
+        (int64_t)(sm_count > 0 ? sm_count : 1) * team_blocks_per_sm<T, N, L, Ahead, SF, MinB>();
     const int blocks = (int)(want < cap ? want : cap);
-    mlaf_launch(moe_gate_team_kernel<T, N, L, Ahead, kScore, MinB>,
+    mlaf_launch(moe_gate_team_kernel<T, N, L, Ahead, SF, MinB>,
         blocks, kTeamWarps * 32, S::kSmemBytes, stream, a, copy_unit);
 }
 

@@ -8,7 +8,7 @@
  * group g (<= 32 experts) in lanes [0, P) of warp g, or experts [32 w, 32 w + 32) in warp w
  * for one group. Per token:
  *   0. Thread (w, l) loads its logit and its bias entry first (L2-resident in a decode loop).
- *   1. s = sigmoid_fast(x), sqrt_softplus_f(x), or softmax over the finite logits (block max
+ *   1. s = score_traits<SF>::fast(x), or softmax over the finite logits (block max
  *      of ord32, exp, block sum: two barriers); v = ord32(s + b), kOrdNegInf for an invalid
  *      expert, 0 for padding.
  *   2. The unit's best two keys by two warp reductions; lane 0 writes the unit's group score
@@ -69,7 +69,7 @@ __device__ __forceinline__ void tiny_load_words(const uint32_t *p, uint32_t (&o)
 }
 
 /* MINB: resident blocks the registers must allow (1 at decode sizes, full occupancy past them). */
-template <typename T, int NW, int kScore, int MINB>
+template <typename T, int NW, mlaf_score_func SF, int MINB>
 __global__ void __launch_bounds__(NW * 32, MINB) moe_gate_tiny_kernel(const GateArgs a) {
     mlaf_pdl_begin();
     static_assert(NW >= 2 && NW <= 16 && NW % 2 == 0, "tiny: 2..16 warps");
@@ -106,7 +106,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) moe_gate_tiny_kernel(const Gate
     /* 1. scores, rank values */
     const bool xf = in && isfinite(x);
     float s;
-    if constexpr (kScore == kScoreSoftmax) {
+    if constexpr (score_traits<SF>::row_wise) { /* softmax */
         const uint32_t mk = warp_max_u32(xf ? ord32(x) : 0u);
         if (lane == 0) s_red[w] = mk;
         __syncthreads();
@@ -127,7 +127,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) moe_gate_tiny_kernel(const Gate
         const float rinv = 1.0f / (sum > 0.0f ? sum : 1.0f);
         s = __fmul_rn(ex, rinv);
     } else {
-        s = gate_score<kScore>(x);
+        s = score_traits<SF>::fast(x);
     }
     const bool valid = xf && isfinite(b);
     const uint32_t v = valid ? ord32(s + b) : (in ? kOrdNegInf : 0u);
@@ -267,24 +267,16 @@ __global__ void __launch_bounds__(NW * 32, MINB) moe_gate_tiny_kernel(const Gate
     }
 }
 
-template <typename T, int NW, int MINB>
+template <typename T, int NW, mlaf_score_func SF, int MINB>
 void launch_tiny(const GateArgs &a, cudaStream_t stream) {
-    if (a.softmax)
-        mlaf_launch(moe_gate_tiny_kernel<T, NW, kScoreSoftmax, MINB>,
-            (unsigned)a.T, NW * 32, 0, stream, a);
-    else if (a.sqrt_softplus)
-        mlaf_launch(moe_gate_tiny_kernel<T, NW, kScoreSqrtSoftplus, MINB>,
-            (unsigned)a.T, NW * 32, 0, stream, a);
-    else
-        mlaf_launch(moe_gate_tiny_kernel<T, NW, kScoreSigmoid, MINB>,
-            (unsigned)a.T, NW * 32, 0, stream, a);
+    mlaf_launch(moe_gate_tiny_kernel<T, NW, SF, MINB>, (unsigned)a.T, NW * 32, 0, stream, a);
 }
 
 /* Blocks of NW warps resident per SM at full occupancy (2048 threads). */
 constexpr int tiny_full_blocks(int nw) { return 2048 / (nw * 32); }
 
 /* Takes decode-size calls (see the limits above); false launches nothing. */
-template <typename T>
+template <typename T, mlaf_score_func SF>
 bool try_tiny(const GateArgs &a, int sm_count, cudaStream_t stream, bool any_t = false) {
     if (a.T < 1 || a.scores != nullptr) return false;
     if (a.top_k < 1 || a.top_k > 32 || a.E < 1) return false;
@@ -300,22 +292,22 @@ bool try_tiny(const GateArgs &a, int sm_count, cudaStream_t stream, bool any_t =
     const int nw = units <= 2 ? 2 : units <= 4 ? 4 : units <= 8 ? 8 : units <= 12 ? 12 : 16;
     if (a.T <= kTinyMaxT) {
         switch (nw) {
-        case 2: launch_tiny<T, 2, 1>(a, stream); break;
-        case 4: launch_tiny<T, 4, 1>(a, stream); break;
-        case 8: launch_tiny<T, 8, 1>(a, stream); break;
-        case 12: launch_tiny<T, 12, 1>(a, stream); break;
-        default: launch_tiny<T, 16, 1>(a, stream); break;
+        case 2: launch_tiny<T, 2, SF, 1>(a, stream); break;
+        case 4: launch_tiny<T, 4, SF, 1>(a, stream); break;
+        case 8: launch_tiny<T, 8, SF, 1>(a, stream); break;
+        case 12: launch_tiny<T, 12, SF, 1>(a, stream); break;
+        default: launch_tiny<T, 16, SF, 1>(a, stream); break;
         }
         return true;
     }
     const int64_t wave = (int64_t)(sm_count > 0 ? sm_count : 1) * tiny_full_blocks(nw);
     if (!any_t && (units < 4 || a.T > kTinyMidWaves * wave)) return false;
     switch (nw) { /* 2 warps (fewer than 4 units) only with any_t: the decode instance */
-    case 2: launch_tiny<T, 2, 1>(a, stream); break;
-    case 4: launch_tiny<T, 4, tiny_full_blocks(4)>(a, stream); break;
-    case 8: launch_tiny<T, 8, tiny_full_blocks(8)>(a, stream); break;
-    case 12: launch_tiny<T, 12, tiny_full_blocks(12)>(a, stream); break;
-    default: launch_tiny<T, 16, tiny_full_blocks(16)>(a, stream); break;
+    case 2: launch_tiny<T, 2, SF, 1>(a, stream); break;
+    case 4: launch_tiny<T, 4, SF, tiny_full_blocks(4)>(a, stream); break;
+    case 8: launch_tiny<T, 8, SF, tiny_full_blocks(8)>(a, stream); break;
+    case 12: launch_tiny<T, 12, SF, tiny_full_blocks(12)>(a, stream); break;
+    default: launch_tiny<T, 16, SF, tiny_full_blocks(16)>(a, stream); break;
     }
     return true;
 }

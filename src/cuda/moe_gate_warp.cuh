@@ -3,8 +3,9 @@
  * other kernel takes. One warp per token; lane l holds experts e = 32 i + l, i < NMAX:
  *   1. Load the logits row (one coalesced element load per slot; for E <= 512 the next
  *      token's row is loaded before this one is processed, so two rows per warp are in flight).
- *   2. s = sigmoid(x), sqrt_softplus(x) (the only kernel with that score), or softmax over the finite logits (warp max by redux on ord32 of the
- *      float, warp sum by an xor butterfly, so every lane sees the same bits). c = s + bias.
+ *   2. s = score_traits<SF>::exact(x), or softmax over the finite logits (warp max by redux on
+ *      ord32 of the float, warp sum by an xor butterfly, so every lane sees the same bits).
+ *      c = s + bias.
  *   3. Every slot gets its rank value v = ord32(c); 1 for an invalid expert, 0 for padding.
  *   4. Groups (n_group > 1): c goes to shared memory (skewed by one word per 32 so the group
  *      scans below hit distinct banks); each group is scanned by a power-of-two team of lanes
@@ -43,7 +44,7 @@ __device__ __forceinline__ void load_row(const T *__restrict__ row, int32_t E, i
     }
 }
 
-template <typename T, int NMAX>
+template <typename T, int NMAX, mlaf_score_func SF>
 __global__ void __launch_bounds__(kWarps * 32)
 moe_gate_warp_kernel(const GateArgs a) {
     mlaf_pdl_begin();
@@ -93,13 +94,10 @@ moe_gate_warp_kernel(const GateArgs a) {
         bool ok[NMAX];
 #pragma unroll
         for (int i = 0; i < NMAX; i++) ok[i] = (i * 32 + lane < E) && isfinite(x[i]);
-        if (a.sqrt_softplus) {
+        if constexpr (!score_traits<SF>::row_wise) {
 #pragma unroll
-            for (int i = 0; i < NMAX; i++) s[i] = sqrt_softplus_f(ok[i] ? x[i] : 0.0f);
-        } else if (!a.softmax) {
-#pragma unroll
-            for (int i = 0; i < NMAX; i++) s[i] = 1.0f / (1.0f + expf(-(ok[i] ? x[i] : 0.0f)));
-        } else {
+            for (int i = 0; i < NMAX; i++) s[i] = score_traits<SF>::exact(ok[i] ? x[i] : 0.0f);
+        } else { /* softmax */
             float m = -INFINITY;
 #pragma unroll
             for (int i = 0; i < NMAX; i++) m = ok[i] ? fmaxf(m, x[i]) : m;
@@ -288,25 +286,25 @@ moe_gate_warp_kernel(const GateArgs a) {
     }
 }
 
-template <typename T, int NMAX>
+template <typename T, mlaf_score_func SF, int NMAX>
 void launch(const GateArgs &a, int sm_count, cudaStream_t stream) {
     int64_t want = (a.T + kWarps - 1) / kWarps;
     int64_t cap = (int64_t)(sm_count > 0 ? sm_count : 1) * 16;
     int blocks = (int)(want < cap ? want : cap);
     size_t smem = a.n_group > 1 ? (size_t)kWarps * (a.E + (a.E >> 5) + 1 + 64) * sizeof(float) : 0;
-    mlaf_launch(moe_gate_warp_kernel<T, NMAX>, blocks, kWarps * 32, smem, stream, a);
+    mlaf_launch(moe_gate_warp_kernel<T, NMAX, SF>, blocks, kWarps * 32, smem, stream, a);
 }
 
-template <typename T>
+template <typename T, mlaf_score_func SF>
 void launch_dt(const GateArgs &a, int sm_count, cudaStream_t stream) {
     int slots = (a.E + 31) / 32;
-    if (slots <= 1) launch<T, 1>(a, sm_count, stream);
-    else if (slots <= 2) launch<T, 2>(a, sm_count, stream);
-    else if (slots <= 4) launch<T, 4>(a, sm_count, stream);
-    else if (slots <= 8) launch<T, 8>(a, sm_count, stream);
-    else if (slots <= 16) launch<T, 16>(a, sm_count, stream);
-    else if (slots <= 32) launch<T, 32>(a, sm_count, stream);
-    else launch<T, 64>(a, sm_count, stream);
+    if (slots <= 1) launch<T, SF, 1>(a, sm_count, stream);
+    else if (slots <= 2) launch<T, SF, 2>(a, sm_count, stream);
+    else if (slots <= 4) launch<T, SF, 4>(a, sm_count, stream);
+    else if (slots <= 8) launch<T, SF, 8>(a, sm_count, stream);
+    else if (slots <= 16) launch<T, SF, 16>(a, sm_count, stream);
+    else if (slots <= 32) launch<T, SF, 32>(a, sm_count, stream);
+    else launch<T, SF, 64>(a, sm_count, stream);
 }
 
 } // namespace

@@ -74,9 +74,21 @@ static void ref_select(const mlaf_moe_gate_job *job, const ref_token *r, const i
     }
 }
 
+static double ref_sigmoid(double x) { return 1.0 / (1.0 + exp(-x)); }
+
 /* sqrt(softplus(x)) in float64: softplus(x) = max(x, 0) + log1p(exp(-|x|)), no overflow. */
 static double ref_sqrt_softplus(double x) {
     return sqrt(fmax(x, 0.0) + log1p(exp(-fabs(x))));
+}
+
+/* The oracle's float64 s of one finite logit for an elementwise score function (score.h); NULL
+ * for a row-wise one (softmax, computed over the row below). */
+static double (*ref_score(mlaf_score_func f))(double) {
+    switch (f) {
+    case MLAF_SCORE_SIGMOID: return ref_sigmoid;
+    case MLAF_SCORE_SQRT_SOFTPLUS: return ref_sqrt_softplus;
+    default: return NULL;
+    }
 }
 
 void mlaf_ref_moe_scores(const mlaf_moe_gate_job *job, int64_t t, double *s) {
@@ -88,7 +100,8 @@ void mlaf_ref_moe_scores(const mlaf_moe_gate_job *job, int64_t t, double *s) {
         double x = mlaf_load_f32(row, job->logits_dt, e);
         if (isfinite(x) && x > xmax) xmax = x;
     }
-    if (job->score_func == MLAF_SCORE_SOFTMAX)
+    double (*const f)(double) = ref_score(job->score_func);
+    if (!f) /* softmax, the row-wise score */
         for (int32_t e = 0; e < E; e++) {
             double x = mlaf_load_f32(row, job->logits_dt, e);
             if (isfinite(x)) sum += exp(x - xmax);
@@ -97,12 +110,8 @@ void mlaf_ref_moe_scores(const mlaf_moe_gate_job *job, int64_t t, double *s) {
         double x = mlaf_load_f32(row, job->logits_dt, e);
         if (!isfinite(x))
             s[e] = NAN;
-        else if (job->score_func == MLAF_SCORE_SIGMOID)
-            s[e] = 1.0 / (1.0 + exp(-x));
-        else if (job->score_func == MLAF_SCORE_SQRT_SOFTPLUS)
-            s[e] = ref_sqrt_softplus(x);
         else
-            s[e] = exp(x - xmax) / sum;
+            s[e] = f ? f(x) : exp(x - xmax) / sum;
     }
 }
 

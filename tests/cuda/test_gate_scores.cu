@@ -27,7 +27,9 @@ __global__ void filter_sweep(uint32_t step, unsigned int *max_err, unsigned int 
     for (uint64_t i = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; i < n; i += (uint64_t)gridDim.x * blockDim.x) {
         const float x = __uint_as_float((uint32_t)(i * step));
         if (!isfinite(x)) continue;
-        const float f = sqrt_softplus_filter(x), g = sqrt_softplus_f(x);
+        /* the forms the kernels use (score_traits): the solo kernel's filter, the exact score */
+        using Ssp = score_traits<MLAF_SCORE_SQRT_SOFTPLUS>;
+        const float f = Ssp::filter(x), g = Ssp::fast(x);
         if (!isfinite(f) || f < 0.0f) {
             atomicAdd(bad, 1u);
             continue;
