@@ -10,6 +10,8 @@
 #          GLM-4.7-Flash, plain and --pdl (step v32pdl in the table), two rounds of every build.
 #   peers  the shapes where a peer kernel's figure is the bar (routers T = 1 ... 4096, rope_q,
 #          DeepSeek-V3.2 mla_kv_cache graph rows with --pdl), three rounds of every build.
+#   gate   the routers of every score function (sigmoid, softmax, sqrt_softplus, hash), f32 and
+#          bf16 logits, T = 1 ... 131072 (graph to 64), two rounds of every build.
 # The other builds travel in the pack: scripts/gpu-pack takes .gpu-pack/ab/mlafuse-NAME into it as
 # tools/mlafuse-NAME; NAME old is the baseline (OLD=path overrides it), any other NAME a variant
 # that v4 and dsa time beside it, or only the step STEP when NAME is STEP.VARIANT (v4.minb7).
@@ -20,7 +22,9 @@ cd "$(dirname "$0")/.."
 FINAL=${OUT:-/tmp/mlaf-ab}; mkdir -p "$FINAL"; DEST=$(mktemp -d)
 trap 'tar czf "$FINAL/ab.tgz" -C "$DEST" .' EXIT # one file back, also when cut short
 steps=${*:-ab sweep fp8}
-P=/tmp/mlaf-prebuilt; rm -rf $P; mkdir -p $P; tar xJf .gpu-pack/pack.tar.xz -C $P
+# GPU_PREBUILT=DIR: a build directory (DIR/tools/mlafuse) in place of the pack
+if [ -n "${GPU_PREBUILT:-}" ]; then P=$GPU_PREBUILT; OLD=${OLD:-.gpu-pack/ab/mlafuse-old}
+else P=/tmp/mlaf-prebuilt; rm -rf $P; mkdir -p $P; tar xJf .gpu-pack/pack.tar.xz -C $P; fi
 export LD_LIBRARY_PATH=$P/lib
 NEW=$P/tools/mlafuse; OLD=${OLD:-$P/tools/mlafuse-old}
 variants=; for v in $P/tools/mlafuse-*; do n=${v##*/mlafuse-}; [ "$n" = old ] || variants="$variants $n"; done
@@ -33,8 +37,14 @@ for s in $steps; do case $s in
       done ;;
   sweep) for op in split_qk_norm mla_kv_cache; do
         b sweep-$op $NEW bench --op $op --sweep --tokens 4096,32768; done ;;
-  fp8) for p in glm-4.7-flash deepseek-v3; do for c in fp8 fp8_ds_mla; do
-        b fp8-$c-$p $NEW bench --op mla_kv_cache --preset $p --cache $c; done; done ;;
+  fp8) for r in 1 2; do for p in glm-4.7-flash deepseek-v3; do for c in fp8 fp8_ds_mla; do for w in $(builds fp8); do
+        b fp8-$w-$c-$p-$r "$(bin $w)" bench --op mla_kv_cache --preset $p --cache $c --tokens 1,64,4096,32768,131072
+        done; done; done; done ;;
+  gate) for r in 1 2; do for w in $(builds gate); do x="$(bin $w)"
+        for p in glm-4.7-flash deepseek-v3 deepseek-v2 kimi-k2 deepseek-v4-flash; do for d in f32 bf16; do
+          b gate-$w-$p-$d-$r $x bench --op moe_gate --preset $p --dtype $d --tokens 1,64,1024,4096,32768,131072; done; done
+        b gate-$w-hash-f32-$r $x bench --op moe_gate --preset deepseek-v4-flash --dtype f32 --hash --tokens 1,64,4096,131072
+      done; done ;;
   v4) for r in 1 2; do for w in $(builds v4); do
         b v4-$w-$r "$(bin $w)" bench --op mla_kv_cache --preset deepseek-v4-flash --cache fp8_v4 \
           --tokens 1,8,64,4096,32768,131072; done; done ;;
@@ -56,7 +66,7 @@ for s in $steps; do case $s in
       done; done ;;
 esac; done
 for s in $steps; do echo "== $s"; case $s in
-  v4|dsa|peers) python3 dev/ab_compare.py "$DEST" $s ;;
+  v4|dsa|peers|gate|fp8) python3 dev/ab_compare.py "$DEST" $s ;;
   v32) python3 dev/ab_compare.py "$DEST" v32; echo "== v32 --pdl"; python3 dev/ab_compare.py "$DEST" v32pdl ;;
   *) python3 scripts/bench_table.py "$DEST"/$s-*.json ;;
 esac; done
