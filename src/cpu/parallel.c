@@ -33,10 +33,13 @@
 #include <unistd.h>
 #endif
 
-/* Busy-wait rounds before sleeping (a worker between calls) or blocking (the caller waiting for
- * claimed chunks): a few microseconds, so back-to-back calls find the workers awake. */
+/* A worker between calls: pause rounds before it sleeps (tens of microseconds, so back-to-back
+ * calls find it awake; longer only takes cores from others on a busy machine). The caller
+ * waiting for chunks others hold: pause rounds, then yields (the holder may be waiting for this
+ * very core), then a futex sleep until the last one is done. */
 #define SPIN_IDLE 2000
-#define SPIN_WAIT 4000
+#define SPIN_WAIT 1000
+#define YIELD_WAIT 16
 
 static inline void cpu_relax(void) {
 #if defined(__x86_64__) || defined(__i386__)
@@ -223,6 +226,10 @@ int64_t mlaf_cpu_parallel_for(const mlaf_context *cctx, int64_t items, int64_t b
     while ((d = atomic_load_explicit(&p->done, memory_order_acquire)) != nchunks) {
         if (++spins < SPIN_WAIT) {
             cpu_relax();
+            continue;
+        }
+        if (spins < SPIN_WAIT + YIELD_WAIT) {
+            sched_yield();
             continue;
         }
         atomic_store(&p->waiting, 1);

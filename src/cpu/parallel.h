@@ -3,7 +3,7 @@
  *
  * Every CPU op cuts its call into independent items (tokens, or token x head) and says how many
  * bytes the call moves (read + written). From that alone:
- *   - threads: 1 below MLAF_PAR_BYTES_PER_THREAD * 2 bytes (the calling thread runs the call
+ *   - threads: 1 below 2 * MLAF_PAR_BYTES_PER_THREAD bytes (the calling thread runs the call
  *     alone: no wake-up, no barrier); above, one thread per MLAF_PAR_BYTES_PER_THREAD bytes,
  *     at most the context's count and at most one per chunk;
  *   - chunks: about MLAF_PAR_CHUNK_BYTES of work each (at least one item), claimed one at a
@@ -16,14 +16,16 @@
 
 #include "../internal.h"
 
-/* A second thread pays from 2x this many bytes per call (measured: dev/README.md, "CPU threads"). */
+/* A second thread pays from 2x this many bytes per call (dev/README.md, "CPU threads": with
+ * threads kept awake a second one already paid at 344 KB, GLM-4.7-Flash split_qk_norm T = 64,
+ * 12-13 us against 16-22 us on one, on the 2-core development VM). */
 #ifndef MLAF_PAR_BYTES_PER_THREAD
-#define MLAF_PAR_BYTES_PER_THREAD ((int64_t)256 << 10)
+#define MLAF_PAR_BYTES_PER_THREAD ((int64_t)128 << 10)
 #endif
-/* Work per chunk: small enough that a worker preempted in the middle of one costs little (about
- * 20 us at a few GB/s), large enough that the claim (one compare-and-swap) vanishes. */
+/* Work per chunk: small enough that a worker preempted in the middle of one costs little (10-20
+ * us at 3-6 GB/s a thread), large enough that the claim (one compare-and-swap) vanishes. */
 #ifndef MLAF_PAR_CHUNK_BYTES
-#define MLAF_PAR_CHUNK_BYTES ((int64_t)128 << 10)
+#define MLAF_PAR_CHUNK_BYTES ((int64_t)64 << 10)
 #endif
 
 /* Items [lo, hi) of a call; `worker` in [0, threads) names the running thread (0: the caller)
