@@ -3,7 +3,7 @@
  * context (on the CPU with 1, 2, 3 and 8 threads, instruction-set paths left to AUTO), run
  * split_qk_norm, mla_kv_cache, rope_q (plain and head_norm), moe_gate and indexer_q concurrently
  * and repeatedly on the same inputs; every result must be bit-identical to a run on one thread
- * of one context. The calls are large enough (over 1 MB moved) for the CPU backend to use all
+ * of one context. The calls are large enough (over 2 MB moved) for the CPU backend to use all
  * 8 threads (src/cpu/parallel.h). Then: mlaf_context_free joins the context's workers (the
  * process's thread count is back where it was).
  */
@@ -14,8 +14,8 @@
 
 #include "testlib.h"
 
-enum { T = 1200, Q = 768, C = 512, R = 64, W = Q + C + R, H = 4, D = 256, MAXP = 512,
-       NB = 320, BS = 4, PTHREADS = 4, ITERS = 3, E = 256, K = 8, HI = 4, NOPS = 6 };
+enum { T = 2400, Q = 768, C = 512, R = 64, W = Q + C + R, H = 4, D = 256, MAXP = 512,
+       NB = 640, BS = 4, PTHREADS = 4, ITERS = 3, E = 256, K = 8, HI = 4, NOPS = 6 };
 
 static unsigned char *LAT, *WQ, *WKV, *Q3, *QI;
 static int64_t POS[T], SLOT[T];

@@ -344,9 +344,8 @@ static int64_t norm_rows(void *arg, int64_t t0, int64_t t1, int worker) {
     int64_t errors = 0;
     for (int64_t t = t0; t < t1; t++) {
         const char *x = (const char *)j->latent + t * j->latent_stride * (int64_t)es;
-        /* the next rows' prefetch runs past the chunk's end: the next chunk is likely this
-         * thread's too, and a hint to another thread's rows costs nothing */
-        const char *pf = t + PREFETCH_ROWS < j->T ? x + PREFETCH_ROWS * j->latent_stride * (int64_t)es : NULL;
+        /* within the chunk: the rows after it are likely another thread's */
+        const char *pf = t + PREFETCH_ROWS < t1 ? x + PREFETCH_ROWS * j->latent_stride * (int64_t)es : NULL;
         if (pf) prefetch_bytes(pf, ((int64_t)Q + C) * (int64_t)es, row_bytes); /* the k_pe part */
         const char *xkv = x + (int64_t)Q * es, *xpe = x + ((int64_t)Q + C) * es;
         /* both sums before anything of the row is written: the in-place form is safe */
@@ -437,7 +436,7 @@ static int64_t rope_q_heads(void *arg, int64_t i0, int64_t i1, int worker) {
          * do not run ahead of: ask for the head ROPE_Q_PREFETCH_HEADS ahead, every line of it
          * (GLM-4.7-Flash, T = 65536, 2-core development VM: 73-76 ms without, 31-33 ms at
          * 16 heads ahead, 21-39 ms at 40). */
-        if (i + ROPE_Q_PREFETCH_HEADS < j->T * j->H) { /* past the chunk's end too, as norm_rows */
+        if (i + ROPE_Q_PREFETCH_HEADS < i1) {
             const int64_t ia = i + ROPE_Q_PREFETCH_HEADS, ta = ia / j->H, ha = ia % j->H;
             const char *xa = (const char *)j->q + (ta * j->s0 + ha * j->s1 + (j->D - r->R)) * (int64_t)es;
             for (int64_t b = 0; b < rope_bytes; b += 64) __builtin_prefetch(xa + b, 1, 3);

@@ -196,7 +196,7 @@ int64_t mlaf_cpu_parallel_for(const mlaf_context *cctx, int64_t items, int64_t b
     /* The pool is the context's own state, created here on first use; the context itself was
      * allocated non-const (mlaf_context_create), and one context serves one call at a time. */
     mlaf_context *ctx = (mlaf_context *)cctx;
-    mlaf_cpu_pool *p = pool_get(ctx, ctx->threads - 1);
+    mlaf_cpu_pool *p = pool_get(ctx, nt - 1); /* workers 1 .. nt-1; more only when a call needs them */
     if (!p || p->nworkers == 0) return fn(arg, 0, items, 0);
     const int64_t per_item = bytes / items > 0 ? bytes / items : 1;
     int64_t chunk = MLAF_PAR_CHUNK_BYTES / per_item > 0 ? MLAF_PAR_CHUNK_BYTES / per_item : 1;

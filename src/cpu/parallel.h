@@ -16,16 +16,22 @@
 
 #include "../internal.h"
 
-/* A second thread pays from 2x this many bytes per call (dev/README.md, "CPU threads": with
- * threads kept awake a second one already paid at 344 KB, GLM-4.7-Flash split_qk_norm T = 64,
- * 12-13 us against 16-22 us on one, on the 2-core development VM). */
+/* A second thread from 2x this many bytes per call. On the 2-core development VM (dev/cpu_load.sh,
+ * every op of GLM-4.7-Flash): at 128 KiB, calls of 344-370 KB (split_qk_norm, mla_kv_cache,
+ * rope_q at T = 64) took 1.0-2.2x their one-thread time on two threads (47-59 us against 23-29:
+ * waking a sleeping worker costs the caller more than half of such a call), so they stay on one
+ * thread; from 4096 tokens (22 MB) two threads pay (1.9 ms against 1.8 ms idle, 1.6 ms against
+ * 3.4 ms under two busy processes). */
 #ifndef MLAF_PAR_BYTES_PER_THREAD
-#define MLAF_PAR_BYTES_PER_THREAD ((int64_t)128 << 10)
+#define MLAF_PAR_BYTES_PER_THREAD ((int64_t)256 << 10)
 #endif
-/* Work per chunk: small enough that a worker preempted in the middle of one costs little (10-20
- * us at 3-6 GB/s a thread), large enough that the claim (one compare-and-swap) vanishes. */
+/* Work per chunk: small enough that a worker preempted in the middle of one costs little (40-80
+ * us at 3-6 GB/s a thread), large enough that a chunk's start (the claim, the hardware prefetchers'
+ * ramp on a new range, the software prefetch stopping at its end) vanishes. At T = 4096 (GLM-4.7-
+ * Flash, two threads, 2-core VM) 64 KiB chunks took split_qk_norm / mla_kv_cache / rope_q to
+ * 1.2-1.4 ms against 0.9-1.1 ms with one contiguous half a thread (OpenMP static); 256 KiB: 1.0-1.1. */
 #ifndef MLAF_PAR_CHUNK_BYTES
-#define MLAF_PAR_CHUNK_BYTES ((int64_t)64 << 10)
+#define MLAF_PAR_CHUNK_BYTES ((int64_t)256 << 10)
 #endif
 
 /* Items [lo, hi) of a call; `worker` in [0, threads) names the running thread (0: the caller)
