@@ -1,7 +1,7 @@
 # A consumer's static link through pkg-config, as a test: installs the build into a scratch
 # prefix, removes the shared library there (so only libmlafuse.a can be found), then compiles,
 # links and runs a small program with `pkg-config --static --cflags --libs mlafuse`. Fails when
-# Libs.private misses a library the archive needs (undefined omp_* / GOMP_* / cuda* symbols).
+# Libs.private misses a library the archive needs (undefined pthread_* / cuda* symbols).
 #   cmake -DBUILD=<build dir> -DCC=<C compiler> -DPKG_CONFIG=<pkg-config> -P check_pkgconfig_static.cmake
 set(prefix "${BUILD}/pkgconfig-static-check")
 file(REMOVE_RECURSE "${prefix}")
@@ -31,7 +31,7 @@ endif()
 message(STATUS "pkg-config --static: ${flags}")
 separate_arguments(flags UNIX_COMMAND "${flags}")
 
-# Creates a CPU context and runs one op: the archive's OpenMP regions are linked and executed.
+# Creates a CPU context and runs one op: the archive's threading code (src/cpu/parallel.c) is linked in.
 file(WRITE "${prefix}/consumer.c" [=[
 #include <mlafuse.h>
 #include <stdio.h>

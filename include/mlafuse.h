@@ -217,9 +217,16 @@ MLAF_API mlaf_status mlaf_context_create(mlaf_context **out, mlaf_backend backen
 MLAF_API void mlaf_context_free(mlaf_context *ctx); /* NULL is a no-op */
 MLAF_API mlaf_backend mlaf_context_backend(const mlaf_context *ctx);
 
-/* CPU threads; 0 = all cores (the default, at most MLAF_MAX_THREADS); < 0 is rejected
- * (MLAF_ERR_INVALID_ARGUMENT) and so is more than MLAF_MAX_THREADS (MLAF_ERR_LIMIT: OpenMP
- * runtimes end the process when a team cannot be created). A rejected call keeps the count. */
+/* CPU threads: the most a call may use; 0 = all cores the process may run on (the default, at
+ * most MLAF_MAX_THREADS); < 0 is rejected (MLAF_ERR_INVALID_ARGUMENT) and so is more than
+ * MLAF_MAX_THREADS (MLAF_ERR_LIMIT). A rejected call keeps the count.
+ * How many a call uses: one per 256 KiB the call moves (inputs read + outputs written), at most
+ * this count: a call under 512 KiB (e.g. split_qk_norm of 64 GLM-4.7-Flash tokens in bf16, 344 KB)
+ * runs on the calling thread alone. Larger calls are cut into chunks of about 256 KiB that the
+ * calling thread and the context's workers (threads started on the first such call, joined by
+ * mlaf_context_free) claim one at a time; the calling thread never waits for a worker that has
+ * not started, so a busy machine (more runnable threads than cores) slows a call to about its
+ * one-thread time, not to a scheduler period. Results are bit-identical for every count. */
 #define MLAF_MAX_THREADS 1024
 MLAF_API mlaf_status mlaf_context_set_threads(mlaf_context *ctx, int threads);
 MLAF_API int mlaf_context_threads(const mlaf_context *ctx); /* resolved count (>= 1) */

@@ -150,7 +150,11 @@ mlaf_status mlaf_context_create(mlaf_context **out, mlaf_backend backend) {
     return MLAF_OK;
 }
 
-void mlaf_context_free(mlaf_context *ctx) { free(ctx); }
+void mlaf_context_free(mlaf_context *ctx) {
+    if (!ctx) return;
+    mlaf_cpu_pool_free(ctx); /* joins the CPU workers, if any were started */
+    free(ctx);
+}
 
 mlaf_backend mlaf_context_backend(const mlaf_context *ctx) {
     return ctx ? ctx->backend : MLAF_BACKEND_CPU;

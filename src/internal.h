@@ -30,6 +30,7 @@ struct mlaf_context {
     int cuda_sm_count;     /* multiprocessors of cuda_device, read when the device is set */
     int cuda_cc;           /* its compute capability, major * 10 + minor (90 = sm_90) */
     int cuda_pdl;          /* programmatic dependent launch requested (mlaf_context_set_cuda_pdl) */
+    void *cpu_pool;        /* the CPU backend's worker pool, created on first use (src/cpu/parallel.c) */
     char err[MLAF_ERR_CAP];
 };
 
@@ -267,6 +268,8 @@ typedef struct mlaf_backend_iface {
 extern const mlaf_backend_iface mlaf_cpu_backend;
 int mlaf_cpu_isa_supported(mlaf_cpu_isa isa); /* what this machine can run */
 int mlaf_cpu_core_count(void);
+/* Stops and joins the context's CPU workers, if any (src/cpu/parallel.c; mlaf_context_free). */
+void mlaf_cpu_pool_free(mlaf_context *ctx);
 
 /* Adds n invalid tokens to a caller's optional error counter (NULL: none), saturating at
  * INT32_MAX: a counter that reaches it stays there rather than wrapping (the header's

@@ -1,21 +1,25 @@
 /*
- * test_threads.c — contexts are independent: several pthreads, each with its own context
- * (on the CPU with different OpenMP thread counts and instruction-set paths left to AUTO),
- * run split_qk_norm, mla_kv_cache and rope_q concurrently and repeatedly on the same inputs;
- * every result must be bit-identical to a run on one thread of one context.
+ * test_threads.c — thread counts and contexts: several pthreads at once, each with its own
+ * context (on the CPU with 1, 2, 3 and 8 threads, instruction-set paths left to AUTO), run
+ * split_qk_norm, mla_kv_cache, rope_q (plain and head_norm), moe_gate and indexer_q concurrently
+ * and repeatedly on the same inputs; every result must be bit-identical to a run on one thread
+ * of one context. The calls are large enough (over 2 MB moved) for the CPU backend to use all
+ * 8 threads (src/cpu/parallel.h). Then: mlaf_context_free joins the context's workers (the
+ * process's thread count is back where it was).
  */
+#include <dirent.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "testlib.h"
 
-enum { T = 300, Q = 768, C = 512, R = 64, W = Q + C + R, H = 4, D = 256, MAXP = 512,
-       NB = 80, BS = 4, PTHREADS = 4, ITERS = 3 };
+enum { T = 2400, Q = 768, C = 512, R = 64, W = Q + C + R, H = 4, D = 256, MAXP = 512,
+       NB = 640, BS = 4, PTHREADS = 4, ITERS = 3, E = 256, K = 8, HI = 4, NOPS = 6 };
 
-static unsigned char *LAT, *WQ, *WKV, *Q3;
+static unsigned char *LAT, *WQ, *WKV, *Q3, *QI;
 static int64_t POS[T], SLOT[T];
-static float *CS;
+static float *CS, *LOGITS, *BIAS, *WI;
 
 static void make_inputs(void) {
     mlaf_rng rng;
@@ -30,14 +34,82 @@ static void make_inputs(void) {
     mlaf_fill_normal(&rng, WKV, MLAF_BF16, C, 1, 0.2);
     mlaf_fill_normal(&rng, Q3, MLAF_BF16, (size_t)T * H * D, 0, 1);
     mlaf_rope_table_init(CS, MAXP, R, 10000.0);
+    LOGITS = malloc(sizeof(float) * T * E);
+    BIAS = malloc(sizeof(float) * E);
+    QI = malloc((size_t)T * HI * 128 * 2);
+    WI = malloc(sizeof(float) * T * HI);
+    mlaf_fill_normal(&rng, LOGITS, MLAF_F32, (size_t)T * E, 0, 2);
+    mlaf_fill_normal(&rng, BIAS, MLAF_F32, E, 0, 0.1);
+    mlaf_fill_normal(&rng, QI, MLAF_BF16, (size_t)T * HI * 128, 0, 1);
+    mlaf_fill_normal(&rng, WI, MLAF_F32, (size_t)T * HI, 0, 1);
     for (int t = 0; t < T; t++) {
         POS[t] = t % 17 == 3 ? MAXP + 1 : (int64_t)(mlaf_rng_u64(&rng) % MAXP);
         SLOT[t] = t % 9 == 4 ? -1 : t % 31 == 7 ? NB * BS + 3 : (int64_t)((t * 7) % (NB * BS));
     }
 }
 
+/* moe_gate (op 4: DeepSeek-V3's grouped router) and indexer_q (op 5) on fresh buffers; returns the
+ * concatenated output bytes (malloc'ed) or NULL. */
+static unsigned char *run_op2(mlaf_context *ctx, int op, size_t *bytes, char *why, size_t why_cap) {
+    mlaf_backend be = mlaf_context_backend(ctx);
+    enum { N = 8 };
+    mlaf_gbuf g[N];
+    memset(g, 0, sizeof g);
+    int32_t zero = 0;
+    size_t sizes[N] = {sizeof(float) * T * E, sizeof(float) * E, sizeof(float) * T * K, sizeof(int32_t) * T * K,
+                       (size_t)T * HI * 128 * 2, sizeof(float) * T * HI, (size_t)T * HI * 128, sizeof(float) * T * HI};
+    const void *init[N] = {LOGITS, BIAS, NULL, NULL, QI, WI, NULL, NULL};
+    int outs[N] = {0, 0, 1, 1, 0, 0, 1, 1};
+    mlaf_gbuf pos, cs, ec;
+    memset(&pos, 0, sizeof pos), memset(&cs, 0, sizeof cs), memset(&ec, 0, sizeof ec);
+    mlaf_status st = MLAF_OK;
+    for (int i = 0; i < N && st == MLAF_OK; i++) st = mlaf_gbuf_alloc(&g[i], be, sizes[i], init[i], 0);
+    if (st == MLAF_OK) st = mlaf_gbuf_alloc(&pos, be, sizeof POS, POS, 0);
+    if (st == MLAF_OK) st = mlaf_gbuf_alloc(&cs, be, sizeof(float) * MAXP * R, CS, 0);
+    if (st == MLAF_OK) st = mlaf_gbuf_alloc(&ec, be, 4, &zero, 0);
+    if (st == MLAF_OK && op == 4) {
+        mlaf_moe_gate_params p = {K, 8, 4, MLAF_SCORE_SIGMOID, MLAF_GROUP_TOP2_SUM, 1, 2.5f, 1, 1e-20f, 0};
+        mlaf_tensor lg = mlaf_tensor_2d(g[0].ptr, MLAF_F32, T, E, E), b = mlaf_tensor_1d(g[1].ptr, MLAF_F32, E),
+                    w = mlaf_tensor_2d(g[2].ptr, MLAF_F32, T, K, K), id = mlaf_tensor_2d(g[3].ptr, MLAF_I32, T, K, K);
+        st = mlaf_moe_gate(ctx, &p, &lg, &b, &w, &id, NULL);
+    } else if (st == MLAF_OK) {
+        mlaf_indexer_params ip = {MLAF_ROPE_NEOX, 1, 1e-6f, 1e-4f, MLAF_INDEX_SCALE_UE8M0};
+        mlaf_tensor q = mlaf_tensor_3d(g[4].ptr, MLAF_BF16, T, HI, 128, HI * 128, 128),
+                    w = mlaf_tensor_2d(g[5].ptr, MLAF_F32, T, HI, HI),
+                    qf = mlaf_tensor_3d(g[6].ptr, MLAF_U8, T, HI, 128, HI * 128, 128),
+                    wo = mlaf_tensor_2d(g[7].ptr, MLAF_F32, T, HI, HI), tp = mlaf_tensor_1d(pos.ptr, MLAF_I64, T),
+                    tc = mlaf_tensor_2d(cs.ptr, MLAF_F32, MAXP, R, R), te = mlaf_tensor_1d(ec.ptr, MLAF_I32, 1);
+        st = mlaf_indexer_q(ctx, &ip, &q, &tp, &tc, &w, &qf, &wo, NULL, NULL, &te);
+    }
+    if (st == MLAF_OK) st = mlaf_context_sync(ctx);
+    size_t total = 4;
+    for (int i = 0; i < N; i++) total += outs[i] ? sizes[i] : 0;
+    unsigned char *res = NULL;
+    if (st == MLAF_OK && (res = malloc(total))) {
+        size_t at = 0;
+        for (int i = 0; i < N && st == MLAF_OK; i++) {
+            if (!outs[i]) continue;
+            st = mlaf_gbuf_download(&g[i]);
+            memcpy(res + at, g[i].body, sizes[i]);
+            at += sizes[i];
+        }
+        if (st == MLAF_OK) st = mlaf_gbuf_download(&ec);
+        if (st == MLAF_OK) memcpy(res + at, ec.body, 4);
+        *bytes = total;
+    }
+    if (st != MLAF_OK) {
+        snprintf(why, why_cap, "%s: %s", mlaf_status_name(st), mlaf_context_last_error(ctx));
+        free(res);
+        res = NULL;
+    }
+    for (int i = 0; i < N; i++) mlaf_gbuf_free(&g[i]);
+    mlaf_gbuf_free(&pos), mlaf_gbuf_free(&cs), mlaf_gbuf_free(&ec);
+    return res;
+}
+
 /* Runs one op on fresh buffers; returns the concatenated output bytes (malloc'ed) or NULL. */
 static unsigned char *run_op(mlaf_context *ctx, int op, size_t *bytes, char *why, size_t why_cap) {
+    if (op >= 4) return run_op2(ctx, op, bytes, why, why_cap);
     mlaf_backend be = mlaf_context_backend(ctx);
     enum { N = 11 };
     mlaf_gbuf g[N];
@@ -67,8 +139,11 @@ static unsigned char *run_op(mlaf_context *ctx, int op, size_t *bytes, char *why
         } else if (op == 1) {
             mlaf_mla_kv_cache_params p = {Q, C, R, 1e-5f, 1e-6f, MLAF_ROPE_INTERLEAVED};
             st = mlaf_mla_kv_cache(ctx, &p, &lat, &wq, &wkv, &pos, &cs, &slot, &cache, &q, &kn, &kp, &ec);
-        } else {
+        } else if (op == 2) {
             mlaf_rope_params p = {R, MLAF_ROPE_NEOX};
+            st = mlaf_rope_q(ctx, &p, &tq3, &pos, &cs, &ec);
+        } else {
+            mlaf_rope_params p = {R, MLAF_ROPE_NEOX, 1, 1e-6f};
             st = mlaf_rope_q(ctx, &p, &tq3, &pos, &cs, &ec);
         }
     }
@@ -101,7 +176,7 @@ static unsigned char *run_op(mlaf_context *ctx, int op, size_t *bytes, char *why
 
 typedef struct work {
     mlaf_backend be;
-    int op, omp_threads;
+    int op, threads;
     const unsigned char *ref;
     size_t ref_bytes;
     int ok;
@@ -116,7 +191,7 @@ static void *worker(void *arg) {
         snprintf(w->why, sizeof w->why, "context_create failed");
         return NULL;
     }
-    if (w->be == MLAF_BACKEND_CPU) mlaf_context_set_threads(ctx, w->omp_threads);
+    if (w->be == MLAF_BACKEND_CPU) mlaf_context_set_threads(ctx, w->threads);
     w->ok = 1;
     for (int it = 0; it < ITERS && w->ok; it++) {
         size_t n = 0;
@@ -131,16 +206,46 @@ static void *worker(void *arg) {
     return NULL;
 }
 
+/* Threads of this process (Linux: /proc/self/task), or -1. */
+static int process_threads(void) {
+    DIR *d = opendir("/proc/self/task");
+    if (!d) return -1;
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d));) n += e->d_name[0] != '.';
+    closedir(d);
+    return n;
+}
+
+/* A CPU context with 8 threads starts its workers on a large call; mlaf_context_free joins them. */
+static void thread_count_case(void) {
+    const int before = process_threads();
+    if (before < 0) return; /* no /proc: nothing to count */
+    mlaf_context *ctx = NULL;
+    int ok = mlaf_context_create(&ctx, MLAF_BACKEND_CPU) == MLAF_OK && mlaf_context_set_threads(ctx, 8) == MLAF_OK;
+    char why[256] = "";
+    size_t n = 0;
+    unsigned char *got = ok ? run_op(ctx, 0, &n, why, sizeof why) : NULL;
+    const int during = process_threads();
+    free(got);
+    mlaf_context_free(ctx);
+    const int after = process_threads();
+    tl_case(ok && got && during > before && after == before, "THREADS(context_free joins the workers)",
+            "threads: %d before, %d with the context, %d after mlaf_context_free%s%s", before, during, after,
+            got ? "" : "; the call failed: ", why);
+}
+
 int main(void) {
-    static const char *const ops[3] = {"split_qk_norm", "mla_kv_cache", "rope_q"};
+    static const char *const ops[NOPS] = {"split_qk_norm", "mla_kv_cache", "rope_q", "rope_q(head_norm)",
+                                          "moe_gate", "indexer_q"};
+    static const int counts[PTHREADS] = {1, 2, 3, 8};
     mlaf_backend bes[MLAF_BACKEND_COUNT_];
     int nb = tl_backends(bes);
     make_inputs();
     for (int bi = 0; bi < nb; bi++) {
-        for (int op = 0; op < 3; op++) {
-            char name[128], why[256] = "";
-            snprintf(name, sizeof name, "THREADS(op=%s,pthreads=%d,iterations=%d,backend=%s)", ops[op], PTHREADS,
-                     ITERS, mlaf_backend_name(bes[bi]));
+        for (int op = 0; op < NOPS; op++) {
+            char name[160], why[256] = "";
+            snprintf(name, sizeof name, "THREADS(op=%s,pthreads=%d,threads=1/2/3/8,iterations=%d,backend=%s)", ops[op],
+                     PTHREADS, ITERS, mlaf_backend_name(bes[bi]));
             mlaf_context *ctx = tl_context(bes[bi]);
             if (!ctx) continue;
             mlaf_context_set_threads(ctx, 1);
@@ -155,7 +260,7 @@ int main(void) {
             pthread_t th[PTHREADS];
             int started[PTHREADS];
             for (int k = 0; k < PTHREADS; k++) {
-                w[k] = (work){bes[bi], op, k % 3, ref, ref_bytes, 0, ""}; /* 0 = all cores */
+                w[k] = (work){bes[bi], op, counts[k], ref, ref_bytes, 0, ""};
                 started[k] = pthread_create(&th[k], NULL, worker, &w[k]) == 0;
             }
             int ok = 1;
@@ -170,7 +275,12 @@ int main(void) {
             free(ref);
         }
     }
+    thread_count_case();
     free(LAT);
+    free(LOGITS);
+    free(BIAS);
+    free(QI);
+    free(WI);
     free(WQ);
     free(WKV);
     free(Q3);

@@ -1,12 +1,15 @@
 /*
  * cpu.c — CPU backend table, core count and run-time instruction-set detection.
  */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* sched_getaffinity, CPU_COUNT */
+#endif
 #include <unistd.h>
 
 #include "cpu.h"
 
-#ifdef _OPENMP
-#include <omp.h>
+#ifdef __linux__
+#include <sched.h>
 #endif
 #if defined(MLAF_HAVE_X86_PATHS)
 #include <cpuid.h>
@@ -28,12 +31,15 @@ const mlaf_backend_iface mlaf_cpu_backend = {
     mlaf_cpu_indexer_q,
 };
 
+/* The cores this process may run on (its affinity mask, as OpenMP's omp_get_num_procs counted
+ * them), else the cores online. */
 int mlaf_cpu_core_count(void) {
-#ifdef _OPENMP
-    int n = omp_get_num_procs();
-#else
-    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    long n = 0;
+#ifdef __linux__
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0) n = CPU_COUNT(&set);
 #endif
+    if (n <= 0) n = sysconf(_SC_NPROCESSORS_ONLN);
     return n > 0 ? (int)n : 1;
 }
 

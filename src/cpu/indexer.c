@@ -14,9 +14,7 @@
 #include "cpu.h"
 #include "norm_writers.h"
 
-#ifdef _OPENMP
-#include <omp.h>
-#endif
+#include "parallel.h"
 
 /* n values of a row widened to fp32 (a loop per dtype: the compiler vectorizes each) */
 static void widen(const void *x, mlaf_dtype dt, int n, float *f) {
@@ -132,7 +130,15 @@ mlaf_status mlaf_cpu_mla_kv_cache_dsa(mlaf_context *ctx, const mlaf_kv_cache_job
 
 /* Item i of the flattened [T, H + pe_H]: an indexer head (h < H) or an MLA q_pe head. A bad
  * position is counted once per token (at its item 0). */
-static int64_t indexer_q_items(const mlaf_norm_kern *k, const mlaf_indexer_q_job *j, int64_t i0, int64_t i1) {
+typedef struct indexer_q_call {
+    const mlaf_norm_kern *k;
+    const mlaf_indexer_q_job *j;
+} indexer_q_call;
+
+static int64_t indexer_q_items(void *arg, int64_t i0, int64_t i1, int worker) {
+    (void)worker;
+    const mlaf_norm_kern *k = ((const indexer_q_call *)arg)->k;
+    const mlaf_indexer_q_job *j = ((const indexer_q_call *)arg)->j;
     const int64_t HH = j->H + j->pe_H;
     const mlaf_rope_job *r = &j->rope;
     const size_t es = mlaf_dtype_size(j->dt), wes = mlaf_dtype_size(j->w_dt);
@@ -169,22 +175,11 @@ static int64_t indexer_q_items(const mlaf_norm_kern *k, const mlaf_indexer_q_job
 }
 
 mlaf_status mlaf_cpu_indexer_q(mlaf_context *ctx, const mlaf_indexer_q_job *job) {
-    const mlaf_norm_kern *k = mlaf_cpu_norm_kern(ctx);
+    indexer_q_call c = {mlaf_cpu_norm_kern(ctx), job};
     const int64_t n = job->T * (job->H + job->pe_H);
-    int nt = ctx->threads > 1 ? ctx->threads : 1;
-    if (n * MLAF_IDX_D < 49152) nt = 1;
-    if (nt > n) nt = (int)n;
-    int64_t errors = 0;
-    if (nt <= 1) {
-        errors = indexer_q_items(k, job, 0, n);
-    } else {
-#pragma omp parallel for num_threads(nt) schedule(static) reduction(+ : errors)
-        for (int c = 0; c < nt; c++) {
-            const int64_t q = n / nt, rm = n % nt;
-            const int64_t lo = c * q + (c < rm ? c : rm), hi = lo + q + (c < rm ? 1 : 0);
-            errors += indexer_q_items(k, job, lo, hi);
-        }
-    }
+    /* bytes moved: each item's 128 values read and about as much written */
+    const int64_t errors =
+        mlaf_cpu_parallel_for(ctx, n, 2 * n * MLAF_IDX_D * (int64_t)mlaf_dtype_size(job->dt), indexer_q_items, &c);
     mlaf_error_count_add(job->error_count, errors);
     return MLAF_OK;
 }

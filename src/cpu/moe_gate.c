@@ -23,9 +23,9 @@
  * Hash routing (mlaf_moe_gate_hash, job->tid2eid set): the same scores, then ids from the
  * table and weights gathered at them (hash_token, portable build only: no top-k to speed up).
  *
- * Threads: OpenMP over tokens, ctx->threads, static schedule (every token costs the same);
- * small calls run on the calling thread, where starting a team costs more than the work.
- * Scratch rows live on each thread's stack (E <= 2048: 24 KiB).
+ * Threads: the CPU backend's parallel-for over tokens (parallel.h: the thread count from the
+ * logits' bytes, chunks of tokens claimed by whichever thread is free; small calls run on the
+ * calling thread). Scratch rows live on each thread's stack (E <= 2048: 24 KiB).
  */
 #include <math.h>
 #include <string.h>
@@ -45,8 +45,8 @@
 #define GATE_CAT(a, b) GATE_CAT_(a, b)
 #define GATE_ROWS GATE_CAT(mlaf_cpu_moe_gate_rows, GATE_SUFFIX)
 
-#ifdef _OPENMP
-#include <omp.h>
+#ifdef GATE_MAIN
+#include "parallel.h"
 #endif
 
 /* The selects below (finite / clamp) are plain data flow, but GCC will not if-convert a float
@@ -453,25 +453,18 @@ static int64_t hash_rows(const mlaf_moe_gate_job *job, int64_t t0, int64_t t1) {
     return bad;
 }
 
+static int64_t hash_chunk(void *arg, int64_t t0, int64_t t1, int worker) {
+    (void)worker;
+    return hash_rows((const mlaf_moe_gate_job *)arg, t0, t1);
+}
+
 /* Hash routing over all tokens; bad rows counted once per call into job->error_count. */
 static mlaf_status cpu_moe_gate_hash(mlaf_context *ctx, const mlaf_moe_gate_job *job) {
-    const int64_t T = job->T;
-    int threads = ctx->threads;
-    /* the work per token: the row for softmax / the scores output, else the k chosen logits */
+    /* the bytes per token: the row for softmax / the scores output, else the k chosen logits
+     * (a line each) */
     const int full = mlaf_score_row_wise(job->score_func) || job->scores;
-    if ((double)T * (full ? job->E : 8 * job->top_k) < 65536.0) threads = 1;
-    if (threads > T) threads = (int)T;
-    int64_t bad = 0;
-#ifdef _OPENMP
-    if (threads > 1) {
-#pragma omp parallel num_threads(threads) reduction(+ : bad)
-        {
-            int64_t n = omp_get_num_threads(), i = omp_get_thread_num();
-            bad += hash_rows(job, T * i / n, T * (i + 1) / n);
-        }
-    } else
-#endif
-        bad = hash_rows(job, 0, T);
+    const int64_t per = full ? (int64_t)job->E * (int64_t)mlaf_dtype_size(job->logits_dt) : 64 * (int64_t)job->top_k;
+    const int64_t bad = mlaf_cpu_parallel_for(ctx, job->T, job->T * per, hash_chunk, (void *)job);
     mlaf_error_count_add(job->error_count, bad);
     return MLAF_OK;
 }
@@ -482,30 +475,28 @@ void mlaf_cpu_moe_gate_rows_avx2(const mlaf_moe_gate_job *job, int64_t t0, int64
 void mlaf_cpu_moe_gate_rows_avx512(const mlaf_moe_gate_job *job, int64_t t0, int64_t t1);
 #endif
 
+typedef struct gate_call {
+    gate_rows_fn rows;
+    const mlaf_moe_gate_job *job;
+} gate_call;
+
+static int64_t gate_chunk(void *arg, int64_t t0, int64_t t1, int worker) {
+    (void)worker;
+    const gate_call *c = (const gate_call *)arg;
+    c->rows(c->job, t0, t1);
+    return 0;
+}
+
 mlaf_status mlaf_cpu_moe_gate(mlaf_context *ctx, const mlaf_moe_gate_job *job) {
     if (job->tid2eid) return cpu_moe_gate_hash(ctx, job);
-    gate_rows_fn rows = mlaf_cpu_moe_gate_rows_portable;
+    gate_call c = {mlaf_cpu_moe_gate_rows_portable, job};
 #ifdef MLAF_HAVE_X86_PATHS
-    if (ctx->isa == MLAF_CPU_ISA_AVX512) rows = mlaf_cpu_moe_gate_rows_avx512;
-    if (ctx->isa == MLAF_CPU_ISA_AVX2) rows = mlaf_cpu_moe_gate_rows_avx2;
+    if (ctx->isa == MLAF_CPU_ISA_AVX512) c.rows = mlaf_cpu_moe_gate_rows_avx512;
+    if (ctx->isa == MLAF_CPU_ISA_AVX2) c.rows = mlaf_cpu_moe_gate_rows_avx2;
 #endif
-    const int64_t T = job->T;
-    /* Below ~64K logits a team start-up costs more than the work. */
-    int threads = ctx->threads;
-    if ((double)T * job->E < 65536.0) threads = 1;
-    if (threads > T) threads = (int)T;
-#ifdef _OPENMP
-    if (threads > 1) {
-        /* contiguous equal slices: every token costs the same */
-#pragma omp parallel num_threads(threads)
-        {
-            int64_t n = omp_get_num_threads(), i = omp_get_thread_num();
-            rows(job, T * i / n, T * (i + 1) / n);
-        }
-        return MLAF_OK;
-    }
-#endif
-    rows(job, 0, T);
+    /* the bytes per token: its logits row (the outputs are k ids and weights) */
+    const int64_t per = (int64_t)job->E * (int64_t)mlaf_dtype_size(job->logits_dt);
+    mlaf_cpu_parallel_for(ctx, job->T, job->T * per, gate_chunk, &c);
     return MLAF_OK;
 }
 #endif

@@ -19,10 +19,10 @@
  * non-temporal stores on the AVX-512 path (no read-for-ownership, and they leave the caches to
  * the inputs).
  *
- * Threads: tokens are cut into one contiguous range per thread (static schedule), so each
- * thread converts the weights to fp32 once into its own stack scratch and then streams its
- * rows. Small calls (little work) run on the calling thread: an OpenMP region costs more than
- * a few rows. Error counts are summed per thread and added to *error_count once.
+ * Threads: the CPU backend's parallel-for (parallel.h: the thread count from the call's bytes,
+ * chunks of rows claimed by whichever thread is free; small calls run on the calling thread).
+ * The weights are converted to fp32 once per call, on the caller's stack, and read by every
+ * thread. Error counts are summed per chunk and added to *error_count once.
  *
  * Vector paths: the row kernels come from a table chosen by ctx->isa (resolved at context
  * creation or forced by mlaf_context_set_cpu_isa). The portable kernels below work on blocks
@@ -41,14 +41,10 @@
 #include "norm_kern.h"
 #include "norm_writers.h"
 
-#ifdef _OPENMP
-#include <omp.h>
-#endif
+#include "parallel.h"
 
 #define BLK 64
-#define WSCRATCH 8192 /* floats per thread: all presets' Q + C fit (at most 2048) */
-/* Below this many row elements in a call, threads cost more than they save. */
-#define SERIAL_WORK 49152
+#define WSCRATCH 8192 /* floats per call: all presets' Q + C fit (at most 2048) */
 /* Calls whose latent exceeds this many bytes stream their outputs past the caches
  * (non-temporal stores: no read-for-ownership of output lines that would only evict the
  * inputs). Overridable at build time to test the streaming path on small cases. */
@@ -198,21 +194,7 @@ static const mlaf_norm_kern *kern_for(const mlaf_context *ctx) {
     return &mlaf_norm_kern_scalar;
 }
 
-static int threads_for(const mlaf_context *ctx, int64_t items, int64_t work) {
-    int64_t nt = ctx->threads > 1 ? ctx->threads : 1;
-    if (work < SERIAL_WORK) nt = 1;
-    if (nt > items) nt = items;
-    return (int)(nt > 0 ? nt : 1);
-}
-
-/* Token range of chunk c of nc (contiguous, sizes differ by at most one). */
-static void chunk_range(int64_t n, int c, int nc, int64_t *lo, int64_t *hi) {
-    int64_t q = n / nc, r = n % nc;
-    *lo = c * q + (c < r ? c : r);
-    *hi = *lo + q + (c < r ? 1 : 0);
-}
-
-/* One norm part's weights as fp32: the caller's pointer when already f32, the per-thread
+/* One norm part's weights as fp32: the caller's pointer when already f32, the per-call
  * scratch when it fits, else NULL (converted per block of the row by norm_part). */
 typedef struct wview {
     const void *raw;
@@ -334,14 +316,27 @@ static float rstd_of(float ss, int64_t n, float eps) { return 1.0f / sqrtf(ss / 
 
 /* ---- split_qk_norm and mla_kv_cache ---------------------------------------------------- */
 
-/* Rows [t0, t1) of either op (kv == NULL: split_qk_norm), each to the nw writers. Returns the
- * tokens counted. */
-static int64_t norm_rows(const mlaf_norm_kern *k, const mlaf_norm_job *j, const mlaf_kv_cache_job *kv,
-                         const mlaf_cpu_writer *wr, int nw, int64_t t0, int64_t t1, int stream) {
-    float scratch[WSCRATCH];
-    int64_t used = 0;
-    wview wq = weights_prepare(j->w_q, j->w_q_dt, j->Q, scratch, &used);
-    wview wkv = weights_prepare(j->w_kv, j->w_kv_dt, j->C, scratch, &used);
+/* One call of either op (kv == NULL: split_qk_norm): its rows go to the nw writers; the
+ * weights prepared once (wq, wkv: weights_prepare). */
+typedef struct norm_call {
+    const mlaf_norm_kern *k;
+    const mlaf_norm_job *j;
+    const mlaf_kv_cache_job *kv;
+    const mlaf_cpu_writer *wr;
+    int nw, stream;
+    wview wq, wkv;
+} norm_call;
+
+/* Rows [t0, t1) of the call (a mlaf_cpu_range_fn). Returns the tokens counted. */
+static int64_t norm_rows(void *arg, int64_t t0, int64_t t1, int worker) {
+    (void)worker;
+    const norm_call *c = (const norm_call *)arg;
+    const mlaf_norm_kern *k = c->k;
+    const mlaf_norm_job *j = c->j;
+    const mlaf_kv_cache_job *kv = c->kv;
+    const mlaf_cpu_writer *wr = c->wr;
+    const int nw = c->nw, stream = c->stream;
+    const wview wq = c->wq, wkv = c->wkv;
     const size_t es = mlaf_dtype_size(j->dt);
     const int64_t cap = kv ? kv->num_blocks * kv->block_size : 0;
     const int32_t Q = j->Q, C = j->C, R = j->R, tail = kv ? kv->kv_tail : 0;
@@ -349,6 +344,7 @@ static int64_t norm_rows(const mlaf_norm_kern *k, const mlaf_norm_job *j, const 
     int64_t errors = 0;
     for (int64_t t = t0; t < t1; t++) {
         const char *x = (const char *)j->latent + t * j->latent_stride * (int64_t)es;
+        /* within the chunk: the rows after it are likely another thread's */
         const char *pf = t + PREFETCH_ROWS < t1 ? x + PREFETCH_ROWS * j->latent_stride * (int64_t)es : NULL;
         if (pf) prefetch_bytes(pf, ((int64_t)Q + C) * (int64_t)es, row_bytes); /* the k_pe part */
         const char *xkv = x + (int64_t)Q * es, *xpe = x + ((int64_t)Q + C) * es;
@@ -387,18 +383,14 @@ const mlaf_norm_kern *mlaf_cpu_norm_kern(const mlaf_context *ctx) { return kern_
 int64_t mlaf_cpu_norm_run(const mlaf_context *ctx, const mlaf_norm_job *j, const mlaf_kv_cache_job *kv,
                           const mlaf_cpu_writer *wr, int nw) {
     const mlaf_norm_kern *k = kern_for(ctx);
-    const int64_t W = (int64_t)j->Q + j->C + j->R;
-    int nt = threads_for(ctx, j->T, j->T * W);
-    int stream = j->T * W * (int64_t)mlaf_dtype_size(j->dt) >= MLAF_STREAM_BYTES;
-    if (nt == 1) return norm_rows(k, j, kv, wr, nw, 0, j->T, stream);
-    int64_t errors = 0;
-#pragma omp parallel for num_threads(nt) schedule(static) reduction(+ : errors)
-    for (int c = 0; c < nt; c++) {
-        int64_t lo, hi;
-        chunk_range(j->T, c, nt, &lo, &hi);
-        errors += norm_rows(k, j, kv, wr, nw, lo, hi, stream);
-    }
-    return errors;
+    const int64_t W = (int64_t)j->Q + j->C + j->R, bytes = j->T * W * (int64_t)mlaf_dtype_size(j->dt);
+    float scratch[WSCRATCH];
+    int64_t used = 0;
+    norm_call c = {k, j, kv, wr, nw, bytes >= MLAF_STREAM_BYTES, {0}, {0}};
+    c.wq = weights_prepare(j->w_q, j->w_q_dt, j->Q, scratch, &used);
+    c.wkv = weights_prepare(j->w_kv, j->w_kv_dt, j->C, scratch, &used);
+    /* bytes moved: the latent read and about as much written */
+    return mlaf_cpu_parallel_for(ctx, j->T, 2 * bytes, norm_rows, &c);
 }
 
 mlaf_status mlaf_cpu_split_qk_norm(mlaf_context *ctx, const mlaf_norm_job *job) {
@@ -423,10 +415,18 @@ mlaf_status mlaf_cpu_mla_kv_cache(mlaf_context *ctx, const mlaf_kv_cache_job *jo
 #define ROPE_Q_PREFETCH_HEADS 40
 #endif
 
-/* Heads [i0, i1) of the flattened [T, H] index. A bad position is counted once per token
- * (at its head 0). */
-static int64_t rope_q_heads(const mlaf_norm_kern *k, const mlaf_rope_q_job *j, int64_t i0,
-                            int64_t i1) {
+/* One rope_q call: its kernels and job (the argument of the range functions below). */
+typedef struct rope_q_call {
+    const mlaf_norm_kern *k;
+    const mlaf_rope_q_job *j;
+} rope_q_call;
+
+/* Heads [i0, i1) of the flattened [T, H] index (a mlaf_cpu_range_fn). A bad position is counted
+ * once per token (at its head 0). */
+static int64_t rope_q_heads(void *arg, int64_t i0, int64_t i1, int worker) {
+    (void)worker;
+    const mlaf_norm_kern *k = ((const rope_q_call *)arg)->k;
+    const mlaf_rope_q_job *j = ((const rope_q_call *)arg)->j;
     const size_t es = mlaf_dtype_size(j->dt);
     const mlaf_rope_job *r = &j->rope;
     const int64_t rope_bytes = (int64_t)r->R * (int64_t)es;
@@ -459,7 +459,10 @@ static int64_t rope_q_heads(const mlaf_norm_kern *k, const mlaf_rope_q_job *j, i
  * rotated in fp32 from the unrounded normalized values, all rounded once into q_out (or in place);
  * heads h >= H of q_out zeroed. A token with a bad position writes nothing and is counted once
  * (at its item h = 0). */
-static int64_t rope_q_heads_full(const mlaf_norm_kern *k, const mlaf_rope_q_job *j, int64_t i0, int64_t i1) {
+static int64_t rope_q_heads_full(void *arg, int64_t i0, int64_t i1, int worker) {
+    (void)worker;
+    const mlaf_norm_kern *k = ((const rope_q_call *)arg)->k;
+    const mlaf_rope_q_job *j = ((const rope_q_call *)arg)->j;
     const size_t es = mlaf_dtype_size(j->dt);
     const mlaf_rope_job *r = &j->rope;
     const int32_t D = j->D, R = r->R, h2 = R / 2;
@@ -519,36 +522,15 @@ static int64_t rope_q_heads_full(const mlaf_norm_kern *k, const mlaf_rope_q_job 
 }
 
 mlaf_status mlaf_cpu_rope_q(mlaf_context *ctx, const mlaf_rope_q_job *job) {
-    const mlaf_norm_kern *k = kern_for(ctx);
+    rope_q_call c = {kern_for(ctx), job};
+    const int64_t es = (int64_t)mlaf_dtype_size(job->dt);
+    int64_t errors;
     if (job->head_norm || job->q_out) {
-        const int64_t n = job->T * job->Hpad;
-        const int nt = threads_for(ctx, n, n * job->D);
-        int64_t errors = 0;
-        if (nt == 1) {
-            errors = rope_q_heads_full(k, job, 0, n);
-        } else {
-#pragma omp parallel for num_threads(nt) schedule(static) reduction(+ : errors)
-            for (int c = 0; c < nt; c++) {
-                int64_t lo, hi;
-                chunk_range(n, c, nt, &lo, &hi);
-                errors += rope_q_heads_full(k, job, lo, hi);
-            }
-        }
-        mlaf_error_count_add(job->error_count, errors);
-        return MLAF_OK;
-    }
-    int64_t n = job->T * job->H;
-    int nt = threads_for(ctx, n, n * job->rope.R);
-    int64_t errors = 0;
-    if (nt == 1) {
-        errors = rope_q_heads(k, job, 0, n);
+        const int64_t n = job->T * job->Hpad; /* each head's D values read and written */
+        errors = mlaf_cpu_parallel_for(ctx, n, 2 * n * job->D * es, rope_q_heads_full, &c);
     } else {
-#pragma omp parallel for num_threads(nt) schedule(static) reduction(+ : errors)
-        for (int c = 0; c < nt; c++) {
-            int64_t lo, hi;
-            chunk_range(n, c, nt, &lo, &hi);
-            errors += rope_q_heads(k, job, lo, hi);
-        }
+        const int64_t n = job->T * job->H; /* each head's R values read and written */
+        errors = mlaf_cpu_parallel_for(ctx, n, 2 * n * job->rope.R * es, rope_q_heads, &c);
     }
     mlaf_error_count_add(job->error_count, errors);
     return MLAF_OK;
