@@ -26,7 +26,7 @@ mlaf_build() {
   local tgt=(); for t in "$@"; do tgt+=(--target "$t"); done
   echo "build: compiling with $jobs jobs (a first build takes minutes, most of it nvcc; log: $b/logs/build.log)"
   # ninja prints one [done/total] line per step; the log keeps every compiler message
-  cmake --build "$b" -j "$jobs" "${tgt[@]}" 2>&1 | tee "$b/logs/build.log" | grep --line-buffered -E '^\[[0-9]+/[0-9]+\]|error|FAILED' | cut -c1-120
+  cmake --build "$b" -j "$jobs" "${tgt[@]}" 2>&1 | tee "$b/logs/build.log" | grep --line-buffered -E '^\[[0-9]+/[0-9]+\]|error|FAILED'
   local rc=${PIPESTATUS[0]}
   echo "build: $([ "$rc" = 0 ] && echo done || echo FAILED) in $(( (SECONDS - t0) / 60 ))m$(( (SECONDS - t0) % 60 ))s"
   [ "$rc" = 0 ] || { tail -n 40 "$b/logs/build.log"; return 1; }
