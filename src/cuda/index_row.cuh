@@ -203,10 +203,11 @@ __device__ __forceinline__ void mlaf_idx_store_f32(uint8_t *p, float s) {
 }
 
 /* The key branch as a writer of mla_kv_cache's row kernels (row_writers.cuh): side work (kSide),
- * a warp per token in blocks of its own beside the MLA rows' blocks of the same launch, so the
- * two chains of a token run side by side (dev/README.md: against the key row at the MLA row's
- * finish). Token rules are the MLA row's (mlaf_token_decide again, not counted twice): invalid:
- * nothing but the topk fill; slot < 0: the dense output only. */
+ * a warp per token's key and threads of their own for its top-k fill, in blocks beside the MLA
+ * rows' blocks of the same launch, so the chains of a token run side by side (dev/README.md:
+ * against the key row at the MLA row's finish; the fill's 4-byte stores by the key's warp).
+ * Token rules are the MLA row's (mlaf_token_decide again, not counted twice): invalid: nothing
+ * but the topk fill; slot < 0: the dense output only. */
 template <typename T> struct mlaf_wr_index : mlaf_wr_base {
     static constexpr bool kSide = true;
     struct params {
@@ -229,8 +230,6 @@ template <typename T> struct mlaf_wr_index : mlaf_wr_base {
     static __device__ __forceinline__ void side(const params &p, const mlaf_row_args &a, int64_t t) {
         if (t >= a.T) return;
         const int lane = threadIdx.x & 31;
-        if (p.topk)
-            for (int64_t i = lane; i < p.tkn; i += 32) p.topk[t * p.tks + i] = -1;
         const mlaf_token_info ti = mlaf_token_decide(a, mlaf_token_load(a, t), false);
         if (!ti.ok) return;
         float v[4];
@@ -255,5 +254,18 @@ template <typename T> struct mlaf_wr_index : mlaf_wr_base {
             mlaf_idx_store_e4m3(base + rec + 4 * lane, w);
             if (lane == 0) mlaf_idx_store_f32(base + so, s);
         }
+    }
+    /* token t's top-k row set to -1 by thread i of n: 16-byte stores from the row's first 16-byte
+     * boundary (the row is 4-byte aligned), 4-byte ones before and after */
+    static __device__ __forceinline__ void side_fill(const params &p, const mlaf_row_args &a, int64_t t, int i,
+                                                     int n) {
+        if (!p.topk || t >= a.T) return;
+        int32_t *row = p.topk + t * p.tks;
+        const int64_t m = p.tkn, head = min((int64_t)(((16 - ((uintptr_t)row & 15)) & 15) >> 2), m);
+        const int64_t nv = (m - head) >> 2;
+        int4 *v = reinterpret_cast<int4 *>(row + head);
+        for (int64_t k = i; k < head; k += n) row[k] = -1;
+        for (int64_t k = i; k < nv; k += n) v[k] = make_int4(-1, -1, -1, -1);
+        for (int64_t k = head + 4 * nv + i; k < m; k += n) row[k] = -1;
     }
 };

@@ -28,19 +28,36 @@
 
 #define MLAF_ROW_WARPS 4 /* warps per block of the warp / bulk / generic shapes */
 
-/* Writers with side work (Wr::kSide: the DSA indexer key) run in twice the blocks: odd block
- * 2b + 1 gives each of its warps one token of [b x warps, (b + 1) x warps) for Wr::side, beside
- * even block 2b's rows, so neither waits for the other. Returns the row block of this block, or
- * -1 after the side work. */
-template <class Wr>
+/* Writers with side work (Wr::kSide: the DSA indexer key and its top-k fill) run in twice the
+ * blocks: odd block 2b + 1 does side work beside even block 2b's rows, so neither waits for the
+ * other. Which work (BLOCK: the block shapes, a.split read; else the warp shapes):
+ *   block   side block r: token r's key (warp 0) and its fill (the other warps, or warp 0 after
+ *           the key when the block has one warp)
+ *   split   the side block beside token t's q block: its key (warp 0); beside its kv block: its
+ *           fill (every thread)
+ *   warp    each warp one token of [b x warps, (b + 1) x warps): its key, then its fill
+ * so at decode sizes a token's four parts (q, kv + pe, key, fill) run on four SMs at once.
+ * Returns the row block of this block, or -1 after the side work. */
+template <class Wr, bool BLOCK>
 __device__ __forceinline__ int64_t mlaf_row_block_id(const mlaf_row_args &a, const typename Wr::params &wp) {
     if constexpr (Wr::kSide) {
         const int64_t b = blockIdx.x;
-        if (b & 1) {
-            Wr::side(wp, a, (b >> 1) * (int64_t)(blockDim.x >> 5) + (threadIdx.x >> 5));
-            return -1;
+        if (!(b & 1)) return b >> 1;
+        const int64_t r = b >> 1;
+        const int warp = (int)(threadIdx.x >> 5), nw = (int)(blockDim.x >> 5);
+        if (BLOCK && a.split) {
+            if (r & 1) Wr::side_fill(wp, a, r >> 1, (int)threadIdx.x, (int)blockDim.x);
+            else if (warp == 0) Wr::side(wp, a, r >> 1);
+        } else if (BLOCK) {
+            if (warp == 0) Wr::side(wp, a, r);
+            if (nw == 1) Wr::side_fill(wp, a, r, (int)threadIdx.x, 32);
+            else if (warp > 0) Wr::side_fill(wp, a, r, (int)threadIdx.x - 32, (int)blockDim.x - 32);
+        } else {
+            const int64_t t = r * nw + warp;
+            Wr::side(wp, a, t);
+            Wr::side_fill(wp, a, t, (int)(threadIdx.x & 31), 32);
         }
-        return b >> 1;
+        return -1;
     }
     return blockIdx.x;
 }
@@ -72,7 +89,7 @@ __global__ void __launch_bounds__(1024) mlaf_row_block_kernel(const mlaf_row_arg
     mlaf_pdl_begin();
     constexpr int W = mlaf_vec<T>::W;
     __shared__ float red[32];
-    const int64_t b = mlaf_row_block_id<Wr>(a, wp);
+    const int64_t b = mlaf_row_block_id<Wr, true>(a, wp);
     if (b < 0) return;
     const int qv = a.Q / W, cv = a.C / W, rv = a.R / W;
     const int qpad = (qv + 31) & ~31, nt = qpad + ((cv + 31) & ~31);
@@ -258,7 +275,7 @@ template <typename T, class L, bool BULK, bool ROPE, class Wr>
 __global__ void __launch_bounds__(MLAF_ROW_WARPS * 32, mlaf_row_minb4<BULK ? L::NQ + L::NC + 1 : L::NS>::value)
 mlaf_row_warp_kernel(const mlaf_row_args a, const typename Wr::params wp) {
     mlaf_pdl_begin();
-    const int64_t bid = mlaf_row_block_id<Wr>(a, wp);
+    const int64_t bid = mlaf_row_block_id<Wr, false>(a, wp);
     if (bid < 0) return;
     if constexpr (BULK) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
@@ -278,7 +295,7 @@ __global__ void __launch_bounds__(MLAF_ROW_WARPS * 32) mlaf_row_generic_kernel(c
     mlaf_pdl_begin();
     typedef typename mlaf_bits<T>::type B;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int64_t bid = mlaf_row_block_id<Wr>(a, wp);
+    const int64_t bid = mlaf_row_block_id<Wr, false>(a, wp);
     if (bid < 0) return;
     const int64_t t = bid * MLAF_ROW_WARPS + warp;
     if (t >= a.T) return;

@@ -24,7 +24,9 @@
  * kv part (the same thread unless the split block shape gives the parts blocks of their own);
  * rq / rkv are meaningful where the thread holds that part (NaN in the block shape's rope warp).
  *   static constexpr bool kSide; static void side(const params &, const mlaf_row_args &, int64_t t)
- *                                        per-token work apart from the row (see mlaf_wr_base)
+ *                                        per-token work apart from the row (see mlaf_wr_base);
+ *   static void side_fill(const params &, const mlaf_row_args &, int64_t t, int i, int n)
+ *                                        the part of it that reads nothing, by n threads (this is i)
  *   static constexpr bool kTailOnly      the writer's rows always have a kv_rope_tail and no pe part
  *                                        (validation), so the launch instantiates no other shapes
  * A new writer is one struct here and one entry in the op's launch (mla_kv_cache.cu).
@@ -37,8 +39,9 @@
 #define MLAF_LEAD_KV 2
 
 /* No-op hooks, for writers that take only some of them. kSide: the writer has work of its own
- * per token that needs none of the row's values (side(p, a, t), every lane of a warp); the
- * launch then gives it blocks of its own beside the rows' (row_kernels.cuh). */
+ * per token that needs none of the row's values (side(p, a, t), every lane of a warp, and
+ * side_fill(p, a, t, i, n), stores of constants by any n threads); the launch then gives it
+ * blocks of its own beside the rows' (row_kernels.cuh). */
 struct mlaf_wr_base {
     static constexpr bool kSide = false, kTailOnly = false;
     __device__ __forceinline__ void q(int, bool, const float *, uint4) {}
@@ -188,6 +191,11 @@ template <class A, class B> struct mlaf_wr_pair {
     static __device__ __forceinline__ void side(const params &p, const mlaf_row_args &a, int64_t t) {
         if constexpr (A::kSide) A::side(p.a, a, t);
         if constexpr (B::kSide) B::side(p.b, a, t);
+    }
+    static __device__ __forceinline__ void side_fill(const params &p, const mlaf_row_args &a, int64_t t, int i,
+                                                     int n) {
+        if constexpr (A::kSide) A::side_fill(p.a, a, t, i, n);
+        if constexpr (B::kSide) B::side_fill(p.b, a, t, i, n);
     }
     A x_;
     B y_;
