@@ -2,8 +2,9 @@
  * mlafuse.h — fused memory-bound kernels for MLA-attention + MoE language models
  * (GLM-4.7-Flash, DeepSeek-V2 / V2-Lite / V3 / R1, Kimi-K2).
  *
- * This header and the three it includes (mlafuse/mla.h, mlafuse/dsa.h, mlafuse/moe.h) are
- * the whole public C11 API and its manual: every function has its contract beside it. Ops:
+ * This header and the four it includes (mlafuse/mla.h, mlafuse/dsa.h, mlafuse/moe.h,
+ * mlafuse/quant.h) are the whole public C11 API and its manual: every function has its
+ * contract beside it. Ops:
  *
  *   mlaf_split_qk_norm   latent [T, Q+C+R] -> q = rmsnorm(q part), k_nope = rmsnorm(kv part),
  *                        k_pe = copy of the rope part                         docs/mla.md
@@ -322,6 +323,7 @@ MLAF_API const mlaf_model_config *mlaf_preset_find(const char *name);
 #include "mlafuse/mla.h" /* split_qk_norm, RoPE tables, mla_kv_cache and its formats, rope_q */
 #include "mlafuse/dsa.h" /* the DSA indexer: mla_kv_cache_dsa, indexer_q */
 #include "mlafuse/moe.h" /* moe_gate, moe_gate_hash */
+#include "mlafuse/quant.h" /* GEMM-input formats */
 
 #ifdef __cplusplus
 }

@@ -189,6 +189,18 @@ typedef struct mlaf_moe_gate_job {
     int32_t *error_count;    /* or NULL */
 } mlaf_moe_gate_job;
 
+/* One quantized GEMM-input output (include/mlafuse/quant.h, src/gemm_format.h), validated. */
+typedef struct mlaf_gemm_out_job {
+    mlaf_gemm_format format; /* MLAF_GEMM_NONE: no quantized output (the fields below unused) */
+    mlaf_gemm_scale scale;
+    float eps;               /* resolved: never 0 */
+    int32_t group;           /* g: 128 or 32 */
+    uint8_t *data;           /* [T, K] e4m3 bytes */
+    int64_t data_stride;     /* bytes */
+    void *scales;            /* the format's scales tensor */
+    int64_t scale_ld;        /* its leading stride, in elements of its dtype */
+} mlaf_gemm_out_job;
+
 /* ---- validation (validate.c): the one layer every backend goes through -------------------
  * Each returns MLAF_OK and fills *job, or records a message on ctx and returns the error. */
 mlaf_status mlaf_check_split_qk_norm(mlaf_context *ctx, const mlaf_split_qk_norm_params *p,

@@ -234,6 +234,24 @@ uint8_t mlaf_ref_fp8_quantize(float x, float scale, mlaf_fp8_conv conv);
  * saturated: |y| >= 464). *ratio: the error over the bound. */
 int mlaf_ref_fp8_decode_check(uint8_t b, float x, float scale, mlaf_fp8_conv conv, double *ratio);
 
+/* ---- GEMM-input formats (docs/gemm_formats.md): the reference encoder (ref_gemm_format.c) ---- */
+typedef struct mlaf_gemm_encoding {
+    mlaf_gemm_format format;
+    mlaf_gemm_scale scale;
+    float eps; /* resolved: the amax floor of the f32 / ue8m0 roundings (never 0) */
+} mlaf_gemm_encoding;
+/* One row of K values y, each already in the activation dtype, encoded from the definitions:
+ * data[K] the e4m3 bytes; per group j < K / g its scale scale_f32[j] and its UE8M0 byte
+ * scale_byte[j] (0 for the f32 rounding). */
+void mlaf_ref_gemm_encode_row(const mlaf_gemm_encoding *e, const float *y, int64_t K, uint8_t *data,
+                              float *scale_f32, uint8_t *scale_byte);
+/* Where row t's group j keeps its scale in a scales buffer of format f with leading stride ld
+ * (elements of the scales' dtype): the byte offset of its 4 bytes (f32 layouts) or of its byte;
+ * -1 for NONE. */
+int64_t mlaf_ref_gemm_scale_offset(mlaf_gemm_format f, int64_t t, int64_t j, int64_t ld);
+/* How many formats of src/gemm_format.h have an encoder here (a test checks: all of them). */
+int mlaf_ref_gemm_encoder_count(void);
+
 /* ---- the oracle (float64, plain loops) ------------------------------------------------- */
 /* Dense outputs: q [T,Q] (NULL when Q == 0), k_nope [T,C], k_pe [T,R] (may be NULL). */
 void mlaf_ref_split_qk_norm(const mlaf_norm_job *job, double *q, double *k_nope, double *k_pe);

@@ -1,0 +1,107 @@
+/*
+ * mlafuse/quant.h — GEMM-input formats: what the next fp8 GEMM reads (docs/gemm_formats.md).
+ * Part of the public C API: include <mlafuse.h>, which includes this file (the types, status
+ * codes and conventions are there).
+ */
+#ifndef MLAFUSE_QUANT_H
+#define MLAFUSE_QUANT_H
+#ifndef MLAFUSE_H
+#error "include <mlafuse.h>, not mlafuse/quant.h"
+#endif
+
+/* ---------------------------------------------------------------------------------------
+ * GEMM-input formats (docs/gemm_formats.md)
+ *
+ * An op that writes a tensor y [T, K] which a block-scaled fp8 GEMM consumes may write it
+ * quantized, per token and per group of g consecutive columns, in the same pass. Every value
+ * quantized is the value the op would store densely (its fp32 result rounded once to the
+ * activation dtype), so the fused bytes equal those of the dense op followed by a per-token-group
+ * quantize pass. For each group: amax = the NaN-ignoring max |y| over its g values; a scale s
+ * from amax by the call's scale rounding (below); each value byte e4m3(y / s) (an IEEE f32
+ * division, then the e4m3 conversion of docs/kv_formats.md: round to nearest even, |v| >= 464 and
+ * +-inf give +-448, NaN gives 0x7F).
+ *
+ *   format (mlaf_gemm_format)     g    scales tensor                                 read by
+ *   FP8_1X128        fp8_1x128    128  f32 [T, K/128], stride (ld, 1), ld >= K/128    DeepGEMM / CUTLASS
+ *                                      (row-major: element (t, j) at t ld + j)        (K-major scales)
+ *   FP8_1X128_MN     fp8_1x128_mn 128  f32 [K/128, T], stride (ld, 1): element (t, j)  DeepGEMM sm90,
+ *                                      at j ld + t; ld a multiple of 4 and            flashinfer
+ *                                      >= round_up(T, 4); data 16-byte aligned (TMA)
+ *   FP8_1X128_UE8M0  fp8_1x128_ue8m0 128 i32 [ceil(K/512), T], stride (ld, 1), ld as   DeepGEMM sm100
+ *                                      above: the UE8M0 bytes of groups 4i .. 4i + 3
+ *                                      of token t are the bytes 0 .. 3 of element
+ *                                      (t, i) (little-endian); bytes past the last
+ *                                      group are written as 0
+ *   MXFP8            mxfp8        32   u8 [T, K/32], stride (ld, 1): one UE8M0 byte a     OCP MX v1.0
+ *                                      group
+ *
+ * The MN-major layouts are the transposes of the [T, K/128] views engines hold (torch's
+ * (1, ld) strides): pass them as [groups, T] with stride (ld, 1). Rows t in [T, ld) of them are
+ * never written. A UE8M0 byte is the biased exponent of a power-of-two scale: byte = e + 127
+ * for s = 2^e (2^-127 = byte 0; +inf = byte 255).
+ *
+ * Scale roundings (mlaf_gemm_scale; each format takes the ones listed):
+ *   F32        fp8_1x128, fp8_1x128_mn   s = max(amax, eps) / 448
+ *   UE8M0      the three 1x128 formats   s = 2^ceil_log2(max(amax, eps) / 448): the f32 quotient
+ *              (the only one of          rounded up to a power of two (DeepGEMM's recipe; the f32
+ *              fp8_1x128_ue8m0)          layouts then hold powers of two)
+ *   MX_FLOOR   mxfp8                     s = 2^(floor_log2(amax) - 8), OCP MX's rule (values may
+ *                                        saturate: amax / s is below 512, above 448 at times)
+ *   MX_CEIL    mxfp8                     s = 2^ceil_log2(amax / 448) (never saturates)
+ * In the mxfp8 roundings a group with amax 0 (or below the smallest scale) takes the smallest
+ * scale 2^-127, and exponents are clamped to [-127, 127]; eps is not used. ceil_log2 / floor_log2
+ * of a positive f32 come from its bits (subnormal quotients included); an infinite amax gives
+ * s = +inf (byte 255) in every rounding: its values encode as 0 (finite) or 0x7F.
+ *
+ * mlaf_gemm_out describes one quantized output of an op; format NONE (0, a zeroed struct) means
+ * absent (data and scales must then be NULL):
+ *   data     [T, K]  fp8_e4m3 | u8, stride (s0, 1), any s0 >= K: the e4m3 bytes
+ *   scales   as the table above
+ *   eps      the amax floor of the F32 / UE8M0 roundings: 0 = 1e-10 (SGLang's default; DeepGEMM's
+ *            reference quantizer uses 1e-4), else finite and >= 1e-30
+ * K must be a multiple of g. Rejected (nothing written, a message naming the argument): an
+ * unknown format or rounding, a rounding the format does not take, K not a multiple of g, a
+ * scales tensor of the wrong dtype, shape, leading dimension or alignment, an eps out of range,
+ * data or scales overlapping each other or any other tensor of the call.
+ * ------------------------------------------------------------------------------------- */
+typedef enum mlaf_gemm_format {
+    MLAF_GEMM_NONE = 0,
+    MLAF_GEMM_FP8_1X128 = 1,
+    MLAF_GEMM_FP8_1X128_MN = 2,
+    MLAF_GEMM_FP8_1X128_UE8M0 = 3,
+    MLAF_GEMM_MXFP8 = 4,
+    MLAF_GEMM_FORMAT_COUNT_
+} mlaf_gemm_format;
+
+typedef enum mlaf_gemm_scale {
+    MLAF_GEMM_SCALE_F32 = 0,
+    MLAF_GEMM_SCALE_UE8M0 = 1,
+    MLAF_GEMM_SCALE_MX_FLOOR = 2,
+    MLAF_GEMM_SCALE_MX_CEIL = 3,
+    MLAF_GEMM_SCALE_COUNT_
+} mlaf_gemm_scale;
+
+typedef struct mlaf_gemm_out {
+    mlaf_gemm_format format;   /* NONE: no quantized output */
+    mlaf_gemm_scale scale;     /* the scale rounding */
+    const mlaf_tensor *data;   /* [T, K] e4m3 bytes */
+    const mlaf_tensor *scales; /* the format's scales tensor */
+    float eps;                 /* F32 / UE8M0 amax floor; 0 = 1e-10 */
+} mlaf_gemm_out;
+
+#define MLAF_GEMM_DEFAULT_EPS 1e-10f
+
+/* "none", "fp8_1x128", "fp8_1x128_mn", "fp8_1x128_ue8m0", "mxfp8"; "unknown" otherwise. */
+MLAF_API const char *mlaf_gemm_format_name(mlaf_gemm_format f);
+/* "f32", "ue8m0", "mx_floor", "mx_ceil"; "unknown" otherwise. */
+MLAF_API const char *mlaf_gemm_scale_name(mlaf_gemm_scale s);
+/* The group width g of a format (128 or 32); 0 for NONE or an unknown value. */
+MLAF_API int32_t mlaf_gemm_format_group(mlaf_gemm_format f);
+/* The scales tensor a format wants for T tokens of K values: its dtype, its shape (rows, cols)
+ * and the least leading stride (elements) it accepts (the MN-major layouts: round_up(T, 4)).
+ * MLAF_ERR_INVALID_ARGUMENT for NONE, an unknown format, K not a multiple of g or T, K < 0;
+ * MLAF_ERR_NULL_POINTER for a NULL output pointer. */
+MLAF_API mlaf_status mlaf_gemm_scales_shape(mlaf_gemm_format f, int64_t T, int64_t K, mlaf_dtype *dtype,
+                                            int64_t shape[2], int64_t *min_ld);
+
+#endif /* MLAFUSE_QUANT_H */
