@@ -18,6 +18,9 @@
  *                        renormalize, scale, fused shared experts
  *   mlaf_moe_gate_hash   hash-routed MoE layer: ids from a token -> experts   docs/moe_gate.md
  *                        table, weights from the scores at those ids
+ *   mlaf_rms_norm_quant  y = RMSNorm(x [+ residual]) * w, dense and / or in  docs/gemm_formats.md
+ *                        an fp8 GEMM-input format (1x128 blocks, UE8M0,
+ *                        MXFP8), the residual add written back in place
  *
  * The docs pages hold the same contract at more length, with the tolerances and the
  * performance method (docs/conventions.md).
@@ -188,6 +191,7 @@ typedef enum mlaf_op {
     MLAF_OP_ROPE_Q = 2,
     MLAF_OP_MOE_GATE = 3,
     MLAF_OP_INDEXER_Q = 4, /* mla_kv_cache's indexer branch is part of MLAF_OP_MLA_KV_CACHE */
+    MLAF_OP_RMS_NORM_QUANT = 5,
     MLAF_OP_COUNT_
 } mlaf_op;
 
@@ -323,7 +327,7 @@ MLAF_API const mlaf_model_config *mlaf_preset_find(const char *name);
 #include "mlafuse/mla.h" /* split_qk_norm, RoPE tables, mla_kv_cache and its formats, rope_q */
 #include "mlafuse/dsa.h" /* the DSA indexer: mla_kv_cache_dsa, indexer_q */
 #include "mlafuse/moe.h" /* moe_gate, moe_gate_hash */
-#include "mlafuse/quant.h" /* GEMM-input formats */
+#include "mlafuse/quant.h" /* GEMM-input formats, rms_norm_quant */
 
 #ifdef __cplusplus
 }

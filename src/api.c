@@ -156,6 +156,16 @@ mlaf_status mlaf_moe_gate_hash(mlaf_context *ctx, const mlaf_moe_gate_params *p,
     DISPATCH(ctx, moe_gate, MLAF_OP_MOE_GATE, job.T, &job);
 }
 
+mlaf_status mlaf_rms_norm_quant(mlaf_context *ctx, const mlaf_rms_norm_quant_params *p, const mlaf_tensor *x,
+                                const mlaf_tensor *residual, const mlaf_tensor *weight, const mlaf_tensor *y,
+                                const mlaf_gemm_out *q) {
+    if (!ctx) return MLAF_ERR_NULL_POINTER;
+    mlaf_rms_norm_quant_job job;
+    mlaf_status st = mlaf_check_rms_norm_quant(ctx, p, x, residual, weight, y, q, &job);
+    if (st != MLAF_OK) return st;
+    DISPATCH(ctx, rms_norm_quant, MLAF_OP_RMS_NORM_QUANT, job.T, &job);
+}
+
 mlaf_status mlaf_rope_table_init(float *table, int64_t max_pos, int32_t rope_dim, double base) {
     if (!table) return MLAF_ERR_NULL_POINTER;
     if (max_pos < 1 || rope_dim <= 0 || rope_dim % 2 != 0 || !(base > 1.0 && base <= MLAF_ROPE_MAX_BASE))

@@ -76,7 +76,8 @@ const char *mlaf_backend_name(mlaf_backend b) {
 }
 
 const char *mlaf_op_name(mlaf_op op) {
-    static const char *const names[] = {"split_qk_norm", "mla_kv_cache", "rope_q", "moe_gate", "indexer_q"};
+    static const char *const names[] = {"split_qk_norm", "mla_kv_cache", "rope_q", "moe_gate", "indexer_q",
+                                        "rms_norm_quant"};
     return (unsigned)op < MLAF_OP_COUNT_ ? names[op] : "unknown";
 }
 
@@ -111,6 +112,7 @@ int mlaf_backend_supports(mlaf_backend b, mlaf_op op) {
     case MLAF_OP_ROPE_Q: return f->rope_q != NULL;
     case MLAF_OP_MOE_GATE: return f->moe_gate != NULL;
     case MLAF_OP_INDEXER_Q: return f->indexer_q != NULL;
+    case MLAF_OP_RMS_NORM_QUANT: return f->rms_norm_quant != NULL;
     default: return 0;
     }
 }

@@ -201,6 +201,24 @@ typedef struct mlaf_gemm_out_job {
     int64_t scale_ld;        /* its leading stride, in elements of its dtype */
 } mlaf_gemm_out_job;
 
+/* rms_norm_quant (include/mlafuse/quant.h): y = RMSNorm(x [+ residual]) * w, dense and / or
+ * quantized. */
+typedef struct mlaf_rms_norm_quant_job {
+    int64_t T;
+    int32_t K;
+    float eps;
+    mlaf_dtype dt;           /* x, residual, y */
+    const void *x;           /* [T, K] */
+    int64_t x_stride;
+    void *residual;          /* [T, K] in / out (the rounded sum), or NULL */
+    int64_t r_stride;
+    const void *w;           /* [K] */
+    mlaf_dtype w_dt;         /* dt or MLAF_F32 */
+    void *y;                 /* [T, K] or NULL; may be x itself (the in-place form) */
+    int64_t y_stride;
+    mlaf_gemm_out_job q;     /* format NONE: none */
+} mlaf_rms_norm_quant_job;
+
 /* ---- validation (validate.c): the one layer every backend goes through -------------------
  * Each returns MLAF_OK and fills *job, or records a message on ctx and returns the error. */
 mlaf_status mlaf_check_split_qk_norm(mlaf_context *ctx, const mlaf_split_qk_norm_params *p,
@@ -263,6 +281,10 @@ mlaf_status mlaf_check_moe_gate_hash(mlaf_context *ctx, const mlaf_moe_gate_para
                                      const mlaf_tensor *token_ids, const mlaf_tensor *weights,
                                      const mlaf_tensor *ids, const mlaf_tensor *scores,
                                      const mlaf_tensor *error_count, mlaf_moe_gate_job *job);
+/* rms_norm_quant (validate_quant.c). */
+mlaf_status mlaf_check_rms_norm_quant(mlaf_context *ctx, const mlaf_rms_norm_quant_params *p, const mlaf_tensor *x,
+                                      const mlaf_tensor *residual, const mlaf_tensor *weight, const mlaf_tensor *y,
+                                      const mlaf_gemm_out *q, mlaf_rms_norm_quant_job *job);
 
 /* ---- backends -------------------------------------------------------------------------- */
 typedef struct mlaf_backend_iface {
@@ -274,6 +296,7 @@ typedef struct mlaf_backend_iface {
     /* mla_kv_cache with the DSA indexer key branch in the same pass */
     mlaf_status (*mla_kv_cache_dsa)(mlaf_context *ctx, const mlaf_kv_cache_job *job, const mlaf_index_job *ix);
     mlaf_status (*indexer_q)(mlaf_context *ctx, const mlaf_indexer_q_job *job);
+    mlaf_status (*rms_norm_quant)(mlaf_context *ctx, const mlaf_rms_norm_quant_job *job);
 } mlaf_backend_iface;
 
 /* CPU backend (src/cpu/). Entries are NULL for ops not implemented yet. */

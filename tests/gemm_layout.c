@@ -68,12 +68,12 @@ static int group_k(int ex, int t, int j) { return ex == GL_WRITER ? j % 6 - t - 
 static int group_zero(int ex, int t, int j) { return ex == GL_WRITER ? t == 1 && j == 2 : t == 1; }
 static int row_sign(int ex, int t) { return ex == GL_OP && t == 2 ? -1 : 1; }
 
-void gl_row(const gl_layout *L, int t, float *y) {
+void gl_row(const gl_layout *L, int ex, int t, float *y) {
     const int g = group_size(L);
     memset(y, 0, sizeof(float) * GL_K);
     for (int j = 0; j < L->groups; j++) {
-        if (group_zero(GL_WRITER, t, j)) continue;
-        const int k = group_k(GL_WRITER, t, j);
+        if (group_zero(ex, t, j)) continue;
+        const int k = group_k(ex, t, j);
         y[j * g] = ldexpf(448.0f, k), y[j * g + 1] = -ldexpf(1.0f, k), y[j * g + 2] = ldexpf(1.5f, k);
     }
 }
@@ -84,10 +84,13 @@ int gl_judge(const gl_layout *L, mlaf_gemm_scale s, const gl_buffers *b, int ex,
     for (int t = 0; t < GL_T; t++)
         for (int j = 0; j < L->groups; j++) {
             const int zero = group_zero(ex, t, j), sg = row_sign(ex, t);
-            const uint8_t want_v[3] = {zero ? 0x00 : sg > 0 ? 0x7E : 0xFE, zero ? 0x00 : sg > 0 ? 0xB8 : 0x38,
+            /* GL_OP's zero row is 0 times the weights: -0 where the weight is negative (0x80); its row
+             * of sign -1 makes the zero weights -0 */
+            const uint8_t want_v[3] = {zero ? 0x00 : sg > 0 ? 0x7E : 0xFE,
+                                       zero ? (ex == GL_OP ? 0x80 : 0x00) : sg > 0 ? 0xB8 : 0x38,
                                        zero ? 0x00 : sg > 0 ? 0x3C : 0xBC};
             for (int i = 0; i < g; i++) {
-                const uint8_t got = b->data[t * GL_K + j * g + i], want = i < 3 ? want_v[i] : 0x00;
+                const uint8_t got = b->data[t * GL_K + j * g + i], want = i < 3 ? want_v[i] : sg < 0 ? 0x80 : 0x00;
                 if (got != want) {
                     snprintf(why, cap, "value byte of row %d, group %d, value %d: 0x%02x, expected 0x%02x", t, j, i, got,
                              want);

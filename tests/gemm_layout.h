@@ -12,7 +12,8 @@
  *   GL_WRITER  k = (j mod 6) - t - 2, sign +1, row 1's group 2 zero
  *   GL_OP      k = (j mod 6) - 2, row 0 sign +1, row 1 all zero, row 2 sign -1 (rms_norm_quant of
  *              x = 1, 0, -4 with weights w, bf16: RMSNorm of a constant row is its sign, and the
- *              rounding to bf16 absorbs rstd's 1 - eps / 2)
+ *              rounding to bf16 absorbs rstd's 1 - eps / 2; signed zeros follow: the zero row's
+ *              -2^k becomes -0 (0x80), and so do the zero weights of the row of sign -1)
  */
 #ifndef MLAF_GEMM_LAYOUT_H
 #define MLAF_GEMM_LAYOUT_H
@@ -49,8 +50,8 @@ void gl_fill(gl_buffers *b, const gl_layout *L);
 mlaf_gemm_out gl_out(const gl_layout *L, mlaf_gemm_scale s, gl_buffers *b, mlaf_tensor *td, mlaf_tensor *ts);
 mlaf_gemm_out gl_out_at(const gl_layout *L, mlaf_gemm_scale s, void *data, void *scales, mlaf_tensor *td,
                         mlaf_tensor *ts);
-/* Row t of the GL_WRITER example (640 floats). */
-void gl_row(const gl_layout *L, int t, float *y);
+/* Row t of example ex (640 floats): GL_WRITER's rows; GL_OP's weights are its row 0. */
+void gl_row(const gl_layout *L, int ex, int t, float *y);
 /* The bytes of b after all rows were written, against the hand-made expectation of example `ex`;
  * 1 when every byte is right, else 0 with the first difference in why. */
 int gl_judge(const gl_layout *L, mlaf_gemm_scale s, const gl_buffers *b, int ex, char *why, size_t cap);

@@ -83,7 +83,7 @@ static void layout(void) {
                 }
                 float y[GL_K];
                 for (int t = 0; t < GL_T; t++) {
-                    gl_row(L, t, y);
+                    gl_row(L, GL_WRITER, t, y);
                     mlaf_cpu_gemm_writer_of(L->format)(tb[ti].k, &j, MLAF_BF16, t, L->groups, 0, GL_K, y);
                 }
                 char why[256];

@@ -1,7 +1,8 @@
 /*
  * test_threads.c — thread counts and contexts: several pthreads at once, each with its own
  * context (on the CPU with 1, 2, 3 and 8 threads, instruction-set paths left to AUTO), run
- * split_qk_norm, mla_kv_cache, rope_q (plain and head_norm), moe_gate and indexer_q concurrently
+ * split_qk_norm, mla_kv_cache, rope_q (plain and head_norm), moe_gate, indexer_q and rms_norm_quant
+ * (with the residual, y and fp8_1x128_mn scales) concurrently
  * and repeatedly on the same inputs; every result must be bit-identical to a run on one thread
  * of one context. The calls are large enough (over 2 MB moved) for the CPU backend to use all
  * 8 threads (src/cpu/parallel.h). Then: mlaf_context_free joins the context's workers (the
@@ -15,7 +16,7 @@
 #include "testlib.h"
 
 enum { T = 2400, Q = 768, C = 512, R = 64, W = Q + C + R, H = 4, D = 256, MAXP = 512,
-       NB = 640, BS = 4, PTHREADS = 4, ITERS = 3, E = 256, K = 8, HI = 4, NOPS = 6 };
+       NB = 640, BS = 4, PTHREADS = 4, ITERS = 3, E = 256, K = 8, HI = 4, NOPS = 7, HK = Q + C, T4 = (T + 3) / 4 * 4 };
 
 static unsigned char *LAT, *WQ, *WKV, *Q3, *QI;
 static int64_t POS[T], SLOT[T];
@@ -107,8 +108,54 @@ static unsigned char *run_op2(mlaf_context *ctx, int op, size_t *bytes, char *wh
     return res;
 }
 
+/* rms_norm_quant (op 6): x = the latent's first Q + C columns, the residual from the same values,
+ * y and fp8_1x128_mn (ue8m0) outputs; returns residual, y, data and scales (malloc'ed) or NULL. */
+static unsigned char *run_op3(mlaf_context *ctx, size_t *bytes, char *why, size_t why_cap) {
+    mlaf_backend be = mlaf_context_backend(ctx);
+    enum { N = 6 };
+    mlaf_gbuf g[N];
+    memset(g, 0, sizeof g);
+    const size_t sizes[N] = {(size_t)T * W * 2, (size_t)T * W * 2, HK * 2, (size_t)T * HK * 2, (size_t)T * HK,
+                             sizeof(float) * (HK / 128) * T4};
+    const void *init[N] = {LAT, LAT, WKV, NULL, NULL, NULL};
+    mlaf_status st = MLAF_OK;
+    unsigned char *w = malloc(HK * 2);
+    for (int i = 0; i < HK * 2 && w; i++) w[i] = i < Q * 2 ? WQ[i] : WKV[i - Q * 2];
+    init[2] = w;
+    for (int i = 0; i < N && st == MLAF_OK; i++) st = mlaf_gbuf_alloc(&g[i], be, sizes[i], init[i], 0);
+    if (st == MLAF_OK) {
+        const mlaf_rms_norm_quant_params p = {1e-6f};
+        mlaf_tensor x = mlaf_tensor_2d(g[0].ptr, MLAF_BF16, T, HK, W), r = mlaf_tensor_2d(g[1].ptr, MLAF_BF16, T, HK, W),
+                    tw = mlaf_tensor_1d(g[2].ptr, MLAF_BF16, HK), y = mlaf_tensor_2d(g[3].ptr, MLAF_BF16, T, HK, HK),
+                    d = mlaf_tensor_2d(g[4].ptr, MLAF_U8, T, HK, HK), s = mlaf_tensor_2d(g[5].ptr, MLAF_F32, HK / 128, T, T4);
+        const mlaf_gemm_out q = {MLAF_GEMM_FP8_1X128_MN, MLAF_GEMM_SCALE_UE8M0, &d, &s, 0.0f};
+        st = mlaf_rms_norm_quant(ctx, &p, &x, &r, &tw, &y, &q);
+    }
+    if (st == MLAF_OK) st = mlaf_context_sync(ctx);
+    size_t total = 0;
+    for (int i = 1; i < N; i++) total += i == 2 ? 0 : sizes[i];
+    unsigned char *res = st == MLAF_OK ? malloc(total) : NULL;
+    for (int i = 1, at = 0; i < N && res && st == MLAF_OK; i++) {
+        if (i == 2) continue;
+        st = mlaf_gbuf_download(&g[i]);
+        memcpy(res + at, g[i].body, sizes[i]);
+        at += (int)sizes[i];
+    }
+    if (st != MLAF_OK || !res) {
+        snprintf(why, why_cap, "%s: %s", mlaf_status_name(st), mlaf_context_last_error(ctx));
+        free(res);
+        res = NULL;
+    } else {
+        *bytes = total;
+    }
+    for (int i = 0; i < N; i++) mlaf_gbuf_free(&g[i]);
+    free(w);
+    return res;
+}
+
 /* Runs one op on fresh buffers; returns the concatenated output bytes (malloc'ed) or NULL. */
 static unsigned char *run_op(mlaf_context *ctx, int op, size_t *bytes, char *why, size_t why_cap) {
+    if (op == 6) return run_op3(ctx, bytes, why, why_cap);
     if (op >= 4) return run_op2(ctx, op, bytes, why, why_cap);
     mlaf_backend be = mlaf_context_backend(ctx);
     enum { N = 11 };
@@ -236,7 +283,7 @@ static void thread_count_case(void) {
 
 int main(void) {
     static const char *const ops[NOPS] = {"split_qk_norm", "mla_kv_cache", "rope_q", "rope_q(head_norm)",
-                                          "moe_gate", "indexer_q"};
+                                          "moe_gate", "indexer_q", "rms_norm_quant"};
     static const int counts[PTHREADS] = {1, 2, 3, 8};
     mlaf_backend bes[MLAF_BACKEND_COUNT_];
     int nb = tl_backends(bes);

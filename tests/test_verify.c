@@ -97,6 +97,20 @@ int main(void) {
         c.index_scale = MLAF_INDEX_SCALE_F32;
         expect(ctx, "indexer_q,scale=f32", mlaf_verify_indexer_q, c, 601, "[t=%lld,");
     }
+    {
+        /* rms_norm_quant: y altered (its q bytes then differ too: y's own line comes first), and,
+         * for a q-only case, a value byte (judged from the dense-only call's row) */
+        mlaf_verify_case c = mlaf_verify_case_default(glm, MLAF_BF16, 2100, 12);
+        c.hidden = 2048;
+        c.q_format = MLAF_GEMM_FP8_1X128_MN;
+        c.q_scale = MLAF_GEMM_SCALE_UE8M0;
+        c.residual = 1;
+        expect(ctx, "rms_norm_quant", mlaf_verify_rms_norm_quant, c, 1234, "y[t=%lld,");
+        c.no_dense = 1;
+        c.q_format = MLAF_GEMM_MXFP8;
+        c.q_scale = MLAF_GEMM_SCALE_MX_FLOOR;
+        expect(ctx, "rms_norm_quant,q_only", mlaf_verify_rms_norm_quant, c, 1234, "q.data[t=%lld,");
+    }
     mlaf_context_free(ctx);
     return tl_finish();
 }

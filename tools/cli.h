@@ -81,6 +81,12 @@ int cli_sweep_models(const mlaf_model_config *base, mlaf_model_config *out, int 
  * static buffer, valid until the next call). */
 const char *cli_score_text(const mlaf_model_config *cfg);
 
+/* `verify --op rms_norm_quant` (verify_rms_norm_quant.c): its cases for every hidden size, dtype and
+ * token count, one line each, counted into passed / failed / skipped. */
+void verify_rms_norm_quant(mlaf_context *ctx, const int64_t *hidden, int nh, const mlaf_dtype *dts, int ndt,
+                           const int64_t *tokens, int ntok, uint64_t seed, float eps, int *passed, int *failed,
+                           int *skipped);
+
 /* ---- commands ------------------------------------------------------------------------------ */
 int cmd_presets(int argc, char **argv);
 int cmd_verify(int argc, char **argv);

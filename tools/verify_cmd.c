@@ -18,6 +18,9 @@
  *                  of --cache (default plain) x four indexer settings (run_indexer_cases)
  *   indexer_q      models with an indexer: {contiguous, ue8m0 | strided, Hadamard, q_pe |
  *                  strided, f32 scale} in the preset's indexer RoPE style
+ *   rms_norm_quant every --hidden size (default 2048, 7168) x dtype x T: dense only and every
+ *                  GEMM-input format in each rounding (verify_rms_norm_quant.c); its own token counts
+ *                  by default (0,1,7,64,257,4099), once per backend whatever the models
  *   moe_gate       contiguous | strided with the score output | NaN / inf logits; with
  *                  --preset all also the router shapes engines get wrong (E = 160 softmax
  *                  group max, E = 384, E = 2048, 64 experts in one group, top_k 16 / 32,
@@ -44,7 +47,8 @@ static void help(void) {
         "Checks every op against the float64 oracle (docs/conventions.md) and prints one line per case.\n"
         "\n"
         "  --backend cpu|cuda|all   backends to check (default all: cpu, and cuda when a GPU is visible)\n"
-        "  --op NAME|all            split_qk_norm, mla_kv_cache, rope_q, moe_gate, indexer_q (default all)\n"
+        "  --op NAME|all            split_qk_norm, mla_kv_cache, rope_q, moe_gate, indexer_q,\n"
+        "                           rms_norm_quant (default all)\n"
         "  --preset NAME|all        model preset (default all; see mlafuse presets)\n"
         "  --config FILE            the model of a Hugging Face config.json instead of the presets\n"
         "  --sweep                  the row layouts of the family instead: q_lora_rank 0 .. 3072 x\n"
@@ -58,6 +62,8 @@ static void help(void) {
         "  --indexer                mla_kv_cache with the DSA indexer key branch (docs/dsa.md) instead:\n"
         "                           models with rope 64, the caches of --cache (default plain), each x\n"
         "                           four indexer settings (rope style, Hadamard, scale, layout)\n"
+        "  --hidden LIST            rms_norm_quant's hidden sizes K (default 2048,7168; its tokens\n"
+        "                           default to 0,1,7,64,257,4099), e.g. 7168,16384\n"
         "  --seed N                 random seed of the inputs (default 1)\n"
         "\n"
         "Exit status: 0 all passed, 1 a case failed (or a requested backend is missing), 2 usage.\n");
@@ -536,8 +542,11 @@ static void run_v4(mlaf_context *ctx, mlaf_op op, const mlaf_model_config *cfg, 
 int cmd_verify(int argc, char **argv) {
     int want_backend[MLAF_BACKEND_COUNT_] = {1, 1};
     int backend_explicit = 0;
-    int want_op[MLAF_OP_COUNT_] = {1, 1, 1, 1, 1};
+    int want_op[MLAF_OP_COUNT_] = {1, 1, 1, 1, 1, 1};
     const char *preset = NULL, *config = NULL;
+    int64_t hidden[CLI_MAX_LIST] = {2048, 7168};
+    int nhidden = 2;
+    const int64_t rnq_tokens[6] = {0, 1, 7, 64, 257, 4099};
     mlaf_dtype dts[3] = {MLAF_F32, MLAF_F16, MLAF_BF16};
     int ndt = 3;
     int64_t tokens[CLI_MAX_LIST] = {0, 1, 2, 7, 64, 257, 4096, 65537};
@@ -595,6 +604,13 @@ int cmd_verify(int argc, char **argv) {
             tokens_given = 1;
         } else if ((r = cli_take_value(argc, argv, &i, "--cache", &v)) != 0) {
             if (r < 0 || (cache_mask = parse_cache_set(v)) < 0) return CLI_EXIT_USAGE;
+        } else if ((r = cli_take_value(argc, argv, &i, "--hidden", &v)) != 0) {
+            if (r < 0) return CLI_EXIT_USAGE;
+            nhidden = cli_parse_int_list("--hidden", v, 1, hidden, CLI_MAX_LIST);
+            if (nhidden < 0) return CLI_EXIT_USAGE;
+            for (int h = 0; h < nhidden; h++)
+                if (hidden[h] > ((int64_t)1 << 20))
+                    return cli_usage_error("verify", "--hidden %lld: expected at most 1048576", (long long)hidden[h]);
         } else if ((r = cli_take_value(argc, argv, &i, "--seed", &v)) != 0) {
             if (r < 0) return CLI_EXIT_USAGE;
             if (cli_parse_int("--seed", v, 0, ((long long)1 << 40), &seed)) return CLI_EXIT_USAGE;
@@ -655,6 +671,13 @@ int cmd_verify(int argc, char **argv) {
                 printf("SKIP: %s on the %s backend: not supported by this backend\n",
                        mlaf_op_name(op), mlaf_backend_name(be));
                 n.skipped++;
+                continue;
+            }
+            if (op == MLAF_OP_RMS_NORM_QUANT) { /* no model dims: once per backend, eps of the first model */
+                verify_rms_norm_quant(ctx, hidden, nhidden, dts, ndt, tokens_given ? tokens : rnq_tokens,
+                                      tokens_given ? ntok : 6, (uint64_t)seed * 1000003u + 0x9a7u,
+                                      models[0].rms_norm_eps > 0.0f ? models[0].rms_norm_eps : 1e-6f, &n.passed,
+                                      &n.failed, &n.skipped);
                 continue;
             }
             /* models whose kv carries the rope (DeepSeek-V4): their own attention cases (run_v4);

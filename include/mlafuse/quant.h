@@ -104,4 +104,29 @@ MLAF_API int32_t mlaf_gemm_format_group(mlaf_gemm_format f);
 MLAF_API mlaf_status mlaf_gemm_scales_shape(mlaf_gemm_format f, int64_t T, int64_t K, mlaf_dtype *dtype,
                                             int64_t shape[2], int64_t *min_ld);
 
+/* ---------------------------------------------------------------------------------------
+ * rms_norm_quant: the residual add, RMSNorm and the quantized GEMM input in one pass
+ * (docs/gemm_formats.md, rms_norm_quant): a layer's input_layernorm / post_attention_layernorm.
+ *
+ *   x         [T, K]  f32 | f16 | bf16, stride (s0, 1)
+ *   residual  [T, K]  x's dtype, optional, read and written: h = round(x + residual) (the fp32 sum
+ *                     rounded once to the dtype) is stored back into it and normalized
+ *   weight    [K]     x's dtype or f32
+ *   y         [T, K]  x's dtype, optional: the dense output; may be x itself (the same view)
+ *   q                 optional quantized output (mlaf_gemm_out; NULL or format NONE: none)
+ * At least one of y and q. Per token, in fp32: h = x (or the rounded sum), rstd = 1 / sqrt(sum(h^2)
+ * / K + eps), y = (h * rstd) * w rounded once to the dtype, as the other norms; q quantizes those
+ * rounded y values (the fused bytes equal those of the dense call followed by a per-token-group
+ * quantize pass). eps finite and > 0. K >= 1 (a multiple of the format's group with q), at most
+ * 2^20; T < 2^31. residual shares no byte with x, weight, y or q; y is x exactly or shares no byte
+ * with it; q's tensors share no byte with any other. T = 0 is a no-op.
+ * ------------------------------------------------------------------------------------- */
+typedef struct mlaf_rms_norm_quant_params {
+    float eps;
+} mlaf_rms_norm_quant_params;
+
+MLAF_API mlaf_status mlaf_rms_norm_quant(mlaf_context *ctx, const mlaf_rms_norm_quant_params *p, const mlaf_tensor *x,
+                                         const mlaf_tensor *residual, const mlaf_tensor *weight, const mlaf_tensor *y,
+                                         const mlaf_gemm_out *q);
+
 #endif /* MLAFUSE_QUANT_H */

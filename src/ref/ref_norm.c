@@ -1,5 +1,6 @@
 /*
- * ref_norm.c — the float64 oracle of split_qk_norm, mla_kv_cache and rope_q (docs/mla.md).
+ * ref_norm.c — the float64 oracle of split_qk_norm, mla_kv_cache and rope_q (docs/mla.md), and of
+ * rms_norm_quant's dense part (docs/gemm_formats.md).
  *
  * Plain loops, one step at a time, no fusion: read the inputs of a validated job (host
  * memory), compute in double, write dense unrounded results. The checks (verify_*.c, verify_case.h)
@@ -124,5 +125,23 @@ void mlaf_ref_rope_q(const mlaf_rope_q_job *job, double *q_out, int8_t *status) 
                 mlaf_ref_rope_row(dst + (D - R), R, job->rope.style,
                                   job->rope.cos_sin + pos * job->rope.cos_sin_stride);
         }
+    }
+}
+
+void mlaf_ref_rms_norm_quant(const mlaf_rms_norm_quant_job *job, double *h, double *y) {
+    const int64_t K = job->K, es = (int64_t)mlaf_dtype_size(job->dt);
+    for (int64_t t = 0; t < job->T; t++) {
+        const char *x = (const char *)job->x + t * job->x_stride * es;
+        const char *r = job->residual ? (const char *)job->residual + t * job->r_stride * es : NULL;
+        double *ht = h + t * K;
+        /* the sum rounded once to the dtype (the f32 sum of two values of the dtype, rounded again,
+         * is the same value: no double rounding reaches a tie of the dtype) */
+        for (int64_t i = 0; i < K; i++)
+            ht[i] = r ? mlaf_round_to((double)mlaf_load_f32(x, job->dt, i) + (double)mlaf_load_f32(r, job->dt, i), job->dt)
+                      : (double)mlaf_load_f32(x, job->dt, i);
+        double ss = 0.0;
+        for (int64_t i = 0; i < K; i++) ss += ht[i] * ht[i];
+        const double rstd = 1.0 / sqrt(ss / (double)K + (double)job->eps);
+        for (int64_t i = 0; i < K; i++) y[t * K + i] = ht[i] * rstd * (double)mlaf_load_f32(job->w, job->w_dt, i);
     }
 }

@@ -152,6 +152,15 @@ typedef struct mlaf_verify_case {
                                   index_dtype; token ids the other dtype when strided); 2: the
                                   same with bad rows of every kind (token id < 0 or >= vocab,
                                   entries out of [0, E), repeated entries) */
+    /* rms_norm_quant (docs/gemm_formats.md; eps: cfg.rms_norm_eps, or 1e-6 when it is 0; in_place: y is
+     * x; strided: padded rows, odd offsets, wider scale strides) */
+    int64_t hidden;            /* K (0: 7168) */
+    mlaf_gemm_format q_format; /* the quantized output (NONE: none) */
+    mlaf_gemm_scale q_scale;
+    float q_eps;               /* its eps (0: the default) */
+    int residual;              /* with the residual add */
+    int no_dense;              /* 1: q alone, no y (a dense-only call on the same inputs gives the row
+                                  its bytes are judged from) */
 } mlaf_verify_case;
 
 /* 0 for a model whose kv carries its rope (DeepSeek-V4: [Q | C] with RoPE on the last
@@ -202,6 +211,11 @@ mlaf_status mlaf_verify_indexer_q(mlaf_context *ctx, const mlaf_verify_case *c,
  * the earlier steps' allowed differences become through the later ones). */
 void mlaf_ref_index_row(const double *x, const double *w, const double *b, double eps, mlaf_dtype dt,
                         mlaf_rope_style style, const float *cs, int hadamard, double *y, double *bound);
+/* rms_norm_quant (verify_rms_norm_quant.c): the dense y against the oracle, the residual bit for bit,
+ * every quantized byte the encoder's of the backend's own dense row, decoding within half an e4m3
+ * step. */
+mlaf_status mlaf_verify_rms_norm_quant(mlaf_context *ctx, const mlaf_verify_case *c,
+                                       mlaf_verify_result *r);
 /* Dispatch by op. */
 mlaf_status mlaf_verify_op(mlaf_context *ctx, mlaf_op op, const mlaf_verify_case *c,
                            mlaf_verify_result *r);
@@ -261,6 +275,9 @@ void mlaf_ref_rope_row(double *x, int32_t R, mlaf_rope_style style, const float 
  * token writes; status [T]: 1 written, 0 skipped (negative slot), -1 counted as an error. */
 void mlaf_ref_mla_kv_cache(const mlaf_kv_cache_job *job, double *q, double *k_nope, double *k_pe,
                            double *rows, int8_t *status);
+/* rms_norm_quant: h [T, K] the normalized source (x, or round(x + residual) to the dtype, exact),
+ * y [T, K] the dense output, unrounded. */
+void mlaf_ref_rms_norm_quant(const mlaf_rms_norm_quant_job *job, double *h, double *y);
 /* q_out [T,H,D]: the whole head after rotation; status [T]: 1 rotated, -1 position invalid. */
 void mlaf_ref_rope_q(const mlaf_rope_q_job *job, double *q_out, int8_t *status);
 /* weights [T,K], ids [T,K]; sel [T, top_k + 1]: the selection value c of each chosen expert
