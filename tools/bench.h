@@ -80,6 +80,14 @@ int blc_head_norm(const mlaf_rope_q_job *job, int threads, const struct mlaf_nor
  * slots outside the cache skipped). The index cache bytes equal the fused op's. */
 int blc_index_k(const mlaf_kv_cache_job *kv, const mlaf_index_job *ix, void *dense, int threads,
                 const struct mlaf_norm_kern *k);
+/* rms_norm_quant's unfused passes (baselines_cpu_rms_norm_quant.c). Dense only: the residual add as
+ * a pass of its own (residual = round(x + residual)), then an RMSNorm pass from it into y. The
+ * per-token-group quantize pass engines run after their norm: reads dense y [T, K] (dtype dt,
+ * rows `stride` elements apart) and writes job->q's e4m3 bytes and scales, with the fused op's CPU
+ * kernels k for the rounding, amax and e4m3 steps (so the comparison is of the passes). */
+int blc_add_rmsnorm(const mlaf_rms_norm_quant_job *job, int threads);
+int blc_gemm_quant(const mlaf_gemm_out_job *q, const void *y, mlaf_dtype dt, int64_t T, int64_t K, int64_t stride,
+                   int threads, const struct mlaf_norm_kern *k);
 /* gather the rope columns of q into dense [T*H, R], rotate, scatter back. */
 int blc_rope_q(const mlaf_rope_q_job *job, void *gather, int threads);
 /* score -> bias -> group scores -> group mask -> top-k -> gather -> normalize -> scale. */

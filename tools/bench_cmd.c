@@ -25,6 +25,8 @@
  * --cache fp8 | fp8_ds_mla | fp8_v4: mla_kv_cache writes that cache format (fp8's scale lives in backend
  * memory, so graph replays read it like engines' k_scale); the unfused chain ends with a
  * separate quantize-and-write pass, and the check compares the two caches byte for byte.
+ * --op rms_norm_quant (bench_rms_norm_quant.c): one row per T for the --hidden size and --q-format
+ * (not per model: the op has no model dims), against the dense op followed by a quantize pass.
  */
 #define _POSIX_C_SOURCE 200809L /* strcasecmp */
 #include <strings.h>
@@ -41,7 +43,7 @@ static void help(void) {
         "  --backend cpu|cuda   default: cuda when a GPU is visible, else cpu\n"
         "  --op NAME|all        split_qk_norm, mla_kv_cache, rope_q, moe_gate (default all of these),\n"
         "                       indexer_q (models with a DSA indexer; timed against the same-run\n"
-        "                       copy only: no unfused chain)\n"
+        "                       copy only: no unfused chain), rms_norm_quant (--hidden, --q-format)\n"
         "  --preset NAME        model preset (default glm-4.7-flash; 'all' for every preset)\n"
         "  --config FILE        the model of a Hugging Face config.json instead of a preset\n"
         "  --sweep              the row layouts of the family instead: q_lora_rank 0, 512, 768, 1024,\n"
@@ -73,6 +75,12 @@ static void help(void) {
         "  --kv-scale X         fp8: the scale (default 1, what engines run without calibration)\n"
         "  --hash               moe_gate: the hash-routed router (mlaf_moe_gate_hash, DeepSeek-V4's\n"
         "                       first layers) instead of top-k: ids from a [129280, top_k] table\n"
+        "  --hidden N           rms_norm_quant's hidden size K (default 7168)\n"
+        "  --q-format NAME      rms_norm_quant's GEMM-input format: fp8_1x128, fp8_1x128_mn (default),\n"
+        "                       fp8_1x128_ue8m0, mxfp8, or none (dense only; the chain is then the\n"
+        "                       residual add and the RMSNorm as two passes)\n"
+        "  --q-scale NAME       its scale rounding: f32, ue8m0, mx_floor, mx_ceil (default: the\n"
+        "                       format's first: f32, ue8m0 for fp8_1x128_ue8m0, mx_floor for mxfp8)\n"
         "  --indexer            mla_kv_cache with the DSA indexer key branch (docs/dsa.md; models with\n"
         "                       rope 64; the preset's indexer RoPE style, ue8m0, no Hadamard): the\n"
         "                       unfused chain adds LayerNorm, RoPE, quantize-and-write passes and\n"
@@ -88,7 +96,8 @@ static void help(void) {
 
 /* ---- the op registry: every op the bench times, in the order of its rows --------------------- */
 static const bench_op_def *const bench_ops[] = {&bench_split_qk_norm_def, &bench_mla_kv_cache_def,
-                                                &bench_rope_q_def, &bench_moe_gate_def, &bench_indexer_q_def};
+                                                &bench_rope_q_def,        &bench_moe_gate_def,
+                                                &bench_indexer_q_def,     &bench_rms_norm_quant_def};
 #define N_BENCH_OPS ((int)(sizeof bench_ops / sizeof bench_ops[0]))
 
 
@@ -106,6 +115,9 @@ int cmd_bench(int argc, char **argv) {
     cache_opt co = {0, MLAF_KV_PLAIN, MLAF_TILE_AMAX, 1.0};
     int tile_set = 0, kv_scale_set = 0;
     int op_all = 0; /* --op all: ops a model does not have are skipped with a note */
+    long long hidden = 7168;
+    mlaf_gemm_format q_fmt = MLAF_GEMM_FP8_1X128_MN;
+    int q_scale = -1; /* the format's first rounding */
 
     for (int i = 1; i < argc; i++) {
         const char *v;
@@ -172,6 +184,22 @@ int cmd_bench(int argc, char **argv) {
                 return cli_usage_error("bench", "--tile-scale '%s': expected amax, ue8m0 or ue8m0_floor_scaled", v);
             co.tile_scale = (mlaf_tile_scale)m;
             tile_set = 1;
+        } else if ((r = cli_take_value(argc, argv, &i, "--hidden", &v)) != 0) {
+            if (r < 0 || cli_parse_int("--hidden", v, 1, (long long)1 << 20, &hidden)) return CLI_EXIT_USAGE;
+        } else if ((r = cli_take_value(argc, argv, &i, "--q-format", &v)) != 0) {
+            if (r < 0) return CLI_EXIT_USAGE;
+            int f = 0;
+            char names[160];
+            while (f < MLAF_GEMM_FORMAT_COUNT_ && strcmp(v, mlaf_gemm_formats[f].name)) f++;
+            if (f == MLAF_GEMM_FORMAT_COUNT_)
+                return cli_usage_error("bench", "--q-format '%s': expected none, %s", v, mlaf_gemm_format_list(names, sizeof names));
+            q_fmt = (mlaf_gemm_format)f;
+        } else if ((r = cli_take_value(argc, argv, &i, "--q-scale", &v)) != 0) {
+            if (r < 0) return CLI_EXIT_USAGE;
+            q_scale = 0;
+            while (q_scale < MLAF_GEMM_SCALE_COUNT_ && strcmp(v, mlaf_gemm_scale_name((mlaf_gemm_scale)q_scale))) q_scale++;
+            if (q_scale == MLAF_GEMM_SCALE_COUNT_)
+                return cli_usage_error("bench", "--q-scale '%s': expected f32, ue8m0, mx_floor or mx_ceil", v);
         } else if ((r = cli_take_value(argc, argv, &i, "--kv-scale", &v)) != 0) {
             if (r < 0) return CLI_EXIT_USAGE;
             char *end = NULL;
@@ -186,6 +214,18 @@ int cmd_bench(int argc, char **argv) {
     }
     if (preset && config)
         return cli_usage_error("bench", "--preset and --config are exclusive (pick one model source)");
+    const mlaf_gemm_format_info *q_row = &mlaf_gemm_formats[q_fmt];
+    if (q_scale < 0)
+        for (q_scale = 0; q_fmt != MLAF_GEMM_NONE && !((q_row->scale_modes >> q_scale) & 1u); q_scale++) {
+        }
+    if (q_fmt != MLAF_GEMM_NONE && !((q_row->scale_modes >> q_scale) & 1u)) {
+        char names[96];
+        return cli_usage_error("bench", "--q-scale %s: format %s takes %s", mlaf_gemm_scale_name((mlaf_gemm_scale)q_scale),
+                               q_row->name, mlaf_gemm_scale_list(q_row->scale_modes, names, sizeof names));
+    }
+    if (q_fmt != MLAF_GEMM_NONE && hidden % q_row->group != 0)
+        return cli_usage_error("bench", "--hidden %lld: expected a multiple of %d for --q-format %s", hidden,
+                               (int)q_row->group, q_row->name);
     const mlaf_kv_format_info *fmt_row = &mlaf_kv_formats[co.fmt];
     if ((fmt_row->flags & MLAF_KVF_BF16_LATENT) && dt != MLAF_BF16 && want_op[MLAF_OP_MLA_KV_CACHE])
         return cli_usage_error("bench", "--cache %s needs --dtype bf16 (its rope values are bf16; got %s)",
@@ -336,6 +376,9 @@ int cmd_bench(int argc, char **argv) {
             printf(" --tile-scale %s", tile_scale_names[co.tile_scale]);
         if (co.show && (fmt_row->flags & MLAF_KVF_SCALE) && co.kv_scale != 1.0) printf(" --kv-scale %g", co.kv_scale);
         if (indexer) printf(" --indexer");
+        if (want_op[MLAF_OP_RMS_NORM_QUANT])
+            printf(" --hidden %lld --q-format %s%s%s", hidden, q_row->name, q_fmt ? " --q-scale " : "",
+                   q_fmt ? mlaf_gemm_scale_name((mlaf_gemm_scale)q_scale) : "");
         printf(" --tokens ");
         for (int t = 0; t < ntok; t++) printf("%s%lld", t ? "," : "", (long long)tokens[t]);
         int nops = 0;
@@ -360,6 +403,7 @@ int cmd_bench(int argc, char **argv) {
             const bench_op_def *def = bench_ops[d];
             const int oi = (int)def->op;
             if (!want_op[oi]) continue;
+            if (def->op == MLAF_OP_RMS_NORM_QUANT && m > 0) continue; /* no model dims: its rows once */
             const char *why = def->skip_note && def->skip ? def->skip(&models[m], tails[m]) : NULL;
             if (why) { /* one note line for the model, instead of a skipped row per T */
                 fprintf(json ? stderr : stdout, "# %s skipped: %s %s %s\n", mlaf_op_name(def->op),
@@ -372,6 +416,9 @@ int cmd_bench(int argc, char **argv) {
                 r->op = (mlaf_op)oi;
                 snprintf(r->model, sizeof r->model, "%.55s%s", models[m].name,
                          indexer && r->op == MLAF_OP_MLA_KV_CACHE ? "+indexer" : "");
+                if (r->op == MLAF_OP_RMS_NORM_QUANT) /* the hidden size and the format name the row */
+                    snprintf(r->model, sizeof r->model, "k%lld/%s%s%s", hidden, q_row->name, q_fmt ? "/" : "",
+                             q_fmt ? mlaf_gemm_scale_name((mlaf_gemm_scale)q_scale) : "");
                 r->T = tokens[ti];
                 if (co.show && r->op == MLAF_OP_MLA_KV_CACHE) r->cache = mlaf_kv_format_name(co.fmt);
                 r->hash = hash && r->op == MLAF_OP_MOE_GATE;
@@ -413,6 +460,9 @@ int cmd_bench(int argc, char **argv) {
                 o.kv_fmt = r->op == MLAF_OP_MLA_KV_CACHE ? co.fmt : MLAF_KV_PLAIN;
                 o.indexer = indexer && r->op == MLAF_OP_MLA_KV_CACHE;
                 o.tile_scale = co.tile_scale;
+                o.hidden = hidden;
+                o.q_fmt = r->op == MLAF_OP_RMS_NORM_QUANT ? q_fmt : MLAF_GEMM_NONE;
+                o.q_scale = (mlaf_gemm_scale)q_scale;
                 o.kv_scale = (float)co.kv_scale;
                 err[0] = '\0';
                 if (setup(&o, llc, err, sizeof err)) {

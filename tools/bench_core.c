@@ -193,6 +193,20 @@ void make_views(bench_op *o, int set, views *v) {
     v->iqf = mlaf_tensor_3d(P(o, B_IQF, set), MLAF_FP8_E4M3, T, o->H, MLAF_INDEX_HEAD_DIM, o->H * MLAF_INDEX_HEAD_DIM,
                             MLAF_INDEX_HEAD_DIM);
     v->iqwo = mlaf_tensor_2d(P(o, B_IQWO, set), MLAF_F32, T, o->H, o->H);
+    const int64_t K = o->hidden;
+    v->rx = mlaf_tensor_2d(P(o, B_RX, set), dt, T, K, K);
+    v->rres = mlaf_tensor_2d(P(o, B_RRES, set), dt, T, K, K);
+    v->rw = mlaf_tensor_1d(P(o, B_RW, set), dt, K);
+    v->ry = mlaf_tensor_2d(P(o, B_RY, set), dt, T, K, K);
+    memset(&v->rq, 0, sizeof v->rq);
+    if (o->q_fmt != MLAF_GEMM_NONE) {
+        mlaf_dtype sdt;
+        int64_t sh[2], ld;
+        mlaf_gemm_scales_shape(o->q_fmt, T, K, &sdt, sh, &ld);
+        v->qd = mlaf_tensor_2d(P(o, B_QD, set), MLAF_FP8_E4M3, T, K, K);
+        v->qs = mlaf_tensor_2d(P(o, B_QS, set), sdt, sh[0], sh[1], o->q_ld);
+        v->rq = (mlaf_gemm_out){o->q_fmt, o->q_scale, &v->qd, &v->qs, 0.0f};
+    }
 }
 
 int api_err(bench_op *o, mlaf_status st, const char *what, char *err, size_t cap) {
@@ -303,6 +317,23 @@ int check_baseline(bench_op *o, char *check, size_t ccap, char *err, size_t cap)
     }
     for (int i = 0; i < n; i++) {
         const bbuf *bb = &o->b[outs[i]];
+        if (outs[i] == B_QD || outs[i] == B_QS) {
+            /* rms_norm_quant's quantized output: the chain's quantize pass must write the fused op's bytes */
+            const unsigned char *ca = (const unsigned char *)a[i], *cb = (const unsigned char *)b[i];
+            int64_t nbad = 0, first = -1;
+            for (size_t k = 0; k < bb->bytes; k++)
+                if (ca[k] != cb[k]) {
+                    if (first < 0) first = (int64_t)k;
+                    nbad++;
+                }
+            if (nbad) {
+                snprintf(check, ccap, "MISMATCH in q.%s (%s): %lld bytes differ, first at byte %lld",
+                         outs[i] == B_QD ? "data" : "scales", mlaf_gemm_format_name(o->q_fmt), (long long)nbad,
+                         (long long)first);
+                break;
+            }
+            continue;
+        }
         if (outs[i] == B_CACHE && o->kv_fmt != MLAF_KV_PLAIN) {
             /* an fp8 record is bytes (e4m3 values, f32 scales, bf16 rope values): the chain
              * must write exactly the fused op's bytes (the rounded-first rule of docs/kv_formats.md) */
@@ -341,7 +372,8 @@ int check_baseline(bench_op *o, char *check, size_t ccap, char *err, size_t cap)
         }
         if (nbad) {
             static const char *names[B_COUNT] = {[B_Q] = "q", [B_KNOPE] = "k_nope", [B_KPE] = "k_pe",
-                                                 [B_CACHE] = "kv_cache", [B_QH] = "q"};
+                                                 [B_CACHE] = "kv_cache", [B_QH] = "q", [B_RRES] = "residual",
+                                                 [B_RY] = "y"};
             snprintf(check, ccap, "MISMATCH in %s: %lld values beyond 2 units (worst %.3g)",
                      names[outs[i]] ? names[outs[i]] : "output", (long long)nbad, worst);
             break;

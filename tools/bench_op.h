@@ -14,6 +14,7 @@
 
 #include "bench.h"
 #include "cli.h"
+#include "gemm_format.h"
 #include "kv_format.h"
 #include "cpu/norm_writers.h"
 #include "half.h"
@@ -29,6 +30,7 @@ enum {
     S_QD, S_KVD, S_KN, S_KP, S_GATHER, S_S, S_C, S_G, S_M, S_W,
     B_IK, B_IW, B_IB, B_ICACHE, S_IKD, /* --indexer: the DSA indexer key branch of mla_kv_cache */
     B_IQ, B_IQW, B_IQF, B_IQWO,        /* indexer_q: q_idx, head weights, q_fp8, w_out */
+    B_RX, B_RRES, B_RW, B_RY, B_QD, B_QS, /* rms_norm_quant: x, residual, weight, y, q's data, scales */
     B_COUNT
 };
 
@@ -63,6 +65,10 @@ typedef struct bench_op {
     int64_t rec_bytes;          /* bytes of one token's cache record */
     int indexer;                /* --indexer: mla_kv_cache with the DSA indexer key branch */
     mlaf_indexer_params ip;
+    int64_t hidden;             /* rms_norm_quant: K (--hidden) */
+    mlaf_gemm_format q_fmt;     /* rms_norm_quant: the quantized output (--q-format; NONE: dense only) */
+    mlaf_gemm_scale q_scale;    /* its rounding (--q-scale) */
+    int64_t q_ld;               /* its scales' leading stride */
     bbuf b[B_COUNT];
     double bytes;
 } bench_op;
@@ -77,7 +83,9 @@ extern const char *const tile_scale_names[3];
 /* ---- the calls ----------------------------------------------------------------------------- */
 typedef struct views {
     mlaf_tensor latent, w_q, w_kv, q, k_nope, k_pe, pos, cos_sin, slots, cache, qh, logits, bias,
-        weights, ids, kn_s, kp_s, scale, tid2eid, tok, ik, iw, ib, icache, ikd_s, iq, iqw, iqf, iqwo;
+        weights, ids, kn_s, kp_s, scale, tid2eid, tok, ik, iw, ib, icache, ikd_s, iq, iqw, iqf, iqwo, rx, rres, rw, ry,
+        qd, qs;
+    mlaf_gemm_out rq;      /* rms_norm_quant's quantized output (format NONE: none) */
     mlaf_kv_cache_desc cd; /* the cache in its format (mla_kv_cache) */
     mlaf_indexer_k ix;     /* --indexer */
 } views;
@@ -103,7 +111,7 @@ typedef struct bench_op_def {
 } bench_op_def;
 
 extern const bench_op_def bench_split_qk_norm_def, bench_mla_kv_cache_def, bench_rope_q_def,
-    bench_moe_gate_def, bench_indexer_q_def;
+    bench_moe_gate_def, bench_indexer_q_def, bench_rms_norm_quant_def;
 
 /* ---- bench_core.c ----------------------------------------------------------------------------- */
 void *P(bench_op *o, int id, int set);

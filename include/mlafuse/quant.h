@@ -26,7 +26,8 @@
  *                                      (row-major: element (t, j) at t ld + j)        (K-major scales)
  *   FP8_1X128_MN     fp8_1x128_mn 128  f32 [K/128, T], stride (ld, 1): element (t, j)  DeepGEMM sm90,
  *                                      at j ld + t; ld a multiple of 4 and            flashinfer
- *                                      >= round_up(T, 4); data 16-byte aligned (TMA)
+ *                                      >= round_up(T, 4) (when it has more than one
+ *                                      row); data 16-byte aligned (TMA) when T > 0
  *   FP8_1X128_UE8M0  fp8_1x128_ue8m0 128 i32 [ceil(K/512), T], stride (ld, 1), ld as   DeepGEMM sm100
  *                                      above: the UE8M0 bytes of groups 4i .. 4i + 3
  *                                      of token t are the bytes 0 .. 3 of element

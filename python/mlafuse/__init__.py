@@ -11,6 +11,7 @@ ctypes (BINDING == "ctypes"); MLAFUSE_BINDING=auto|ext|ctypes chooses.
     mlafuse.rope_q(q.view(T, H, D), positions, cos_sin)
     weights, ids = mlafuse.moe_gate(logits, bias, config="glm-4.7-flash")
     weights, ids = mlafuse.moe_gate_hash(logits, tid2eid, token_ids, config="deepseek-v4-flash")
+    y, q, s = mlafuse.rms_norm_quant(x, w, residual=r, q_format="fp8_1x128_mn")  # numpy
 
 numpy arrays run on the CPU backend; torch tensors on the backend of their device (CUDA: the
 tensor's device and torch's current stream there). The library is found at
@@ -29,6 +30,7 @@ from .ops import (
     moe_gate,
     moe_gate_hash,
     presets,
+    rms_norm_quant,
     rope_q,
     rope_table,
     set_cuda_pdl,
@@ -45,7 +47,7 @@ HAS_TORCH = ops._torch is not None  # noqa: F821  (ops is bound by the import ab
 
 __all__ = [
     "MlafError", "Preset", "backend_available", "backend_supports", "find_preset",
-    "get_num_threads", "library_path", "mla_kv_cache", "moe_gate", "presets", "rope_q",
+    "get_num_threads", "library_path", "mla_kv_cache", "moe_gate", "presets", "rms_norm_quant", "rope_q",
     "rope_table", "set_cuda_pdl", "set_num_threads", "split_qk_norm", "version", "version_number", "HAS_TORCH",
     "BINDING", "indexer_params", "indexer_q", "mla_kv_cache_dsa",
 ]

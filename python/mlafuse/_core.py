@@ -277,6 +277,21 @@ def run_indexer_q(ctx, ip, q_idx, positions, cos_sin, w, q_fp8, w_out, q_pe=None
                                ctypes.byref(pr), byref(error_count)))
 
 
+def run_rms_norm_quant(ctx, eps, x, residual, weight, y, q_format=0, q_scale=0, q_data=None, q_scales=None,
+                       q_eps=0.0):
+    """mlaf_rms_norm_quant; q_format 0: no quantized output (docs/gemm_formats.md)."""
+    p = L.RmsNormQuantParams(float(eps))
+    q = L.GemmOut()
+    q.format = _enum_arg(q_format, "q.format")
+    q.scale = _enum_arg(q_scale, "q.scale")
+    q.eps = float(q_eps)
+    for field, v in (("data", q_data), ("scales", q_scales)):
+        if v is not None:
+            setattr(q, field, ctypes.pointer(v))
+    ctx.check(L.mlaf_rms_norm_quant(ctx.ptr, ctypes.byref(p), byref(x), byref(residual), byref(weight), byref(y),
+                                    ctypes.byref(q)))
+
+
 def run_moe_gate(ctx, params, logits, bias, weights, ids, scores):
     ctx.check(L.mlaf_moe_gate(ctx.ptr, ctypes.byref(params), byref(logits), byref(bias),
                               byref(weights), byref(ids), byref(scores)))

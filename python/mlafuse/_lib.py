@@ -14,7 +14,7 @@ import os
 F32, F16, BF16, I32, I64, U8, FP8_E4M3 = 0, 1, 2, 3, 4, 5, 6
 BACKEND_CPU, BACKEND_CUDA = 0, 1
 SCORE_SIGMOID, SCORE_SOFTMAX, SCORE_SQRT_SOFTPLUS = 0, 1, 2
-OP_SPLIT_QK_NORM, OP_MLA_KV_CACHE, OP_ROPE_Q, OP_MOE_GATE, OP_INDEXER_Q = 0, 1, 2, 3, 4
+OP_SPLIT_QK_NORM, OP_MLA_KV_CACHE, OP_ROPE_Q, OP_MOE_GATE, OP_INDEXER_Q, OP_RMS_NORM_QUANT = 0, 1, 2, 3, 4, 5
 INDEX_SCALE_UE8M0, INDEX_SCALE_F32 = 0, 1       # mlaf_index_scale
 GROUP_TOP2_SUM, GROUP_MAX = 0, 1
 ROPE_INTERLEAVED, ROPE_NEOX = 0, 1
@@ -177,6 +177,22 @@ class MoeGateParams(ctypes.Structure):
     ]
 
 
+class GemmOut(ctypes.Structure):
+    """mlaf_gemm_out: one quantized GEMM-input output (docs/gemm_formats.md); format 0 = none."""
+
+    _fields_ = [
+        ("format", ctypes.c_int),
+        ("scale", ctypes.c_int),
+        ("data", ctypes.POINTER(Tensor)),
+        ("scales", ctypes.POINTER(Tensor)),
+        ("eps", ctypes.c_float),
+    ]
+
+
+class RmsNormQuantParams(ctypes.Structure):
+    _fields_ = [("eps", ctypes.c_float)]
+
+
 class MlafError(RuntimeError):
     """A call rejected by mlafuse (or by the binding before it reached the library).
 
@@ -297,6 +313,21 @@ mlaf_kv_record_bytes = _proto("mlaf_kv_record_bytes", ctypes.c_int64, ctypes.c_i
 KV_FORMATS = {}
 while mlaf_kv_format_name(len(KV_FORMATS)).decode() != "unknown":
     KV_FORMATS[mlaf_kv_format_name(len(KV_FORMATS)).decode()] = len(KV_FORMATS)
+mlaf_gemm_format_name = _proto("mlaf_gemm_format_name", ctypes.c_char_p, ctypes.c_int)
+mlaf_gemm_scale_name = _proto("mlaf_gemm_scale_name", ctypes.c_char_p, ctypes.c_int)
+mlaf_gemm_format_group = _proto("mlaf_gemm_format_group", ctypes.c_int32, ctypes.c_int)
+mlaf_gemm_scales_shape = _proto("mlaf_gemm_scales_shape", ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64,
+                                _P(ctypes.c_int), _P(ctypes.c_int64), _P(ctypes.c_int64))
+mlaf_rms_norm_quant = _proto("mlaf_rms_norm_quant", ctypes.c_int, _ctx_p, _P(RmsNormQuantParams), _T, _T, _T, _T,
+                             _P(GemmOut))
+# The GEMM-input formats and scale roundings by name, read from the library's table (format 0 is
+# "none"; the values are consecutive).
+GEMM_FORMATS = {}
+while mlaf_gemm_format_name(len(GEMM_FORMATS)).decode() != "unknown":
+    GEMM_FORMATS[mlaf_gemm_format_name(len(GEMM_FORMATS)).decode()] = len(GEMM_FORMATS)
+GEMM_SCALES = {}
+while mlaf_gemm_scale_name(len(GEMM_SCALES)).decode() != "unknown":
+    GEMM_SCALES[mlaf_gemm_scale_name(len(GEMM_SCALES)).decode()] = len(GEMM_SCALES)
 mlaf_rope_q = _proto("mlaf_rope_q", ctypes.c_int, _ctx_p, _P(RopeParams), _T, _T, _T, _T)
 mlaf_rope_q_out = _proto("mlaf_rope_q_out", ctypes.c_int, _ctx_p, _P(RopeParams), _T, _T, _T, _T, _T)
 mlaf_moe_gate = _proto("mlaf_moe_gate", ctypes.c_int, _ctx_p, _P(MoeGateParams),

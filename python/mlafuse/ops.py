@@ -7,7 +7,8 @@ Every function takes the inputs first, then keyword-only parameters and optional
 passed to the library as they are. A rejected call raises MlafError carrying the library's
 message and writes nothing.
 
-The ops live in one module each (_ops_split_qk_norm, _ops_mla_kv_cache, _ops_rope_q, _ops_moe_gate;
+The ops live in one module each (_ops_split_qk_norm, _ops_mla_kv_cache, _ops_rope_q, _ops_moe_gate,
+_ops_rms_norm_quant;
 indexer_q and mla_kv_cache_dsa in indexer), what they share in _ops_common; every name is
 re-exported here, so mlafuse.ops.X is what it was.
 """
@@ -25,6 +26,7 @@ from ._ops_split_qk_norm import split_qk_norm
 from ._ops_mla_kv_cache import (_KV_FORMATS, _KV_FORMATS_NOT_SUPPORTED, _TILE_SCALES,
                                 _kv_format_code, _scalar_arg, _kv_format_args, mla_kv_cache)
 from ._ops_rope_q import rope_q
+from ._ops_rms_norm_quant import GEMM_FORMATS, GEMM_SCALES, gemm_scales_shape, rms_norm_quant
 from ._ops_moe_gate import (_gate_params, _gate_args, _GATE_ARGS, _gate_args_cached, _gate_args_store,
                             moe_gate, moe_gate_hash)
 

@@ -27,6 +27,8 @@ EXPECTED = {
     L.IndexerParams: (20, {"style": 0, "hadamard": 4, "ln_eps": 8, "amax_eps": 12, "scale": 16}),
     L.IndexerK: (64, {"index_k": 0, "weight": 8, "bias": 16, "cache": 24, "out": 32, "topk_fill": 40,
                       "copies": 48, "copy_stride": 56}),
+    L.GemmOut: (32, {"format": 0, "scale": 4, "data": 8, "scales": 16, "eps": 24}),
+    L.RmsNormQuantParams: (4, {"eps": 0}),
 }
 
 
@@ -43,7 +45,8 @@ C_NAMES = {L.Tensor: "mlaf_tensor", L.ModelConfig: "mlaf_model_config",
            L.SplitQkNormParams: "mlaf_split_qk_norm_params", L.RopeParams: "mlaf_rope_params",
            L.RopeScaling: "mlaf_rope_scaling", L.MlaKvCacheParams: "mlaf_mla_kv_cache_params",
            L.KvCacheDesc: "mlaf_kv_cache_desc", L.MoeGateParams: "mlaf_moe_gate_params",
-           L.IndexerParams: "mlaf_indexer_params", L.IndexerK: "mlaf_indexer_k"}
+           L.IndexerParams: "mlaf_indexer_params", L.IndexerK: "mlaf_indexer_k", L.GemmOut: "mlaf_gemm_out",
+           L.RmsNormQuantParams: "mlaf_rms_norm_quant_params"}
 HEADER_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__)))), "include")
 CC = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc") or shutil.which("clang")
@@ -88,6 +91,14 @@ def test_enums_and_names():
     for code, name in ((L.KV_PLAIN, "plain"), (L.KV_FP8, "fp8"), (L.KV_FP8_DS_MLA, "fp8_ds_mla"),
                        (L.KV_FP8_V4, "fp8_v4"), (4, "unknown"), (-1, "unknown")):
         assert L.mlaf_kv_format_name(code).decode() == name
+
+
+def test_gemm_formats_by_name():
+    """The GEMM-input formats and roundings as the library's table names them (docs/gemm_formats.md)."""
+    assert L.GEMM_FORMATS == {"none": 0, "fp8_1x128": 1, "fp8_1x128_mn": 2, "fp8_1x128_ue8m0": 3, "mxfp8": 4}
+    assert L.GEMM_SCALES == {"f32": 0, "ue8m0": 1, "mx_floor": 2, "mx_ceil": 3}
+    assert [L.mlaf_gemm_format_group(f) for f in range(5)] == [0, 128, 128, 128, 32]
+    assert L.OP_RMS_NORM_QUANT == 5 and L.mlaf_op_name(5).decode() == "rms_norm_quant"
 
 
 def test_kv_record_bytes():
