@@ -7,6 +7,8 @@
  *                   q alone, f32 weights, a non-default eps;
  *   FUSED_EQ_UNFUSED  the fused call's bytes equal those of a dense-only call followed by a separate
  *                   quantize pass written here (frexp-based scales), and those of a q-only call;
+ *   PATHS           rows aligned to 16 bytes and rows an element off give the same bits (CUDA: its
+ *                   vector and element paths);
  *   LAYOUT_OP       the layouts' hand-written offsets (gemm_layout.c) through the op itself;
  *   REJECT          bad calls rejected with their status and a message naming the argument, every
  *                   buffer and guard byte untouched.
@@ -218,6 +220,62 @@ static void fused_eq_unfused(mlaf_context *ctx) {
         }
 }
 
+/* ---- PATHS: aligned rows and rows off by an element give the same bits ---------------------
+ * (The CUDA backend takes its vector path for the first call and its element path for the second;
+ * the CPU has one path.) */
+static void paths(mlaf_context *ctx) {
+    const mlaf_backend be = mlaf_context_backend(ctx);
+    enum { T = 19, K = 2048 };
+    const size_t es = 2;
+    for (int qi = 0; qi < 8; qi++) {
+        mlaf_rng rng;
+        mlaf_rng_seed(&rng, 8080u + (unsigned)qi);
+        void *x = malloc(T * K * es), *r = malloc(T * K * es), *w = malloc(K * sizeof(float));
+        mlaf_fill_normal(&rng, x, MLAF_BF16, (size_t)T * K, 0.0, 1.0);
+        mlaf_fill_normal(&rng, r, MLAF_BF16, (size_t)T * K, 0.0, 1.0);
+        mlaf_fill_normal(&rng, w, MLAF_F32, K, 1.0, 0.3);
+        mlaf_dtype sdt = MLAF_F32;
+        int64_t sh[2] = {0, 0}, ld = 0;
+        if (QF[qi].f) mlaf_gemm_scales_shape(QF[qi].f, T, K, &sdt, sh, &ld);
+        const size_t sbytes = QF[qi].f ? (size_t)(sh[0] * ld) * mlaf_dtype_size(sdt) : 1;
+        mlaf_gbuf gx[2], gr[2], gw, gy[2], gd[2], gs[2];
+        int ok = mlaf_gbuf_alloc(&gw, be, K * sizeof(float), w, 0) == MLAF_OK;
+        for (int k = 0; k < 2; k++) /* k = 1: every row view one element (or byte) off 16-byte alignment */
+            ok = ok && mlaf_gbuf_alloc(&gx[k], be, T * K * es, x, k ? es : 0) == MLAF_OK &&
+                 mlaf_gbuf_alloc(&gr[k], be, T * K * es, r, k ? es : 0) == MLAF_OK &&
+                 mlaf_gbuf_alloc(&gy[k], be, T * K * es, NULL, k ? es : 0) == MLAF_OK &&
+                 mlaf_gbuf_alloc(&gd[k], be, T * K, NULL, k) == MLAF_OK && mlaf_gbuf_alloc(&gs[k], be, sbytes, NULL, 0) == MLAF_OK;
+        char name[160];
+        snprintf(name, sizeof name, "PATHS(q=%s%s%s,aligned=misaligned,backend=%s)", mlaf_gemm_format_name(QF[qi].f),
+                 QF[qi].f ? "/" : "", QF[qi].f ? mlaf_gemm_scale_name(QF[qi].s) : "", mlaf_backend_name(be));
+        mlaf_status st = ok ? MLAF_OK : MLAF_ERR_OUT_OF_MEMORY;
+        const mlaf_rms_norm_quant_params p = {1e-6f};
+        for (int k = 0; k < 2 && st == MLAF_OK; k++) {
+            mlaf_tensor tx = mlaf_tensor_2d(gx[k].ptr, MLAF_BF16, T, K, K), tr = mlaf_tensor_2d(gr[k].ptr, MLAF_BF16, T, K, K);
+            mlaf_tensor tw = mlaf_tensor_1d(gw.ptr, MLAF_F32, K), ty = mlaf_tensor_2d(gy[k].ptr, MLAF_BF16, T, K, K);
+            mlaf_tensor td = mlaf_tensor_2d(gd[k].ptr, MLAF_U8, T, K, K), ts = mlaf_tensor_2d(gs[k].ptr, sdt, sh[0], sh[1], ld);
+            const mlaf_gemm_out q = {QF[qi].f, QF[qi].s, QF[qi].f ? &td : NULL, QF[qi].f ? &ts : NULL, 0.0f};
+            st = mlaf_rms_norm_quant(ctx, &p, &tx, &tr, &tw, &ty, &q);
+        }
+        if (st == MLAF_OK) st = mlaf_context_sync(ctx);
+        for (int k = 0; k < 2 && st == MLAF_OK; k++)
+            if (mlaf_gbuf_download(&gr[k]) != MLAF_OK || mlaf_gbuf_download(&gy[k]) != MLAF_OK ||
+                mlaf_gbuf_download(&gd[k]) != MLAF_OK || mlaf_gbuf_download(&gs[k]) != MLAF_OK)
+                st = MLAF_ERR_DEVICE;
+        if (st != MLAF_OK) {
+            tl_case(0, name, "%s: %s", mlaf_status_name(st), mlaf_context_last_error(ctx));
+        } else {
+            const int same = !memcmp(gr[0].body, gr[1].body, T * K * es) && !memcmp(gy[0].body, gy[1].body, T * K * es) &&
+                             !memcmp(gd[0].body, gd[1].body, (size_t)T * K) && !memcmp(gs[0].body, gs[1].body, sbytes);
+            tl_case(same, name, "residual, y, e4m3 bytes and scales %s", same ? "identical" : "DIFFER");
+        }
+        for (int k = 0; k < 2; k++)
+            mlaf_gbuf_free(&gx[k]), mlaf_gbuf_free(&gr[k]), mlaf_gbuf_free(&gy[k]), mlaf_gbuf_free(&gd[k]), mlaf_gbuf_free(&gs[k]);
+        mlaf_gbuf_free(&gw);
+        free(x), free(r), free(w);
+    }
+}
+
 /* ---- LAYOUT_OP: the hand-written layouts through the op ----------------------------------- */
 static void layout_op(mlaf_context *ctx) {
     const mlaf_backend be = mlaf_context_backend(ctx);
@@ -358,6 +416,7 @@ static void suite(mlaf_context *ctx, int quick, const char *tag) {
     sweep(ctx, quick, tag);
     if (tag) return;
     fused_eq_unfused(ctx);
+    paths(ctx);
     layout_op(ctx);
     reject_cases(ctx);
 }

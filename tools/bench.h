@@ -145,6 +145,11 @@ int blg_head_norm(const mlaf_rope_q_job *job, void *stream);
 int blg_index_k(const mlaf_kv_cache_job *kv, const mlaf_index_job *ix, void *dense, void *stream);
 int blg_moe_gate(const mlaf_moe_gate_job *job, const bench_moe_scratch *s, void *stream);
 int blg_moe_gate_hash(const mlaf_moe_gate_job *job, const bench_moe_scratch *s, void *stream);
+/* rms_norm_quant's passes on the GPU (baselines_cuda_rms_norm_quant.cu): blc_add_rmsnorm's two kernels, and
+ * the quantize pass after the dense op (a group on g / 8 lanes, SGLang's shape). */
+int blg_add_rmsnorm(const mlaf_rms_norm_quant_job *job, void *stream);
+int blg_gemm_quant(const mlaf_gemm_out_job *q, const void *y, mlaf_dtype dt, int64_t T, int64_t K, int64_t stride,
+                   void *stream);
 /* The blg_* functions return 0 or the cudaError_t of a failed launch; its text: */
 const char *blg_error_string(int code);
 #endif

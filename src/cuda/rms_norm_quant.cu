@@ -1,0 +1,230 @@
+/*
+ * rms_norm_quant.cu — CUDA rms_norm_quant (include/mlafuse/quant.h, docs/gemm_formats.md).
+ *
+ * One block per row. The row is nvec = ceil(K / W) vectors of W values (16 bytes of the dtype);
+ * thread tid owns vectors tid + k * BS, k = 0, 1, ..., so a group of g values (g / W vectors) sits
+ * in g / W consecutive lanes of one warp and its amax is a shuffle max over them. Per row:
+ *   1. h = x, or round(x + residual) stored back into the residual (fp32 sum, one rounding);
+ *      each thread sums h^2 over its vectors (per vector an fmaf chain from 0, then added), the
+ *      warps' sums by butterfly shuffles, the block's in warp order: one fixed order per
+ *      (K, dtype), whatever the alignment or the call's outputs;
+ *   2. rstd = 1 / sqrt(sum / K + eps) (IEEE sqrt and division);
+ *   3. y = (h * rstd) * w, rounded once to the dtype and stored; with a quantized output the
+ *      rounded values go to the format's writer (gemm_writers.cuh).
+ * Shapes: BS = round_up(ceil(nvec / NV), 32) threads for NV = 2, 4 or 8 vectors a thread (nvec up
+ * to 512, 1024, 2048: K up to 16384 in bf16 / f16, 8192 in f32; one warp a row for short rows), the
+ * row's values kept in registers between the passes; longer rows loop over their vectors (NV = 0,
+ * BS = 256) and read x (or the residual they wrote) again. The vector path needs 16-byte aligned
+ * rows, weights and y, K a multiple of W and the e4m3 rows aligned to W bytes; any other call takes
+ * the element path: the same thread-to-vector map and order of operations with per-element loads
+ * and stores, so every path gives the same bits, and the fused bytes equal those of a dense call
+ * followed by a quantize pass.
+ */
+#include "gemm_writers.cuh"
+
+namespace {
+
+/* The block's sum of each thread's v, in a fixed order. sh: 33 floats of shared memory. */
+__device__ __forceinline__ float block_sum(float v, float *sh) {
+    v = mlaf_warp_sum(v);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    if (lane == 0) sh[warp] = v;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float s = sh[0];
+        for (int w = 1; w < nw; w++) s = __fadd_rn(s, sh[w]);
+        sh[32] = s;
+    }
+    __syncthreads();
+    return sh[32];
+}
+
+/* W values of a row at vector v: one 16-byte load, or up to W elements below K (zeros past it). */
+template <typename T, bool VEC>
+__device__ __forceinline__ void load_vec(const T *row, int64_t v, int64_t K, float *f) {
+    constexpr int W = mlaf_vec<T>::W;
+    if constexpr (VEC) {
+        mlaf_vec<T>::unpack(*reinterpret_cast<const uint4 *>(row + v * W), f);
+    } else {
+#pragma unroll
+        for (int i = 0; i < W; i++) f[i] = v * W + i < K ? mlaf_ld(row + v * W + i) : 0.0f;
+    }
+}
+
+/* W values rounded to T stored at vector v (the values as stored come back in f). */
+template <typename T, bool VEC>
+__device__ __forceinline__ void store_vec(T *row, int64_t v, int64_t K, float *f) {
+    constexpr int W = mlaf_vec<T>::W;
+    const uint4 p = mlaf_vec<T>::pack(f);
+    if constexpr (VEC) {
+        *reinterpret_cast<uint4 *>(row + v * W) = p;
+    } else {
+#pragma unroll
+        for (int i = 0; i < W; i++)
+            if (v * W + i < K) mlaf_st(row + v * W + i, f[i]);
+    }
+    mlaf_vec<T>::unpack(p, f);
+}
+
+/* h of vector v: x, or round(x + residual) with the residual updated. */
+template <typename T, bool VEC>
+__device__ __forceinline__ void load_h(const mlaf_rms_norm_quant_job &j, const T *x, T *r, int64_t v, float *h) {
+    constexpr int W = mlaf_vec<T>::W;
+    load_vec<T, VEC>(x, v, j.K, h);
+    if (!r) return;
+    float a[W];
+    load_vec<T, VEC>(r, v, j.K, a);
+#pragma unroll
+    for (int i = 0; i < W; i++) h[i] = __fadd_rn(h[i], a[i]);
+    store_vec<T, VEC>(r, v, j.K, h);
+}
+
+/* Pass 2 of vector v: y = (h * rstd) * w rounded and stored, then the quantized output. Every lane of
+ * the block calls it the same number of times (ok: v is a vector of the row). */
+template <typename T, int F, bool VEC>
+__device__ __forceinline__ void rnq_out(const mlaf_rms_norm_quant_job &j, int64_t t, T *y, int64_t v, bool ok,
+                                        float rstd, float *f) {
+    constexpr int W = mlaf_vec<T>::W;
+    const int64_t K = j.K;
+    if (ok) {
+        float w[W];
+        if constexpr (VEC) {
+            mlaf_ld_weights_vec<T>(j.w, j.w_dt == MLAF_F32, v * W, w);
+        } else {
+#pragma unroll
+            for (int i = 0; i < W; i++)
+                w[i] = v * W + i < K ? mlaf_ld_weight<T>(j.w, j.w_dt == MLAF_F32, v * W + i) : 0.0f;
+        }
+#pragma unroll
+        for (int i = 0; i < W; i++) f[i] = __fmul_rn(__fmul_rn(f[i], rstd), w[i]);
+        if (y) {
+            store_vec<T, VEC>(y, v, K, f);
+        } else {
+#pragma unroll
+            for (int i = 0; i < W; i++) f[i] = mlaf_round_as<T>(f[i]);
+        }
+    }
+    if constexpr (F != MLAF_GEMM_NONE) {
+        using WR = mlaf_gemm_writer_of<F>;
+        constexpr int LANES = WR::kGroup / W; /* the group's vectors: consecutive lanes of one warp */
+        float m = 0.0f;
+#pragma unroll
+        for (int i = 0; i < W; i++) m = fmaxf(m, ok ? fabsf(f[i]) : 0.0f); /* NaN ignored */
+        m = mlaf_warp_max(m, LANES);
+        if (!ok) return;
+        uint32_t byte;
+        const float s = mlaf_gemm_scale_dev((int)j.q.scale, m, j.q.eps, &byte);
+        uint32_t u[W / 4];
+        mlaf_quant_e4m3<W>(f, s, u);
+        uint8_t *d = j.q.data + t * j.q.data_stride + v * W;
+        if constexpr (VEC && W == 8) {
+            *reinterpret_cast<uint2 *>(d) = make_uint2(u[0], u[1]);
+        } else if constexpr (VEC) {
+            *reinterpret_cast<uint32_t *>(d) = u[0];
+        } else {
+#pragma unroll
+            for (int i = 0; i < W; i++) d[i] = (uint8_t)(u[i / 4] >> (8 * (i % 4)));
+        }
+        if (v % LANES == 0) WR::put_scale(j.q, t, v / LANES, K / WR::kGroup, s, byte);
+    }
+}
+
+/* Pass 1 of vector v into f (zeros past the row); returns the vector's sum of squares. */
+template <typename T, bool VEC>
+__device__ __forceinline__ float rnq_in(const mlaf_rms_norm_quant_job &j, const T *x, T *r, int64_t v, bool ok,
+                                        float *f) {
+    constexpr int W = mlaf_vec<T>::W;
+    if (ok) {
+        load_h<T, VEC>(j, x, r, v, f);
+    } else {
+#pragma unroll
+        for (int i = 0; i < W; i++) f[i] = 0.0f;
+    }
+    return mlaf_sumsq<W>(f);
+}
+
+template <typename T, int F, int NV, bool VEC>
+__global__ void __launch_bounds__(256) rnq_kernel(const mlaf_rms_norm_quant_job j, int32_t nvec) {
+    mlaf_pdl_begin();
+    constexpr int W = mlaf_vec<T>::W;
+    __shared__ float sh[33];
+    const int64_t t = blockIdx.x;
+    const int bs = blockDim.x, tid = threadIdx.x;
+    const T *x = static_cast<const T *>(j.x) + t * j.x_stride;
+    T *r = j.residual ? static_cast<T *>(j.residual) + t * j.r_stride : nullptr;
+    T *y = j.y ? static_cast<T *>(j.y) + t * j.y_stride : nullptr;
+    float acc = 0.0f;
+    if constexpr (NV > 0) { /* the row in registers between the passes */
+        float h[NV][W];
+#pragma unroll
+        for (int k = 0; k < NV; k++) {
+            const int64_t v = tid + (int64_t)k * bs;
+            acc = __fadd_rn(acc, rnq_in<T, VEC>(j, x, r, v, v < nvec, h[k]));
+        }
+        const float rstd = mlaf_rstd(block_sum(acc, sh), j.K, j.eps);
+#pragma unroll
+        for (int k = 0; k < NV; k++) {
+            const int64_t v = tid + (int64_t)k * bs;
+            rnq_out<T, F, VEC>(j, t, y, v, v < nvec, rstd, h[k]);
+        }
+    } else { /* long rows: the source read again in the second pass (the residual as written) */
+        const int nk = (nvec + bs - 1) / bs;
+        float f[W];
+        for (int k = 0; k < nk; k++) {
+            const int64_t v = tid + (int64_t)k * bs;
+            acc = __fadd_rn(acc, rnq_in<T, VEC>(j, x, r, v, v < nvec, f));
+        }
+        const float rstd = mlaf_rstd(block_sum(acc, sh), j.K, j.eps);
+        for (int k = 0; k < nk; k++) {
+            const int64_t v = tid + (int64_t)k * bs;
+            const bool ok = v < nvec;
+            if (ok) load_vec<T, VEC>(r ? r : x, v, j.K, f);
+            rnq_out<T, F, VEC>(j, t, y, v, ok, rstd, f);
+        }
+    }
+}
+
+/* The launch of one format: the shape (NV, BS) from nvec alone, the vector or element path. */
+template <typename T, int F>
+cudaError_t rnq_launch(const mlaf_rms_norm_quant_job *j, cudaStream_t stream) {
+    constexpr int W = mlaf_vec<T>::W;
+    const int64_t es = sizeof(T);
+    const int32_t nvec = (int32_t)((j->K + W - 1) / W);
+    const int NV = nvec <= 512 ? 2 : nvec <= 1024 ? 4 : nvec <= 2048 ? 8 : 0;
+    const int bs = NV ? ((nvec + NV - 1) / NV + 31) / 32 * 32 : 256;
+    const bool vec = j->K % W == 0 && mlaf_aligned(j->x, j->x_stride * es, 16) &&
+                     (!j->residual || mlaf_aligned(j->residual, j->r_stride * es, 16)) &&
+                     (!j->y || mlaf_aligned(j->y, j->y_stride * es, 16)) && mlaf_aligned(j->w, 0, 16) &&
+                     (j->q.format == MLAF_GEMM_NONE || mlaf_aligned(j->q.data, j->q.data_stride, W));
+    const dim3 grid((unsigned)j->T), block((unsigned)bs);
+    if (!vec) mlaf_launch(rnq_kernel<T, F, 0, false>, grid, block, 0, stream, *j, nvec);
+    else if (NV == 2) mlaf_launch(rnq_kernel<T, F, 2, true>, grid, block, 0, stream, *j, nvec);
+    else if (NV == 4) mlaf_launch(rnq_kernel<T, F, 4, true>, grid, block, 0, stream, *j, nvec);
+    else if (NV == 8) mlaf_launch(rnq_kernel<T, F, 8, true>, grid, block, 0, stream, *j, nvec);
+    else mlaf_launch(rnq_kernel<T, F, 0, true>, grid, block, 0, stream, *j, nvec);
+    return cudaGetLastError();
+}
+
+template <typename T> cudaError_t rnq_dispatch(const mlaf_rms_norm_quant_job *j, cudaStream_t s) {
+    switch (j->q.format) {
+    case MLAF_GEMM_FP8_1X128: return rnq_launch<T, MLAF_GEMM_FP8_1X128>(j, s);
+    case MLAF_GEMM_FP8_1X128_MN: return rnq_launch<T, MLAF_GEMM_FP8_1X128_MN>(j, s);
+    case MLAF_GEMM_FP8_1X128_UE8M0: return rnq_launch<T, MLAF_GEMM_FP8_1X128_UE8M0>(j, s);
+    case MLAF_GEMM_MXFP8: return rnq_launch<T, MLAF_GEMM_MXFP8>(j, s);
+    default: return rnq_launch<T, MLAF_GEMM_NONE>(j, s);
+    }
+}
+
+} // namespace
+
+extern "C" mlaf_status mlaf_cuda_rms_norm_quant(mlaf_context *ctx, const mlaf_rms_norm_quant_job *job) {
+    if (job->T == 0) return MLAF_OK;
+    mlaf_cuda_device_guard guard(ctx);
+    const cudaStream_t s = (cudaStream_t)ctx->cuda_stream;
+    const cudaError_t e = job->dt == MLAF_F32   ? rnq_dispatch<float>(job, s)
+                          : job->dt == MLAF_F16 ? rnq_dispatch<__half>(job, s)
+                                                : rnq_dispatch<__nv_bfloat16>(job, s);
+    if (e != cudaSuccess)
+        return mlaf_fail(ctx, MLAF_ERR_DEVICE, "rms_norm_quant: kernel launch failed: %s", cudaGetErrorString(e));
+    return MLAF_OK;
+}
