@@ -22,6 +22,10 @@
 #include "fp8.h"
 #include "internal.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef struct mlaf_gemm_format_info {
     const char *name;        /* as mlaf_gemm_format_name returns it and the tools / Python spell it */
     const char *summary;     /* one line for lists and help texts */
@@ -90,24 +94,26 @@ static inline float mlaf_gemm_scale_of(mlaf_gemm_scale m, float amax, float eps,
     return mlaf_pow2_f32(e);
 }
 
-/* Stores group j's scale of row t (G groups a row) where the format keeps it: the f32 layouts
- * the value, the UE8M0 layouts the byte; the packed layout writes the zero bytes past its last
- * group with that group. Host memory. */
+/* Stores group j's scale of row t (G groups a row) where the format's row says (gemm_format.c):
+ * scales element (j / pack, t) when MN-major, else (t, j / pack), at the scale_ld stride; f32
+ * scales get the value, byte scales the UE8M0 byte (byte j mod pack of an element of `pack`
+ * bytes, the last group of a row also writing the zero bytes after it). Host memory. */
 static inline void mlaf_gemm_put_scale(const mlaf_gemm_out_job *q, int64_t t, int64_t j, int64_t G, float s,
                                        uint8_t byte) {
-    switch (q->format) {
-    case MLAF_GEMM_FP8_1X128: ((float *)q->scales)[t * q->scale_ld + j] = s; break;
-    case MLAF_GEMM_FP8_1X128_MN: ((float *)q->scales)[j * q->scale_ld + t] = s; break;
-    case MLAF_GEMM_FP8_1X128_UE8M0: {
-        uint8_t *p = (uint8_t *)q->scales + 4 * ((j / 4) * q->scale_ld + t);
-        p[j % 4] = byte;
-        if (j == G - 1)
-            for (int64_t b = j % 4 + 1; b < 4; b++) p[b] = 0;
-        break;
+    const mlaf_gemm_format_info *r = &mlaf_gemm_formats[q->format];
+    const int64_t c = j / r->pack, e = r->mn_major ? c * q->scale_ld + t : t * q->scale_ld + c;
+    if (r->scale_dt == MLAF_F32) {
+        ((float *)q->scales)[e] = s;
+        return;
     }
-    case MLAF_GEMM_MXFP8: ((uint8_t *)q->scales)[t * q->scale_ld + j] = byte; break;
-    default: break;
-    }
+    uint8_t *p = (uint8_t *)q->scales + e * r->pack;
+    p[j % r->pack] = byte;
+    if (j == G - 1)
+        for (int64_t b = j % r->pack + 1; b < r->pack; b++) p[b] = 0;
 }
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

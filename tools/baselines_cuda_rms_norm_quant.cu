@@ -3,6 +3,7 @@
  * after their norm (SGLang's per_token_group_quant: a group of g values on g / 8 lanes of a warp,
  * 16-byte loads where the rows allow them, the amax a shuffle max over those lanes). */
 #include "baselines_cuda.cuh"
+#include "gemm_format.h"
 
 namespace {
 
@@ -71,7 +72,7 @@ __device__ __forceinline__ float group_scale(int mode, float amax, float eps, ui
 
 template <typename T>
 __global__ void __launch_bounds__(kThreads) quant_kernel(mlaf_gemm_out_job q, const T *y, int64_t ys, int64_t T_,
-                                                         int32_t K, int vec) {
+                                                         int32_t K, int vec, int pack, int mn, int f32) {
     constexpr int N = 16 / sizeof(T); /* values per lane */
     const int32_t g = q.group, lanes = g / N, G = K / g;
     const int64_t ngroups = T_ * G;
@@ -101,17 +102,15 @@ __global__ void __launch_bounds__(kThreads) quant_kernel(mlaf_gemm_out_job q, co
         uint8_t *d = q.data + t * q.data_stride + j * g + lane * N;
         for (int k = 0; k < N; k++) d[k] = (uint8_t)__nv_cvt_float_to_fp8(__fdiv_rn(x[k], s), __NV_SATFINITE, __NV_E4M3);
         if (lane != 0) continue;
-        switch (q.format) {
-        case MLAF_GEMM_FP8_1X128: static_cast<float *>(q.scales)[t * q.scale_ld + j] = s; break;
-        case MLAF_GEMM_FP8_1X128_MN: static_cast<float *>(q.scales)[j * q.scale_ld + t] = s; break;
-        case MLAF_GEMM_FP8_1X128_UE8M0: {
-            uint8_t *p = static_cast<uint8_t *>(q.scales) + 4 * ((j / 4) * q.scale_ld + t);
-            p[j % 4] = (uint8_t)byte;
+        /* the scale where the format's row says (docs/gemm_formats.md) */
+        const int64_t c = j / pack, e = mn ? c * q.scale_ld + t : t * q.scale_ld + c;
+        if (f32) {
+            static_cast<float *>(q.scales)[e] = s;
+        } else {
+            uint8_t *p = static_cast<uint8_t *>(q.scales) + e * pack;
+            p[j % pack] = (uint8_t)byte;
             if (j == G - 1)
-                for (int64_t b = j % 4 + 1; b < 4; b++) p[b] = 0;
-            break;
-        }
-        default: static_cast<uint8_t *>(q.scales)[t * q.scale_ld + j] = (uint8_t)byte; break;
+                for (int64_t b = j % pack + 1; b < pack; b++) p[b] = 0;
         }
     }
 }
@@ -120,8 +119,9 @@ template <typename T>
 int gemm_quant(const mlaf_gemm_out_job *q, const void *y, int64_t T_, int64_t K, int64_t stride, cudaStream_t s) {
     const int vec = ((uintptr_t)y % 16 == 0) && ((stride * (int64_t)sizeof(T)) % 16 == 0);
     const int64_t lanes = q->group / (16 / (int64_t)sizeof(T)), groups = T_ * (K / q->group);
-    quant_kernel<T><<<grid_for(groups, (int)(kThreads / lanes)), kThreads, 0, s>>>(*q, static_cast<const T *>(y), stride,
-                                                                                    T_, (int32_t)K, vec);
+    const mlaf_gemm_format_info *r = mlaf_gemm_format_row(q->format);
+    quant_kernel<T><<<grid_for(groups, (int)(kThreads / lanes)), kThreads, 0, s>>>(
+        *q, static_cast<const T *>(y), stride, T_, (int32_t)K, vec, r->pack, r->mn_major, r->scale_dt == MLAF_F32);
     return (int)cudaGetLastError();
 }
 

@@ -15,6 +15,7 @@ static int setup_rms_norm_quant(bench_op *o, size_t llc, mlaf_rng *rng, char *er
     const size_t es = mlaf_dtype_size(dt);
     const int64_t T = o->T, K = o->hidden;
     size_t sbytes = 0;
+    double scale_bytes = 0.0; /* the scales the op must write: the tensor's shape, not its padding */
     int64_t sh[2] = {0, 0};
     if (o->q_fmt != MLAF_GEMM_NONE) {
         mlaf_dtype sdt;
@@ -24,6 +25,7 @@ static int setup_rms_norm_quant(bench_op *o, size_t llc, mlaf_rng *rng, char *er
             return -1;
         }
         sbytes = (size_t)(sh[0] * o->q_ld) * mlaf_dtype_size(sdt);
+        scale_bytes = (double)sh[0] * (double)sh[1] * (double)mlaf_dtype_size(sdt);
     }
     const double qbytes = o->q_fmt ? (double)T * K + (double)sbytes : 0.0;
     /* one set: x, residual read and written, y, the quantized bytes */
@@ -43,9 +45,7 @@ static int setup_rms_norm_quant(bench_op *o, size_t llc, mlaf_rng *rng, char *er
         if (buf_alloc(o, B_QS, sbytes, 1, NULL, err, cap)) return -1;
     }
     /* the op's minimum: x and the residual read, the residual and y written, the weights, the bytes */
-    const int64_t G = o->q_fmt ? K / mlaf_gemm_format_group(o->q_fmt) : 0;
-    const double scale_bytes = o->q_fmt == MLAF_GEMM_FP8_1X128 || o->q_fmt == MLAF_GEMM_FP8_1X128_MN ? 4.0 * G : (double)G;
-    o->bytes = 4.0 * (double)T * K * es + (double)K * es + (o->q_fmt ? (double)T * (K + scale_bytes) : 0.0);
+    o->bytes = 4.0 * (double)T * K * es + (double)K * es + (o->q_fmt ? (double)T * K + scale_bytes : 0.0);
     return 0;
 }
 

@@ -19,22 +19,34 @@ typedef struct rnq_variant {
     int residual, strided, in_place, no_dense, f32_weights;
 } rnq_variant;
 
-static const rnq_variant variants[] = {
-    {MLAF_GEMM_NONE, MLAF_GEMM_SCALE_F32, 0, 0, 0, 0, 0},
-    {MLAF_GEMM_NONE, MLAF_GEMM_SCALE_F32, 1, 1, 0, 0, 1},
-    {MLAF_GEMM_FP8_1X128, MLAF_GEMM_SCALE_F32, 1, 1, 0, 0, 0},
-    {MLAF_GEMM_FP8_1X128, MLAF_GEMM_SCALE_UE8M0, 0, 0, 0, 0, 0},
-    {MLAF_GEMM_FP8_1X128_MN, MLAF_GEMM_SCALE_F32, 1, 0, 0, 1, 0},
-    {MLAF_GEMM_FP8_1X128_MN, MLAF_GEMM_SCALE_UE8M0, 1, 1, 1, 0, 0},
-    {MLAF_GEMM_FP8_1X128_UE8M0, MLAF_GEMM_SCALE_UE8M0, 1, 0, 0, 0, 1},
-    {MLAF_GEMM_MXFP8, MLAF_GEMM_SCALE_MX_FLOOR, 0, 1, 0, 1, 0},
-    {MLAF_GEMM_MXFP8, MLAF_GEMM_SCALE_MX_CEIL, 1, 0, 1, 0, 0},
+/* The flag patterns the cases take in turn: each format of the table gets one per rounding it
+ * takes, so a format added to the table is verified without a line here. */
+static const int patterns[][5] = {
+    /* residual, strided, in_place, no_dense, f32_weights */
+    {1, 1, 0, 0, 0}, {0, 0, 0, 0, 0}, {1, 0, 0, 1, 0}, {1, 1, 1, 0, 0}, {1, 0, 0, 0, 1}, {0, 1, 0, 1, 0}, {1, 0, 1, 0, 0},
 };
+
+/* The cases: dense only (plain; residual, strided, f32 weights), then every format of the table in
+ * each rounding it takes. Returns their number (at most cap). */
+static int make_variants(rnq_variant *v, int cap) {
+    const int np = (int)(sizeof patterns / sizeof patterns[0]);
+    int n = 0;
+    v[n++] = (rnq_variant){MLAF_GEMM_NONE, MLAF_GEMM_SCALE_F32, 0, 0, 0, 0, 0};
+    v[n++] = (rnq_variant){MLAF_GEMM_NONE, MLAF_GEMM_SCALE_F32, 1, 1, 0, 0, 1};
+    for (int f = 1; f < MLAF_GEMM_FORMAT_COUNT_; f++)
+        for (int m = 0; m < MLAF_GEMM_SCALE_COUNT_ && n < cap; m++) {
+            if (!((mlaf_gemm_formats[f].scale_modes >> m) & 1u)) continue;
+            const int *pt = patterns[(n - 2) % np];
+            v[n++] = (rnq_variant){(mlaf_gemm_format)f, (mlaf_gemm_scale)m, pt[0], pt[1], pt[2], pt[3], pt[4]};
+        }
+    return n;
+}
 
 void verify_rms_norm_quant(mlaf_context *ctx, const int64_t *hidden, int nh, const mlaf_dtype *dts, int ndt,
                            const int64_t *tokens, int ntok, uint64_t seed, float eps, int *passed, int *failed,
                            int *skipped) {
-    const int nv = (int)(sizeof variants / sizeof variants[0]);
+    rnq_variant variants[2 + MLAF_GEMM_FORMAT_COUNT_ * MLAF_GEMM_SCALE_COUNT_];
+    const int nv = make_variants(variants, (int)(sizeof variants / sizeof variants[0]));
     for (int h = 0; h < nh; h++)
         for (int d = 0; d < ndt; d++)
             for (int t = 0; t < ntok; t++)

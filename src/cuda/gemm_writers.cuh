@@ -11,6 +11,7 @@
  */
 #pragma once
 
+#include "../gemm_format.h"
 #include "row_writers_fp8.cuh"
 
 /* 2^e as an f32, e in [-149, 128] (128: +inf). */
@@ -47,42 +48,41 @@ __device__ __forceinline__ float mlaf_gemm_scale_dev(int m, float amax, float ep
     return mlaf_pow2_dev(e);
 }
 
-/* The writer of format F: its group width and put_scale(q, t, j, G, s, byte), group j of row t
- * (G groups a row). One specialization per row of the table; MLAF_GEMM_NONE has none. */
+/* Where a group's scale goes, from the fields of its format's row (gemm_format.c): group width G,
+ * PACK groups per scales element, MN-major or token-major, f32 values or UE8M0 bytes; host and
+ * device agree by the FORMAT_TABLE test (mlaf_gemm_writer_of's fields against the row). */
+template <int G, int PACK, bool MN, bool F32> struct mlaf_gemm_layout {
+    static constexpr int kGroup = G, kPack = PACK;
+    static constexpr bool kMn = MN, kF32 = F32;
+    /* group j of row t (`groups` a row); the packed layouts write the zero bytes past a row's last
+     * group with that group */
+    static __device__ __forceinline__ void put_scale(const mlaf_gemm_out_job &q, int64_t t, int64_t j,
+                                                     int64_t groups, float s, uint32_t byte) {
+        const int64_t c = j / PACK, e = MN ? c * q.scale_ld + t : t * q.scale_ld + c;
+        if constexpr (F32) {
+            static_cast<float *>(q.scales)[e] = s;
+        } else {
+            uint8_t *p = static_cast<uint8_t *>(q.scales) + e * PACK;
+            p[j % PACK] = (uint8_t)byte;
+            if (PACK > 1 && j == groups - 1)
+                for (int64_t b = j % PACK + 1; b < PACK; b++) p[b] = 0;
+        }
+    }
+};
+
+/* The writer of format F: one specialization per row of the table, its layout's fields (the
+ * row's group, pack, mn_major and scale dtype); MLAF_GEMM_NONE has none. */
 template <int F> struct mlaf_gemm_writer_of;
+template <> struct mlaf_gemm_writer_of<MLAF_GEMM_FP8_1X128> : mlaf_gemm_layout<128, 1, false, true> {};
+template <> struct mlaf_gemm_writer_of<MLAF_GEMM_FP8_1X128_MN> : mlaf_gemm_layout<128, 1, true, true> {};
+template <> struct mlaf_gemm_writer_of<MLAF_GEMM_FP8_1X128_UE8M0> : mlaf_gemm_layout<128, 4, true, false> {};
+template <> struct mlaf_gemm_writer_of<MLAF_GEMM_MXFP8> : mlaf_gemm_layout<32, 1, false, false> {};
 
-template <> struct mlaf_gemm_writer_of<MLAF_GEMM_FP8_1X128> {
-    static constexpr int kGroup = 128;
-    static __device__ __forceinline__ void put_scale(const mlaf_gemm_out_job &q, int64_t t, int64_t j, int64_t,
-                                                     float s, uint32_t) {
-        static_cast<float *>(q.scales)[t * q.scale_ld + j] = s;
-    }
-};
-
-template <> struct mlaf_gemm_writer_of<MLAF_GEMM_FP8_1X128_MN> {
-    static constexpr int kGroup = 128;
-    static __device__ __forceinline__ void put_scale(const mlaf_gemm_out_job &q, int64_t t, int64_t j, int64_t,
-                                                     float s, uint32_t) {
-        static_cast<float *>(q.scales)[j * q.scale_ld + t] = s;
-    }
-};
-
-template <> struct mlaf_gemm_writer_of<MLAF_GEMM_FP8_1X128_UE8M0> {
-    static constexpr int kGroup = 128;
-    /* byte j mod 4 of i32 element (j / 4, t); the last group also writes the zero bytes after it */
-    static __device__ __forceinline__ void put_scale(const mlaf_gemm_out_job &q, int64_t t, int64_t j, int64_t G,
-                                                     float, uint32_t byte) {
-        uint8_t *p = static_cast<uint8_t *>(q.scales) + 4 * ((j >> 2) * q.scale_ld + t);
-        p[j & 3] = (uint8_t)byte;
-        if (j == G - 1)
-            for (int64_t b = (j & 3) + 1; b < 4; b++) p[b] = 0;
-    }
-};
-
-template <> struct mlaf_gemm_writer_of<MLAF_GEMM_MXFP8> {
-    static constexpr int kGroup = 32;
-    static __device__ __forceinline__ void put_scale(const mlaf_gemm_out_job &q, int64_t t, int64_t j, int64_t,
-                                                     float, uint32_t byte) {
-        static_cast<uint8_t *>(q.scales)[t * q.scale_ld + j] = (uint8_t)byte;
-    }
-};
+/* Whether writer F's fields are its table row's (the dispatch's check, so that a specialization
+ * out of step with its row fails the call instead of writing elsewhere). */
+template <int F> static inline bool mlaf_gemm_writer_matches_row() {
+    typedef mlaf_gemm_writer_of<F> Wr;
+    const mlaf_gemm_format_info &r = mlaf_gemm_formats[F];
+    return Wr::kGroup == r.group && Wr::kPack == r.pack && Wr::kMn == (r.mn_major != 0) &&
+           Wr::kF32 == (r.scale_dt == MLAF_F32);
+}

@@ -205,13 +205,15 @@ cudaError_t rnq_launch(const mlaf_rms_norm_quant_job *j, cudaStream_t stream) {
     return cudaGetLastError();
 }
 
-template <typename T> cudaError_t rnq_dispatch(const mlaf_rms_norm_quant_job *j, cudaStream_t s) {
-    switch (j->q.format) {
-    case MLAF_GEMM_FP8_1X128: return rnq_launch<T, MLAF_GEMM_FP8_1X128>(j, s);
-    case MLAF_GEMM_FP8_1X128_MN: return rnq_launch<T, MLAF_GEMM_FP8_1X128_MN>(j, s);
-    case MLAF_GEMM_FP8_1X128_UE8M0: return rnq_launch<T, MLAF_GEMM_FP8_1X128_UE8M0>(j, s);
-    case MLAF_GEMM_MXFP8: return rnq_launch<T, MLAF_GEMM_MXFP8>(j, s);
-    default: return rnq_launch<T, MLAF_GEMM_NONE>(j, s);
+/* The launch for the job's format: the rows of the format table walked from F = 1 (no quantized
+ * output: NONE). */
+template <typename T, int F = 1> cudaError_t rnq_dispatch(const mlaf_rms_norm_quant_job *j, cudaStream_t s) {
+    if constexpr (F == MLAF_GEMM_FORMAT_COUNT_) {
+        return j->q.format == MLAF_GEMM_NONE ? rnq_launch<T, MLAF_GEMM_NONE>(j, s) : cudaErrorInvalidValue;
+    } else {
+        if (j->q.format != F) return rnq_dispatch<T, F + 1>(j, s);
+        if (!mlaf_gemm_writer_matches_row<F>()) return cudaErrorInvalidValue;
+        return rnq_launch<T, F>(j, s);
     }
 }
 
