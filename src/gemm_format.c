@@ -19,24 +19,29 @@
 
 /* ---- the table -------------------------------------------------------------------------- */
 const mlaf_gemm_format_info mlaf_gemm_formats[MLAF_GEMM_FORMAT_COUNT_] = {
-    [MLAF_GEMM_NONE] = {"none", "no quantized output", 0, 0, MLAF_F32, 1, 0, "-"},
+    [MLAF_GEMM_NONE] = {"none", "no quantized output", 0, 0, MLAF_F32, 1, 0, 0, "-"},
     [MLAF_GEMM_FP8_1X128] = {"fp8_1x128", "e4m3, one f32 scale per 1x128 group, scales row-major [T, K/128]", 128,
-                             SM_(MLAF_GEMM_SCALE_F32) | SM_(MLAF_GEMM_SCALE_UE8M0), MLAF_F32, 1, 0,
+                             SM_(MLAF_GEMM_SCALE_F32) | SM_(MLAF_GEMM_SCALE_UE8M0), MLAF_F32, 1, 0, 0,
                              "block-scaled fp8 GEMMs with K-major activation scales (DeepGEMM / CUTLASS, SGLang's "
                              "default per-token-group quant)"},
     [MLAF_GEMM_FP8_1X128_MN] = {"fp8_1x128_mn",
                                 "e4m3, one f32 scale per 1x128 group, scales MN-major TMA-aligned [K/128, T] "
                                 "(ld >= round_up(T, 4))",
-                                128, SM_(MLAF_GEMM_SCALE_F32) | SM_(MLAF_GEMM_SCALE_UE8M0), MLAF_F32, 1, 1,
+                                128, SM_(MLAF_GEMM_SCALE_F32) | SM_(MLAF_GEMM_SCALE_UE8M0), MLAF_F32, 1, 1, 1,
                                 "DeepGEMM's sm90 kernels, FlashInfer's DeepGEMM wrapper and fused add + RMSNorm + "
                                 "block quant"},
     [MLAF_GEMM_FP8_1X128_UE8M0] = {"fp8_1x128_ue8m0",
                                    "e4m3, one UE8M0 byte per 1x128 group, four packed in an i32, MN-major "
                                    "TMA-aligned [ceil(K/512), T]",
-                                   128, SM_(MLAF_GEMM_SCALE_UE8M0), MLAF_I32, 4, 1, "DeepGEMM's sm100 kernels"},
+                                   128, SM_(MLAF_GEMM_SCALE_UE8M0), MLAF_I32, 4, 1, 1, "DeepGEMM's sm100 kernels"},
     [MLAF_GEMM_MXFP8] = {"mxfp8", "OCP MXFP8: e4m3, one UE8M0 byte per 1x32 group, scales row-major [T, K/32]", 32,
-                         SM_(MLAF_GEMM_SCALE_MX_FLOOR) | SM_(MLAF_GEMM_SCALE_MX_CEIL), MLAF_U8, 1, 0,
+                         SM_(MLAF_GEMM_SCALE_MX_FLOOR) | SM_(MLAF_GEMM_SCALE_MX_CEIL), MLAF_U8, 1, 0, 0,
                          "MX block-scaled GEMMs (OCP Microscaling v1.0)"},
+    [MLAF_GEMM_FP8_1X128_CM] = {"fp8_1x128_cm",
+                                "e4m3, one f32 scale per 1x128 group, scales column-major [K/128, T] (ld >= T, "
+                                "no alignment)",
+                                128, SM_(MLAF_GEMM_SCALE_F32) | SM_(MLAF_GEMM_SCALE_UE8M0), MLAF_F32, 1, 1, 0,
+                                "SGLang's per-token-group quant with column-major scales, not TMA-aligned"},
 };
 
 static const char *const scale_names[MLAF_GEMM_SCALE_COUNT_] = {"f32", "ue8m0", "mx_floor", "mx_ceil"};
@@ -84,7 +89,7 @@ static void scales_dims(const mlaf_gemm_format_info *r, int64_t T, int64_t G, in
     const int64_t cols = (G + r->pack - 1) / r->pack;
     if (r->mn_major) {
         shape[0] = cols, shape[1] = T;
-        *min_ld = (T + 3) / 4 * 4;
+        *min_ld = r->tma ? (T + 3) / 4 * 4 : T;
     } else {
         shape[0] = T, shape[1] = cols;
         *min_ld = cols;
@@ -150,7 +155,7 @@ mlaf_status mlaf_vcheck_gemm_out(mlaf_context *ctx, const mlaf_gemm_out *q, cons
     snprintf(what, sizeof what, "%s.scales", name);
     TRY(mlaf_vcheck_tensor(ctx, q->scales, what, 1u << r->scale_dt, 2, ws, scale_expr));
     const mlaf_tensor *s = q->scales;
-    if (r->mn_major && T > 0) { /* an empty view addresses nothing; a single row's stride is never stepped */
+    if (r->mn_major && T > 0 && r->tma) { /* an empty view addresses nothing; a single row's stride is never stepped */
         if (s->shape[0] > 1 && (s->stride[0] < min_ld || s->stride[0] % 4 != 0))
             return mlaf_fail(ctx, MLAF_ERR_STRIDE,
                              "%s.stride[0] = %lld, expected a multiple of 4 and >= round_up(tokens, 4) = %lld for "

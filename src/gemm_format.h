@@ -33,8 +33,9 @@ typedef struct mlaf_gemm_format_info {
     unsigned scale_modes;    /* the roundings it takes, a mask of 1 << mlaf_gemm_scale */
     mlaf_dtype scale_dt;     /* dtype of its scales tensor */
     int32_t pack;            /* groups per scales element: 1, or 4 (UE8M0 bytes in an i32) */
-    int32_t mn_major;        /* 1: scales [groups / pack, T], token-contiguous, TMA-aligned leading
-                                stride; 0: [T, groups / pack] */
+    int32_t mn_major;        /* 1: scales [groups / pack, T], token-contiguous; 0: [T, groups / pack] */
+    int32_t tma;             /* MN-major only, 1: TMA-aligned (leading stride a multiple of 4
+                                elements >= round_up(T, 4), data 16-byte aligned); 0: ld >= T */
     const char *readers;     /* who reads it (docs/gemm_formats.md names the sources) */
 } mlaf_gemm_format_info;
 

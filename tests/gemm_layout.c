@@ -36,6 +36,12 @@ const gl_layout gl_layouts[GL_LAYOUTS] = {
      {-1},
      {{20, 21}, {41, 42}, {62, 63}, {-1, -1}},
      63},
+    /* fp8_1x128_cm, f32 [5, 3] token-contiguous, ld 3 = T (no padding): 4 (3 j + t) */
+    {MLAF_GEMM_FP8_1X128_CM, 5, 3,
+     {{0, 12, 24, 36, 48}, {4, 16, 28, 40, 52}, {8, 20, 32, 44, 56}},
+     {-1},
+     {{-1, -1}},
+     60},
 };
 
 void gl_fill(gl_buffers *b, const gl_layout *L) {
@@ -51,6 +57,7 @@ mlaf_gemm_out gl_out_at(const gl_layout *L, mlaf_gemm_scale s, void *data, void 
     case MLAF_GEMM_FP8_1X128: *ts = mlaf_tensor_2d(scales, MLAF_F32, GL_T, 5, 7); break;
     case MLAF_GEMM_FP8_1X128_MN: *ts = mlaf_tensor_2d(scales, MLAF_F32, 5, GL_T, 8); break;
     case MLAF_GEMM_FP8_1X128_UE8M0: *ts = mlaf_tensor_2d(scales, MLAF_I32, 2, GL_T, 4); break;
+    case MLAF_GEMM_FP8_1X128_CM: *ts = mlaf_tensor_2d(scales, MLAF_F32, 5, GL_T, 3); break;
     default: *ts = mlaf_tensor_2d(scales, MLAF_U8, GL_T, 20, 21); break;
     }
     mlaf_gemm_out q = {L->format, s, td, ts, 0.0f};
@@ -80,7 +87,8 @@ void gl_row(const gl_layout *L, int ex, int t, float *y) {
 
 int gl_judge(const gl_layout *L, mlaf_gemm_scale s, const gl_buffers *b, int ex, char *why, size_t cap) {
     const int g = group_size(L);
-    const int f32 = L->format == MLAF_GEMM_FP8_1X128 || L->format == MLAF_GEMM_FP8_1X128_MN;
+    const int f32 = L->format == MLAF_GEMM_FP8_1X128 || L->format == MLAF_GEMM_FP8_1X128_MN ||
+                    L->format == MLAF_GEMM_FP8_1X128_CM;
     for (int t = 0; t < GL_T; t++)
         for (int j = 0; j < L->groups; j++) {
             const int zero = group_zero(ex, t, j), sg = row_sign(ex, t);

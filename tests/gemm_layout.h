@@ -23,7 +23,7 @@
 
 #include "mlafuse.h"
 
-enum { GL_T = 3, GL_K = 640, GL_LAYOUTS = 4, GL_MAXG = 20, GL_SCALE_BYTES = 256 };
+enum { GL_T = 3, GL_K = 640, GL_LAYOUTS = 5, GL_MAXG = 20, GL_SCALE_BYTES = 256 };
 enum { GL_WRITER = 0, GL_OP = 1 };
 
 typedef struct gl_layout {

@@ -270,6 +270,15 @@ static void validate(void) {
     mx.data = scales;
     tl_case(mlaf_vcheck_gemm_out(ctx, &q, "q", T, K, &j) == MLAF_OK && j.group == 32, "VALIDATE(valid mxfp8)", "%s",
             mlaf_context_last_error(ctx));
+    /* column-major without the TMA rules: any ld >= T (below: the rows of the view overlap), any
+     * 4-byte alignment */
+    q.format = MLAF_GEMM_FP8_1X128_CM, q.scale = MLAF_GEMM_SCALE_F32, q.scales = &mn, mn.stride[0] = T - 1;
+    expect_reject(ctx, "cm leading stride below T", &q, T, K, MLAF_ERR_STRIDE,
+                  "q.scales.stride[0] = 4, expected >= the row width 5");
+    mn.stride[0] = T, mn.data = scales + 4;
+    tl_case(mlaf_vcheck_gemm_out(ctx, &q, "q", T, K, &j) == MLAF_OK && j.scale_ld == T,
+            "VALIDATE(valid fp8_1x128_cm, ld = T = 5, 4-byte aligned)", "%s", mlaf_context_last_error(ctx));
+    mn.data = scales;
     /* the shape helper: dtype, shape, least leading stride */
     mlaf_dtype d;
     int64_t sh[2], ld;

@@ -35,6 +35,8 @@
  *                                      group are written as 0
  *   MXFP8            mxfp8        32   u8 [T, K/32], stride (ld, 1): one UE8M0 byte a     OCP MX v1.0
  *                                      group
+ *   FP8_1X128_CM     fp8_1x128_cm 128  f32 [K/128, T], stride (ld, 1), ld >= T: as     SGLang column-
+ *                                      FP8_1X128_MN without the TMA alignment         major scales
  *
  * The MN-major layouts are the transposes of the [T, K/128] views engines hold (torch's
  * (1, ld) strides): pass them as [groups, T] with stride (ld, 1). Rows t in [T, ld) of them are
@@ -71,6 +73,7 @@ typedef enum mlaf_gemm_format {
     MLAF_GEMM_FP8_1X128_MN = 2,
     MLAF_GEMM_FP8_1X128_UE8M0 = 3,
     MLAF_GEMM_MXFP8 = 4,
+    MLAF_GEMM_FP8_1X128_CM = 5,
     MLAF_GEMM_FORMAT_COUNT_
 } mlaf_gemm_format;
 

@@ -95,9 +95,10 @@ def test_enums_and_names():
 
 def test_gemm_formats_by_name():
     """The GEMM-input formats and roundings as the library's table names them (docs/gemm_formats.md)."""
-    assert L.GEMM_FORMATS == {"none": 0, "fp8_1x128": 1, "fp8_1x128_mn": 2, "fp8_1x128_ue8m0": 3, "mxfp8": 4}
+    assert L.GEMM_FORMATS == {"none": 0, "fp8_1x128": 1, "fp8_1x128_mn": 2, "fp8_1x128_ue8m0": 3, "mxfp8": 4,
+                              "fp8_1x128_cm": 5}
     assert L.GEMM_SCALES == {"f32": 0, "ue8m0": 1, "mx_floor": 2, "mx_ceil": 3}
-    assert [L.mlaf_gemm_format_group(f) for f in range(5)] == [0, 128, 128, 128, 32]
+    assert [L.mlaf_gemm_format_group(f) for f in range(6)] == [0, 128, 128, 128, 32, 128]
     assert L.OP_RMS_NORM_QUANT == 5 and L.mlaf_op_name(5).decode() == "rms_norm_quant"
 
 

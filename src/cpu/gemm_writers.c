@@ -37,6 +37,7 @@ static const mlaf_cpu_gemm_writer writers[MLAF_GEMM_FORMAT_COUNT_] = {
     [MLAF_GEMM_FP8_1X128_MN] = put_1x128,
     [MLAF_GEMM_FP8_1X128_UE8M0] = put_1x128,
     [MLAF_GEMM_MXFP8] = put_mxfp8,
+    [MLAF_GEMM_FP8_1X128_CM] = put_1x128,
 };
 
 mlaf_cpu_gemm_writer mlaf_cpu_gemm_writer_of(mlaf_gemm_format f) {

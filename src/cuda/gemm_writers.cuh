@@ -77,6 +77,7 @@ template <> struct mlaf_gemm_writer_of<MLAF_GEMM_FP8_1X128> : mlaf_gemm_layout<1
 template <> struct mlaf_gemm_writer_of<MLAF_GEMM_FP8_1X128_MN> : mlaf_gemm_layout<128, 1, true, true> {};
 template <> struct mlaf_gemm_writer_of<MLAF_GEMM_FP8_1X128_UE8M0> : mlaf_gemm_layout<128, 4, true, false> {};
 template <> struct mlaf_gemm_writer_of<MLAF_GEMM_MXFP8> : mlaf_gemm_layout<32, 1, false, false> {};
+template <> struct mlaf_gemm_writer_of<MLAF_GEMM_FP8_1X128_CM> : mlaf_gemm_layout<128, 1, true, true> {};
 
 /* Whether writer F's fields are its table row's (the dispatch's check, so that a specialization
  * out of step with its row fails the call instead of writing elsewhere). */

@@ -94,6 +94,7 @@ static const gemm_encoder encoders[MLAF_GEMM_FORMAT_COUNT_] = {
     [MLAF_GEMM_FP8_1X128_MN] = enc_1x128,
     [MLAF_GEMM_FP8_1X128_UE8M0] = enc_1x128,
     [MLAF_GEMM_MXFP8] = enc_mxfp8,
+    [MLAF_GEMM_FP8_1X128_CM] = enc_1x128,
 };
 
 int mlaf_ref_gemm_encoder_count(void) {
@@ -113,6 +114,7 @@ int64_t mlaf_ref_gemm_scale_offset(mlaf_gemm_format f, int64_t t, int64_t j, int
     case MLAF_GEMM_FP8_1X128_MN: return 4 * (j * ld + t);     /* f32 [G, T] */
     case MLAF_GEMM_FP8_1X128_UE8M0: return 4 * ((j / 4) * ld + t) + j % 4; /* byte j % 4 of i32 (j / 4, t) */
     case MLAF_GEMM_MXFP8: return t * ld + j;                  /* u8 [T, G] */
+    case MLAF_GEMM_FP8_1X128_CM: return 4 * (j * ld + t);     /* f32 [G, T], any ld >= T */
     default: return -1;
     }
 }
