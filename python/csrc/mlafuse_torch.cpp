@@ -1,4 +1,5 @@
-// mlafuse_torch.cpp — the torch.ops.mlafuse.* custom ops in C++, calling libmlafuse directly.
+// mlafuse_torch.cpp — the kernels of the torch.ops.mlafuse.* custom ops in C++, calling
+// libmlafuse directly.
 //
 // Built by python/setup.py as a torch C++ extension (torch.utils.cpp_extension, no nvcc: the
 // CUDA kernels live in libmlafuse; this file only hands them torch's current CUDA stream,
@@ -7,11 +8,12 @@
 // loads it with torch.ops.load_library, then calls mlafuse_torch_init() with the path of the
 // libmlafuse it already loaded, and this file takes the C entry points from that library
 // with dlopen / dlsym (so both bindings use one library, the one $MLAFUSE_LIBRARY or the
-// package names). Fake (meta) implementations for torch.compile are registered in Python
-// (mlafuse/_torch_ops.py, shared with the ctypes binding).
+// package names).
 //
-// The schemas below must read exactly like SCHEMAS in mlafuse/_torch_ops.py (a test compares
-// them). Every kernel mirrors the ctypes binding: outputs allocated like new_empty, views
+// No schema is written here: this file registers implementations only (TORCH_LIBRARY_IMPL for
+// CPU and CUDA); the schemas, defined from Python, and the fake (meta) implementations for
+// torch.compile live in mlafuse/_schemas.py and mlafuse/_torch_ops.py, shared with the ctypes
+// binding. Every kernel mirrors the ctypes binding: outputs allocated like new_empty, views
 // passed without copies, the same checks with the same messages ("MLAF_ERR_DTYPE: latent.dtype
 // = torch.float64, expected ..."), which mlafuse turns into MlafError.
 //
@@ -20,8 +22,8 @@
 // tensors' device on every call (so calls follow torch.cuda.stream(...) and graph capture).
 //
 // Files: mlafuse_torch.h (what they share), this file (the library's entry points, contexts,
-// the op registration and the C entry points), mlafuse_torch_mla.cpp and mlafuse_torch_moe.cpp
-// (the op kernels).
+// the kernel registration and the C entry points), mlafuse_torch_mla.cpp and
+// mlafuse_torch_moe.cpp (the op kernels).
 #include "mlafuse_torch.h"
 
 namespace mlafuse_torch {
@@ -148,67 +150,12 @@ at::Tensor alloc(const at::Tensor &like, int64_t rows, int64_t cols, c10::Scalar
 
 }  // namespace mlafuse_torch
 
-#define KV_IN                                                                                \
-    "Tensor latent, Tensor? w_q, Tensor w_kv, Tensor? positions, Tensor? cos_sin, "         \
-    "Tensor slot_mapping, Tensor(a!) kv_cache, Tensor(b!)? error_count"
-#define KV_P "int q_lora_rank, int kv_lora_rank, int rope_dim, float eps_q, float eps_kv, int style"
-#define KV_FMT(amax, kpe)                                                                    \
-    "int cache_format=0, Tensor? scale=None, int fp8_conv=0, Tensor(" amax "!)? "            \
-    "amax_out=None, int tile_scale=0, Tensor(" kpe "!)? kpe_cache=None, int kv_rope_tail=0"
-#define IDX_P "int index_style, bool hadamard, float ln_eps, float amax_eps, int index_scale"
-#define KV_DSA_IDX(c, d)                                                                     \
-    "Tensor index_k, Tensor index_weight, Tensor index_bias, Tensor(" c "!) index_cache, "    \
-    "Tensor(" d "!)? topk_fill"
-#define KV_DSA_FMT(amax, kpe)                                                                \
-    "int cache_format=0, Tensor? scale=None, int fp8_conv=0, Tensor(" amax "!)? "            \
-    "amax_out=None, int tile_scale=0, Tensor(" kpe "!)? kpe_cache=None"
-#define GATE_P                                                                               \
-    "int top_k, int n_group, int topk_group, int score_func, int group_score, "              \
-    "bool renormalize, float routed_scaling_factor, bool apply_routed_scaling, "             \
-    "float eps, int n_shared_experts"
-
 using namespace mlafuse_torch;  // the kernels and the entry points, for the registration below
 
-TORCH_LIBRARY(mlafuse, m) {
-    m.def("split_qk_norm(Tensor latent, Tensor? w_q, Tensor w_kv, int q_lora_rank, "
-          "int kv_lora_rank, int rope_dim, float eps_q, float eps_kv, bool return_k_pe=True) "
-          "-> (Tensor, Tensor, Tensor)");
-    m.def("split_qk_norm_out(Tensor latent, Tensor? w_q, Tensor w_kv, Tensor(a!)? q, "
-          "Tensor(b!) k_nope, Tensor(c!)? k_pe, int q_lora_rank, int kv_lora_rank, "
-          "int rope_dim, float eps_q, float eps_kv) -> ()");
-    m.def("split_qk_norm_inplace(Tensor(a!) latent, Tensor? w_q, Tensor w_kv, "
-          "int q_lora_rank, int kv_lora_rank, int rope_dim, float eps_q, float eps_kv) -> ()");
-    m.def("mla_kv_cache(" KV_IN ", " KV_P ", bool return_k_nope=False, "
-          "bool return_k_pe=False, " KV_FMT("c", "d") ") -> (Tensor, Tensor, Tensor)");
-    m.def("mla_kv_cache_out(" KV_IN ", Tensor(c!)? q, Tensor(d!)? k_nope, Tensor(e!)? k_pe, " KV_P
-          ", " KV_FMT("f", "g") ") -> ()");
-    m.def("mla_kv_cache_dsa(" KV_IN ", " KV_DSA_IDX("c", "d") ", " KV_P ", " IDX_P ", "
-          "bool return_k_nope=False, bool return_k_pe=False, bool return_index_out=False, "
-          "int index_copies=1, int index_copy_stride=0, " KV_DSA_FMT("e", "f")
-          ") -> (Tensor, Tensor, Tensor, Tensor)");
-    m.def("mla_kv_cache_dsa_out(" KV_IN ", " KV_DSA_IDX("c", "d") ", Tensor(e!)? q, "
-          "Tensor(f!)? k_nope, Tensor(g!)? k_pe, Tensor(h!)? index_out, " KV_P ", " IDX_P ", "
-          "int index_copies=1, int index_copy_stride=0, " KV_DSA_FMT("i", "j") ") -> ()");
-    m.def("indexer_q(Tensor q_idx, Tensor positions, Tensor cos_sin, Tensor weights, " IDX_P
-          ", Tensor(a!)? q_pe=None, int q_pe_style=0, Tensor(b!)? error_count=None) "
-          "-> (Tensor, Tensor)");
-    m.def("indexer_q_out(Tensor q_idx, Tensor positions, Tensor cos_sin, Tensor weights, "
-          "Tensor(a!) q_fp8, Tensor(b!) w_out, " IDX_P ", Tensor(c!)? q_pe=None, "
-          "int q_pe_style=0, Tensor(d!)? error_count=None) -> ()");
-    m.def("rope_q(Tensor(a!) q, Tensor positions, Tensor cos_sin, int rope_dim, int style, "
-          "Tensor(b!)? error_count=None, bool head_norm=False, float head_norm_eps=0.0, "
-          "Tensor(c!)? q_out=None) -> ()");
-    m.def("moe_gate(Tensor logits, Tensor? bias, " GATE_P ", bool return_scores=False, "
-          "ScalarType? weights_dtype=None) -> (Tensor, Tensor, Tensor)");
-    m.def("moe_gate_out(Tensor logits, Tensor? bias, Tensor(a!) weights, Tensor(b!) ids, "
-          "Tensor(c!)? scores, " GATE_P ") -> ()");
-    m.def("moe_gate_hash(Tensor logits, Tensor tid2eid, Tensor token_ids, "
-          "Tensor(a!)? error_count, " GATE_P ", bool return_scores=False, "
-          "ScalarType? weights_dtype=None) -> (Tensor, Tensor, Tensor)");
-    m.def("moe_gate_hash_out(Tensor logits, Tensor tid2eid, Tensor token_ids, "
-          "Tensor(a!) weights, Tensor(b!) ids, Tensor(c!)? scores, Tensor(d!)? error_count, "
-          GATE_P ") -> ()");
-}
+// The kernels of the ops by name. The ops themselves (their schemas) are defined by
+// python/mlafuse from its one table, mlafuse/_schemas.py, right after it loads this library: a
+// kernel whose C++ signature disagrees with its schema there makes that definition fail (an
+// ImportError naming the op), and test_bindings.py checks that the names here are the table's.
 
 // One kernel for both devices: the backend follows the tensors' device.
 #define MLAFUSE_IMPLS(m)                                       \

@@ -1,58 +1,31 @@
-"""PyTorch custom ops: torch.ops.mlafuse.*, with one schema table and two implementations.
+"""PyTorch custom ops: torch.ops.mlafuse.*, defined from the one schema table (_schemas.SCHEMAS)
+and served by one of two implementations.
 
 Why custom ops rather than plain Python calls: the dispatcher gives the calls a schema with
 mutation annotations (``Tensor(a!) kv_cache``) and a fake (meta) implementation, so
 torch.compile can trace them (fullgraph), functionalize the mutations and re-inplace them,
 and CUDA graphs can capture them.
 
-Bindings (``BINDING``; the environment variable MLAFUSE_BINDING=auto|ext|ctypes chooses):
-  "ext"     the compiled torch extension (csrc/mlafuse_torch.cpp, built by setup.py when torch
-            is present): TORCH_LIBRARY defines the ops and TORCH_LIBRARY_IMPL implements them
-            for CPU and CUDA in C++, calling libmlafuse directly; only the fake
-            implementations below are registered from Python. The default when it loads.
-  "ctypes"  the ops defined here with torch.library and implemented by the Python functions
-            below, which build ctypes views and call the library through _core. Used when the
-            extension is absent (no compiler or no torch at build time), fails to load, or
-            MLAFUSE_BINDING=ctypes.
+The schemas are written once, in _schemas.py; this module defines the library from that table
+(torch.library, namespace "mlafuse") and registers the fake implementations below, whichever
+binding serves the ops. Bindings (``BINDING``; the environment variable
+MLAFUSE_BINDING=auto|ext|ctypes chooses):
+  "ext"     the compiled torch extension (csrc/mlafuse_torch*.cpp, built by setup.py when
+            torch is present): its TORCH_LIBRARY_IMPL blocks register C++ kernels for CPU and
+            CUDA that call libmlafuse directly; it defines no schema. It is loaded first, then
+            the table is defined here (a kernel whose C++ signature disagrees with its schema
+            is then reported by the definition, as an ImportError). The default when it loads.
+  "ctypes"  the Python implementations below, which build ctypes views and call the library
+            through _core. Used when the extension is absent (no compiler or no torch at build
+            time), fails to load, or MLAFUSE_BINDING=ctypes.
 Both take this thread's context for the tensors' device, point it at torch's current stream on
 that device and call the library; neither synchronizes or reads device memory, so both are
-capture-safe. Their schemas are the same strings (SCHEMAS; a test compares them), so code and
-compiled graphs do not depend on which one is loaded.
+capture-safe. With one schema table, code and compiled graphs do not depend on which one is
+loaded.
 
-Ops (all arguments of the C ops; int enums: style 0 interleaved / 1 neox, score_func 0
-sigmoid / 1 softmax / 2 sqrt_softplus, group_score 0 top-2 sum / 1 max, and mla_kv_cache's cache_format 0 plain /
-1 fp8 / 2 fp8_ds_mla, fp8_conv 0 divide / 1 multiply, tile_scale 0 amax / 1 ue8m0 / 2
-ue8m0_floor_scaled; the indexer's index_style as style, index_scale 0 ue8m0 / 1 f32):
-  split_qk_norm          -> (q [T,Q], k_nope [T,C], k_pe [T,R] or [T,0])   functional
-  split_qk_norm_out      writes q, k_nope, k_pe                            mutates outputs
-  split_qk_norm_inplace  latent row -> [q_norm | k_nope_norm | k_pe]       mutates latent
-  mla_kv_cache           -> (q, k_nope or [T,0], k_pe or [T,0])            mutates kv_cache,
-                                                                           error_count, amax_out,
-                                                                           kpe_cache
-  mla_kv_cache_out       writes q, k_nope, k_pe                            mutates kv_cache,
-                                                                           error_count, amax_out,
-                                                                           kpe_cache, outputs
-  mla_kv_cache_dsa       -> (q, k_nope or [T,0], k_pe or [T,0],            mutates kv_cache,
-                              index_out or [T,0])                          error_count,
-                                                                           index_cache, topk_fill,
-                                                                           amax_out, kpe_cache
-  mla_kv_cache_dsa_out   writes q, k_nope, k_pe, index_out                 mutates the same and
-                                                                           the outputs
-  indexer_q              -> (q_fp8 [T,H,128] float8_e4m3fn, w_out [T,H])   mutates q_pe,
-                                                                           error_count
-  indexer_q_out          writes q_fp8 (uint8 or float8_e4m3fn), w_out      mutates outputs, q_pe,
-                                                                           error_count
-  rope_q                 rotates q                                         mutates q, error_count
-  moe_gate               -> (weights, ids, scores or [T,0])                functional
-  moe_gate_out           writes weights, ids, scores                       mutates outputs
-  moe_gate_hash          -> (weights, ids, scores or [T,0])                mutates error_count
-  moe_gate_hash_out      writes weights, ids, scores                       mutates outputs,
-                                                                           error_count
-Not-requested outputs of the functional forms are empty [T, 0] tensors (schemas cannot
-return None); the mlafuse.* Python functions turn them into None.
-Errors: the ctypes binding raises MlafError; the compiled one raises RuntimeError with the text
-"MLAF_ERR_SHAPE: <the library's message>", which the mlafuse.* functions turn into MlafError.
-No autograd: these are inference ops.
+The ops, what they return and mutate: _schemas.py. Errors: the ctypes binding raises
+MlafError; the compiled one raises RuntimeError with the text "MLAF_ERR_SHAPE: <the library's
+message>", which the mlafuse.* functions turn into MlafError. No autograd: inference ops.
 """
 from __future__ import annotations
 
@@ -67,6 +40,7 @@ import torch
 from . import _core
 from . import _lib as L
 from ._lib import MlafError
+from ._schemas import SCHEMAS
 
 _DT = {torch.float32: L.F32, torch.float16: L.F16, torch.bfloat16: L.BF16,
        torch.int32: L.I32, torch.int64: L.I64, torch.uint8: L.U8,
@@ -119,15 +93,14 @@ def error_from_text(text: str) -> MlafError | None:
     return MlafError(status, message, name)
 
 
-# Note: the dispatcher leaves out trailing arguments equal to their schema defaults, so every
+# The implementations by op name: (the ctypes binding's kernel, the fake implementation). The
+# dispatcher leaves out trailing arguments equal to their schema defaults, so every
 # implementation repeats the schema's defaults.
-SCHEMAS = {}  # op name -> schema, in definition order
-_IMPLS = {}   # op name -> (Python implementation for the ctypes binding, fake implementation)
+_IMPLS = {}
 
 
-def _register(schema: str, impl, fake):
-    name = schema.split("(", 1)[0]
-    SCHEMAS[name] = schema
+def _register(name: str, impl, fake):
+    assert name in SCHEMAS, name
     _IMPLS[name] = (impl, fake)
 
 
@@ -156,18 +129,14 @@ def _split_fake(latent, w_q, w_kv, Q, C, R, eps_q, eps_kv, return_k_pe=True):
     return _split_alloc(latent, Q, C, R, return_k_pe)
 
 
-_register("split_qk_norm(Tensor latent, Tensor? w_q, Tensor w_kv, int q_lora_rank, "
-          "int kv_lora_rank, int rope_dim, float eps_q, float eps_kv, bool return_k_pe=True) "
-          "-> (Tensor, Tensor, Tensor)", _split_impl, _split_fake)
+_register("split_qk_norm", _split_impl, _split_fake)
 
 
 def _nothing(*args, **kwargs):
     return None
 
 
-_register("split_qk_norm_out(Tensor latent, Tensor? w_q, Tensor w_kv, Tensor(a!)? q, "
-          "Tensor(b!) k_nope, Tensor(c!)? k_pe, int q_lora_rank, int kv_lora_rank, "
-          "int rope_dim, float eps_q, float eps_kv) -> ()", _split_out, _nothing)
+_register("split_qk_norm_out", _split_out, _nothing)
 
 
 def _split_inplace(latent, w_q, w_kv, Q, C, R, eps_q, eps_kv):
@@ -178,17 +147,11 @@ def _split_inplace(latent, w_q, w_kv, Q, C, R, eps_q, eps_kv):
     _split_out(latent, w_q, w_kv, q, k_nope, k_pe, Q, C, R, eps_q, eps_kv)
 
 
-_register("split_qk_norm_inplace(Tensor(a!) latent, Tensor? w_q, Tensor w_kv, "
-          "int q_lora_rank, int kv_lora_rank, int rope_dim, float eps_q, float eps_kv) -> ()",
-          _split_inplace, _nothing)
+_register("split_qk_norm_inplace", _split_inplace, _nothing)
 
 
 # ---- mla_kv_cache --------------------------------------------------------------------------
-# The cache-format arguments (docs/kv_formats.md) come last, with the plain call's defaults:
-# cache_format 0 plain / 1 fp8 / 2 fp8_ds_mla / 3 fp8_v4; scale [1] f32 (fp8; read on the device by the
-# kernel); fp8_conv 0 x / scale, 1 x * scale; amax_out [1] f32 (fp8, optional, max-accumulated);
-# tile_scale 0 amax / 1 ue8m0 / 2 ue8m0_floor_scaled (fp8_ds_mla); kpe_cache the separate rope
-# array (plain and fp8).
+# The cache-format arguments (docs/kv_formats.md) come last, with the plain call's defaults.
 def _kv_out(latent, w_q, w_kv, positions, cos_sin, slot_mapping, kv_cache, error_count, q,
             k_nope, k_pe, Q, C, R, eps_q, eps_kv, style, cache_format=0, scale=None, fp8_conv=0,
             amax_out=None, tile_scale=0, kpe_cache=None, kv_rope_tail=0):
@@ -227,39 +190,13 @@ def _kv_fake(latent, w_q, w_kv, positions, cos_sin, slot_mapping, kv_cache, erro
     return _kv_alloc(latent, Q, C, R, return_k_nope, return_k_pe)
 
 
-_KV_IN = ("Tensor latent, Tensor? w_q, Tensor w_kv, Tensor? positions, Tensor? cos_sin, "
-          "Tensor slot_mapping, Tensor(a!) kv_cache, Tensor(b!)? error_count")
-_KV_P = "int q_lora_rank, int kv_lora_rank, int rope_dim, float eps_q, float eps_kv, int style"
-
-
-def _kv_fmt(amax, kpe):
-    return (f"int cache_format=0, Tensor? scale=None, int fp8_conv=0, Tensor({amax}!)? "
-            f"amax_out=None, int tile_scale=0, Tensor({kpe}!)? kpe_cache=None, "
-            f"int kv_rope_tail=0")
-
-
-_register(f"mla_kv_cache({_KV_IN}, {_KV_P}, bool return_k_nope=False, "
-          f"bool return_k_pe=False, {_kv_fmt('c', 'd')}) -> (Tensor, Tensor, Tensor)",
-          _kv_impl, _kv_fake)
-_register(f"mla_kv_cache_out({_KV_IN}, Tensor(c!)? q, Tensor(d!)? k_nope, Tensor(e!)? k_pe, "
-          f"{_KV_P}, {_kv_fmt('f', 'g')}) -> ()", _kv_out, _nothing)
+_register("mla_kv_cache", _kv_impl, _kv_fake)
+_register("mla_kv_cache_out", _kv_out, _nothing)
 
 
 # ---- the DSA indexer (docs/dsa.md) ---------------------------------------------------------
 # The indexer's settings (mlafuse.indexer_params) as plain arguments: index_style (the indexer's
 # RoPE, 0 interleaved / 1 neox), hadamard, ln_eps, amax_eps, index_scale (0 ue8m0 / 1 f32).
-# mla_kv_cache_dsa's index_copies > 1 (docs/mla.md) also writes the same records at index_cache's
-# address + k * index_copy_stride bytes (peers' caches), which the schema cannot name.
-_IDX_P = "int index_style, bool hadamard, float ln_eps, float amax_eps, int index_scale"
-_KV_DSA_IDX = ("Tensor index_k, Tensor index_weight, Tensor index_bias, Tensor({c}!) index_cache, "
-               "Tensor({d}!)? topk_fill")
-
-
-def _kv_dsa_fmt(amax, kpe):
-    return (f"int cache_format=0, Tensor? scale=None, int fp8_conv=0, Tensor({amax}!)? "
-            f"amax_out=None, int tile_scale=0, Tensor({kpe}!)? kpe_cache=None")
-
-
 def _indexer_params(index_style, hadamard, ln_eps, amax_eps, index_scale):
     return L.IndexerParams(_core._enum_arg(index_style, "index_style"), int(bool(hadamard)),
                            float(ln_eps), float(amax_eps),
@@ -320,14 +257,8 @@ def _kv_dsa_fake(latent, w_q, w_kv, positions, cos_sin, slot_mapping, kv_cache, 
     return _kv_dsa_alloc(latent, Q, C, R, return_k_nope, return_k_pe, return_index_out)
 
 
-_register(f"mla_kv_cache_dsa({_KV_IN}, {_KV_DSA_IDX.format(c='c', d='d')}, {_KV_P}, {_IDX_P}, "
-          f"bool return_k_nope=False, bool return_k_pe=False, bool return_index_out=False, "
-          f"int index_copies=1, int index_copy_stride=0, {_kv_dsa_fmt('e', 'f')}) "
-          f"-> (Tensor, Tensor, Tensor, Tensor)", _kv_dsa_impl, _kv_dsa_fake)
-_register(f"mla_kv_cache_dsa_out({_KV_IN}, {_KV_DSA_IDX.format(c='c', d='d')}, Tensor(e!)? q, "
-          f"Tensor(f!)? k_nope, Tensor(g!)? k_pe, Tensor(h!)? index_out, {_KV_P}, {_IDX_P}, "
-          f"int index_copies=1, int index_copy_stride=0, {_kv_dsa_fmt('i', 'j')}) -> ()",
-          _kv_dsa_out, _nothing)
+_register("mla_kv_cache_dsa", _kv_dsa_impl, _kv_dsa_fake)
+_register("mla_kv_cache_dsa_out", _kv_dsa_out, _nothing)
 
 
 # indexer_q: q_pe (the MLA query, optional) is roped in place on its last 64 columns in
@@ -365,12 +296,8 @@ def _idx_q_fake(q_idx, positions, cos_sin, weights, index_style, hadamard, ln_ep
     return _idx_q_alloc(q_idx)
 
 
-_register(f"indexer_q(Tensor q_idx, Tensor positions, Tensor cos_sin, Tensor weights, {_IDX_P}, "
-          "Tensor(a!)? q_pe=None, int q_pe_style=0, Tensor(b!)? error_count=None) "
-          "-> (Tensor, Tensor)", _idx_q_impl, _idx_q_fake)
-_register(f"indexer_q_out(Tensor q_idx, Tensor positions, Tensor cos_sin, Tensor weights, "
-          f"Tensor(a!) q_fp8, Tensor(b!) w_out, {_IDX_P}, Tensor(c!)? q_pe=None, "
-          "int q_pe_style=0, Tensor(d!)? error_count=None) -> ()", _idx_q_out, _nothing)
+_register("indexer_q", _idx_q_impl, _idx_q_fake)
+_register("indexer_q_out", _idx_q_out, _nothing)
 
 
 # ---- rope_q --------------------------------------------------------------------------------
@@ -384,17 +311,10 @@ def _rope_q(q, positions, cos_sin, R, style, error_count=None, head_norm=False,
                      head_norm, head_norm_eps, _view(q_out, "q_out", d))
 
 
-_register("rope_q(Tensor(a!) q, Tensor positions, Tensor cos_sin, int rope_dim, int style, "
-          "Tensor(b!)? error_count=None, bool head_norm=False, float head_norm_eps=0.0, "
-          "Tensor(c!)? q_out=None) -> ()", _rope_q, _nothing)
+_register("rope_q", _rope_q, _nothing)
 
 
 # ---- moe_gate ------------------------------------------------------------------------------
-_GATE_P = ("int top_k, int n_group, int topk_group, int score_func, int group_score, "
-           "bool renormalize, float routed_scaling_factor, bool apply_routed_scaling, "
-           "float eps, int n_shared_experts")
-
-
 def _gate_out(logits, bias, weights, ids, scores, top_k, n_group, topk_group, score_func,
               group_score, renormalize, routed_scaling_factor, apply_routed_scaling, eps,
               n_shared_experts):
@@ -431,10 +351,8 @@ def _gate_fake(logits, bias, top_k, n_group, topk_group, score_func, group_score
     return _gate_alloc(logits, top_k, n_shared_experts, return_scores, weights_dtype)
 
 
-_register(f"moe_gate(Tensor logits, Tensor? bias, {_GATE_P}, bool return_scores=False, "
-          "ScalarType? weights_dtype=None) -> (Tensor, Tensor, Tensor)", _gate_impl, _gate_fake)
-_register(f"moe_gate_out(Tensor logits, Tensor? bias, Tensor(a!) weights, Tensor(b!) ids, "
-          f"Tensor(c!)? scores, {_GATE_P}) -> ()", _gate_out, _nothing)
+_register("moe_gate", _gate_impl, _gate_fake)
+_register("moe_gate_out", _gate_out, _nothing)
 
 
 # ---- moe_gate_hash -------------------------------------------------------------------------
@@ -468,13 +386,8 @@ def _gate_hash_fake(logits, tid2eid, token_ids, error_count, top_k, n_group, top
     return _gate_alloc(logits, top_k, n_shared_experts, return_scores, weights_dtype)
 
 
-_register(f"moe_gate_hash(Tensor logits, Tensor tid2eid, Tensor token_ids, "
-          f"Tensor(a!)? error_count, {_GATE_P}, bool return_scores=False, "
-          "ScalarType? weights_dtype=None) -> (Tensor, Tensor, Tensor)", _gate_hash_impl,
-          _gate_hash_fake)
-_register(f"moe_gate_hash_out(Tensor logits, Tensor tid2eid, Tensor token_ids, "
-          f"Tensor(a!) weights, Tensor(b!) ids, Tensor(c!)? scores, Tensor(d!)? error_count, "
-          f"{_GATE_P}) -> ()", _gate_hash_out, _nothing)
+_register("moe_gate_hash", _gate_hash_impl, _gate_hash_fake)
+_register("moe_gate_hash_out", _gate_hash_out, _nothing)
 
 
 # ---- choosing and registering a binding ----------------------------------------------------
@@ -491,9 +404,13 @@ def find_extension() -> str | None:
     return found[0] if found else None
 
 
+_ext_kernels_registered = False  # set once the extension's static registrations have run
+
+
 def _load_extension(path: str):
-    """Loads the extension (its static registrations define and implement the ops) and binds
-    it to the library the ctypes binding loaded. Raises ImportError saying why not."""
+    """Loads the extension (its static registrations implement the ops for CPU and CUDA) and
+    binds it to the library the ctypes binding loaded. Raises ImportError saying why not."""
+    global _ext_kernels_registered
     info_path = os.path.join(os.path.dirname(path), "torch_ops.json")
     if os.path.exists(info_path) and not os.environ.get("MLAFUSE_TORCH_EXT"):
         with open(info_path) as f:
@@ -504,6 +421,7 @@ def _load_extension(path: str):
                               "--no-build-isolation ./python) to rebuild it")
     try:
         torch.ops.load_library(path)
+        _ext_kernels_registered = True
         handle = ctypes.CDLL(path)
     except OSError as e:
         raise ImportError(f"cannot load the torch extension {path}: {e}") from None
@@ -543,21 +461,31 @@ def _select():
     try:
         _load_extension(path)
     except ImportError as e:
-        if want == "ext" or hasattr(torch.ops.mlafuse, "split_qk_norm"):
-            raise  # asked for, or half-registered: the ctypes ops cannot be defined now
+        if want == "ext" or _ext_kernels_registered:
+            raise  # asked for, or its kernels are registered: the ctypes ones cannot be now
         warnings.warn(f"mlafuse: {e}; using the ctypes binding", RuntimeWarning, stacklevel=3)
         return "ctypes", str(e)
     return "ext", path
 
 
+def _define(binding: str):
+    """The library from the one table, the fake implementations, and the ctypes kernels when
+    they serve the ops (the extension's are registered by loading it)."""
+    lib = torch.library.Library("mlafuse", "DEF")
+    for name, schema in SCHEMAS.items():
+        impl, fake = _IMPLS[name]
+        try:
+            lib.define(schema)
+        except RuntimeError as e:  # e.g. an extension kernel whose signature disagrees
+            raise ImportError(f"mlafuse: cannot define torch.ops.mlafuse.{name} ({binding} "
+                              f"binding): {e}") from None
+        if binding == "ctypes":
+            lib.impl(name, impl, "CPU")
+            lib.impl(name, impl, "CUDA")
+        torch.library.register_fake("mlafuse::" + name, fake, lib=lib)
+    return lib
+
+
+assert set(_IMPLS) == set(SCHEMAS), "every op of the table has its implementations here"
 BINDING, BINDING_DETAIL = _select()
-if BINDING == "ext":
-    for _name, (_impl, _fake) in _IMPLS.items():
-        torch.library.register_fake("mlafuse::" + _name, _fake)
-else:
-    _lib = torch.library.Library("mlafuse", "DEF")
-    for _name, (_impl, _fake) in _IMPLS.items():
-        _lib.define(SCHEMAS[_name])
-        _lib.impl(_name, _impl, "CPU")
-        _lib.impl(_name, _impl, "CUDA")
-        torch.library.register_fake("mlafuse::" + _name, _fake, lib=_lib)
+_lib = _define(BINDING)  # kept alive: the ops live as long as this Library object

@@ -43,11 +43,39 @@ def test_binding_selected():
 
 
 def test_schemas_are_the_table():
-    """Whichever binding defined the ops, their schemas are SCHEMAS (the C++ TORCH_LIBRARY
-    block and the Python table must not drift apart)."""
-    for name, schema in _torch_ops.SCHEMAS.items():
-        got = str(getattr(torch.ops.mlafuse, name).default._schema)
-        assert got == str(torch._C.parse_schema("mlafuse::" + schema)), name
+    """Whichever binding serves the ops, their schemas are the one table's (_schemas.SCHEMAS),
+    and they have fake implementations (torch.compile traces them)."""
+    from mlafuse import _schemas
+
+    assert _torch_ops.SCHEMAS is _schemas.SCHEMAS
+    for name, schema in _schemas.SCHEMAS.items():
+        op = getattr(torch.ops.mlafuse, name).default
+        assert str(op._schema) == str(torch._C.parse_schema("mlafuse::" + schema)), name
+        assert torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "Meta"), name
+
+
+@pytest.mark.skipif(EXT_PATH is None, reason="no compiled torch extension here")
+def test_extension_kernel_disagreeing_with_the_table(tmp_path):
+    """The extension registers kernels only, and the table is defined after it is loaded: a
+    kernel whose C++ signature disagrees with its schema makes the import fail, naming the op
+    (a copy of the package whose table says int where the kernel takes a double)."""
+    import shutil
+
+    pkg = tmp_path / "mlafuse"
+    shutil.copytree(os.path.dirname(mlafuse.__file__), pkg,
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    table = pkg / "_schemas.py"
+    text = table.read_text()
+    bad = text.replace("int rope_dim, float eps_q, float eps_kv) -> ()\"),",
+                       "int rope_dim, float eps_q, int eps_kv) -> ()\"),", 1)
+    assert bad != text
+    table.write_text(bad)
+    env = dict(os.environ, PYTHONPATH=str(tmp_path), MLAFUSE_BINDING="ext",
+               MLAFUSE_TORCH_EXT=EXT_PATH)
+    p = subprocess.run([sys.executable, "-c", "import mlafuse"], env=env, capture_output=True,
+                       text=True, timeout=300)
+    assert p.returncode != 0
+    assert "ImportError: mlafuse: cannot define torch.ops.mlafuse.split_qk_norm_out" in p.stderr
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -68,3 +68,31 @@ def test_prebuilt_library(monkeypatch, tmp_path):
     monkeypatch.setenv("MLAFUSE_PREBUILT_LIBRARY", str(tmp_path / "missing.so"))
     with pytest.raises(RuntimeError, match="no such file"):
         fn()
+
+
+def _schema_table():
+    """mlafuse/_schemas.py's SCHEMAS, read without importing mlafuse (no library, no torch)."""
+    import importlib.util
+
+    path = SETUP.parent / "mlafuse" / "_schemas.py"
+    spec = importlib.util.spec_from_file_location("_mlafuse_schemas", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.SCHEMAS
+
+
+def test_one_schema_table():
+    """The op schemas are written once, in mlafuse/_schemas.py: the compiled binding's sources
+    define no op and hold no schema text, and they register a kernel (CPU and CUDA) for exactly
+    the ops of the table."""
+    import re
+
+    schemas = _schema_table()
+    assert all(s.startswith(name + "(") for name, s in schemas.items())
+    text = "\n".join(p.read_text() for p in sorted((SETUP.parent / "csrc").iterdir())
+                     if p.suffix in (".cpp", ".h"))
+    for bad in ("TORCH_LIBRARY(", "TORCH_LIBRARY_FRAGMENT(", ".def(", "Tensor(a!)", ") -> ("):
+        assert bad not in text, f"python/csrc has {bad!r}: schemas belong in _schemas.py"
+    assert "TORCH_LIBRARY_IMPL(mlafuse, CPU" in text and "TORCH_LIBRARY_IMPL(mlafuse, CUDA" in text
+    impls = re.findall(r'm\.impl\("(\w+)"', text)
+    assert sorted(impls) == sorted(schemas), "csrc's kernels and the table name other ops"
