@@ -6,7 +6,8 @@
 
 Each row is the wall clock per call of one Python-level call (many calls, one synchronize at
 the end, the best of --repeats timed runs, garbage collection off as in timeit), eagerly and
-inside torch.compile(fullgraph=True); every eager row runs before the first compile.
+inside torch.compile(fullgraph=True); every eager row runs before the first compile, the eager
+rows in rounds (each round times every row once, so load on the machine reaches all alike).
 At T = 1 the kernels take a few microseconds of device time, so the numbers are the host's
 cost of issuing the call: Python, the dispatcher, output allocation and the launch. Rows:
 
@@ -14,9 +15,15 @@ cost of issuing the call: Python, the dispatcher, output allocation and the laun
   torch: 2x F.rms_norm           the two RMSNorms that split_qk_norm fuses
   torch: kv-cache chain          2 rms_norm + interleaved RoPE + the cache row write
   torch: router                  sigmoid, + bias, topk, gather, renormalize (what moe_gate fuses)
-  mlafuse.split_qk_norm          the Python function (the public API)
+  mlafuse.split_qk_norm          the Python function (the public API), outputs allocated
+  mlafuse.split_qk_norm, outputs given   the same writing into preallocated outputs (an
+                                 engine's per-step call)
   torch.ops.mlafuse.split_qk_norm  the custom op called directly
   mlafuse.mla_kv_cache, mlafuse.rope_q, mlafuse.moe_gate
+
+The eager column's "x plain" is each row over the plain launch of the same run; the lines
+under the table give split_qk_norm's two ratios (host cost targets: given outputs within 1.3x a
+plain launch, allocated within 2x).
 
 Shapes are GLM-4.7-Flash's (Q 768, C 512, R 64, 64 experts, top 4), bf16 activations.
 The binding in use is mlafuse.BINDING ("ext": the compiled torch extension, "ctypes": the
@@ -31,6 +38,11 @@ import os
 import subprocess
 import sys
 import time
+
+
+PLAIN, ALLOC, GIVEN = ("torch: plain launch", "mlafuse.split_qk_norm",
+                      "mlafuse.split_qk_norm, outputs given")
+TARGETS = {GIVEN: 1.3, ALLOC: 2.0}  # host cost per eager call over a plain launch
 
 
 def _parse(argv):
@@ -58,27 +70,34 @@ def _parse(argv):
 
 def _timer(sync, iters, repeats):
     def per_call_us(fn, *args):
-        for _ in range(max(iters // 10, 20)):
-            fn(*args)
+        return per_call_us_each([(fn, args)])[0]
+
+    def per_call_us_each(calls):
+        """The best per-call time of each (fn, args), timed in rounds: every round runs each
+        one for `iters` calls, so a busy spell of the machine touches them all alike."""
+        for fn, args in calls:
+            for _ in range(max(iters // 10, 20)):
+                fn(*args)
         sync()
-        best = float("inf")
+        best = [float("inf")] * len(calls)
         # As timeit: no garbage collection inside a timed run (after torch.compile has run,
         # a collection walks its many objects and lands on whichever call triggers it).
         enabled = gc.isenabled()
         gc.disable()
         try:
             for _ in range(repeats):
-                t0 = time.perf_counter()
-                for _ in range(iters):
-                    fn(*args)
-                sync()
-                best = min(best, (time.perf_counter() - t0) / iters)
+                for i, (fn, args) in enumerate(calls):
+                    t0 = time.perf_counter()
+                    for _ in range(iters):
+                        fn(*args)
+                    sync()
+                    best[i] = min(best[i], (time.perf_counter() - t0) / iters)
         finally:
             if enabled:
                 gc.enable()
-        return best * 1e6
+        return [b * 1e6 for b in best]
 
-    return per_call_us
+    return per_call_us, per_call_us_each
 
 
 def _many(fn, n_args, k):
@@ -106,7 +125,7 @@ def measure(args) -> dict:
         def sync():
             pass
     iters = args.iters or (2000 if device.type == "cuda" else 1000)
-    per_call_us = _timer(sync, iters, args.repeats)
+    per_call_us, per_call_us_each = _timer(sync, iters, args.repeats)
     K = max(int(args.calls_per_graph), 1)
 
     T, Q, C, R = args.tokens, 768, 512, 64
@@ -120,6 +139,9 @@ def measure(args) -> dict:
     # K distinct inputs of each kind (call i of a K-call graph uses the i-th), shared weights,
     # tables and cache; cache slots of different calls never collide.
     latents = [randn(T, Q + C + R) for _ in range(K)]
+    split_outs = [(torch.empty(T, Q, dtype=bf16, device=device),
+                   torch.empty(T, C, dtype=bf16, device=device),
+                   torch.empty(T, R, dtype=bf16, device=device)) for _ in range(K)]
     w_q, w_kv = randn(Q, scale=0.1) + 1, randn(C, scale=0.1) + 1
     max_pos, block = 4096, 64
     cos_sin = mlafuse.rope_table(max_pos, R, device=device)
@@ -161,6 +183,10 @@ def measure(args) -> dict:
     def m_split(latent, w_q, w_kv):
         return mlafuse.split_qk_norm(latent, w_q, w_kv, eps_q=eps, eps_kv=eps)
 
+    def m_split_given(latent, w_q, w_kv, q, k_nope, k_pe):
+        return mlafuse.split_qk_norm(latent, w_q, w_kv, eps_q=eps, eps_kv=eps, q=q,
+                                     k_nope=k_nope, k_pe=k_pe)
+
     def o_split(latent, w_q, w_kv):
         return ops.split_qk_norm(latent, w_q, w_kv, Q, C, R, eps, eps)
 
@@ -183,6 +209,7 @@ def measure(args) -> dict:
         ("torch: kv-cache chain", kv_chain, kv_args),
         ("torch: router", router, lambda i: (logits[i], bias)),
         ("mlafuse.split_qk_norm", m_split, lambda i: (latents[i], w_q, w_kv)),
+        (GIVEN, m_split_given, lambda i: (latents[i], w_q, w_kv, *split_outs[i])),
         ("torch.ops.mlafuse.split_qk_norm", o_split, lambda i: (latents[i], w_q, w_kv)),
         ("mlafuse.mla_kv_cache", m_kv, kv_args),
         ("mlafuse.rope_q", m_rope, lambda i: (q_heads[i], pos_sets[i], cos_sin)),
@@ -190,10 +217,12 @@ def measure(args) -> dict:
     ]
     if args.rows:
         words = [w.strip() for w in args.rows.split(",") if w.strip()]
-        rows = [r for r in rows if any(w in r[0] for w in words)]
-    # Every eager row first: nothing compiled yet in the process, as an eager engine runs.
-    out = [{"name": name, "eager_us": per_call_us(fn, *args_for(0)), "compiled_us": None,
-            "compiled_k_us": None, "graphs": None} for name, fn, args_for in rows]
+        rows = [r for r in rows if r[0] == PLAIN or any(w in r[0] for w in words)]
+    # Every eager row first, in rounds: nothing compiled yet in the process, as an eager
+    # engine runs.
+    eager = per_call_us_each([(fn, args_for(0)) for _, fn, args_for in rows])
+    out = [{"name": name, "eager_us": us, "compiled_us": None, "compiled_k_us": None,
+            "graphs": None} for (name, _, _), us in zip(rows, eager)]
     for row, (name, fn, args_for) in zip(out, rows):
         a0 = args_for(0)
         if not args.no_compile:
@@ -211,6 +240,9 @@ def measure(args) -> dict:
                 graphs = max(graphs, counters["stats"]["unique_graphs"])
             # 1 = compiled once; more means it recompiled while it was being timed
             row["graphs"] = graphs
+    plain = out[0]["eager_us"]  # the plain launch is always timed, first
+    for row in out:
+        row["eager_x_plain"] = row["eager_us"] / plain
     return {"binding": mlafuse.BINDING, "device": str(device), "torch": torch.__version__,
             "T": T, "iters": iters, "K": K, "rows": out}
 
@@ -223,6 +255,7 @@ def _print(results: list[dict]) -> None:
     for r in results:
         b = r["binding"]
         cols.append((f"eager[{b}]", "eager_us", r))
+        cols.append(("x plain", "eager_x_plain", r))
         if any(x["compiled_us"] is not None for x in r["rows"]):
             cols.append((f"compiled[{b}]", "compiled_us", r))
         if any(x["compiled_k_us"] is not None for x in r["rows"]):
@@ -234,7 +267,8 @@ def _print(results: list[dict]) -> None:
         line = row["name"].ljust(w)
         for _, key, r in cols:
             v = r["rows"][i][key]
-            line += ("-" if v is None else f"{v:.1f}").rjust(cw)
+            fmt = "{:.2f}x" if key == "eager_x_plain" else "{:.1f}"
+            line += ("-" if v is None else fmt.format(v)).rjust(cw)
         print(line)
     notes = ["eager: the call itself; compiled: torch.compile(fullgraph=True) of a function "
              "making that one call"]
@@ -248,6 +282,14 @@ def _print(results: list[dict]) -> None:
             notes.append(f"[{r['binding']}] recompiled while timed: {', '.join(again)}")
     for n in notes:
         print("  " + n)
+    for r in results:
+        by_name = {x["name"]: x for x in r["rows"]}
+        parts = [f"{name.split(', ')[-1] if name == GIVEN else 'outputs allocated'} "
+                 f"{by_name[name]['eager_us']:.1f} µs = {by_name[name]['eager_x_plain']:.2f}x "
+                 f"(target {want}x)" for name, want in TARGETS.items() if name in by_name]
+        if parts:
+            print(f"  [{r['binding']}] split_qk_norm eager against a plain launch of "
+                  f"{by_name[PLAIN]['eager_us']:.1f} µs: " + "; ".join(parts))
 
 
 def main(argv=None) -> int:
