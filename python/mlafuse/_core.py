@@ -10,6 +10,7 @@ rejected, as is anything the library itself rejects).
 from __future__ import annotations
 
 import ctypes
+import struct
 import threading
 
 from . import _lib as L
@@ -112,23 +113,44 @@ def get_num_threads() -> int:
 
 
 # ---- views ---------------------------------------------------------------------------------
-def _view(name, data, dtype, shape, strides):
-    if len(shape) > L.MAX_DIMS:
-        raise MlafError(L.ERR_SHAPE, f"{name}.ndim = {len(shape)}, expected <= {L.MAX_DIMS}")
-    v = L.Tensor()
-    v.data = data or None
-    v.dtype = dtype
-    v.ndim = len(shape)
-    empty = any(n == 0 for n in shape)
+# An mlaf_tensor is packed in one step (data, dtype, ndim, shape[4], stride[4]; native
+# alignment, as the C struct), and all but its data pointer is kept per (dtype, shape,
+# strides): the per-call path builds several views per op, and field-by-field ctypes
+# assignment costs several times more.
+_TENSOR = struct.Struct("Pii4q4q")
+_DATA = struct.Struct("P")
+_TAIL = struct.Struct("ii4q4q")
+assert _TENSOR.size == ctypes.sizeof(L.Tensor) == _DATA.size + _TAIL.size, "mlaf_tensor layout"
+_PAD = tuple((0,) * (L.MAX_DIMS - n) for n in range(L.MAX_DIMS + 1))
+_from_bytes = L.Tensor.from_buffer_copy
+_TAILS = {}  # (dtype, shape, strides) -> the packed view past its data pointer
+
+
+def _tail(name, dtype, shape, strides) -> bytes:
+    n = len(shape)
+    if n > L.MAX_DIMS:
+        raise MlafError(L.ERR_SHAPE, f"{name}.ndim = {n}, expected <= {L.MAX_DIMS}")
+    # A stride that never moves the address (extent 1, or no elements at all) is arbitrary in
+    # numpy and torch (0, or that of a wider parent); report the dense one.
+    out = [int(s) for s in strides]
+    empty = 0 in shape
     dense = 1
-    for i in range(len(shape) - 1, -1, -1):
-        n = int(shape[i])
-        v.shape[i] = n
-        # A stride that never moves the address (extent 1, or no elements at all) is
-        # arbitrary in numpy and torch (0, or that of a wider parent); report the dense one.
-        v.stride[i] = dense if (n <= 1 or empty) else int(strides[i])
-        dense *= max(n, 1)
-    return v
+    for i in range(n - 1, -1, -1):
+        e = int(shape[i])
+        if e <= 1 or empty:
+            out[i] = dense
+        dense *= e if e > 1 else 1
+    return _TAIL.pack(dtype, n, *shape, *_PAD[n], *out, *_PAD[n])
+
+
+def _view(name, data, dtype, shape, strides):
+    key = (dtype, shape, strides)
+    tail = _TAILS.get(key)
+    if tail is None:
+        tail = _tail(name, dtype, shape, strides)
+        if len(_TAILS) < 4096:
+            _TAILS[key] = tail
+    return _from_bytes(_DATA.pack(data or 0) + tail)
 
 
 _np = None
@@ -183,7 +205,7 @@ def view_numpy(a, name: str, writable: bool = False):
                             f"multiple of the element size {item} (mlafuse strides are in "
                             "elements)")
         strides.append(s // item)
-    return _view(name, a.__array_interface__["data"][0], code, a.shape, strides)
+    return _view(name, a.__array_interface__["data"][0], code, a.shape, tuple(strides))
 
 
 def byref(v):
@@ -191,8 +213,22 @@ def byref(v):
 
 
 # ---- raw calls: views in, MlafError out ----------------------------------------------------
+_PARAMS = {}  # (struct type, values) -> the struct: read-only to the library, so shared
+
+
+def params(cls, *values):
+    """cls(*values), built once per distinct set of values (a few hundred kept)."""
+    key = (cls, values)
+    p = _PARAMS.get(key)
+    if p is None:
+        p = cls(*values)
+        if len(_PARAMS) < 512:
+            _PARAMS[key] = p
+    return p
+
+
 def run_split_qk_norm(ctx, Q, C, R, eps_q, eps_kv, latent, w_q, w_kv, q, k_nope, k_pe):
-    p = L.SplitQkNormParams(int(Q), int(C), int(R), float(eps_q), float(eps_kv))
+    p = params(L.SplitQkNormParams, int(Q), int(C), int(R), float(eps_q), float(eps_kv))
     ctx.check(L.mlaf_split_qk_norm(ctx.ptr, ctypes.byref(p), byref(latent), byref(w_q),
                                    byref(w_kv), byref(q), byref(k_nope), byref(k_pe)))
 
@@ -212,8 +248,8 @@ def run_mla_kv_cache(ctx, Q, C, R, eps_q, eps_kv, style, latent, w_q, w_kv, posi
                      tile_scale=L.TILE_AMAX, kpe_cache=None, kv_rope_tail=0):
     """mlaf_mla_kv_cache_fmt with the cache described by its parts (format PLAIN, no kpe:
     exactly mlaf_mla_kv_cache)."""
-    p = L.MlaKvCacheParams(int(Q), int(C), int(R), float(eps_q), float(eps_kv), int(style),
-                           _enum_arg(kv_rope_tail, "kv_rope_tail"))
+    p = params(L.MlaKvCacheParams, int(Q), int(C), int(R), float(eps_q), float(eps_kv),
+               int(style), _enum_arg(kv_rope_tail, "kv_rope_tail"))
     d = L.KvCacheDesc()
     d.format = _enum_arg(cache_format, "cache_format")
     d.conv = _enum_arg(fp8_conv, "fp8_conv")
@@ -232,7 +268,7 @@ def run_mla_kv_cache(ctx, Q, C, R, eps_q, eps_kv, style, latent, w_q, w_kv, posi
 def run_rope_q(ctx, R, style, q, positions, cos_sin, error_count, head_norm=False,
                head_norm_eps=0.0, q_out=None):
     """mlaf_rope_q, or mlaf_rope_q_out when q_out is given (docs/mla.md, head_norm)."""
-    p = L.RopeParams(int(R), int(style), 1 if head_norm else 0, float(head_norm_eps))
+    p = params(L.RopeParams, int(R), int(style), 1 if head_norm else 0, float(head_norm_eps))
     if q_out is None:
         ctx.check(L.mlaf_rope_q(ctx.ptr, ctypes.byref(p), byref(q), byref(positions),
                                 byref(cos_sin), byref(error_count)))
@@ -305,6 +341,6 @@ def run_moe_gate_hash(ctx, params, logits, tid2eid, token_ids, weights, ids, sco
 
 def moe_params(top_k, n_group, topk_group, score_func, group_score, renormalize,
                routed_scaling_factor, apply_routed_scaling, eps, n_shared_experts):
-    return L.MoeGateParams(int(top_k), int(n_group), int(topk_group), int(score_func),
-                           int(group_score), int(bool(renormalize)), float(routed_scaling_factor),
-                           int(bool(apply_routed_scaling)), float(eps), int(n_shared_experts))
+    return params(L.MoeGateParams, int(top_k), int(n_group), int(topk_group), int(score_func),
+                  int(group_score), int(bool(renormalize)), float(routed_scaling_factor),
+                  int(bool(apply_routed_scaling)), float(eps), int(n_shared_experts))
