@@ -35,6 +35,18 @@ class _NoTorch:  # stands for torch.Tensor without torch: isinstance(x, _TT) is 
     pass
 
 
+if _torch is not None:
+    _is_compiling = _torch.compiler.is_compiling
+
+    def _op_pair(name: str):
+        """torch.ops.mlafuse.<name>.default, and what an eager call of it calls: the
+        dispatcher entry behind the overload (OpOverload.__call__ only forwards to it, one
+        Python frame fewer per call), which torch.compile cannot trace: a call made while
+        compiling takes the overload, ``(eager if not _is_compiling() else op)(...)``."""
+        op = getattr(_torch.ops.mlafuse, name).default
+        return op, getattr(op, "_op", op)
+
+
 _TT = _torch.Tensor if _torch is not None else _NoTorch
 
 

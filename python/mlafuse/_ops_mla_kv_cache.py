@@ -7,9 +7,11 @@ from ._ops_common import (_torch, _core, L, MlafError, _TT, _torch_error, _STYLE
                           rope_table, _dim, _np_in, _np_out, _ranks, _check_same_kind)
 
 if _torch is not None:
-    # The op packets, looked up once: the torch paths below call them directly.
-    _op_kv = _torch.ops.mlafuse.mla_kv_cache
-    _op_kv_out = _torch.ops.mlafuse.mla_kv_cache_out
+    # The ops, looked up once: the torch paths below call them directly (see _op_pair).
+    from ._ops_common import _is_compiling, _op_pair
+
+    _op_kv, _kv_eager = _op_pair("mla_kv_cache")
+    _op_kv_out, _kv_out_eager = _op_pair("mla_kv_cache_out")
 
 
 # ---- mla_kv_cache --------------------------------------------------------------------------
@@ -163,11 +165,13 @@ def mla_kv_cache(latent, w_q, w_kv, positions, cos_sin, slot_mapping, kv_cache, 
                              amax_out=amax_out, kpe_cache=kpe_cache)
         if tail != 0:  # the op's last argument, after the format's
             fmt = (*(fmt or (L.KV_PLAIN, None, L.FP8_DIV, None, L.TILE_AMAX, None)), tail)
+        eager = not _is_compiling()
         try:
             if q is None and k_nope is None and k_pe is None:
                 args = (latent, w_q, w_kv, positions, cos_sin, slot_mapping, kv_cache,
                         error_count, Q, C, R, eps_q, eps_kv, style, return_k_nope, return_k_pe)
-                q, k_nope, k_pe = _op_kv(*args) if fmt is None else _op_kv(*args, *fmt)
+                op = _kv_eager if eager else _op_kv
+                q, k_nope, k_pe = op(*args) if fmt is None else op(*args, *fmt)
                 return (q if Q > 0 else None, k_nope if return_k_nope else None,
                         k_pe if return_k_pe else None)
             T = _dim(latent, 0)
@@ -179,7 +183,8 @@ def mla_kv_cache(latent, w_q, w_kv, positions, cos_sin, slot_mapping, kv_cache, 
                 k_pe = latent.new_empty((T, max(R, 0)))
             args = (latent, w_q, w_kv, positions, cos_sin, slot_mapping, kv_cache, error_count,
                     q, k_nope, k_pe, Q, C, R, eps_q, eps_kv, style)
-            _op_kv_out(*args) if fmt is None else _op_kv_out(*args, *fmt)
+            op = _kv_out_eager if eager else _op_kv_out
+            op(*args) if fmt is None else op(*args, *fmt)
             return q, k_nope, k_pe
         except RuntimeError as e:
             raise _torch_error(e, w_q=w_q, w_kv=w_kv, positions=positions, cos_sin=cos_sin,

@@ -6,12 +6,13 @@ from ._ops_common import (_core, L, _torch, _TT, _torch_error, _SCORES, _GROUPS,
                           _PRESETS, find_preset, _dim, _np_in, _np_out, _check_same_kind)
 
 if _torch is not None:
-    # The op packets, looked up once: the torch paths below call them directly.
-    _op_gate = _torch.ops.mlafuse.moe_gate
-    _op_gate_out = _torch.ops.mlafuse.moe_gate_out
-    _op_gate_hash = _torch.ops.mlafuse.moe_gate_hash
-    _op_gate_hash_out = _torch.ops.mlafuse.moe_gate_hash_out
-    _is_compiling = _torch.compiler.is_compiling
+    # The ops, looked up once: the torch paths below call them directly (see _op_pair).
+    from ._ops_common import _is_compiling, _op_pair
+
+    _op_gate, _gate_eager = _op_pair("moe_gate")
+    _op_gate_out, _gate_out_eager = _op_pair("moe_gate_out")
+    _op_gate_hash, _gate_hash_eager = _op_pair("moe_gate_hash")
+    _op_gate_hash_out, _gate_hash_out_eager = _op_pair("moe_gate_hash_out")
 
 
 # ---- moe_gate ------------------------------------------------------------------------------
@@ -108,7 +109,8 @@ def moe_gate(logits, bias=None, *, config=None, top_k: int | None = None,
                 _gate_args_store(key, args)
         try:
             if weights is None and ids is None and scores is None:
-                w, i, s = _op_gate(logits, bias, *args, want_scores, weights_dtype)
+                w, i, s = (_gate_eager if not compiling else _op_gate)(
+                    logits, bias, *args, want_scores, weights_dtype)
                 return (w, i, s) if want_scores else (w, i)
             T, E = _dim(logits, 0), _dim(logits, 1)
             K = int(args[0]) + int(args[9])
@@ -119,7 +121,8 @@ def moe_gate(logits, bias=None, *, config=None, top_k: int | None = None,
                 ids = logits.new_empty((T, max(K, 0)), dtype=_torch.int32)
             if scores is None and want_scores:
                 scores = logits.new_empty((T, E), dtype=_torch.float32)
-            _op_gate_out(logits, bias, weights, ids, scores, *args)
+            (_gate_out_eager if not compiling else _op_gate_out)(logits, bias, weights, ids,
+                                                                 scores, *args)
         except RuntimeError as e:
             raise _torch_error(e, bias=bias, weights=weights, ids=ids, scores=scores) from None
         return (weights, ids, scores) if want_scores else (weights, ids)
@@ -176,10 +179,11 @@ def moe_gate_hash(logits, tid2eid, token_ids, *, config=None, top_k: int | None 
     p["n_group"], p["topk_group"], p["group_score"] = 1, 1, L.GROUP_TOP2_SUM
     args = _gate_args(p)
     if isinstance(logits, _TT):
+        eager = not _is_compiling()
         try:
             if weights is None and ids is None and scores is None:
-                w, i, s = _op_gate_hash(logits, tid2eid, token_ids, error_count, *args,
-                                        want_scores, weights_dtype)
+                w, i, s = (_gate_hash_eager if eager else _op_gate_hash)(
+                    logits, tid2eid, token_ids, error_count, *args, want_scores, weights_dtype)
                 return (w, i, s) if want_scores else (w, i)
             T, E = _dim(logits, 0), _dim(logits, 1)
             K = int(args[0]) + int(args[9])
@@ -190,7 +194,8 @@ def moe_gate_hash(logits, tid2eid, token_ids, *, config=None, top_k: int | None 
                 ids = logits.new_empty((T, max(K, 0)), dtype=_torch.int32)
             if scores is None and want_scores:
                 scores = logits.new_empty((T, E), dtype=_torch.float32)
-            _op_gate_hash_out(logits, tid2eid, token_ids, weights, ids, scores, error_count, *args)
+            (_gate_hash_out_eager if eager else _op_gate_hash_out)(
+                logits, tid2eid, token_ids, weights, ids, scores, error_count, *args)
         except RuntimeError as e:
             raise _torch_error(e, tid2eid=tid2eid, token_ids=token_ids, weights=weights, ids=ids,
                                scores=scores, error_count=error_count) from None

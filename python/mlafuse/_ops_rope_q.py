@@ -6,8 +6,10 @@ from ._ops_common import (_torch, _core, L, _TT, _torch_error, _STYLES, _enum, _
                           _check_same_kind)
 
 if _torch is not None:
-    # The op packets, looked up once: the torch paths below call them directly.
-    _op_rope = _torch.ops.mlafuse.rope_q
+    # The op, looked up once: the torch path below calls it directly (see _op_pair).
+    from ._ops_common import _is_compiling, _op_pair
+
+    _op_rope, _rope_eager = _op_pair("rope_q")
 
 
 # ---- rope_q --------------------------------------------------------------------------------
@@ -34,10 +36,11 @@ def rope_q(q, positions, cos_sin, *, style="interleaved", rope_dim: int | None =
     hn, heps = bool(head_norm), float(head_norm_eps)
     if isinstance(q, _TT):
         try:
+            op = _rope_eager if not _is_compiling() else _op_rope
             if hn or q_out is not None:
-                _op_rope(q, positions, cos_sin, R, style, error_count, hn, heps, q_out)
+                op(q, positions, cos_sin, R, style, error_count, hn, heps, q_out)
             else:
-                _op_rope(q, positions, cos_sin, R, style, error_count)
+                op(q, positions, cos_sin, R, style, error_count)
         except RuntimeError as e:
             raise _torch_error(e, positions=positions, cos_sin=cos_sin,
                                error_count=error_count, q_out=q_out) from None

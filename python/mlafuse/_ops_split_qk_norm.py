@@ -6,10 +6,12 @@ from ._ops_common import (_torch, _core, L, _TT, _torch_error, _dim, _np_in, _np
                           _check_same_kind)
 
 if _torch is not None:
-    # The op packets, looked up once: the torch paths below call them directly.
-    _op_split = _torch.ops.mlafuse.split_qk_norm
-    _op_split_out = _torch.ops.mlafuse.split_qk_norm_out
-    _op_split_inplace = _torch.ops.mlafuse.split_qk_norm_inplace
+    # The ops, looked up once: the torch paths below call them directly (see _op_pair).
+    from ._ops_common import _is_compiling, _op_pair
+
+    _op_split, _split_eager = _op_pair("split_qk_norm")
+    _op_split_out, _split_out_eager = _op_pair("split_qk_norm_out")
+    _op_split_inplace, _split_inplace_eager = _op_pair("split_qk_norm_inplace")
 
 
 # ---- split_qk_norm -------------------------------------------------------------------------
@@ -45,14 +47,16 @@ def split_qk_norm(latent, w_q, w_kv, *, eps_q: float = 1e-5, eps_kv: float = 1e-
         raise ValueError("split_qk_norm: inplace=True writes into the latent; do not also "
                          "pass q=, k_nope= or k_pe=")
     if isinstance(latent, _TT):
+        eager = not _is_compiling()
         try:
             if inplace:
-                _op_split_inplace(latent, w_q, w_kv, Q, C, R, eps_q, eps_kv)
+                (_split_inplace_eager if eager else _op_split_inplace)(latent, w_q, w_kv, Q, C,
+                                                                      R, eps_q, eps_kv)
                 return (latent[:, :Q] if Q > 0 else None, latent[:, Q:Q + C],
                         latent[:, Q + C:Q + C + R])
             if not outs_given:
-                q, k_nope, k_pe = _op_split(latent, w_q, w_kv, Q, C, R, eps_q, eps_kv,
-                                            return_k_pe)
+                q, k_nope, k_pe = (_split_eager if eager else _op_split)(
+                    latent, w_q, w_kv, Q, C, R, eps_q, eps_kv, return_k_pe)
                 return (q if Q > 0 else None, k_nope, k_pe if return_k_pe else None)
             T = _dim(latent, 0)
             if q is None and Q > 0:
@@ -61,7 +65,8 @@ def split_qk_norm(latent, w_q, w_kv, *, eps_q: float = 1e-5, eps_kv: float = 1e-
                 k_nope = latent.new_empty((T, C))
             if k_pe is None and return_k_pe:
                 k_pe = latent.new_empty((T, max(R, 0)))
-            _op_split_out(latent, w_q, w_kv, q, k_nope, k_pe, Q, C, R, eps_q, eps_kv)
+            (_split_out_eager if eager else _op_split_out)(latent, w_q, w_kv, q, k_nope, k_pe,
+                                                           Q, C, R, eps_q, eps_kv)
             return q, k_nope, k_pe
         except RuntimeError as e:
             raise _torch_error(e, w_q=w_q, w_kv=w_kv, q=q, k_nope=k_nope, k_pe=k_pe) from None

@@ -20,6 +20,15 @@ from ._lib import MlafError
 from .ops import (_STYLES, _check_same_kind, _dim, _enum, _is_torch, _kv_format_args, _np_in,
                   _np_out, _ranks, _torch_error, find_preset)
 
+if _ops._torch is not None:
+    # The ops, looked up once: the torch paths below call them directly (see _op_pair).
+    from ._ops_common import _is_compiling, _op_pair
+
+    _op_dsa, _dsa_eager = _op_pair("mla_kv_cache_dsa")
+    _op_dsa_out, _dsa_out_eager = _op_pair("mla_kv_cache_dsa_out")
+    _op_idx_q, _idx_q_eager = _op_pair("indexer_q")
+    _op_idx_q_out, _idx_q_out_eager = _op_pair("indexer_q_out")
+
 _SCALES = {"ue8m0": L.INDEX_SCALE_UE8M0, "f32": L.INDEX_SCALE_F32}
 
 
@@ -121,9 +130,10 @@ def mla_kv_cache_dsa(latent, w_q, w_kv, positions, cos_sin, slot_mapping, kv_cac
         fixed = (latent, w_q, w_kv, positions, cos_sin, slot_mapping, kv_cache, error_count,
                  index_k, index_weight, index_bias, index_cache, topk_fill)
         params = (Q, C, R, eps_q, eps_kv, mla_style) + _ip_args(ip)
+        eager = not _is_compiling()
         try:
             if q is None and k_nope is None and k_pe is None and index_out is None:
-                q, k_nope, k_pe, index_out = _ops._torch.ops.mlafuse.mla_kv_cache_dsa(
+                q, k_nope, k_pe, index_out = (_dsa_eager if eager else _op_dsa)(
                     *fixed, *params, return_k_nope, return_k_pe, return_index_out, *tail)
                 return (q if Q > 0 else None, k_nope if return_k_nope else None,
                         k_pe if return_k_pe else None,
@@ -136,8 +146,8 @@ def mla_kv_cache_dsa(latent, w_q, w_kv, positions, cos_sin, slot_mapping, kv_cac
                 k_pe = latent.new_empty((T, max(R, 0)))
             if index_out is None and return_index_out:
                 index_out = latent.new_empty((T, 128))
-            _ops._torch.ops.mlafuse.mla_kv_cache_dsa_out(*fixed, q, k_nope, k_pe, index_out,
-                                                         *params, *tail)
+            (_dsa_out_eager if eager else _op_dsa_out)(*fixed, q, k_nope, k_pe, index_out,
+                                                       *params, *tail)
             return q, k_nope, k_pe, index_out
         except RuntimeError as e:
             raise _torch_error(e, w_q=w_q, w_kv=w_kv, positions=positions, cos_sin=cos_sin,
@@ -195,16 +205,18 @@ def indexer_q(q_idx, positions, cos_sin, weights, *, indexer=None, q_fp8=None, w
     T, H = _dim(q_idx, 0), _dim(q_idx, 1)
     if torch_path:
         idx = _ip_args(ip)
+        eager = not _is_compiling()
         try:
             if q_fp8 is None and w_out is None:
-                return _ops._torch.ops.mlafuse.indexer_q(q_idx, positions, cos_sin, weights, *idx,
-                                                         q_pe, pe_style, error_count)
+                return (_idx_q_eager if eager else _op_idx_q)(q_idx, positions, cos_sin, weights,
+                                                             *idx, q_pe, pe_style, error_count)
             if q_fp8 is None:
                 q_fp8 = q_idx.new_empty((T, H, 128), dtype=_ops._torch.float8_e4m3fn)
             if w_out is None:
                 w_out = q_idx.new_empty((T, H), dtype=_ops._torch.float32)
-            _ops._torch.ops.mlafuse.indexer_q_out(q_idx, positions, cos_sin, weights, q_fp8,
-                                                  w_out, *idx, q_pe, pe_style, error_count)
+            (_idx_q_out_eager if eager else _op_idx_q_out)(q_idx, positions, cos_sin, weights,
+                                                           q_fp8, w_out, *idx, q_pe, pe_style,
+                                                           error_count)
             return q_fp8, w_out
         except RuntimeError as e:
             raise _torch_error(e, positions=positions, cos_sin=cos_sin, weights=weights,

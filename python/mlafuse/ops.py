@@ -30,7 +30,7 @@ from ._ops_rms_norm_quant import GEMM_FORMATS, GEMM_SCALES, gemm_scales_shape, r
 from ._ops_moe_gate import (_gate_params, _gate_args, _GATE_ARGS, _gate_args_cached, _gate_args_store,
                             moe_gate, moe_gate_hash)
 
-if _torch is not None:  # the op packets, as before
+if _torch is not None:  # the ops (overloads: torch.ops.mlafuse.<op>.default)
     from ._ops_split_qk_norm import (_op_split, _op_split_out, _op_split_inplace)
     from ._ops_mla_kv_cache import (_op_kv, _op_kv_out)
     from ._ops_rope_q import _op_rope
