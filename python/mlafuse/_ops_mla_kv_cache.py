@@ -3,6 +3,9 @@ cache format (the format names and their arguments are here too). Re-exported by
 its docstring for the conventions every op follows)."""
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
 from ._ops_common import (_torch, _core, L, MlafError, _TT, _torch_error, _STYLES, _enum, version,
                           rope_table, _dim, _np_in, _np_out, _ranks, _check_same_kind)
 
@@ -26,6 +29,21 @@ _KV_FORMATS_NOT_SUPPORTED = {
 }
 _TILE_SCALES = {"amax": L.TILE_AMAX, "ue8m0": L.TILE_UE8M0,
                 "ue8m0_floor_scaled": L.TILE_UE8M0_FLOOR_SCALED}
+
+
+class KvFormatArgs(NamedTuple):
+    """A cache format resolved into the custom ops' trailing arguments, in schema order (so
+    ``op(*args, *fmt)`` passes them): the mlaf_kv_cache_desc of include/mlafuse/mla.h."""
+
+    cache_format: int  # mlaf_kv_format: 0 plain, 1 fp8, 2 fp8_ds_mla, 3 fp8_v4
+    scale: Any         # [1] f32 (fp8), read by the kernel; else None
+    fp8_conv: int      # 0 stores e4m3(x / scale) (k_scale), 1 e4m3(x * scale) (quant_scale)
+    amax_out: Any      # [1] f32 (fp8), optional, raised to the max |x| written
+    tile_scale: int    # fp8_ds_mla's tile scales: 0 amax, 1 ue8m0, 2 ue8m0_floor_scaled
+    kpe_cache: Any     # the rope part in a separate array (auto and fp8), optional
+
+
+_PLAIN = KvFormatArgs(L.KV_PLAIN, None, L.FP8_DIV, None, L.TILE_AMAX, None)
 
 
 def _kv_format_code(cache_format) -> int:
@@ -88,7 +106,76 @@ def _kv_format_args(cache_format, k_scale, quant_scale, amax_out, tile_scale, kp
     scale = _scalar_arg(quant_scale if quant_scale is not None else k_scale,
                         "quant_scale" if quant_scale is not None else "k_scale")
     tile = _enum(tile_scale, _TILE_SCALES, "tile_scale") if tile_scale is not None else L.TILE_AMAX
-    return fmt, scale, conv, _scalar_arg(amax_out, "amax_out"), tile, kpe_cache
+    return KvFormatArgs(fmt, scale, conv, _scalar_arg(amax_out, "amax_out"), tile, kpe_cache)
+
+
+@dataclass(frozen=True, eq=False)
+class KVCache:
+    """A paged MLA KV cache and its format, as one value: pass it as mla_kv_cache's (or
+    mla_kv_cache_dsa's) ``kv_cache`` instead of the tensor and the format keywords.
+
+        cache = mlafuse.KVCache(kv, "fp8_ds_mla", tile_scale="ue8m0")   # once, at setup
+        mlafuse.mla_kv_cache(latent, w_q, w_kv, positions, cos_sin, slots, cache)
+
+    Fields (the same values as mla_kv_cache's keywords of these names, ``format`` its
+    ``cache_format``; docs/kv_formats.md):
+      cache        [num_blocks, block_size, W] tensor (numpy array for numpy calls)
+      format       "auto" (the default), "fp8" / "fp8_e4m3", "fp8_ds_mla", "fp8_v4", or the
+                   library's number
+      k_scale, quant_scale  fp8: exactly one, a 1-element (or 0-d) float32 tensor
+      amax_out     fp8, optional [1] float32, raised to the max |x| written
+      tile_scale   fp8_ds_mla: "amax" (default), "ue8m0" or "ue8m0_floor_scaled"
+      kpe_cache    auto and fp8, optional: the rope part in its own [num_blocks, block_size, R]
+    The format is checked when the object is made (a bad combination raises there, as the
+    keywords do at the call); ``args`` holds it resolved (KvFormatArgs, None for the plain
+    cache), ``block_size`` and ``num_blocks`` are the cache's. Frozen: one per cache and
+    layer, reused every step; torch.compile takes it as an input or made inside the compiled
+    function (one graph either way).
+    """
+
+    cache: Any
+    format: Any = "auto"
+    k_scale: Any = None
+    quant_scale: Any = None
+    amax_out: Any = None
+    tile_scale: Any = None
+    kpe_cache: Any = None
+    args: KvFormatArgs | None = field(init=False, repr=False)
+
+    def __post_init__(self):
+        object.__setattr__(self, "args", _kv_format_args(
+            self.format, self.k_scale, self.quant_scale, self.amax_out, self.tile_scale,
+            self.kpe_cache))
+
+    @property
+    def num_blocks(self) -> int:
+        return _dim(self.cache, 0)
+
+    @property
+    def block_size(self) -> int:
+        return _dim(self.cache, 1)
+
+
+def _cache_args(kv_cache, cache_format, k_scale, quant_scale, amax_out, tile_scale, kpe_cache,
+                op: str, torch_path: bool):
+    """(the cache array, its KvFormatArgs or None for the plain call) from either call form:
+    a KVCache, or the array and the format keywords. The format's arrays must be of the call's
+    kind (numpy or torch)."""
+    if isinstance(kv_cache, KVCache):
+        if (cache_format != "auto" or k_scale is not None or quant_scale is not None
+                or amax_out is not None or tile_scale is not None or kpe_cache is not None):
+            raise ValueError(f"{op}: kv_cache is a KVCache, which carries the format: do not "
+                             "also pass cache_format=, k_scale=, quant_scale=, amax_out=, "
+                             "tile_scale= or kpe_cache=")
+        c = kv_cache
+        kv_cache, fmt = c.cache, c.args
+        k_scale, quant_scale, amax_out, kpe_cache = c.k_scale, c.quant_scale, c.amax_out, c.kpe_cache
+    else:
+        fmt = _kv_format_args(cache_format, k_scale, quant_scale, amax_out, tile_scale, kpe_cache)
+    if fmt is not None:
+        _check_same_kind(torch_path, k_scale=k_scale, quant_scale=quant_scale,
+                         amax_out=amax_out, kpe_cache=kpe_cache)
+    return kv_cache, fmt
 
 
 def mla_kv_cache(latent, w_q, w_kv, positions, cos_sin, slot_mapping, kv_cache, *,
@@ -110,7 +197,9 @@ def mla_kv_cache(latent, w_q, w_kv, positions, cos_sin, slot_mapping, kv_cache, 
                                       skips the token (CUDA-graph padding)
     kv_cache      [num_blocks, block_size, W]   MUTATED: record slot_mapping[t] becomes the
                                       token's [k_nope_norm | rope(k_pe)] in the cache format;
-                                      every other record stays bit-identical
+                                      every other record stays bit-identical. Or a KVCache
+                                      (the cache with its format, instead of the format
+                                      keywords below)
     style         "interleaved" (pairs 2i, 2i+1; GLM / DeepSeek) or "neox" (pairs i, i+R/2)
     error_count   [1] int32, optional. MUTATED: incremented once per token whose slot is past
                   the cache or whose position is outside [0, max_pos) (that token writes no
@@ -158,13 +247,12 @@ def mla_kv_cache(latent, w_q, w_kv, positions, cos_sin, slot_mapping, kv_cache, 
     style = _enum(style, _STYLES, "style")
     tail = int(kv_rope_tail)
     if isinstance(latent, _TT):
-        fmt = _kv_format_args(cache_format, k_scale, quant_scale, amax_out, tile_scale,
-                              kpe_cache)
+        kv_cache, fmt = _cache_args(kv_cache, cache_format, k_scale, quant_scale, amax_out,
+                                    tile_scale, kpe_cache, "mla_kv_cache", True)
         if fmt is not None:
-            _check_same_kind(True, k_scale=k_scale, quant_scale=quant_scale,
-                             amax_out=amax_out, kpe_cache=kpe_cache)
-        if tail != 0:  # the op's last argument, after the format's
-            fmt = (*(fmt or (L.KV_PLAIN, None, L.FP8_DIV, None, L.TILE_AMAX, None)), tail)
+            fmt = (*fmt, tail)  # the op's last argument, after the format's
+        elif tail != 0:
+            fmt = (*_PLAIN, tail)
         eager = not _is_compiling()
         try:
             if q is None and k_nope is None and k_pe is None:
@@ -190,11 +278,11 @@ def mla_kv_cache(latent, w_q, w_kv, positions, cos_sin, slot_mapping, kv_cache, 
             raise _torch_error(e, w_q=w_q, w_kv=w_kv, positions=positions, cos_sin=cos_sin,
                                slot_mapping=slot_mapping, kv_cache=kv_cache, q=q,
                                k_nope=k_nope, k_pe=k_pe, error_count=error_count) from None
+    kv_cache, fmt = _cache_args(kv_cache, cache_format, k_scale, quant_scale, amax_out,
+                                tile_scale, kpe_cache, "mla_kv_cache", False)
     _check_same_kind(False, w_q=w_q, w_kv=w_kv, positions=positions, cos_sin=cos_sin,
                      slot_mapping=slot_mapping, kv_cache=kv_cache, q=q, k_nope=k_nope,
-                     k_pe=k_pe, error_count=error_count, k_scale=k_scale,
-                     quant_scale=quant_scale, amax_out=amax_out, kpe_cache=kpe_cache)
-    fmt = _kv_format_args(cache_format, k_scale, quant_scale, amax_out, tile_scale, kpe_cache)
+                     k_pe=k_pe, error_count=error_count)
     T = _dim(latent, 0)
 
     np = _core._numpy()
@@ -205,12 +293,11 @@ def mla_kv_cache(latent, w_q, w_kv, positions, cos_sin, slot_mapping, kv_cache, 
     if k_pe is None and return_k_pe:
         k_pe = np.empty((T, max(R, 0)), latent.dtype)
     extra = ()
-    if fmt is not None:
-        f, scale, conv, amax, tile, kpe = fmt
-        extra = (f, _np_in(scale, "scale"), conv, _np_out(amax, "amax_out"), tile,
-                 _np_out(kpe, "kpe_cache"), tail)
-    elif tail != 0:
-        extra = (L.KV_PLAIN, None, L.FP8_DIV, None, L.TILE_AMAX, None, tail)
+    if fmt is not None or tail != 0:
+        f = fmt if fmt is not None else _PLAIN
+        extra = (f.cache_format, _np_in(f.scale, "scale"), f.fp8_conv,
+                 _np_out(f.amax_out, "amax_out"), f.tile_scale, _np_out(f.kpe_cache, "kpe_cache"),
+                 tail)
     _core.run_mla_kv_cache(
         _core.context(L.BACKEND_CPU), Q, C, R, eps_q, eps_kv, style, _np_in(latent, "latent"),
         _np_in(w_q, "w_q"), _np_in(w_kv, "w_kv"), _np_in(positions, "positions"),

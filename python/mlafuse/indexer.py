@@ -17,8 +17,9 @@ from . import _core
 from . import _lib as L
 from . import ops as _ops
 from ._lib import MlafError
-from .ops import (_STYLES, _check_same_kind, _dim, _enum, _is_torch, _kv_format_args, _np_in,
-                  _np_out, _ranks, _torch_error, find_preset)
+from ._ops_mla_kv_cache import _PLAIN, _cache_args
+from .ops import (_STYLES, _check_same_kind, _dim, _enum, _is_torch, _np_in, _np_out, _ranks,
+                  _torch_error, find_preset)
 
 if _ops._torch is not None:
     # The ops, looked up once: the torch paths below call them directly (see _op_pair).
@@ -90,8 +91,8 @@ def mla_kv_cache_dsa(latent, w_q, w_kv, positions, cos_sin, slot_mapping, kv_cac
                      return_k_pe: bool = False, error_count=None, cache_format="auto",
                      k_scale=None, quant_scale=None, amax_out=None, tile_scale=None,
                      kpe_cache=None):
-    """mla_kv_cache (every argument as there) plus the DSA indexer key branch of every token, in
-    one pass (one launch on CUDA).
+    """mla_kv_cache (every argument as there, kv_cache a tensor or a KVCache) plus the DSA
+    indexer key branch of every token, in one pass (one launch on CUDA).
 
     index_k       [T, 128]   latent's dtype, rows strided (e.g. kw[:, :128] of the [T, 128 + H]
                              GEMM output)
@@ -114,13 +115,13 @@ def mla_kv_cache_dsa(latent, w_q, w_kv, positions, cos_sin, slot_mapping, kv_cac
     mla_style = _enum(style, _STYLES, "style")
     ip = indexer if indexer is not None else indexer_params()
     torch_path = _is_torch(latent)
+    kv_cache, fmt = _cache_args(kv_cache, cache_format, k_scale, quant_scale, amax_out,
+                                tile_scale, kpe_cache, "mla_kv_cache_dsa", torch_path)
     _check_same_kind(torch_path, w_q=w_q, w_kv=w_kv, positions=positions, cos_sin=cos_sin,
                      slot_mapping=slot_mapping, kv_cache=kv_cache, index_k=index_k,
                      index_weight=index_weight, index_bias=index_bias, index_cache=index_cache,
                      index_out=index_out, topk_fill=topk_fill, q=q, k_nope=k_nope, k_pe=k_pe,
-                     error_count=error_count, k_scale=k_scale, quant_scale=quant_scale,
-                     amax_out=amax_out, kpe_cache=kpe_cache)
-    fmt = _kv_format_args(cache_format, k_scale, quant_scale, amax_out, tile_scale, kpe_cache)
+                     error_count=error_count)
     T = _dim(latent, 0)
     if torch_path:
         # the op's trailing arguments: the copies, then the format's (the plain call's defaults)
@@ -166,8 +167,7 @@ def mla_kv_cache_dsa(latent, w_q, w_kv, positions, cos_sin, slot_mapping, kv_cac
         k_pe = new((T, max(R, 0)))
     if index_out is None and return_index_out:
         index_out = new((T, 128))
-    f, scale, conv, amax, tile, kpe = fmt if fmt is not None else (L.KV_PLAIN, None, L.FP8_DIV, None,
-                                                                  L.TILE_AMAX, None)
+    f, scale, conv, amax, tile, kpe = fmt if fmt is not None else _PLAIN
     v = _views([
         ("latent", latent, 0), ("w_q", w_q, 0), ("w_kv", w_kv, 0), ("positions", positions, 0),
         ("cos_sin", cos_sin, 0), ("slot_mapping", slot_mapping, 0), ("kv_cache", kv_cache, 1),

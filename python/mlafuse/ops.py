@@ -5,7 +5,8 @@ works eagerly, under torch.compile and inside CUDA-graph capture).
 Every function takes the inputs first, then keyword-only parameters and optional outputs
 (``out``-style: any output not given is allocated). No input is copied: strided views are
 passed to the library as they are. A rejected call raises MlafError carrying the library's
-message and writes nothing.
+message and writes nothing. A KV cache and its format travel as one KVCache (or as the tensor
+and the format keywords).
 
 The ops live in one module each (_ops_split_qk_norm, _ops_mla_kv_cache, _ops_rope_q, _ops_moe_gate,
 _ops_rms_norm_quant;
@@ -24,7 +25,8 @@ from ._ops_common import (os, struct, dataclass, _core, L, MlafError, _torch, _T
                           _check_same_kind)
 from ._ops_split_qk_norm import split_qk_norm
 from ._ops_mla_kv_cache import (_KV_FORMATS, _KV_FORMATS_NOT_SUPPORTED, _TILE_SCALES,
-                                _kv_format_code, _scalar_arg, _kv_format_args, mla_kv_cache)
+                                _kv_format_code, _scalar_arg, _kv_format_args, KvFormatArgs,
+                                KVCache, _cache_args, mla_kv_cache)
 from ._ops_rope_q import rope_q
 from ._ops_rms_norm_quant import GEMM_FORMATS, GEMM_SCALES, gemm_scales_shape, rms_norm_quant
 from ._ops_moe_gate import (_gate_params, _gate_args, _GATE_ARGS, _gate_args_cached, _gate_args_store,
