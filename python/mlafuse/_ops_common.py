@@ -335,6 +335,20 @@ def _ranks(latent, w_q, w_kv, q_lora_rank, kv_lora_rank, rope_dim):
     return Q, C, R
 
 
+def _outs(out, names: tuple, given: tuple, op: str) -> tuple:
+    """``out=`` as the op's outputs: a tuple (or list) with one entry per name, in the order
+    the op returns them; an entry may be None (that output is then treated as not given).
+    The outputs by name (q=, k_nope=, ...) are the same thing: not both."""
+    if any(g is not None for g in given):
+        raise ValueError(f"{op}: give the outputs as out= or by name ({', '.join(names)}), "
+                         "not both")
+    if not isinstance(out, (tuple, list)) or len(out) != len(names):
+        got = f"{len(out)} entries" if isinstance(out, (tuple, list)) else type(out).__name__
+        raise ValueError(f"{op}: out= takes a tuple of {len(names)} ({', '.join(names)}), "
+                         f"got {got}")
+    return tuple(out)
+
+
 def _check_same_kind(torch_path: bool, **arrays):
     for name, a in arrays.items():
         if a is not None and _is_torch(a) != torch_path:

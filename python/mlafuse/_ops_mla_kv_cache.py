@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from ._ops_common import (_torch, _core, L, MlafError, _TT, _torch_error, _STYLES, _enum, version,
-                          rope_table, _dim, _np_in, _np_out, _ranks, _check_same_kind)
+                          rope_table, _dim, _np_in, _np_out, _ranks, _check_same_kind, _outs)
 
 if _torch is not None:
     # The ops, looked up once: the torch paths below call them directly (see _op_pair).
@@ -44,6 +44,7 @@ class KvFormatArgs(NamedTuple):
 
 
 _PLAIN = KvFormatArgs(L.KV_PLAIN, None, L.FP8_DIV, None, L.TILE_AMAX, None)
+_OUTS = ("q", "k_nope", "k_pe")
 
 
 def _kv_format_code(cache_format) -> int:
@@ -181,7 +182,7 @@ def _cache_args(kv_cache, cache_format, k_scale, quant_scale, amax_out, tile_sca
 def mla_kv_cache(latent, w_q, w_kv, positions, cos_sin, slot_mapping, kv_cache, *,
                  eps_q: float = 1e-5, eps_kv: float = 1e-5, style="interleaved",
                  q_lora_rank: int | None = None, kv_lora_rank: int | None = None,
-                 rope_dim: int | None = None, q=None, k_nope=None, k_pe=None,
+                 rope_dim: int | None = None, q=None, k_nope=None, k_pe=None, out=None,
                  return_k_nope: bool = False, return_k_pe: bool = False, error_count=None,
                  cache_format="auto", k_scale=None, quant_scale=None, amax_out=None,
                  tile_scale=None, kpe_cache=None, kv_rope_tail: int = 0):
@@ -241,8 +242,12 @@ def mla_kv_cache(latent, w_q, w_kv, positions, cos_sin, slot_mapping, kv_cache, 
 
     Returns ``(q, k_nope, k_pe)``: q [T, Q] = q_norm (None when Q = 0); k_nope [T, C] normalized
     and k_pe [T, R] roped, only when requested with return_k_nope / return_k_pe or given as
-    outputs (else None). Given outputs are mutated and returned.
+    outputs (else None). Given outputs (``q=``, ``k_nope=``, ``k_pe=``, or ``out=(q, k_nope,
+    k_pe)`` with None for one not given) are mutated and returned; one of the wrong shape or
+    dtype raises MlafError naming it, and nothing is written.
     """
+    if out is not None:
+        q, k_nope, k_pe = _outs(out, _OUTS, (q, k_nope, k_pe), "mla_kv_cache")
     Q, C, R = _ranks(latent, w_q, w_kv, q_lora_rank, kv_lora_rank, rope_dim)
     style = _enum(style, _STYLES, "style")
     tail = int(kv_rope_tail)

@@ -3,7 +3,7 @@ lookup). Re-exported by mlafuse.ops (see its docstring for the conventions every
 from __future__ import annotations
 
 from ._ops_common import (_core, L, _torch, _TT, _torch_error, _SCORES, _GROUPS, _enum, Preset,
-                          _PRESETS, find_preset, _dim, _np_in, _np_out, _check_same_kind)
+                          _PRESETS, find_preset, _dim, _np_in, _np_out, _check_same_kind, _outs)
 
 if _torch is not None:
     # The ops, looked up once: the torch paths below call them directly (see _op_pair).
@@ -13,6 +13,14 @@ if _torch is not None:
     _op_gate_out, _gate_out_eager = _op_pair("moe_gate_out")
     _op_gate_hash, _gate_hash_eager = _op_pair("moe_gate_hash")
     _op_gate_hash_out, _gate_hash_out_eager = _op_pair("moe_gate_hash_out")
+
+
+def _gate_outs(out, weights, ids, scores, op: str):
+    """out= as (weights, ids) or (weights, ids, scores), the tuples the call returns."""
+    n = len(out) if isinstance(out, (tuple, list)) else 0
+    got = _outs(out, ("weights", "ids", "scores")[:3 if n == 3 else 2], (weights, ids, scores),
+                op)
+    return got if len(got) == 3 else (*got, None)
 
 
 # ---- moe_gate ------------------------------------------------------------------------------
@@ -73,7 +81,7 @@ def moe_gate(logits, bias=None, *, config=None, top_k: int | None = None,
              routed_scaling_factor: float | None = None,
              apply_routed_scaling: bool | None = None, eps: float | None = None,
              n_shared_experts: int | None = None, return_scores: bool = False,
-             weights_dtype=None, weights=None, ids=None, scores=None):
+             weights_dtype=None, weights=None, ids=None, scores=None, out=None):
     """MoE router top-k (docs/moe_gate.md).
 
     logits   [T, E]   f32 | f16 | bf16, rows strided; not modified
@@ -90,8 +98,12 @@ def moe_gate(logits, bias=None, *, config=None, top_k: int | None = None,
       ids      [T, top_k + S]  int32, ordered by biased score descending, ties to the lower
                                index; shared experts occupy the last S slots (ids E..E+S-1)
       scores   [T, E]          f32, the unbiased scores
-    Given outputs are mutated and returned.
+    Given outputs (``weights=``, ``ids=``, ``scores=``, or ``out=(weights, ids)`` / ``(weights,
+    ids, scores)`` with None for one not given) are mutated and returned; one of the wrong shape
+    or dtype raises MlafError naming it, and nothing is written.
     """
+    if out is not None:
+        weights, ids, scores = _gate_outs(out, weights, ids, scores, "moe_gate")
     want_scores = return_scores or scores is not None
     if isinstance(logits, _TT):
         # The parameters resolved once per distinct set of keywords (not while torch.compile
@@ -153,7 +165,8 @@ def moe_gate_hash(logits, tid2eid, token_ids, *, config=None, top_k: int | None 
                   routed_scaling_factor: float | None = None,
                   apply_routed_scaling: bool | None = None, eps: float | None = None,
                   n_shared_experts: int | None = None, return_scores: bool = False,
-                  weights_dtype=None, weights=None, ids=None, scores=None, error_count=None):
+                  weights_dtype=None, weights=None, ids=None, scores=None, error_count=None,
+                  out=None):
     """Hash-routed MoE layer (docs/moe_gate.md, hash routing: DeepSeek-V4's first n_hash_layers layers).
 
     logits     [T, E]         f32 | f16 | bf16, rows strided; not modified
@@ -169,8 +182,11 @@ def moe_gate_hash(logits, tid2eid, token_ids, *, config=None, top_k: int | None 
     [1] array / tensor, added to; optional).
 
     Returns ``(weights, ids)``, or ``(weights, ids, scores)`` when return_scores or scores= is
-    given (weights [T, top_k + S], ids [T, top_k + S] int32, scores [T, E] f32).
+    given (weights [T, top_k + S], ids [T, top_k + S] int32, scores [T, E] f32). Given outputs
+    (by name or as ``out=``) as moe_gate.
     """
+    if out is not None:
+        weights, ids, scores = _gate_outs(out, weights, ids, scores, "moe_gate_hash")
     if top_k is None and config is None:
         top_k = _dim(tid2eid, 1)
     want_scores = return_scores or scores is not None

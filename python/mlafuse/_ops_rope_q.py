@@ -14,7 +14,8 @@ if _torch is not None:
 
 # ---- rope_q --------------------------------------------------------------------------------
 def rope_q(q, positions, cos_sin, *, style="interleaved", rope_dim: int | None = None,
-           error_count=None, head_norm: bool = False, head_norm_eps: float = 1e-6, q_out=None):
+           error_count=None, head_norm: bool = False, head_norm_eps: float = 1e-6, q_out=None,
+           out=None):
     """RoPE in place on the last R columns of every head of q (docs/mla.md).
 
     q            [T, H, D]     f32 | f16 | bf16, strides (s0, s1, 1); D = nope + R.  MUTATED
@@ -30,7 +31,14 @@ def rope_q(q, positions, cos_sin, *, style="interleaved", rope_dim: int | None =
     result and rounds once. ``q_out`` [T, Hpad, D] (Hpad >= H, q's dtype), optional, MUTATED:
     the result goes there instead (q is only read) and heads H .. Hpad-1 are written as +0.0
     (FlashMLA takes 64 or 128 heads); returns q_out. A token with a bad position writes nothing.
+
+    The op works in place, so it allocates nothing: ``out=`` is another name for ``q_out``
+    (one tensor), there for the same keyword on every op.
     """
+    if out is not None:
+        if q_out is not None:
+            raise ValueError("rope_q: out= is q_out=; give one of them")
+        q_out = out
     style = _enum(style, _STYLES, "style")
     R = int(rope_dim) if rope_dim is not None else _dim(cos_sin, 1)
     hn, heps = bool(head_norm), float(head_norm_eps)

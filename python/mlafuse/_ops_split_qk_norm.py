@@ -3,7 +3,7 @@ RMSNorms. Re-exported by mlafuse.ops (see its docstring for the conventions ever
 from __future__ import annotations
 
 from ._ops_common import (_torch, _core, L, _TT, _torch_error, _dim, _np_in, _np_out, _ranks,
-                          _check_same_kind)
+                          _check_same_kind, _outs)
 
 if _torch is not None:
     # The ops, looked up once: the torch paths below call them directly (see _op_pair).
@@ -13,11 +13,13 @@ if _torch is not None:
     _op_split_out, _split_out_eager = _op_pair("split_qk_norm_out")
     _op_split_inplace, _split_inplace_eager = _op_pair("split_qk_norm_inplace")
 
+_OUTS = ("q", "k_nope", "k_pe")
+
 
 # ---- split_qk_norm -------------------------------------------------------------------------
 def split_qk_norm(latent, w_q, w_kv, *, eps_q: float = 1e-5, eps_kv: float = 1e-5,
                   q_lora_rank: int | None = None, kv_lora_rank: int | None = None,
-                  rope_dim: int | None = None, q=None, k_nope=None, k_pe=None,
+                  rope_dim: int | None = None, q=None, k_nope=None, k_pe=None, out=None,
                   return_k_pe: bool = True, inplace: bool = False):
     """Split the fused q-a / kv-a projection output and RMS-normalize both parts (docs/mla.md, split_qk_norm).
 
@@ -35,17 +37,24 @@ def split_qk_norm(latent, w_q, w_kv, *, eps_q: float = 1e-5, eps_kv: float = 1e-
       k_nope  [T, C]  rmsnorm(latent[:, Q:Q+C]) * w_kv, eps_kv
       k_pe    [T, R]  latent[:, Q+C:] copied bit-exactly (None when return_k_pe is False and
                       no k_pe is given)
-    each in the latent's dtype. Outputs given as ``q=``, ``k_nope=``, ``k_pe=`` are written
-    (mutated) and returned; missing ones are allocated.
+    each in the latent's dtype. Outputs given as ``q=``, ``k_nope=``, ``k_pe=`` (or as
+    ``out=(q, k_nope, k_pe)``, None for one not given) are written (mutated) and returned;
+    missing ones are allocated. A given output of the wrong shape or dtype raises MlafError
+    naming it, and nothing is written.
 
     ``inplace=True`` is the context-parallel form: the latent itself is mutated so each row
     becomes [q_norm | k_nope_norm | k_pe]; the returned outputs are views of it.
     """
+    if out is not None:
+        if type(out) is tuple and len(out) == 3 and q is None and k_nope is None and k_pe is None:
+            q, k_nope, k_pe = out  # the per-step call of an engine: no more checks here
+        else:
+            q, k_nope, k_pe = _outs(out, _OUTS, (q, k_nope, k_pe), "split_qk_norm")
     Q, C, R = _ranks(latent, w_q, w_kv, q_lora_rank, kv_lora_rank, rope_dim)
     outs_given = q is not None or k_nope is not None or k_pe is not None
     if inplace and outs_given:
         raise ValueError("split_qk_norm: inplace=True writes into the latent; do not also "
-                         "pass q=, k_nope= or k_pe=")
+                         "pass q=, k_nope=, k_pe= or out=")
     if isinstance(latent, _TT):
         eager = not _is_compiling()
         try:

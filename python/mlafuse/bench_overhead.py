@@ -16,8 +16,8 @@ cost of issuing the call: Python, the dispatcher, output allocation and the laun
   torch: kv-cache chain          2 rms_norm + interleaved RoPE + the cache row write
   torch: router                  sigmoid, + bias, topk, gather, renormalize (what moe_gate fuses)
   mlafuse.split_qk_norm          the Python function (the public API), outputs allocated
-  mlafuse.split_qk_norm, outputs given   the same writing into preallocated outputs (an
-                                 engine's per-step call)
+  mlafuse.split_qk_norm, outputs given   the same writing into preallocated outputs,
+                                 out=(q, k_nope, k_pe) (an engine's per-step call)
   torch.ops.mlafuse.split_qk_norm  the custom op called directly
   mlafuse.mla_kv_cache, mlafuse.rope_q, mlafuse.moe_gate
 
@@ -184,8 +184,8 @@ def measure(args) -> dict:
         return mlafuse.split_qk_norm(latent, w_q, w_kv, eps_q=eps, eps_kv=eps)
 
     def m_split_given(latent, w_q, w_kv, q, k_nope, k_pe):
-        return mlafuse.split_qk_norm(latent, w_q, w_kv, eps_q=eps, eps_kv=eps, q=q,
-                                     k_nope=k_nope, k_pe=k_pe)
+        return mlafuse.split_qk_norm(latent, w_q, w_kv, eps_q=eps, eps_kv=eps,
+                                     out=(q, k_nope, k_pe))
 
     def o_split(latent, w_q, w_kv):
         return ops.split_qk_norm(latent, w_q, w_kv, Q, C, R, eps, eps)

@@ -18,8 +18,8 @@ from . import _lib as L
 from . import ops as _ops
 from ._lib import MlafError
 from ._ops_mla_kv_cache import _PLAIN, _cache_args
-from .ops import (_STYLES, _check_same_kind, _dim, _enum, _is_torch, _np_in, _np_out, _ranks,
-                  _torch_error, find_preset)
+from .ops import (_STYLES, _check_same_kind, _dim, _enum, _is_torch, _np_in, _np_out, _outs,
+                  _ranks, _torch_error, find_preset)
 
 if _ops._torch is not None:
     # The ops, looked up once: the torch paths below call them directly (see _op_pair).
@@ -87,7 +87,7 @@ def mla_kv_cache_dsa(latent, w_q, w_kv, positions, cos_sin, slot_mapping, kv_cac
                      index_copy_stride: int = 0, eps_q: float = 1e-5,
                      eps_kv: float = 1e-5, style="interleaved", q_lora_rank: int | None = None,
                      kv_lora_rank: int | None = None, rope_dim: int | None = None, q=None,
-                     k_nope=None, k_pe=None, return_k_nope: bool = False,
+                     k_nope=None, k_pe=None, out=None, return_k_nope: bool = False,
                      return_k_pe: bool = False, error_count=None, cache_format="auto",
                      k_scale=None, quant_scale=None, amax_out=None, tile_scale=None,
                      kpe_cache=None):
@@ -109,8 +109,13 @@ def mla_kv_cache_dsa(latent, w_q, w_kv, positions, cos_sin, slot_mapping, kv_cac
                   records also into copies 1 .. n-1 at index_cache's address + k * stride bytes
                   (e.g. context-parallel peers' caches); stride >= the bytes one cache spans
 
-    Returns ``(q, k_nope, k_pe, index_out)`` (None where not requested).
+    Returns ``(q, k_nope, k_pe, index_out)`` (None where not requested). Given outputs (by
+    name, or ``out=(q, k_nope, k_pe, index_out)`` with None for one not given) are mutated and
+    returned; one of the wrong shape or dtype raises MlafError naming it, nothing written.
     """
+    if out is not None:
+        q, k_nope, k_pe, index_out = _outs(out, ("q", "k_nope", "k_pe", "index_out"),
+                                           (q, k_nope, k_pe, index_out), "mla_kv_cache_dsa")
     Q, C, R = _ranks(latent, w_q, w_kv, q_lora_rank, kv_lora_rank, rope_dim)
     mla_style = _enum(style, _STYLES, "style")
     ip = indexer if indexer is not None else indexer_params()
@@ -182,7 +187,7 @@ def mla_kv_cache_dsa(latent, w_q, w_kv, positions, cos_sin, slot_mapping, kv_cac
 
 
 def indexer_q(q_idx, positions, cos_sin, weights, *, indexer=None, q_fp8=None, w_out=None,
-              q_pe=None, q_pe_style="interleaved", error_count=None):
+              out=None, q_pe=None, q_pe_style="interleaved", error_count=None):
     """The indexer's query side (docs/dsa.md): per (token, head) RoPE on dims [0, 64), the optional
     Hadamard, fp8 e4m3 with one scale s, and the folded head weight
     ((w * s) * 128^-0.5) * H^-0.5.
@@ -195,8 +200,11 @@ def indexer_q(q_idx, positions, cos_sin, weights, *, indexer=None, q_fp8=None, w
     w_out     [T, H]       optional output, float32
     q_pe      [T, Hq, D]   optional, MUTATED: the MLA query, RoPE in place on its last 64
                            columns in q_pe_style (as rope_q), in the same launch
-    Returns ``(q_fp8, w_out)``.
+    Returns ``(q_fp8, w_out)``; outputs given (by name or as ``out=(q_fp8, w_out)``) are
+    mutated and returned, one of the wrong shape or dtype raises MlafError naming it.
     """
+    if out is not None:
+        q_fp8, w_out = _outs(out, ("q_fp8", "w_out"), (q_fp8, w_out), "indexer_q")
     ip = indexer if indexer is not None else indexer_params()
     torch_path = _is_torch(q_idx)
     _check_same_kind(torch_path, positions=positions, cos_sin=cos_sin, weights=weights, q_fp8=q_fp8,

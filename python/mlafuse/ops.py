@@ -2,11 +2,12 @@
 tensors (CPU or CUDA backend, through the torch.ops.mlafuse custom ops so that the same call
 works eagerly, under torch.compile and inside CUDA-graph capture).
 
-Every function takes the inputs first, then keyword-only parameters and optional outputs
-(``out``-style: any output not given is allocated). No input is copied: strided views are
-passed to the library as they are. A rejected call raises MlafError carrying the library's
-message and writes nothing. A KV cache and its format travel as one KVCache (or as the tensor
-and the format keywords).
+Every function takes the inputs first, then keyword-only parameters and optional outputs: by
+name (q=, k_nope=, weights=, ...) or all at once as ``out=``, a tuple in the order the function
+returns them (rope_q works in place; its out= is q_out=). Any output not given is allocated.
+No input is copied: strided views are passed to the library as they are. A rejected call
+raises MlafError carrying the library's message and writes nothing. A KV cache and its format
+travel as one KVCache (or as the tensor and the format keywords).
 
 The ops live in one module each (_ops_split_qk_norm, _ops_mla_kv_cache, _ops_rope_q, _ops_moe_gate,
 _ops_rms_norm_quant;
@@ -22,7 +23,7 @@ from ._ops_common import (os, struct, dataclass, _core, L, MlafError, _torch, _T
                           backend_supports, set_num_threads, set_cuda_pdl, get_num_threads, Preset,
                           _f32, _preset_from_c, _PRESETS, _PRESET_BY_NAME, presets, find_preset,
                           _YARN_KEYS, _rope_scaling, rope_table, _dim, _np_in, _np_out, _ranks,
-                          _check_same_kind)
+                          _check_same_kind, _outs)
 from ._ops_split_qk_norm import split_qk_norm
 from ._ops_mla_kv_cache import (_KV_FORMATS, _KV_FORMATS_NOT_SUPPORTED, _TILE_SCALES,
                                 _kv_format_code, _scalar_arg, _kv_format_args, KvFormatArgs,
