@@ -170,7 +170,8 @@ def _cache_args(kv_cache, cache_format, k_scale, quant_scale, amax_out, tile_sca
                              "tile_scale= or kpe_cache=")
         c = kv_cache
         kv_cache, fmt = c.cache, c.args
-        k_scale, quant_scale, amax_out, kpe_cache = c.k_scale, c.quant_scale, c.amax_out, c.kpe_cache
+        k_scale, quant_scale = c.k_scale, c.quant_scale
+        amax_out, kpe_cache = c.amax_out, c.kpe_cache
     else:
         fmt = _kv_format_args(cache_format, k_scale, quant_scale, amax_out, tile_scale, kpe_cache)
     if fmt is not None:

@@ -18,7 +18,8 @@ except ImportError:
 
 HAS_CUDA = torch is not None and torch.cuda.is_available() and mlafuse.backend_available("cuda")
 KINDS = ["numpy",
-         pytest.param("cpu", marks=pytest.mark.skipif(torch is None, reason="torch is not installed")),
+         pytest.param("cpu", marks=pytest.mark.skipif(torch is None,
+                                                      reason="torch is not installed")),
          pytest.param("cuda", marks=pytest.mark.skipif(
              not HAS_CUDA, reason="no CUDA device visible to torch (or a CPU-only library)"))]
 T, Q, C, R, NB, BS = 6, 32, 128, 64, 4, 4
