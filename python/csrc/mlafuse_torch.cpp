@@ -162,8 +162,12 @@ using namespace mlafuse_torch;  // the kernels and the entry points, for the reg
     m.impl("split_qk_norm", &split_qk_norm);                   \
     m.impl("split_qk_norm_out", &split_qk_norm_out);           \
     m.impl("split_qk_norm_inplace", &split_qk_norm_inplace);   \
+    m.impl("split_qk_norm_lean", &split_qk_norm_lean);         \
+    m.impl("split_qk_norm_lean_out", &split_qk_norm_lean_out); \
     m.impl("mla_kv_cache", &mla_kv_cache);                     \
     m.impl("mla_kv_cache_out", &mla_kv_cache_out);             \
+    m.impl("mla_kv_cache_lean", &mla_kv_cache_lean);           \
+    m.impl("mla_kv_cache_lean_out", &mla_kv_cache_lean_out);   \
     m.impl("mla_kv_cache_dsa", &mla_kv_cache_dsa);             \
     m.impl("mla_kv_cache_dsa_out", &mla_kv_cache_dsa_out);     \
     m.impl("indexer_q", &indexer_q);                           \

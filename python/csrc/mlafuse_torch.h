@@ -158,6 +158,13 @@ void split_qk_norm_out(const at::Tensor &latent, const std::optional<at::Tensor>
                        const at::Tensor &w_kv, const std::optional<at::Tensor> &q,
                        const at::Tensor &k_nope, const std::optional<at::Tensor> &k_pe,
                        int64_t Q, int64_t C, int64_t R, double eps_q, double eps_kv);
+std::tuple<at::Tensor, at::Tensor, at::Tensor> split_qk_norm_lean(
+    const at::Tensor &latent, const std::optional<at::Tensor> &w_q, const at::Tensor &w_kv,
+    double eps_q, double eps_kv, bool return_k_pe);
+void split_qk_norm_lean_out(const at::Tensor &latent, const std::optional<at::Tensor> &w_q,
+                            const at::Tensor &w_kv, const std::optional<at::Tensor> &q,
+                            const at::Tensor &k_nope, const std::optional<at::Tensor> &k_pe,
+                            double eps_q, double eps_kv);
 void split_qk_norm_inplace(const at::Tensor &latent, const std::optional<at::Tensor> &w_q,
                            const at::Tensor &w_kv, int64_t Q, int64_t C, int64_t R,
                            double eps_q, double eps_kv);
@@ -180,6 +187,24 @@ void mla_kv_cache_out(const at::Tensor &latent, const std::optional<at::Tensor> 
                       const std::optional<at::Tensor> &scale, int64_t fp8_conv,
                       const std::optional<at::Tensor> &amax_out, int64_t tile_scale,
                       const std::optional<at::Tensor> &kpe_cache, int64_t kv_rope_tail);
+std::tuple<at::Tensor, at::Tensor, at::Tensor> mla_kv_cache_lean(
+    const at::Tensor &latent, const std::optional<at::Tensor> &w_q, const at::Tensor &w_kv,
+    const std::optional<at::Tensor> &positions, const std::optional<at::Tensor> &cos_sin,
+    const at::Tensor &slot_mapping, const at::Tensor &kv_cache,
+    const std::optional<at::Tensor> &error_count, double eps_q, double eps_kv, int64_t style,
+    bool return_k_nope, bool return_k_pe, int64_t cache_format,
+    const std::optional<at::Tensor> &scale, int64_t fp8_conv,
+    const std::optional<at::Tensor> &amax_out, int64_t tile_scale,
+    const std::optional<at::Tensor> &kpe_cache, int64_t kv_rope_tail);
+void mla_kv_cache_lean_out(
+    const at::Tensor &latent, const std::optional<at::Tensor> &w_q, const at::Tensor &w_kv,
+    const std::optional<at::Tensor> &positions, const std::optional<at::Tensor> &cos_sin,
+    const at::Tensor &slot_mapping, const at::Tensor &kv_cache,
+    const std::optional<at::Tensor> &error_count, const std::optional<at::Tensor> &q,
+    const std::optional<at::Tensor> &k_nope, const std::optional<at::Tensor> &k_pe, double eps_q,
+    double eps_kv, int64_t style, int64_t cache_format, const std::optional<at::Tensor> &scale,
+    int64_t fp8_conv, const std::optional<at::Tensor> &amax_out, int64_t tile_scale,
+    const std::optional<at::Tensor> &kpe_cache, int64_t kv_rope_tail);
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> mla_kv_cache_dsa(
     const at::Tensor &latent, const std::optional<at::Tensor> &w_q, const at::Tensor &w_kv,
     const std::optional<at::Tensor> &positions, const std::optional<at::Tensor> &cos_sin,

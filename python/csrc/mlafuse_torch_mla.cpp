@@ -39,6 +39,33 @@ void split_qk_norm_out(const at::Tensor &latent, const std::optional<at::Tensor>
     split_out_impl(latent, w_q, w_kv, q, k_nope, k_pe, Q, C, R, eps_q, eps_kv);
 }
 
+// The _lean forms: the ranks from the shapes, as mlafuse.split_qk_norm takes them when none is
+// given (len(w_q) or 0, len(w_kv), the rest of the latent row; a missing dimension counts 0).
+struct Ranks {
+    int64_t Q, C, R;
+};
+Ranks ranks_of(const at::Tensor &latent, const std::optional<at::Tensor> &w_q,
+               const at::Tensor &w_kv) {
+    const int64_t Q = w_q.has_value() && w_q->dim() >= 1 ? w_q->size(0) : 0;
+    const int64_t C = w_kv.dim() >= 1 ? w_kv.size(0) : 0;
+    return {Q, C, (latent.dim() >= 2 ? latent.size(1) : 0) - Q - C};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> split_qk_norm_lean(
+    const at::Tensor &latent, const std::optional<at::Tensor> &w_q, const at::Tensor &w_kv,
+    double eps_q, double eps_kv, bool return_k_pe) {
+    const Ranks r = ranks_of(latent, w_q, w_kv);
+    return split_qk_norm(latent, w_q, w_kv, r.Q, r.C, r.R, eps_q, eps_kv, return_k_pe);
+}
+
+void split_qk_norm_lean_out(const at::Tensor &latent, const std::optional<at::Tensor> &w_q,
+                            const at::Tensor &w_kv, const std::optional<at::Tensor> &q,
+                            const at::Tensor &k_nope, const std::optional<at::Tensor> &k_pe,
+                            double eps_q, double eps_kv) {
+    const Ranks r = ranks_of(latent, w_q, w_kv);
+    split_out_impl(latent, w_q, w_kv, q, k_nope, k_pe, r.Q, r.C, r.R, eps_q, eps_kv);
+}
+
 // The in-place form the library accepts: outputs are exactly the latent's own columns
 // (latent[:, :Q], latent[:, Q:Q+C], latent[:, Q+C:Q+C+R], sliced as Python slices clamp).
 void split_qk_norm_inplace(const at::Tensor &latent, const std::optional<at::Tensor> &w_q,
@@ -174,6 +201,39 @@ void mla_kv_cache_out(const at::Tensor &latent, const std::optional<at::Tensor> 
     kv_out_impl(latent, w_q, w_kv, positions, cos_sin, slot_mapping, kv_cache, error_count, q,
                 k_nope, k_pe, Q, C, R, eps_q, eps_kv, style,
                 kv_format(cache_format, scale, fp8_conv, amax_out, tile_scale, kpe_cache, kv_rope_tail));
+}
+
+// The _lean forms: the ranks from the shapes (ranks_of, as split_qk_norm_lean).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> mla_kv_cache_lean(
+    const at::Tensor &latent, const std::optional<at::Tensor> &w_q, const at::Tensor &w_kv,
+    const std::optional<at::Tensor> &positions, const std::optional<at::Tensor> &cos_sin,
+    const at::Tensor &slot_mapping, const at::Tensor &kv_cache,
+    const std::optional<at::Tensor> &error_count, double eps_q, double eps_kv, int64_t style,
+    bool return_k_nope, bool return_k_pe, int64_t cache_format,
+    const std::optional<at::Tensor> &scale, int64_t fp8_conv,
+    const std::optional<at::Tensor> &amax_out, int64_t tile_scale,
+    const std::optional<at::Tensor> &kpe_cache, int64_t kv_rope_tail) {
+    const Ranks r = ranks_of(latent, w_q, w_kv);
+    return mla_kv_cache(latent, w_q, w_kv, positions, cos_sin, slot_mapping, kv_cache,
+                        error_count, r.Q, r.C, r.R, eps_q, eps_kv, style, return_k_nope,
+                        return_k_pe, cache_format, scale, fp8_conv, amax_out, tile_scale,
+                        kpe_cache, kv_rope_tail);
+}
+
+void mla_kv_cache_lean_out(
+    const at::Tensor &latent, const std::optional<at::Tensor> &w_q, const at::Tensor &w_kv,
+    const std::optional<at::Tensor> &positions, const std::optional<at::Tensor> &cos_sin,
+    const at::Tensor &slot_mapping, const at::Tensor &kv_cache,
+    const std::optional<at::Tensor> &error_count, const std::optional<at::Tensor> &q,
+    const std::optional<at::Tensor> &k_nope, const std::optional<at::Tensor> &k_pe, double eps_q,
+    double eps_kv, int64_t style, int64_t cache_format, const std::optional<at::Tensor> &scale,
+    int64_t fp8_conv, const std::optional<at::Tensor> &amax_out, int64_t tile_scale,
+    const std::optional<at::Tensor> &kpe_cache, int64_t kv_rope_tail) {
+    const Ranks r = ranks_of(latent, w_q, w_kv);
+    kv_out_impl(latent, w_q, w_kv, positions, cos_sin, slot_mapping, kv_cache, error_count, q,
+                k_nope, k_pe, r.Q, r.C, r.R, eps_q, eps_kv, style,
+                kv_format(cache_format, scale, fp8_conv, amax_out, tile_scale, kpe_cache,
+                          kv_rope_tail));
 }
 
 // ---- the DSA indexer (docs/dsa.md) ------------------------------------------------------------

@@ -15,6 +15,8 @@ if _torch is not None:
 
     _op_kv, _kv_eager = _op_pair("mla_kv_cache")
     _op_kv_out, _kv_out_eager = _op_pair("mla_kv_cache_out")
+    _op_lean, _lean_eager = _op_pair("mla_kv_cache_lean")
+    _op_lean_out, _lean_out_eager = _op_pair("mla_kv_cache_lean_out")
 
 
 # ---- mla_kv_cache --------------------------------------------------------------------------
@@ -249,7 +251,6 @@ def mla_kv_cache(latent, w_q, w_kv, positions, cos_sin, slot_mapping, kv_cache, 
     """
     if out is not None:
         q, k_nope, k_pe = _outs(out, _OUTS, (q, k_nope, k_pe), "mla_kv_cache")
-    Q, C, R = _ranks(latent, w_q, w_kv, q_lora_rank, kv_lora_rank, rope_dim)
     style = _enum(style, _STYLES, "style")
     tail = int(kv_rope_tail)
     if isinstance(latent, _TT):
@@ -260,10 +261,29 @@ def mla_kv_cache(latent, w_q, w_kv, positions, cos_sin, slot_mapping, kv_cache, 
         elif tail != 0:
             fmt = (*_PLAIN, tail)
         eager = not _is_compiling()
+        ins = (latent, w_q, w_kv, positions, cos_sin, slot_mapping, kv_cache, error_count)
         try:
+            if q_lora_rank is None and kv_lora_rank is None and rope_dim is None:
+                # The ranks from the shapes, taken by the op itself (the _lean forms: three
+                # arguments fewer through the dispatcher), when nothing is left to allocate.
+                if q is None and k_nope is None and k_pe is None:
+                    op = _lean_eager if eager else _op_lean
+                    if fmt is None and not return_k_nope and not return_k_pe:
+                        q, k_nope, k_pe = op(*ins, eps_q, eps_kv, style)
+                    else:
+                        q, k_nope, k_pe = op(*ins, eps_q, eps_kv, style, return_k_nope,
+                                             return_k_pe, *(fmt or ()))
+                    return (q if w_q is not None and q.shape[1] > 0 else None,
+                            k_nope if return_k_nope else None, k_pe if return_k_pe else None)
+                if ((q is not None or w_q is None) and (k_nope is not None or not return_k_nope)
+                        and (k_pe is not None or not return_k_pe)):
+                    op = _lean_out_eager if eager else _op_lean_out
+                    args = (*ins, q, k_nope, k_pe, eps_q, eps_kv, style)
+                    op(*args) if fmt is None else op(*args, *fmt)
+                    return q, k_nope, k_pe
+            Q, C, R = _ranks(latent, w_q, w_kv, q_lora_rank, kv_lora_rank, rope_dim)
             if q is None and k_nope is None and k_pe is None:
-                args = (latent, w_q, w_kv, positions, cos_sin, slot_mapping, kv_cache,
-                        error_count, Q, C, R, eps_q, eps_kv, style, return_k_nope, return_k_pe)
+                args = (*ins, Q, C, R, eps_q, eps_kv, style, return_k_nope, return_k_pe)
                 op = _kv_eager if eager else _op_kv
                 q, k_nope, k_pe = op(*args) if fmt is None else op(*args, *fmt)
                 return (q if Q > 0 else None, k_nope if return_k_nope else None,
@@ -275,8 +295,7 @@ def mla_kv_cache(latent, w_q, w_kv, positions, cos_sin, slot_mapping, kv_cache, 
                 k_nope = latent.new_empty((T, C))
             if k_pe is None and return_k_pe:
                 k_pe = latent.new_empty((T, max(R, 0)))
-            args = (latent, w_q, w_kv, positions, cos_sin, slot_mapping, kv_cache, error_count,
-                    q, k_nope, k_pe, Q, C, R, eps_q, eps_kv, style)
+            args = (*ins, q, k_nope, k_pe, Q, C, R, eps_q, eps_kv, style)
             op = _kv_out_eager if eager else _op_kv_out
             op(*args) if fmt is None else op(*args, *fmt)
             return q, k_nope, k_pe
@@ -289,6 +308,7 @@ def mla_kv_cache(latent, w_q, w_kv, positions, cos_sin, slot_mapping, kv_cache, 
     _check_same_kind(False, w_q=w_q, w_kv=w_kv, positions=positions, cos_sin=cos_sin,
                      slot_mapping=slot_mapping, kv_cache=kv_cache, q=q, k_nope=k_nope,
                      k_pe=k_pe, error_count=error_count)
+    Q, C, R = _ranks(latent, w_q, w_kv, q_lora_rank, kv_lora_rank, rope_dim)
     T = _dim(latent, 0)
 
     np = _core._numpy()

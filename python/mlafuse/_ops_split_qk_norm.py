@@ -12,6 +12,8 @@ if _torch is not None:
     _op_split, _split_eager = _op_pair("split_qk_norm")
     _op_split_out, _split_out_eager = _op_pair("split_qk_norm_out")
     _op_split_inplace, _split_inplace_eager = _op_pair("split_qk_norm_inplace")
+    _op_lean, _lean_eager = _op_pair("split_qk_norm_lean")
+    _op_lean_out, _lean_out_eager = _op_pair("split_qk_norm_lean_out")
 
 _OUTS = ("q", "k_nope", "k_pe")
 
@@ -50,7 +52,6 @@ def split_qk_norm(latent, w_q, w_kv, *, eps_q: float = 1e-5, eps_kv: float = 1e-
             q, k_nope, k_pe = out  # the per-step call of an engine: no more checks here
         else:
             q, k_nope, k_pe = _outs(out, _OUTS, (q, k_nope, k_pe), "split_qk_norm")
-    Q, C, R = _ranks(latent, w_q, w_kv, q_lora_rank, kv_lora_rank, rope_dim)
     outs_given = q is not None or k_nope is not None or k_pe is not None
     if inplace and outs_given:
         raise ValueError("split_qk_norm: inplace=True writes into the latent; do not also "
@@ -58,6 +59,21 @@ def split_qk_norm(latent, w_q, w_kv, *, eps_q: float = 1e-5, eps_kv: float = 1e-
     if isinstance(latent, _TT):
         eager = not _is_compiling()
         try:
+            if q_lora_rank is None and kv_lora_rank is None and rope_dim is None and not inplace:
+                # The ranks from the shapes, taken by the op itself (the _lean forms: three
+                # arguments fewer through the dispatcher), when nothing is left to allocate.
+                if not outs_given:
+                    op = _lean_eager if eager else _op_lean
+                    q, k_nope, k_pe = (op(latent, w_q, w_kv, eps_q, eps_kv) if return_k_pe else
+                                       op(latent, w_q, w_kv, eps_q, eps_kv, False))
+                    return (q if w_q is not None and q.shape[1] > 0 else None, k_nope,
+                            k_pe if return_k_pe else None)
+                if (k_nope is not None and (q is not None or w_q is None)
+                        and (k_pe is not None or not return_k_pe)):
+                    (_lean_out_eager if eager else _op_lean_out)(latent, w_q, w_kv, q, k_nope,
+                                                                 k_pe, eps_q, eps_kv)
+                    return q, k_nope, k_pe
+            Q, C, R = _ranks(latent, w_q, w_kv, q_lora_rank, kv_lora_rank, rope_dim)
             if inplace:
                 (_split_inplace_eager if eager else _op_split_inplace)(latent, w_q, w_kv, Q, C,
                                                                       R, eps_q, eps_kv)
@@ -80,6 +96,7 @@ def split_qk_norm(latent, w_q, w_kv, *, eps_q: float = 1e-5, eps_kv: float = 1e-
         except RuntimeError as e:
             raise _torch_error(e, w_q=w_q, w_kv=w_kv, q=q, k_nope=k_nope, k_pe=k_pe) from None
     _check_same_kind(False, w_q=w_q, w_kv=w_kv, q=q, k_nope=k_nope, k_pe=k_pe)
+    Q, C, R = _ranks(latent, w_q, w_kv, q_lora_rank, kv_lora_rank, rope_dim)
 
     np = _core._numpy()
     if inplace:

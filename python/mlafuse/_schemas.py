@@ -25,6 +25,7 @@ python/csrc names exactly these ops and writes no schema of its own).
 _KV_IN = ("Tensor latent, Tensor? w_q, Tensor w_kv, Tensor? positions, Tensor? cos_sin, "
           "Tensor slot_mapping, Tensor(a!) kv_cache, Tensor(b!)? error_count")
 _KV_P = "int q_lora_rank, int kv_lora_rank, int rope_dim, float eps_q, float eps_kv, int style"
+_KV_LEAN_P = "float eps_q, float eps_kv, int style"  # the _lean forms: ranks from the shapes
 
 
 def _kv_fmt(amax: str, kpe: str, tail: bool) -> str:
@@ -58,6 +59,16 @@ SCHEMAS = {
     "split_qk_norm_inplace": (
         "split_qk_norm_inplace(Tensor(a!) latent, Tensor? w_q, Tensor w_kv, "
         "int q_lora_rank, int kv_lora_rank, int rope_dim, float eps_q, float eps_kv) -> ()"),
+    # The _lean forms take the ranks from the shapes, as mlafuse.split_qk_norm does when none is
+    # given (q_lora_rank len(w_q), 0 without w_q; kv_lora_rank len(w_kv); rope_dim the rest of
+    # the latent row): three arguments fewer per call, and each costs the dispatcher's entry
+    # from Python about as much as a tensor.
+    "split_qk_norm_lean": (
+        "split_qk_norm_lean(Tensor latent, Tensor? w_q, Tensor w_kv, float eps_q, float eps_kv, "
+        "bool return_k_pe=True) -> (Tensor, Tensor, Tensor)"),
+    "split_qk_norm_lean_out": (
+        "split_qk_norm_lean_out(Tensor latent, Tensor? w_q, Tensor w_kv, Tensor(a!)? q, "
+        "Tensor(b!) k_nope, Tensor(c!)? k_pe, float eps_q, float eps_kv) -> ()"),
     # mla_kv_cache -> (q, k_nope or [T,0], k_pe or [T,0]); mutates kv_cache, error_count,
     # amax_out, kpe_cache (and the _out form its outputs)
     "mla_kv_cache": (
@@ -66,6 +77,13 @@ SCHEMAS = {
     "mla_kv_cache_out": (
         f"mla_kv_cache_out({_KV_IN}, Tensor(c!)? q, Tensor(d!)? k_nope, Tensor(e!)? k_pe, "
         f"{_KV_P}, {_kv_fmt('f', 'g', True)}) -> ()"),
+    # the same two with the ranks from the shapes, as split_qk_norm_lean(_out)
+    "mla_kv_cache_lean": (
+        f"mla_kv_cache_lean({_KV_IN}, {_KV_LEAN_P}, bool return_k_nope=False, "
+        f"bool return_k_pe=False, {_kv_fmt('c', 'd', True)}) -> (Tensor, Tensor, Tensor)"),
+    "mla_kv_cache_lean_out": (
+        f"mla_kv_cache_lean_out({_KV_IN}, Tensor(c!)? q, Tensor(d!)? k_nope, Tensor(e!)? k_pe, "
+        f"{_KV_LEAN_P}, {_kv_fmt('f', 'g', True)}) -> ()"),
     # mla_kv_cache_dsa -> (q, k_nope, k_pe, index_out, each or [T,0]); mutates what
     # mla_kv_cache does and index_cache, topk_fill (and the _out form its outputs)
     "mla_kv_cache_dsa": (

@@ -139,6 +139,31 @@ def _nothing(*args, **kwargs):
 _register("split_qk_norm_out", _split_out, _nothing)
 
 
+def _ranks_of(latent, w_q, w_kv):
+    """The _lean forms' ranks: from the shapes, as mlafuse.split_qk_norm takes them when none
+    is given (len(w_q) or 0, len(w_kv), the rest of the latent row; a missing dim counts 0)."""
+    Q = w_q.shape[0] if w_q is not None and w_q.dim() >= 1 else 0
+    C = w_kv.shape[0] if w_kv.dim() >= 1 else 0
+    return Q, C, (latent.shape[1] if latent.dim() >= 2 else 0) - Q - C
+
+
+def _split_lean(latent, w_q, w_kv, eps_q, eps_kv, return_k_pe=True):
+    return _split_impl(latent, w_q, w_kv, *_ranks_of(latent, w_q, w_kv), eps_q, eps_kv,
+                       return_k_pe)
+
+
+def _split_lean_fake(latent, w_q, w_kv, eps_q, eps_kv, return_k_pe=True):
+    return _split_alloc(latent, *_ranks_of(latent, w_q, w_kv), return_k_pe)
+
+
+def _split_lean_out(latent, w_q, w_kv, q, k_nope, k_pe, eps_q, eps_kv):
+    _split_out(latent, w_q, w_kv, q, k_nope, k_pe, *_ranks_of(latent, w_q, w_kv), eps_q, eps_kv)
+
+
+_register("split_qk_norm_lean", _split_lean, _split_lean_fake)
+_register("split_qk_norm_lean_out", _split_lean_out, _nothing)
+
+
 def _split_inplace(latent, w_q, w_kv, Q, C, R, eps_q, eps_kv):
     # The in-place form the library accepts: outputs are exactly the latent's own columns.
     q = latent[:, :Q] if Q > 0 and latent.dim() == 2 else None
@@ -192,6 +217,27 @@ def _kv_fake(latent, w_q, w_kv, positions, cos_sin, slot_mapping, kv_cache, erro
 
 _register("mla_kv_cache", _kv_impl, _kv_fake)
 _register("mla_kv_cache_out", _kv_out, _nothing)
+
+
+def _kv_lean(latent, w_q, w_kv, positions, cos_sin, slot_mapping, kv_cache, error_count, eps_q,
+             eps_kv, style, *rest, **kw):  # rest, kw: mla_kv_cache's after style
+    return _kv_impl(latent, w_q, w_kv, positions, cos_sin, slot_mapping, kv_cache, error_count,
+                    *_ranks_of(latent, w_q, w_kv), eps_q, eps_kv, style, *rest, **kw)
+
+
+def _kv_lean_fake(latent, w_q, w_kv, positions, cos_sin, slot_mapping, kv_cache, error_count,
+                  eps_q, eps_kv, style, return_k_nope=False, return_k_pe=False, *rest, **kw):
+    return _kv_alloc(latent, *_ranks_of(latent, w_q, w_kv), return_k_nope, return_k_pe)
+
+
+def _kv_lean_out(latent, w_q, w_kv, positions, cos_sin, slot_mapping, kv_cache, error_count, q,
+                 k_nope, k_pe, eps_q, eps_kv, style, *rest, **kw):
+    _kv_out(latent, w_q, w_kv, positions, cos_sin, slot_mapping, kv_cache, error_count, q,
+            k_nope, k_pe, *_ranks_of(latent, w_q, w_kv), eps_q, eps_kv, style, *rest, **kw)
+
+
+_register("mla_kv_cache_lean", _kv_lean, _kv_lean_fake)
+_register("mla_kv_cache_lean_out", _kv_lean_out, _nothing)
 
 
 # ---- the DSA indexer (docs/dsa.md) ---------------------------------------------------------

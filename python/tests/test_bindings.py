@@ -155,7 +155,7 @@ def test_compile_writes_caches_in_place(device):
     want = _step(**a)
     got, codes = run_and_get_code(compiled, **b)
     code = "\n".join(codes)
-    assert "torch.ops.mlafuse.mla_kv_cache.default(" in code
+    assert "torch.ops.mlafuse.mla_kv_cache_lean.default(" in code  # ranks from the shapes
     assert "torch.ops.mlafuse.rope_q.default(" in code
     for bad in (".copy_(", "aten.copy", "clone", "auto_functionalized"):
         assert bad not in code, f"{bad} in the compiled code:\n{code}"

@@ -579,7 +579,7 @@ def test_compile_fp8(device):
     want = run_or_skip(device, _fp8_step, **a)
     got, codes = run_and_get_code(compiled, **b)
     code = "\n".join(codes)
-    assert "torch.ops.mlafuse.mla_kv_cache.default(" in code
+    assert "torch.ops.mlafuse.mla_kv_cache_lean.default(" in code  # ranks from the shapes
     for bad in (".copy_(", "aten.copy", "clone", "auto_functionalized", ".item()"):
         assert bad not in code, f"{bad} in the compiled code:\n{code}"
     for x, y in zip(want, got):

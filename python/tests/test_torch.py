@@ -129,6 +129,29 @@ def test_split_qk_norm_out_and_inplace(device, dtype):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_ranks_given_or_from_the_shapes(device):
+    """Without q_lora_rank / kv_lora_rank / rope_dim the torch path calls the _lean ops (the
+    ranks from the shapes, in the op); with them, the ops taking the ranks. Same bytes, and the
+    given ranks are checked."""
+    a = setup_kv(device, torch.bfloat16, seed=5, Q=32, C=64, R=16)
+    b = {k: (v.clone() if k == "kv_cache" else v) for k, v in a.items()}
+    ranks = dict(q_lora_rank=32, kv_lora_rank=64, rope_dim=16)
+    for form in ({}, dict(out=tuple(torch.empty(19, n, dtype=torch.bfloat16, device=device)
+                                    for n in (32, 64, 16)))):
+        got = mlafuse.split_qk_norm(a["latent"], a["w_q"], a["w_kv"], **form)
+        want = mlafuse.split_qk_norm(a["latent"], a["w_q"], a["w_kv"], **ranks)
+        assert all(torch.equal(x, y) for x, y in zip(got, want))
+    got = mlafuse.mla_kv_cache(**a, return_k_pe=True)
+    want = mlafuse.mla_kv_cache(**b, return_k_pe=True, **ranks)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[2], want[2])
+    assert got[1] is None and torch.equal(a["kv_cache"], b["kv_cache"])
+    with pytest.raises(mlafuse.MlafError, match="rope_dim"):
+        mlafuse.split_qk_norm(a["latent"], a["w_q"], a["w_kv"], rope_dim=15)
+    assert mlafuse.split_qk_norm(a["latent"], None, torch.ones(96, device=device,
+                                                               dtype=torch.bfloat16))[0] is None
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES, ids=dname)
 @pytest.mark.parametrize("style", ["interleaved", "neox"])
 def test_mla_kv_cache(device, dtype, style):
@@ -283,9 +306,19 @@ def test_opcheck(device):
                                  torch.empty(T, 64, dtype=lat.dtype, device=device), None,
                                  32, 64, 16, 1e-5, 1e-5)),
         (ops.split_qk_norm_inplace, (lat.clone(), w_q, w_kv, 32, 64, 16, 1e-5, 1e-5)),
+        (ops.split_qk_norm_lean, (lat, w_q, w_kv, 1e-5, 1e-5)),
+        (ops.split_qk_norm_lean_out, (lat, w_q, w_kv, torch.empty(T, 32, dtype=lat.dtype,
+                                                                  device=device),
+                                      torch.empty(T, 64, dtype=lat.dtype, device=device),
+                                      torch.empty(T, 16, dtype=lat.dtype, device=device),
+                                      1e-5, 1e-5)),
         (ops.mla_kv_cache, kv_args + (32, 64, 16, 1e-5, 1e-5, 0, True, True)),
         (ops.mla_kv_cache_out, kv_args + (torch.empty(T, 32, dtype=lat.dtype, device=device),
                                           None, None, 32, 64, 16, 1e-5, 1e-5, 1)),
+        (ops.mla_kv_cache_lean, kv_args + (1e-5, 1e-5, 1, True, False)),
+        (ops.mla_kv_cache_lean_out, kv_args + (torch.empty(T, 32, dtype=lat.dtype, device=device),
+                                               torch.empty(T, 64, dtype=lat.dtype, device=device),
+                                               None, 1e-5, 1e-5, 0)),
         (ops.rope_q, (torch.randn(T, 4, 24, device=device, dtype=torch.bfloat16),
                       a["positions"], a["cos_sin"], 16, 0, err)),
         (ops.moe_gate, (logits, bias) + gate_p + (True, None)),
