@@ -273,7 +273,8 @@ def mla_kv_cache(latent, w_q, w_kv, positions, cos_sin, slot_mapping, kv_cache, 
                     else:
                         q, k_nope, k_pe = op(*ins, eps_q, eps_kv, style, return_k_nope,
                                              return_k_pe, *(fmt or ()))
-                    return (q if w_q is not None and q.shape[1] > 0 else None,
+                    # (the library rejects a w_q with q_lora_rank 0: with w_q, q has columns)
+                    return (q if w_q is not None else None,
                             k_nope if return_k_nope else None, k_pe if return_k_pe else None)
                 if ((q is not None or w_q is None) and (k_nope is not None or not return_k_nope)
                         and (k_pe is not None or not return_k_pe)):

@@ -66,7 +66,8 @@ def split_qk_norm(latent, w_q, w_kv, *, eps_q: float = 1e-5, eps_kv: float = 1e-
                     op = _lean_eager if eager else _op_lean
                     q, k_nope, k_pe = (op(latent, w_q, w_kv, eps_q, eps_kv) if return_k_pe else
                                        op(latent, w_q, w_kv, eps_q, eps_kv, False))
-                    return (q if w_q is not None and q.shape[1] > 0 else None, k_nope,
+                    # (the library rejects a w_q with q_lora_rank 0: with w_q, q has columns)
+                    return (q if w_q is not None else None, k_nope,
                             k_pe if return_k_pe else None)
                 if (k_nope is not None and (q is not None or w_q is None)
                         and (k_pe is not None or not return_k_pe)):
