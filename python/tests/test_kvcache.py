@@ -95,37 +95,36 @@ def test_kvcache_is_the_keywords(kind, name):
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_kvcache_ds_mla_and_dsa(kind):
-    """fp8_ds_mla (tile scales) through mla_kv_cache_dsa, as a KVCache and as keywords."""
-    a = inputs(kind, seed=1, C=512)
-    a["latent"] = a["latent"] if kind == "numpy" else a["latent"].bfloat16()
-    if kind == "numpy":
-        pytest.importorskip("ml_dtypes", reason="fp8_ds_mla takes a bf16 latent (ml_dtypes)")
-        import ml_dtypes
-
+@pytest.mark.parametrize("fmt", ["fp8_ds_mla", "fp8"])
+def test_kvcache_through_dsa(kind, fmt):
+    """mla_kv_cache_dsa takes a KVCache too: fp8_ds_mla (tile scales; bf16 latent, C = 512) and
+    fp8 (a k_scale, f32 latent), the same bytes as with the keywords."""
+    ds = fmt == "fp8_ds_mla"
+    a = inputs(kind, seed=1, C=512 if ds else C)
+    if ds and kind == "numpy":
+        ml_dtypes = pytest.importorskip("ml_dtypes",
+                                        reason="fp8_ds_mla takes a bf16 latent (ml_dtypes)")
         a["latent"] = a["latent"].astype(ml_dtypes.bfloat16)
+    elif ds:
+        a["latent"] = a["latent"].bfloat16()
     rng = np.random.default_rng(3)
     idx = (of(kind, rng.standard_normal((T, 128)).astype(np.float32)),
            of(kind, np.ones(128, np.float32)), of(kind, np.zeros(128, np.float32)))
-    if kind != "numpy":
+    if ds and kind != "numpy":
         idx = (idx[0].bfloat16(),) + idx[1:]
+    kw = dict(tile_scale="ue8m0") if ds else dict(k_scale=scalar(kind, 0.05))
     runs = []
     for form in ("keywords", "object"):
-        kv = of(kind, np.zeros((NB, BS, 656), np.uint8))  # C = 512: the 656-byte record
+        kv = of(kind, np.zeros((NB, BS, 656 if ds else C + R), np.uint8))  # 656: ds_mla, C 512
         ic = of(kind, np.zeros((NB, 132 * BS), np.uint8))
-        if form == "keywords":
-            out = mlafuse.mla_kv_cache_dsa(**a, kv_cache=kv, index_k=idx[0], index_weight=idx[1],
-                                           index_bias=idx[2], index_cache=ic,
-                                           cache_format="fp8_ds_mla", tile_scale="ue8m0")
-        else:
-            obj = mlafuse.KVCache(kv, "fp8_ds_mla", tile_scale="ue8m0")
-            out = mlafuse.mla_kv_cache_dsa(**a, kv_cache=obj, index_k=idx[0],
-                                           index_weight=idx[1], index_bias=idx[2],
-                                           index_cache=ic)
+        cache = (dict(kv_cache=kv, cache_format=fmt, **kw) if form == "keywords" else
+                 dict(kv_cache=mlafuse.KVCache(kv, fmt, **kw)))
+        out = mlafuse.mla_kv_cache_dsa(**a, **cache, index_k=idx[0], index_weight=idx[1],
+                                       index_bias=idx[2], index_cache=ic)
         runs.append((out[0], kv, ic))
     for x, y in zip(*runs):
         assert np.array_equal(host(x), host(y))
-    assert host(runs[0][1]).any()
+    assert host(runs[0][1]).any() and host(runs[0][2]).any()
 
 
 def test_kvcache_checks_its_format_when_made():
