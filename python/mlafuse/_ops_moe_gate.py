@@ -15,6 +15,20 @@ if _torch is not None:
     _op_gate_hash_out, _gate_hash_out_eager = _op_pair("moe_gate_hash_out")
 
 
+
+def _gate_outputs(logits, args, weights, ids, scores, want_scores, weights_dtype):
+    """The outputs of a call given some of them (out=): the missing ones allocated as the
+    allocating form makes them (args[0] top_k, args[9] shared experts)."""
+    T, E = _dim(logits, 0), _dim(logits, 1)
+    K = max(int(args[0]) + int(args[9]), 0)
+    if weights is None:
+        weights = logits.new_empty((T, K), dtype=weights_dtype or _torch.float32)
+    if ids is None:
+        ids = logits.new_empty((T, K), dtype=_torch.int32)
+    if scores is None and want_scores:
+        scores = logits.new_empty((T, E), dtype=_torch.float32)
+    return weights, ids, scores
+
 def _gate_outs(out, weights, ids, scores, op: str):
     """out= as (weights, ids) or (weights, ids, scores), the tuples the call returns."""
     n = len(out) if isinstance(out, (tuple, list)) else 0
@@ -124,15 +138,8 @@ def moe_gate(logits, bias=None, *, config=None, top_k: int | None = None,
                 w, i, s = (_gate_eager if not compiling else _op_gate)(
                     logits, bias, *args, want_scores, weights_dtype)
                 return (w, i, s) if want_scores else (w, i)
-            T, E = _dim(logits, 0), _dim(logits, 1)
-            K = int(args[0]) + int(args[9])
-            if weights is None:
-                weights = logits.new_empty((T, max(K, 0)),
-                                           dtype=weights_dtype or _torch.float32)
-            if ids is None:
-                ids = logits.new_empty((T, max(K, 0)), dtype=_torch.int32)
-            if scores is None and want_scores:
-                scores = logits.new_empty((T, E), dtype=_torch.float32)
+            weights, ids, scores = _gate_outputs(logits, args, weights, ids, scores, want_scores,
+                                                 weights_dtype)
             (_gate_out_eager if not compiling else _op_gate_out)(logits, bias, weights, ids,
                                                                  scores, *args)
         except RuntimeError as e:
@@ -201,15 +208,8 @@ def moe_gate_hash(logits, tid2eid, token_ids, *, config=None, top_k: int | None 
                 w, i, s = (_gate_hash_eager if eager else _op_gate_hash)(
                     logits, tid2eid, token_ids, error_count, *args, want_scores, weights_dtype)
                 return (w, i, s) if want_scores else (w, i)
-            T, E = _dim(logits, 0), _dim(logits, 1)
-            K = int(args[0]) + int(args[9])
-            if weights is None:
-                weights = logits.new_empty((T, max(K, 0)),
-                                           dtype=weights_dtype or _torch.float32)
-            if ids is None:
-                ids = logits.new_empty((T, max(K, 0)), dtype=_torch.int32)
-            if scores is None and want_scores:
-                scores = logits.new_empty((T, E), dtype=_torch.float32)
+            weights, ids, scores = _gate_outputs(logits, args, weights, ids, scores, want_scores,
+                                                 weights_dtype)
             (_gate_hash_out_eager if eager else _op_gate_hash_out)(
                 logits, tid2eid, token_ids, weights, ids, scores, error_count, *args)
         except RuntimeError as e:
