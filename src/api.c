@@ -28,15 +28,39 @@ static const mlaf_backend_iface *iface_of(const mlaf_context *ctx) {
         return f_->fn(ctx, job);                                                              \
     } while (0)
 
+mlaf_status mlaf_split_qk_norm_quant(mlaf_context *ctx, const mlaf_split_qk_norm_params *p,
+                                     const mlaf_tensor *latent, const mlaf_tensor *w_q,
+                                     const mlaf_tensor *w_kv, const mlaf_tensor *q,
+                                     const mlaf_tensor *k_nope, const mlaf_tensor *k_pe,
+                                     const mlaf_row_quant *quant) {
+    if (!ctx) return MLAF_ERR_NULL_POINTER;
+    mlaf_norm_job job;
+    mlaf_status st = mlaf_check_split_qk_norm_q(ctx, p, latent, w_q, w_kv, q, k_nope, k_pe, quant, &job);
+    if (st != MLAF_OK) return st;
+    DISPATCH(ctx, split_qk_norm, MLAF_OP_SPLIT_QK_NORM, job.T, &job);
+}
+
 mlaf_status mlaf_split_qk_norm(mlaf_context *ctx, const mlaf_split_qk_norm_params *p,
                                const mlaf_tensor *latent, const mlaf_tensor *w_q,
                                const mlaf_tensor *w_kv, const mlaf_tensor *q,
                                const mlaf_tensor *k_nope, const mlaf_tensor *k_pe) {
+    return mlaf_split_qk_norm_quant(ctx, p, latent, w_q, w_kv, q, k_nope, k_pe, NULL);
+}
+
+mlaf_status mlaf_mla_kv_cache_quant(mlaf_context *ctx, const mlaf_mla_kv_cache_params *p,
+                                    const mlaf_tensor *latent, const mlaf_tensor *w_q,
+                                    const mlaf_tensor *w_kv, const mlaf_tensor *positions,
+                                    const mlaf_tensor *cos_sin, const mlaf_tensor *slot_mapping,
+                                    const mlaf_kv_cache_desc *cache, const mlaf_tensor *q,
+                                    const mlaf_tensor *k_nope, const mlaf_tensor *k_pe,
+                                    const mlaf_tensor *error_count, const mlaf_row_quant *quant) {
     if (!ctx) return MLAF_ERR_NULL_POINTER;
-    mlaf_norm_job job;
-    mlaf_status st = mlaf_check_split_qk_norm(ctx, p, latent, w_q, w_kv, q, k_nope, k_pe, &job);
+    mlaf_kv_cache_job job;
+    mlaf_status st = mlaf_check_mla_kv_cache_q(ctx, p, latent, w_q, w_kv, positions, cos_sin,
+                                               slot_mapping, cache, q, k_nope, k_pe,
+                                               error_count, quant, &job);
     if (st != MLAF_OK) return st;
-    DISPATCH(ctx, split_qk_norm, MLAF_OP_SPLIT_QK_NORM, job.T, &job);
+    DISPATCH(ctx, mla_kv_cache, MLAF_OP_MLA_KV_CACHE, job.norm.T, &job);
 }
 
 mlaf_status mlaf_mla_kv_cache_fmt(mlaf_context *ctx, const mlaf_mla_kv_cache_params *p,
@@ -46,13 +70,8 @@ mlaf_status mlaf_mla_kv_cache_fmt(mlaf_context *ctx, const mlaf_mla_kv_cache_par
                                   const mlaf_kv_cache_desc *cache, const mlaf_tensor *q,
                                   const mlaf_tensor *k_nope, const mlaf_tensor *k_pe,
                                   const mlaf_tensor *error_count) {
-    if (!ctx) return MLAF_ERR_NULL_POINTER;
-    mlaf_kv_cache_job job;
-    mlaf_status st = mlaf_check_mla_kv_cache(ctx, p, latent, w_q, w_kv, positions, cos_sin,
-                                             slot_mapping, cache, q, k_nope, k_pe,
-                                             error_count, &job);
-    if (st != MLAF_OK) return st;
-    DISPATCH(ctx, mla_kv_cache, MLAF_OP_MLA_KV_CACHE, job.norm.T, &job);
+    return mlaf_mla_kv_cache_quant(ctx, p, latent, w_q, w_kv, positions, cos_sin, slot_mapping, cache, q, k_nope,
+                                   k_pe, error_count, NULL);
 }
 
 mlaf_status mlaf_mla_kv_cache(mlaf_context *ctx, const mlaf_mla_kv_cache_params *p,
@@ -70,26 +89,28 @@ mlaf_status mlaf_mla_kv_cache(mlaf_context *ctx, const mlaf_mla_kv_cache_params 
                                  k_nope, k_pe, error_count);
 }
 
-mlaf_status mlaf_mla_kv_cache_dsa(mlaf_context *ctx, const mlaf_mla_kv_cache_params *p,
-                                  const mlaf_tensor *latent, const mlaf_tensor *w_q,
-                                  const mlaf_tensor *w_kv, const mlaf_tensor *positions,
-                                  const mlaf_tensor *cos_sin, const mlaf_tensor *slot_mapping,
-                                  const mlaf_kv_cache_desc *cache, const mlaf_tensor *q,
-                                  const mlaf_tensor *k_nope, const mlaf_tensor *k_pe,
-                                  const mlaf_tensor *error_count, const mlaf_indexer_params *ip,
-                                  const mlaf_indexer_k *ik) {
+mlaf_status mlaf_mla_kv_cache_dsa_quant(mlaf_context *ctx, const mlaf_mla_kv_cache_params *p,
+                                        const mlaf_tensor *latent, const mlaf_tensor *w_q,
+                                        const mlaf_tensor *w_kv, const mlaf_tensor *positions,
+                                        const mlaf_tensor *cos_sin, const mlaf_tensor *slot_mapping,
+                                        const mlaf_kv_cache_desc *cache, const mlaf_tensor *q,
+                                        const mlaf_tensor *k_nope, const mlaf_tensor *k_pe,
+                                        const mlaf_tensor *error_count, const mlaf_indexer_params *ip,
+                                        const mlaf_indexer_k *ik, const mlaf_row_quant *quant) {
     if (!ik)
-        return mlaf_mla_kv_cache_fmt(ctx, p, latent, w_q, w_kv, positions, cos_sin, slot_mapping, cache, q,
-                                     k_nope, k_pe, error_count);
+        return mlaf_mla_kv_cache_quant(ctx, p, latent, w_q, w_kv, positions, cos_sin, slot_mapping, cache, q,
+                                       k_nope, k_pe, error_count, quant);
     if (!ctx) return MLAF_ERR_NULL_POINTER;
     mlaf_kv_cache_job job;
     mlaf_index_job ix;
-    mlaf_status st = mlaf_check_mla_kv_cache(ctx, p, latent, w_q, w_kv, positions, cos_sin,
-                                             slot_mapping, cache, q, k_nope, k_pe,
-                                             error_count, &job);
+    mlaf_status st = mlaf_check_mla_kv_cache_q(ctx, p, latent, w_q, w_kv, positions, cos_sin,
+                                               slot_mapping, cache, q, k_nope, k_pe,
+                                               error_count, quant, &job);
     if (st != MLAF_OK) return st;
     st = mlaf_check_indexer_k(ctx, ip, ik, p, latent, w_q, w_kv, positions, cos_sin, slot_mapping, cache, q, k_nope, k_pe,
                               error_count, &job, &ix);
+    if (st != MLAF_OK) return st;
+    st = mlaf_check_index_apart(ctx, ik, &job.norm, quant);
     if (st != MLAF_OK) return st;
     const mlaf_backend_iface *f = iface_of(ctx);
     if (!f || !f->mla_kv_cache_dsa)
@@ -98,6 +119,18 @@ mlaf_status mlaf_mla_kv_cache_dsa(mlaf_context *ctx, const mlaf_mla_kv_cache_par
     ctx->err[0] = '\0';
     if (job.norm.T == 0) return MLAF_OK;
     return f->mla_kv_cache_dsa(ctx, &job, &ix);
+}
+
+mlaf_status mlaf_mla_kv_cache_dsa(mlaf_context *ctx, const mlaf_mla_kv_cache_params *p,
+                                  const mlaf_tensor *latent, const mlaf_tensor *w_q,
+                                  const mlaf_tensor *w_kv, const mlaf_tensor *positions,
+                                  const mlaf_tensor *cos_sin, const mlaf_tensor *slot_mapping,
+                                  const mlaf_kv_cache_desc *cache, const mlaf_tensor *q,
+                                  const mlaf_tensor *k_nope, const mlaf_tensor *k_pe,
+                                  const mlaf_tensor *error_count, const mlaf_indexer_params *ip,
+                                  const mlaf_indexer_k *ik) {
+    return mlaf_mla_kv_cache_dsa_quant(ctx, p, latent, w_q, w_kv, positions, cos_sin, slot_mapping, cache, q, k_nope,
+                                       k_pe, error_count, ip, ik, NULL);
 }
 
 mlaf_status mlaf_indexer_q(mlaf_context *ctx, const mlaf_indexer_params *ip, const mlaf_tensor *q_idx,

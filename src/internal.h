@@ -43,6 +43,18 @@ mlaf_status mlaf_fail(mlaf_context *ctx, mlaf_status status, const char *fmt, ..
 
 /* ---- jobs ------------------------------------------------------------------------------ */
 
+/* One quantized GEMM-input output (include/mlafuse/quant.h, src/gemm_format.h), validated. */
+typedef struct mlaf_gemm_out_job {
+    mlaf_gemm_format format; /* MLAF_GEMM_NONE: no quantized output (the fields below unused) */
+    mlaf_gemm_scale scale;
+    float eps;               /* resolved: never 0 */
+    int32_t group;           /* g: 128 or 32 */
+    uint8_t *data;           /* [T, K] e4m3 bytes */
+    int64_t data_stride;     /* bytes */
+    void *scales;            /* the format's scales tensor */
+    int64_t scale_ld;        /* its leading stride, in elements of its dtype */
+} mlaf_gemm_out_job;
+
 /* split + two RMSNorms + k_pe copy; also the first half of mla_kv_cache. */
 typedef struct mlaf_norm_job {
     int64_t T;
@@ -55,12 +67,14 @@ typedef struct mlaf_norm_job {
     mlaf_dtype w_q_dt;       /* dt or MLAF_F32 */
     const void *w_kv;        /* [C] */
     mlaf_dtype w_kv_dt;
-    void *q;                 /* [T, Q] or NULL */
+    void *q;                 /* [T, Q] or NULL (Q == 0, or q_norm only quantized) */
     int64_t q_stride;
-    void *k_nope;            /* [T, C]; NULL only inside mla_kv_cache (optional there) */
+    void *k_nope;            /* [T, C] or NULL (mla_kv_cache's optional one, or k_nope only quantized) */
     int64_t k_nope_stride;
     void *k_pe;              /* [T, R] or NULL */
     int64_t k_pe_stride;
+    mlaf_gemm_out_job qq;    /* q_norm quantized (format NONE: none; include/mlafuse/quant.h) */
+    mlaf_gemm_out_job kq;    /* k_nope quantized (NONE: none) */
 } mlaf_norm_job;
 
 typedef struct mlaf_rope_job {
@@ -189,18 +203,6 @@ typedef struct mlaf_moe_gate_job {
     int32_t *error_count;    /* or NULL */
 } mlaf_moe_gate_job;
 
-/* One quantized GEMM-input output (include/mlafuse/quant.h, src/gemm_format.h), validated. */
-typedef struct mlaf_gemm_out_job {
-    mlaf_gemm_format format; /* MLAF_GEMM_NONE: no quantized output (the fields below unused) */
-    mlaf_gemm_scale scale;
-    float eps;               /* resolved: never 0 */
-    int32_t group;           /* g: 128 or 32 */
-    uint8_t *data;           /* [T, K] e4m3 bytes */
-    int64_t data_stride;     /* bytes */
-    void *scales;            /* the format's scales tensor */
-    int64_t scale_ld;        /* its leading stride, in elements of its dtype */
-} mlaf_gemm_out_job;
-
 /* rms_norm_quant (include/mlafuse/quant.h): y = RMSNorm(x [+ residual]) * w, dense and / or
  * quantized. */
 typedef struct mlaf_rms_norm_quant_job {
@@ -233,6 +235,25 @@ mlaf_status mlaf_check_mla_kv_cache(mlaf_context *ctx, const mlaf_mla_kv_cache_p
                                     const mlaf_kv_cache_desc *cache, const mlaf_tensor *q,
                                     const mlaf_tensor *k_nope, const mlaf_tensor *k_pe,
                                     const mlaf_tensor *error_count, mlaf_kv_cache_job *job);
+/* The same with the row ops' quantized outputs (rq NULL: none); then mlaf_check_row_quant fills
+ * job->qq / kq after checking them against every other tensor of the call (`others`, NULLs skipped;
+ * validate_quant.c). */
+mlaf_status mlaf_check_split_qk_norm_q(mlaf_context *ctx, const mlaf_split_qk_norm_params *p,
+                                       const mlaf_tensor *latent, const mlaf_tensor *w_q,
+                                       const mlaf_tensor *w_kv, const mlaf_tensor *q,
+                                       const mlaf_tensor *k_nope, const mlaf_tensor *k_pe,
+                                       const mlaf_row_quant *rq, mlaf_norm_job *job);
+mlaf_status mlaf_check_mla_kv_cache_q(mlaf_context *ctx, const mlaf_mla_kv_cache_params *p,
+                                      const mlaf_tensor *latent, const mlaf_tensor *w_q,
+                                      const mlaf_tensor *w_kv, const mlaf_tensor *positions,
+                                      const mlaf_tensor *cos_sin, const mlaf_tensor *slot_mapping,
+                                      const mlaf_kv_cache_desc *cache, const mlaf_tensor *q,
+                                      const mlaf_tensor *k_nope, const mlaf_tensor *k_pe,
+                                      const mlaf_tensor *error_count, const mlaf_row_quant *rq,
+                                      mlaf_kv_cache_job *job);
+mlaf_status mlaf_check_row_quant(mlaf_context *ctx, const mlaf_row_quant *rq, int32_t tail,
+                                 const mlaf_tensor *const *others, const char *const *names, int n,
+                                 mlaf_norm_job *job);
 /* The plain cache description of mlaf_mla_kv_cache's kv_cache. */
 static inline mlaf_kv_cache_desc mlaf_kv_desc_plain(const mlaf_tensor *kv_cache) {
     mlaf_kv_cache_desc d = {MLAF_KV_PLAIN, kv_cache, NULL, NULL, NULL, MLAF_FP8_DIV, MLAF_TILE_AMAX};
@@ -246,6 +267,9 @@ mlaf_status mlaf_check_indexer_k(mlaf_context *ctx, const mlaf_indexer_params *i
                                  const mlaf_tensor *slot_mapping, const mlaf_kv_cache_desc *cache,
                                  const mlaf_tensor *q, const mlaf_tensor *k_nope, const mlaf_tensor *k_pe,
                                  const mlaf_tensor *error_count, const mlaf_kv_cache_job *kv, mlaf_index_job *job);
+/* The row ops' quantized outputs apart from the indexer's tensors and index caches (validate_dsa.c). */
+mlaf_status mlaf_check_index_apart(mlaf_context *ctx, const mlaf_indexer_k *ik, const mlaf_norm_job *job,
+                                   const mlaf_row_quant *rq);
 mlaf_status mlaf_check_indexer_q(mlaf_context *ctx, const mlaf_indexer_params *ip, const mlaf_tensor *q_idx,
                                  const mlaf_tensor *positions, const mlaf_tensor *cos_sin, const mlaf_tensor *w,
                                  const mlaf_tensor *q_fp8, const mlaf_tensor *w_out, const mlaf_tensor *q_pe,

@@ -257,7 +257,7 @@ static mlaf_status check_tokens(mlaf_context *ctx, const mlaf_tensor *t, const c
 static mlaf_status check_norm_part(mlaf_context *ctx, int32_t Q, int32_t C, int32_t R, float eps_q,
                                    float eps_kv, const mlaf_tensor *latent,
                                    const mlaf_tensor *w_q, const mlaf_tensor *w_kv,
-                                   const mlaf_tensor *q, const mlaf_tensor *k_nope,
+                                   const mlaf_tensor *q, int q_required, const mlaf_tensor *k_nope,
                                    int k_nope_required, const mlaf_tensor *k_pe,
                                    mlaf_norm_job *job) {
     if (Q < 0)
@@ -298,10 +298,10 @@ static mlaf_status check_norm_part(mlaf_context *ctx, int32_t Q, int32_t C, int3
     static const char *const kn_expr[2] = {"latent.shape[0]", "kv_lora_rank"};
     static const char *const kp_expr[2] = {"latent.shape[0]", "rope_dim"};
     unsigned odt = DT_(dt);
-    if (Q > 0) {
+    if (Q > 0 && (q || q_required)) {
         int64_t wq[2] = {T, Q};
         TRY(check_tensor(ctx, q, "q", odt, 2, wq, q_expr));
-    } else if (q) {
+    } else if (Q == 0 && q) {
         return mlaf_fail(ctx, MLAF_ERR_INVALID_ARGUMENT,
                          "q is given but q_lora_rank = 0 (no q part); pass NULL");
     }
@@ -345,7 +345,7 @@ static mlaf_status check_norm_part(mlaf_context *ctx, int32_t Q, int32_t C, int3
     job->w_q_dt = Q > 0 ? w_q->dtype : dt;
     job->w_kv = w_kv->data;
     job->w_kv_dt = w_kv->dtype;
-    if (Q > 0) {
+    if (Q > 0 && q) {
         job->q = q->data;
         job->q_stride = q->stride[0];
     }
@@ -360,19 +360,30 @@ static mlaf_status check_norm_part(mlaf_context *ctx, int32_t Q, int32_t C, int3
     return MLAF_OK;
 }
 
-mlaf_status mlaf_check_split_qk_norm(mlaf_context *ctx, const mlaf_split_qk_norm_params *p,
-                                     const mlaf_tensor *latent, const mlaf_tensor *w_q,
-                                     const mlaf_tensor *w_kv, const mlaf_tensor *q,
-                                     const mlaf_tensor *k_nope, const mlaf_tensor *k_pe,
-                                     mlaf_norm_job *job) {
+mlaf_status mlaf_check_split_qk_norm_q(mlaf_context *ctx, const mlaf_split_qk_norm_params *p,
+                                       const mlaf_tensor *latent, const mlaf_tensor *w_q,
+                                       const mlaf_tensor *w_kv, const mlaf_tensor *q,
+                                       const mlaf_tensor *k_nope, const mlaf_tensor *k_pe,
+                                       const mlaf_row_quant *rq, mlaf_norm_job *job) {
     if (!p) return mlaf_fail(ctx, MLAF_ERR_NULL_POINTER, "params is NULL (required)");
     if (p->kv_rope_tail != 0)
         return mlaf_fail(ctx, MLAF_ERR_INVALID_ARGUMENT,
                          "kv_rope_tail = %d, expected 0 for split_qk_norm (it has no positions to rotate "
                          "with; mla_kv_cache takes kv_rope_tail)",
                          p->kv_rope_tail);
-    return check_norm_part(ctx, p->q_lora_rank, p->kv_lora_rank, p->rope_dim, p->eps_q,
-                           p->eps_kv, latent, w_q, w_kv, q, k_nope, 1, k_pe, job);
+    TRY(check_norm_part(ctx, p->q_lora_rank, p->kv_lora_rank, p->rope_dim, p->eps_q, p->eps_kv, latent, w_q,
+                        w_kv, q, !rq || !rq->q.format, k_nope, !rq || !rq->k_nope.format, k_pe, job));
+    const mlaf_tensor *all[6] = {latent, w_q, w_kv, q, k_nope, k_pe};
+    static const char *const names[6] = {"latent", "w_q", "w_kv", "q", "k_nope", "k_pe"};
+    return mlaf_check_row_quant(ctx, rq, 0, all, names, 6, job);
+}
+
+mlaf_status mlaf_check_split_qk_norm(mlaf_context *ctx, const mlaf_split_qk_norm_params *p,
+                                     const mlaf_tensor *latent, const mlaf_tensor *w_q,
+                                     const mlaf_tensor *w_kv, const mlaf_tensor *q,
+                                     const mlaf_tensor *k_nope, const mlaf_tensor *k_pe,
+                                     mlaf_norm_job *job) {
+    return mlaf_check_split_qk_norm_q(ctx, p, latent, w_q, w_kv, q, k_nope, k_pe, NULL, job);
 }
 
 /* ---- RoPE inputs ----------------------------------------------------------------------- */
@@ -508,13 +519,14 @@ static mlaf_status check_cache_desc(mlaf_context *ctx, const mlaf_kv_cache_desc 
     return MLAF_OK;
 }
 
-mlaf_status mlaf_check_mla_kv_cache(mlaf_context *ctx, const mlaf_mla_kv_cache_params *p,
-                                    const mlaf_tensor *latent, const mlaf_tensor *w_q,
-                                    const mlaf_tensor *w_kv, const mlaf_tensor *positions,
-                                    const mlaf_tensor *cos_sin, const mlaf_tensor *slot_mapping,
-                                    const mlaf_kv_cache_desc *cache, const mlaf_tensor *q,
-                                    const mlaf_tensor *k_nope, const mlaf_tensor *k_pe,
-                                    const mlaf_tensor *error_count, mlaf_kv_cache_job *job) {
+mlaf_status mlaf_check_mla_kv_cache_q(mlaf_context *ctx, const mlaf_mla_kv_cache_params *p,
+                                      const mlaf_tensor *latent, const mlaf_tensor *w_q,
+                                      const mlaf_tensor *w_kv, const mlaf_tensor *positions,
+                                      const mlaf_tensor *cos_sin, const mlaf_tensor *slot_mapping,
+                                      const mlaf_kv_cache_desc *cache, const mlaf_tensor *q,
+                                      const mlaf_tensor *k_nope, const mlaf_tensor *k_pe,
+                                      const mlaf_tensor *error_count, const mlaf_row_quant *rq,
+                                      mlaf_kv_cache_job *job) {
     if (!p) return mlaf_fail(ctx, MLAF_ERR_NULL_POINTER, "params is NULL (required)");
     mlaf_kv_cache_job j;
     memset(&j, 0, sizeof j);
@@ -539,7 +551,7 @@ mlaf_status mlaf_check_mla_kv_cache(mlaf_context *ctx, const mlaf_mla_kv_cache_p
                              tail);
     }
     TRY(check_norm_part(ctx, p->q_lora_rank, p->kv_lora_rank, p->rope_dim, p->eps_q, p->eps_kv,
-                        latent, w_q, w_kv, q, k_nope, 0, k_pe, &j.norm));
+                        latent, w_q, w_kv, q, !rq || !rq->q.format, k_nope, 0, k_pe, &j.norm));
     int64_t T = j.norm.T;
     int32_t C = p->kv_lora_rank, R = p->rope_dim;
     if (R > 0 || tail > 0) {
@@ -581,8 +593,27 @@ mlaf_status mlaf_check_mla_kv_cache(mlaf_context *ctx, const mlaf_mla_kv_cache_p
     j.n_map = slot_mapping->shape[0];
     j.error_count = error_count ? (int32_t *)error_count->data : NULL;
     j.kv_tail = tail;
+    {
+        const mlaf_tensor *all[14] = {latent, w_q, w_kv, positions, cos_sin, slot_mapping, cache->scale,
+                                      q, k_nope, k_pe, cache->cache, cache->kpe, cache->amax_out, error_count};
+        static const char *const names[14] = {"latent", "w_q", "w_kv", "positions", "cos_sin", "slot_mapping",
+                                              "scale", "q", "k_nope", "k_pe", "kv_cache", "kpe", "amax_out",
+                                              "error_count"};
+        TRY(mlaf_check_row_quant(ctx, rq, tail, all, names, 14, &j.norm));
+    }
     *job = j;
     return MLAF_OK;
+}
+
+mlaf_status mlaf_check_mla_kv_cache(mlaf_context *ctx, const mlaf_mla_kv_cache_params *p,
+                                    const mlaf_tensor *latent, const mlaf_tensor *w_q,
+                                    const mlaf_tensor *w_kv, const mlaf_tensor *positions,
+                                    const mlaf_tensor *cos_sin, const mlaf_tensor *slot_mapping,
+                                    const mlaf_kv_cache_desc *cache, const mlaf_tensor *q,
+                                    const mlaf_tensor *k_nope, const mlaf_tensor *k_pe,
+                                    const mlaf_tensor *error_count, mlaf_kv_cache_job *job) {
+    return mlaf_check_mla_kv_cache_q(ctx, p, latent, w_q, w_kv, positions, cos_sin, slot_mapping, cache, q, k_nope,
+                                     k_pe, error_count, NULL, job);
 }
 
 /* ---- rope_q ---------------------------------------------------------------------------- */

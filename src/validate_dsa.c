@@ -152,6 +152,34 @@ mlaf_status mlaf_check_indexer_k(mlaf_context *ctx, const mlaf_indexer_params *i
     return MLAF_OK;
 }
 
+/* The row ops' quantized outputs (already checked against the MLA tensors) against the indexer's
+ * tensors and every index cache copy. */
+mlaf_status mlaf_check_index_apart(mlaf_context *ctx, const mlaf_indexer_k *ik, const mlaf_norm_job *job,
+                                   const mlaf_row_quant *rq) {
+    if (!rq || !ik) return MLAF_OK;
+    const mlaf_gemm_out *outs[2] = {job->qq.format ? &rq->q : NULL, job->kq.format ? &rq->k_nope : NULL};
+    static const char *const data_names[2] = {"quant->q.data", "quant->k_nope.data"};
+    static const char *const scale_names[2] = {"quant->q.scales", "quant->k_nope.scales"};
+    const mlaf_tensor *ix[5] = {ik->index_k, ik->weight, ik->bias, ik->out, ik->topk_fill};
+    static const char *const ix_names[5] = {"index_k", "index_weight", "index_bias", "index_out", "topk_fill"};
+    const int32_t copies = ik->copies > 1 ? ik->copies : 1;
+    for (int i = 0; i < 2; i++) {
+        if (!outs[i]) continue;
+        for (int k = 0; k < 5; k++) {
+            TRY(mlaf_vcheck_no_overlap(ctx, outs[i]->data, data_names[i], ix[k], ix_names[k]));
+            TRY(mlaf_vcheck_no_overlap(ctx, outs[i]->scales, scale_names[i], ix[k], ix_names[k]));
+        }
+        mlaf_tensor cp = *ik->cache;
+        for (int32_t k = 0; k < copies; k++) {
+            cp.data = (char *)ik->cache->data + (int64_t)k * ik->copy_stride;
+            TRY(mlaf_vcheck_no_overlap(ctx, outs[i]->data, data_names[i], &cp, k ? "an index_cache copy" : "index_cache"));
+            TRY(mlaf_vcheck_no_overlap(ctx, outs[i]->scales, scale_names[i], &cp,
+                                       k ? "an index_cache copy" : "index_cache"));
+        }
+    }
+    return MLAF_OK;
+}
+
 mlaf_status mlaf_check_indexer_q(mlaf_context *ctx, const mlaf_indexer_params *ip, const mlaf_tensor *q_idx,
                                  const mlaf_tensor *positions, const mlaf_tensor *cos_sin, const mlaf_tensor *w,
                                  const mlaf_tensor *q_fp8, const mlaf_tensor *w_out, const mlaf_tensor *q_pe,

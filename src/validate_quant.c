@@ -89,3 +89,45 @@ mlaf_status mlaf_check_rms_norm_quant(mlaf_context *ctx, const mlaf_rms_norm_qua
     job->q = qj;
     return MLAF_OK;
 }
+
+/* ---- the row ops' quantized outputs (mlaf_row_quant) ---------------------------------------- */
+
+mlaf_status mlaf_check_row_quant(mlaf_context *ctx, const mlaf_row_quant *rq, int32_t tail,
+                                 const mlaf_tensor *const *others, const char *const *names, int n,
+                                 mlaf_norm_job *job) {
+    memset(&job->qq, 0, sizeof job->qq);
+    memset(&job->kq, 0, sizeof job->kq);
+    if (!rq) return MLAF_OK;
+    if (rq->q.format != MLAF_GEMM_NONE && job->Q == 0)
+        return mlaf_fail(ctx, MLAF_ERR_INVALID_ARGUMENT,
+                         "quant->q has format %s but q_lora_rank = 0 (no q part); give format NONE",
+                         mlaf_gemm_format_name(rq->q.format));
+    if (rq->k_nope.format != MLAF_GEMM_NONE && tail > 0)
+        return mlaf_fail(ctx, MLAF_ERR_INVALID_ARGUMENT,
+                         "quant->k_nope has format %s with kv_rope_tail = %d: a quantized k_nope is not "
+                         "written with a rope tail (give format NONE)",
+                         mlaf_gemm_format_name(rq->k_nope.format), tail);
+    mlaf_gemm_out_job qq, kq;
+    TRY(mlaf_vcheck_gemm_out(ctx, &rq->q, "quant->q", job->T, job->Q, &qq));
+    TRY(mlaf_vcheck_gemm_out(ctx, &rq->k_nope, "quant->k_nope", job->T, job->C, &kq));
+    const mlaf_gemm_out *outs[2] = {&rq->q, &rq->k_nope};
+    static const char *const data_names[2] = {"quant->q.data", "quant->k_nope.data"};
+    static const char *const scale_names[2] = {"quant->q.scales", "quant->k_nope.scales"};
+    for (int i = 0; i < 2; i++) {
+        if (outs[i]->format == MLAF_GEMM_NONE) continue;
+        for (int k = 0; k < n; k++) {
+            if (!others[k]) continue;
+            TRY(mlaf_vcheck_no_overlap(ctx, outs[i]->data, data_names[i], others[k], names[k]));
+            TRY(mlaf_vcheck_no_overlap(ctx, outs[i]->scales, scale_names[i], others[k], names[k]));
+        }
+        if (i == 1 && outs[0]->format != MLAF_GEMM_NONE) {
+            TRY(mlaf_vcheck_no_overlap(ctx, outs[1]->data, data_names[1], outs[0]->data, data_names[0]));
+            TRY(mlaf_vcheck_no_overlap(ctx, outs[1]->data, data_names[1], outs[0]->scales, scale_names[0]));
+            TRY(mlaf_vcheck_no_overlap(ctx, outs[1]->scales, scale_names[1], outs[0]->data, data_names[0]));
+            TRY(mlaf_vcheck_no_overlap(ctx, outs[1]->scales, scale_names[1], outs[0]->scales, scale_names[0]));
+        }
+    }
+    job->qq = qq;
+    job->kq = kq;
+    return MLAF_OK;
+}

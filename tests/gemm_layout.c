@@ -6,7 +6,10 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "../src/fp8.h"
+#include "../src/half.h"
 #include "gemm_layout.h"
+#include "ref/verify.h"
 
 const gl_layout gl_layouts[GL_LAYOUTS] = {
     /* fp8_1x128, f32 [3, 5] row-major, ld 7: 4 (7 t + j) */
@@ -141,4 +144,54 @@ int gl_judge(const gl_layout *L, mlaf_gemm_scale s, const gl_buffers *b, int ex,
         }
     snprintf(why, cap, "%d groups: scales, value bytes, zero and padding bytes as written by hand", GL_T * L->groups);
     return 1;
+}
+
+/* ---- the separate quantize pass (gemm_layout.h) ---- */
+static float pass_scale(mlaf_gemm_scale m, float amax, float eps, uint8_t *byte) {
+    int e;
+    if (m == MLAF_GEMM_SCALE_F32) {
+        *byte = 0;
+        return fmaxf(amax, eps) / 448.0f;
+    }
+    if (isinf(amax)) {
+        e = 128;
+    } else if (m == MLAF_GEMM_SCALE_UE8M0) {
+        const float m2 = frexpf(fmaxf(amax, eps) / 448.0f, &e);
+        e = m2 == 0.5f ? e - 1 : e;
+    } else if (m == MLAF_GEMM_SCALE_MX_FLOOR) {
+        frexpf(amax, &e);
+        e = amax == 0.0f ? -127 : e - 1 - 8;
+    } else {
+        const float q = amax / 448.0f;
+        const float m2 = frexpf(q, &e);
+        e = q == 0.0f ? -127 : m2 == 0.5f ? e - 1 : e;
+    }
+    if (e < -127) e = -127;
+    *byte = (uint8_t)(e + 127);
+    return e == 128 ? INFINITY : ldexpf(1.0f, e);
+}
+
+void gl_quantize_pass(mlaf_gemm_format f, mlaf_gemm_scale m, float eps, const void *y, mlaf_dtype dt, int64_t T,
+                      int64_t K, int64_t ys, uint8_t *data, uint8_t *scales, int64_t ld) {
+    const int32_t g = mlaf_gemm_format_group(f);
+    const int64_t G = K / g, Gp = f == MLAF_GEMM_FP8_1X128_UE8M0 ? (G + 3) / 4 * 4 : G;
+    mlaf_dtype sdt;
+    int64_t sh[2], min_ld;
+    mlaf_gemm_scales_shape(f, T, K, &sdt, sh, &min_ld);
+    const int f32 = sdt == MLAF_F32;
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t j = 0; j < Gp; j++) {
+            const int64_t o = mlaf_ref_gemm_scale_offset(f, t, j, ld);
+            if (j >= G) {
+                scales[o] = 0;
+                continue;
+            }
+            float amax = 0.0f;
+            for (int32_t i = 0; i < g; i++) amax = fmaxf(amax, fabsf(mlaf_load_f32(y, dt, t * ys + j * g + i)));
+            uint8_t b;
+            const float s = pass_scale(m, amax, eps, &b);
+            for (int32_t i = 0; i < g; i++) data[t * K + j * g + i] = mlaf_f32_to_e4m3(mlaf_load_f32(y, dt, t * ys + j * g + i) / s);
+            if (f32) memcpy(scales + o, &s, 4);
+            else scales[o] = b;
+        }
 }

@@ -56,4 +56,10 @@ void gl_row(const gl_layout *L, int ex, int t, float *y);
  * 1 when every byte is right, else 0 with the first difference in why. */
 int gl_judge(const gl_layout *L, mlaf_gemm_scale s, const gl_buffers *b, int ex, char *why, size_t cap);
 
+/* The unfused second step, written from the definitions (frexp for the exponents): T rows of K
+ * values y (row stride ys elements, each value already in dt) quantized into data [T, K] (row
+ * stride K) and the format's scales buffer of leading stride ld (a packed layout's bytes past a
+ * row's last group written 0, other padding left alone). */
+void gl_quantize_pass(mlaf_gemm_format f, mlaf_gemm_scale m, float eps, const void *y, mlaf_dtype dt, int64_t T,
+                      int64_t K, int64_t ys, uint8_t *data, uint8_t *scales, int64_t ld);
 #endif

@@ -6,7 +6,7 @@
  *                   widths any K >= 1; with and without the residual, strided rows, in place (y = x),
  *                   q alone, f32 weights, a non-default eps;
  *   FUSED_EQ_UNFUSED  the fused call's bytes equal those of a dense-only call followed by a separate
- *                   quantize pass written here (frexp-based scales), and those of a q-only call;
+ *                   quantize pass (gl_quantize_pass: frexp-based scales), and those of a q-only call;
  *   PATHS           rows aligned to 16 bytes and rows an element off give the same bits (CUDA: its
  *                   vector and element paths);
  *   LAYOUT_OP       the layouts' hand-written offsets (gemm_layout.c) through the op itself;
@@ -102,53 +102,6 @@ static void sweep(mlaf_context *ctx, int quick, const char *tag) {
 
 /* ---- FUSED_EQ_UNFUSED -------------------------------------------------------------------- */
 
-/* The separate quantize pass: written here from the definitions, frexp for the exponents. */
-static float pass_scale(mlaf_gemm_scale m, float amax, float eps, uint8_t *byte) {
-    int e;
-    if (m == MLAF_GEMM_SCALE_F32) {
-        *byte = 0;
-        return fmaxf(amax, eps) / 448.0f;
-    }
-    if (isinf(amax)) {
-        e = 128;
-    } else if (m == MLAF_GEMM_SCALE_UE8M0) {
-        const float m2 = frexpf(fmaxf(amax, eps) / 448.0f, &e);
-        e = m2 == 0.5f ? e - 1 : e;
-    } else if (m == MLAF_GEMM_SCALE_MX_FLOOR) {
-        frexpf(amax, &e);
-        e = amax == 0.0f ? -127 : e - 1 - 8;
-    } else {
-        const float q = amax / 448.0f;
-        const float m2 = frexpf(q, &e);
-        e = q == 0.0f ? -127 : m2 == 0.5f ? e - 1 : e;
-    }
-    if (e < -127) e = -127;
-    *byte = (uint8_t)(e + 127);
-    return e == 128 ? INFINITY : ldexpf(1.0f, e);
-}
-
-static void quantize_pass(mlaf_gemm_format f, mlaf_gemm_scale m, float eps, const void *y, mlaf_dtype dt, int64_t T,
-                          int64_t K, uint8_t *data, uint8_t *scales, int64_t ld) {
-    const int32_t g = mlaf_gemm_format_group(f);
-    const int64_t G = K / g, Gp = f == MLAF_GEMM_FP8_1X128_UE8M0 ? (G + 3) / 4 * 4 : G;
-    const int f32 = f == MLAF_GEMM_FP8_1X128 || f == MLAF_GEMM_FP8_1X128_MN;
-    for (int64_t t = 0; t < T; t++)
-        for (int64_t j = 0; j < Gp; j++) {
-            const int64_t o = mlaf_ref_gemm_scale_offset(f, t, j, ld);
-            if (j >= G) {
-                scales[o] = 0;
-                continue;
-            }
-            float amax = 0.0f;
-            for (int32_t i = 0; i < g; i++) amax = fmaxf(amax, fabsf(mlaf_load_f32(y, dt, t * K + j * g + i)));
-            uint8_t b;
-            const float s = pass_scale(m, amax, eps, &b);
-            for (int32_t i = 0; i < g; i++) data[t * K + j * g + i] = mlaf_f32_to_e4m3(mlaf_load_f32(y, dt, t * K + j * g + i) / s);
-            if (f32) memcpy(scales + o, &s, 4);
-            else scales[o] = b;
-        }
-}
-
 static void fused_eq_unfused(mlaf_context *ctx) {
     const mlaf_backend be = mlaf_context_backend(ctx);
     enum { T = 37, K = 1152 };
@@ -199,7 +152,7 @@ static void fused_eq_unfused(mlaf_context *ctx) {
             } else {
                 uint8_t *pd = malloc((size_t)T * K), *ps = malloc(sbytes);
                 memset(ps, 0xFF, sbytes); /* the gbufs' poison: padding left alone compares equal */
-                quantize_pass(QF[qi].f, QF[qi].s, MLAF_GEMM_DEFAULT_EPS, gy[0].body, dt, T, K, pd, ps, ld);
+                gl_quantize_pass(QF[qi].f, QF[qi].s, MLAF_GEMM_DEFAULT_EPS, gy[0].body, dt, T, K, K, pd, ps, ld);
                 const int same_y = !memcmp(gy[0].body, gy[1].body, T * K * es);
                 const int same_r = !memcmp(gr[0].body, gr[1].body, T * K * es) && !memcmp(gr[0].body, gr[2].body, T * K * es);
                 const int pass_b = !memcmp(pd, gd[0].body, (size_t)T * K) && !memcmp(ps, gs[0].body, sbytes);

@@ -133,4 +133,46 @@ MLAF_API mlaf_status mlaf_rms_norm_quant(mlaf_context *ctx, const mlaf_rms_norm_
                                          const mlaf_tensor *residual, const mlaf_tensor *weight, const mlaf_tensor *y,
                                          const mlaf_gemm_out *q);
 
+/* ---------------------------------------------------------------------------------------
+ * Quantized outputs of the MLA row ops (docs/gemm_formats.md, row ops): q_norm and k_nope written
+ * in a GEMM-input format in the same pass, beside or instead of their dense copies: q_norm is
+ * q_b_proj's input (and the DSA indexer's wq_b), k_nope prefill's kv_b_proj input.
+ *
+ *   quant->q       q_norm [T, Q] quantized (format NONE: none); needs Q > 0, Q a multiple of the
+ *                  group; the dense q may then be NULL
+ *   quant->k_nope  k_nope [T, C] quantized (NONE: none); C a multiple of the group; the dense
+ *                  k_nope may then be NULL in split_qk_norm too. Not with kv_rope_tail (DeepSeek-V4
+ *                  has no kv_b_proj): rejected.
+ * Each takes its mlaf_gemm_out rules (above). The values quantized are the values the op stores
+ * densely (rounded once to the latent dtype), so the bytes equal those of the dense call followed
+ * by a per-token-group quantize pass; every token's rows are written (mla_kv_cache's skipped and
+ * counted tokens included, as the dense q and k_nope are). The quantized tensors share no byte with
+ * any other tensor of the call. quant NULL (or both NONE): the op without the _quant suffix.
+ * ------------------------------------------------------------------------------------- */
+typedef struct mlaf_row_quant {
+    mlaf_gemm_out q;      /* q_norm, [T, Q] */
+    mlaf_gemm_out k_nope; /* k_nope, [T, C] */
+} mlaf_row_quant;
+
+MLAF_API mlaf_status mlaf_split_qk_norm_quant(mlaf_context *ctx, const mlaf_split_qk_norm_params *p,
+                                              const mlaf_tensor *latent, const mlaf_tensor *w_q,
+                                              const mlaf_tensor *w_kv, const mlaf_tensor *q,
+                                              const mlaf_tensor *k_nope, const mlaf_tensor *k_pe,
+                                              const mlaf_row_quant *quant);
+MLAF_API mlaf_status mlaf_mla_kv_cache_quant(mlaf_context *ctx, const mlaf_mla_kv_cache_params *p,
+                                             const mlaf_tensor *latent, const mlaf_tensor *w_q,
+                                             const mlaf_tensor *w_kv, const mlaf_tensor *positions,
+                                             const mlaf_tensor *cos_sin, const mlaf_tensor *slot_mapping,
+                                             const mlaf_kv_cache_desc *cache, const mlaf_tensor *q,
+                                             const mlaf_tensor *k_nope, const mlaf_tensor *k_pe,
+                                             const mlaf_tensor *error_count, const mlaf_row_quant *quant);
+MLAF_API mlaf_status mlaf_mla_kv_cache_dsa_quant(mlaf_context *ctx, const mlaf_mla_kv_cache_params *p,
+                                                 const mlaf_tensor *latent, const mlaf_tensor *w_q,
+                                                 const mlaf_tensor *w_kv, const mlaf_tensor *positions,
+                                                 const mlaf_tensor *cos_sin, const mlaf_tensor *slot_mapping,
+                                                 const mlaf_kv_cache_desc *cache, const mlaf_tensor *q,
+                                                 const mlaf_tensor *k_nope, const mlaf_tensor *k_pe,
+                                                 const mlaf_tensor *error_count, const mlaf_indexer_params *ip,
+                                                 const mlaf_indexer_k *ik, const mlaf_row_quant *quant);
+
 #endif /* MLAFUSE_QUANT_H */

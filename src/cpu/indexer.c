@@ -117,11 +117,12 @@ mlaf_status mlaf_cpu_mla_kv_cache_dsa(mlaf_context *ctx, const mlaf_kv_cache_job
         st.w[i] = mlaf_load_f32(ix->w, ix->w_dt, i);
         st.b[i] = mlaf_load_f32(ix->b, ix->w_dt, i);
     }
-    mlaf_cpu_writer wr[3];
+    mlaf_cpu_writer wr[4];
     wr[0] = mlaf_cpu_writer_dense(k, &job->norm);
     wr[1] = mlaf_cpu_writer_cache(k, job);
     wr[2].put = index_put, wr[2].finish = index_finish, wr[2].k = k, wr[2].state = &st;
-    const int64_t errors = mlaf_cpu_norm_run(ctx, &job->norm, job, wr, 3);
+    const int nw = 3 + mlaf_cpu_writer_gemm(k, &job->norm, &wr[3]);
+    const int64_t errors = mlaf_cpu_norm_run(ctx, &job->norm, job, wr, nw);
     mlaf_error_count_add(job->error_count, errors);
     return MLAF_OK;
 }

@@ -394,15 +394,18 @@ int64_t mlaf_cpu_norm_run(const mlaf_context *ctx, const mlaf_norm_job *j, const
 }
 
 mlaf_status mlaf_cpu_split_qk_norm(mlaf_context *ctx, const mlaf_norm_job *job) {
-    const mlaf_cpu_writer wr[1] = {mlaf_cpu_writer_dense(kern_for(ctx), job)};
-    mlaf_cpu_norm_run(ctx, job, NULL, wr, 1);
+    const mlaf_norm_kern *k = kern_for(ctx);
+    mlaf_cpu_writer wr[2] = {mlaf_cpu_writer_dense(k, job)};
+    const int nw = 1 + mlaf_cpu_writer_gemm(k, job, &wr[1]);
+    mlaf_cpu_norm_run(ctx, job, NULL, wr, nw);
     return MLAF_OK;
 }
 
 mlaf_status mlaf_cpu_mla_kv_cache(mlaf_context *ctx, const mlaf_kv_cache_job *job) {
     const mlaf_norm_kern *k = kern_for(ctx);
-    const mlaf_cpu_writer wr[2] = {mlaf_cpu_writer_dense(k, &job->norm), mlaf_cpu_writer_cache(k, job)};
-    int64_t errors = mlaf_cpu_norm_run(ctx, &job->norm, job, wr, 2);
+    mlaf_cpu_writer wr[3] = {mlaf_cpu_writer_dense(k, &job->norm), mlaf_cpu_writer_cache(k, job)};
+    const int nw = 2 + mlaf_cpu_writer_gemm(k, &job->norm, &wr[2]);
+    int64_t errors = mlaf_cpu_norm_run(ctx, &job->norm, job, wr, nw);
     mlaf_error_count_add(job->error_count, errors);
     return MLAF_OK;
 }

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "../fp8.h"
+#include "gemm_writers.h"
 #include "norm_writers.h"
 
 /* Element offset of the cache record of a valid slot (cache = 0) or of its kpe row (1). */
@@ -19,7 +20,7 @@ static void dense_put(const mlaf_cpu_writer *w, const mlaf_cpu_row *r, mlaf_row_
     const mlaf_norm_job *j = (const mlaf_norm_job *)w->state;
     const int64_t es = (int64_t)mlaf_dtype_size(j->dt);
     char *out;
-    if (part == MLAF_PART_Q) out = (char *)j->q + r->t * j->q_stride * es;
+    if (part == MLAF_PART_Q) out = j->q ? (char *)j->q + r->t * j->q_stride * es : NULL;
     else if (part == MLAF_PART_KV) out = j->k_nope ? (char *)j->k_nope + r->t * j->k_nope_stride * es : NULL;
     else out = j->k_pe ? (char *)j->k_pe + r->t * j->k_pe_stride * es : NULL;
     if (!out || (part == MLAF_PART_PE && !r->ok)) return;
@@ -32,6 +33,23 @@ static void dense_put(const mlaf_cpu_writer *w, const mlaf_cpu_row *r, mlaf_row_
 mlaf_cpu_writer mlaf_cpu_writer_dense(const mlaf_norm_kern *k, const mlaf_norm_job *job) {
     mlaf_cpu_writer w = {dense_put, NULL, k, job};
     return w;
+}
+
+/* ---- quantized q_norm / k_nope (include/mlafuse/quant.h, mlaf_row_quant) ------------------- */
+static void gemm_put(const mlaf_cpu_writer *w, const mlaf_cpu_row *r, mlaf_row_part part, int64_t i0, int64_t n,
+                     const float *v) {
+    const mlaf_norm_job *j = (const mlaf_norm_job *)w->state;
+    const mlaf_gemm_out_job *q = part == MLAF_PART_Q ? &j->qq : part == MLAF_PART_KV ? &j->kq : NULL;
+    if (!q || q->format == MLAF_GEMM_NONE) return;
+    /* chunks start and end on group edges: the row loop's CHUNK and the part widths are multiples */
+    const int64_t K = part == MLAF_PART_Q ? j->Q : j->C;
+    mlaf_cpu_gemm_writer_of(q->format)(w->k, q, j->dt, r->t, K / q->group, i0, n, v);
+}
+
+int mlaf_cpu_writer_gemm(const mlaf_norm_kern *k, const mlaf_norm_job *job, mlaf_cpu_writer *w) {
+    if (job->qq.format == MLAF_GEMM_NONE && job->kq.format == MLAF_GEMM_NONE) return 0;
+    w->put = gemm_put, w->finish = NULL, w->k = k, w->state = job;
+    return 1;
 }
 
 /* ---- plain paged cache ----------------------------------------------------------------- */

@@ -44,6 +44,9 @@ int64_t mlaf_cpu_norm_run(const mlaf_context *ctx, const mlaf_norm_job *j, const
 
 /* q (Q > 0), k_nope and k_pe when given, in the latent dtype. */
 mlaf_cpu_writer mlaf_cpu_writer_dense(const mlaf_norm_kern *k, const mlaf_norm_job *job);
+/* q_norm and k_nope in their GEMM-input formats (job->qq, job->kq; gemm_writers.h): fills *w and
+ * returns 1 when the call has either, else returns 0 (the op then lists no such writer). */
+int mlaf_cpu_writer_gemm(const mlaf_norm_kern *k, const mlaf_norm_job *job, mlaf_cpu_writer *w);
 /* The plain paged cache row [k_nope | rope(k_pe)] of the token's slot, in the cache dtype. */
 mlaf_cpu_writer mlaf_cpu_writer_paged(const mlaf_norm_kern *k, const mlaf_kv_cache_job *job);
 

@@ -87,3 +87,94 @@ template <int F> static inline bool mlaf_gemm_writer_matches_row() {
     return Wr::kGroup == r.group && Wr::kPack == r.pack && Wr::kMn == (r.mn_major != 0) &&
            Wr::kF32 == (r.scale_dt == MLAF_F32);
 }
+
+/* A group's scale stored where format q.format keeps it: the writers' put_scale, chosen at run time
+ * (the row ops' quantized outputs take any format without an instance per format). */
+template <int F = 1>
+__device__ __forceinline__ void mlaf_gemm_put_scale_any(const mlaf_gemm_out_job &q, int64_t t, int64_t j,
+                                                        int64_t groups, float s, uint32_t byte) {
+    if constexpr (F < MLAF_GEMM_FORMAT_COUNT_) {
+        if (q.format == F) mlaf_gemm_writer_of<F>::put_scale(q, t, j, groups, s, byte);
+        else mlaf_gemm_put_scale_any<F + 1>(q, t, j, groups, s, byte);
+    }
+}
+
+/* The row ops' quantized q_norm and k_nope (include/mlafuse/quant.h, mlaf_row_quant) as a writer of
+ * the row kernels (row_writers.cuh): every vector hook quantizes the rounded values it is handed
+ * when the part has a format (a uniform branch on the kernel parameters; calls without one pay
+ * that test alone). A group's g / W vectors sit in consecutive lanes from a multiple of g / W (the
+ * layouts start each part at a lane-0 slot or warp), so its amax is a shuffle max over them. The
+ * generic kernel hands values one at a time, lane l value i = l + 32 k: each lane keeps its g / 32
+ * values of the group in flight and the whole warp reduces once the group is complete (the parts
+ * are multiples of g, so every lane makes the same calls). */
+template <typename T> struct mlaf_wr_gemm : mlaf_wr_base {
+    struct params {
+        mlaf_gemm_out_job q, k; /* format NONE: the part is not quantized */
+    };
+    const params &p_;
+    int64_t t_;
+    int32_t Q_, C_;
+    float buf_[4];
+    __device__ __forceinline__ mlaf_wr_gemm(const params &p, const mlaf_row_args &a, int64_t t,
+                                            const mlaf_token_info &)
+        : p_(p), t_(t), Q_(a.Q), C_(a.C) {
+        buf_[0] = buf_[1] = buf_[2] = buf_[3] = 0.0f;
+    }
+
+    /* vector j (W values rounded to T, packed) of a part of K values */
+    static __device__ __forceinline__ void put_vec(const mlaf_gemm_out_job &q, int64_t t, int32_t K, int j, bool ok,
+                                                   uint4 v) {
+        constexpr int W = mlaf_vec<T>::W;
+        float f[W];
+        mlaf_vec<T>::unpack(v, f);
+        float m = 0.0f;
+#pragma unroll
+        for (int i = 0; i < W; i++) m = fmaxf(m, ok ? fabsf(f[i]) : 0.0f); /* NaN ignored */
+        const int lanes = q.group / W;
+        m = mlaf_warp_max(m, lanes);
+        if (!ok) return;
+        uint32_t byte;
+        const float s = mlaf_gemm_scale_dev((int)q.scale, m, q.eps, &byte);
+        uint32_t u[W / 4];
+        mlaf_quant_e4m3<W>(f, s, u);
+        uint8_t *d = q.data + t * q.data_stride + (int64_t)j * W;
+        if (((uintptr_t)d & (W - 1)) == 0) {
+            if constexpr (W == 8) *reinterpret_cast<uint2 *>(d) = make_uint2(u[0], u[1]);
+            else *reinterpret_cast<uint32_t *>(d) = u[0];
+        } else {
+#pragma unroll
+            for (int i = 0; i < W; i++) d[i] = (uint8_t)(u[i / 4] >> (8 * (i % 4)));
+        }
+        if (j % lanes == 0) mlaf_gemm_put_scale_any(q, t, j / lanes, K / q.group, s, byte);
+    }
+    __device__ __forceinline__ void q(int j, bool ok, const float *, uint4 v) {
+        if (p_.q.format != MLAF_GEMM_NONE) put_vec(p_.q, t_, Q_, j, ok, v);
+    }
+    __device__ __forceinline__ void kv(int j, bool ok, const float *, uint4 v) {
+        if (p_.k.format != MLAF_GEMM_NONE) put_vec(p_.k, t_, C_, j, ok, v);
+    }
+
+    /* value i (fp32, not yet rounded) of a part, generic kernel: i = lane + 32 k, every lane */
+    __device__ __forceinline__ void put1(const mlaf_gemm_out_job &q, int32_t K, int64_t i, float y) {
+        buf_[0] = buf_[1], buf_[1] = buf_[2], buf_[2] = buf_[3], buf_[3] = mlaf_round_as<T>(y);
+        const int lane = (int)(threadIdx.x & 31), n = q.group / 32; /* values a lane holds of a group */
+        const int64_t g0 = (i - lane) / q.group * q.group;          /* the group's first value */
+        if (i - lane + 32 != g0 + q.group) return;                  /* the group goes on */
+        float m = 0.0f;
+        for (int k = 4 - n; k < 4; k++) m = fmaxf(m, fabsf(buf_[k]));
+        m = mlaf_warp_max(m, 32);
+        uint32_t byte;
+        const float s = mlaf_gemm_scale_dev((int)q.scale, m, q.eps, &byte);
+        uint8_t *d = q.data + t_ * q.data_stride + g0 + lane;
+        uint32_t u;
+        mlaf_quant_e4m3<4>(buf_, s, &u); /* byte k: buf_[k]; the group's values are the last n */
+        for (int k = 4 - n; k < 4; k++) d[32 * (k - (4 - n))] = (uint8_t)(u >> (8 * k));
+        if (lane == 0) mlaf_gemm_put_scale_any(q, t_, g0 / q.group, K / q.group, s, byte);
+    }
+    __device__ __forceinline__ void q1(int64_t i, float y) {
+        if (p_.q.format != MLAF_GEMM_NONE) put1(p_.q, Q_, i, y);
+    }
+    __device__ __forceinline__ void kv1(int64_t i, float y) {
+        if (p_.k.format != MLAF_GEMM_NONE) put1(p_.k, C_, i, y);
+    }
+};

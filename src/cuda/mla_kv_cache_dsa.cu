@@ -19,10 +19,10 @@ static cudaError_t dsa_launch(const mlaf_context *ctx, const mlaf_kv_cache_job *
     xp.topk = ix->topk, xp.tks = ix->topk_stride, xp.tkn = ix->topk_n;
     xp.copies = ix->copies, xp.copy_stride = ix->copy_stride;
     return mlaf_kv_cache_writer<T, true>(job, [&](auto tag, const auto &cp, bool cache_vec_ok) {
-        typedef mlaf_wr_pair<mlaf_wr_pair<mlaf_wr_dense<T>, typename decltype(tag)::type>, mlaf_wr_index<T>> Wr;
+        typedef mlaf_wr_pair<mlaf_wr_pair<mlaf_wr_out<T>, typename decltype(tag)::type>, mlaf_wr_index<T>> Wr;
         bool vec_ok;
         typename Wr::params wp;
-        wp.a.a = mlaf_row_dense_params<T>(&job->norm, false, &vec_ok);
+        wp.a.a = mlaf_row_out_params<T>(&job->norm, false, &vec_ok);
         wp.a.b = cp;
         wp.b = xp;
         return mlaf_row_launch<T, true, Wr>(mlaf_kv_args(job), wp, vec_ok && cache_vec_ok, ctx->cuda_sm_count,

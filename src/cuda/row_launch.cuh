@@ -17,6 +17,7 @@
  */
 #pragma once
 
+#include "gemm_writers.cuh"
 #include "row_kernels.cuh"
 
 /* Up to this many rows per SM, one block per row (the call is one row's dependency chain). */
@@ -181,5 +182,18 @@ static inline typename mlaf_wr_dense<T>::params mlaf_row_dense_params(const mlaf
     *vec_ok = (j->Q == 0 || mlaf_aligned(j->q, j->q_stride * es, 16)) &&
               (!j->k_nope || mlaf_aligned(j->k_nope, j->k_nope_stride * es, 16)) &&
               (!j->k_pe || mlaf_aligned(j->k_pe, j->k_pe_stride * es, 16));
+    return p;
+}
+
+/* The dense outputs and the quantized ones: the row ops' output writer. */
+template <typename T> using mlaf_wr_out = mlaf_wr_pair<mlaf_wr_dense<T>, mlaf_wr_gemm<T>>;
+
+/* Its params from a validated job, and whether its outputs take 16-byte vectors (the e4m3 rows
+ * are stored by the vector's width where aligned, byte by byte elsewhere). */
+template <typename T>
+static inline typename mlaf_wr_out<T>::params mlaf_row_out_params(const mlaf_norm_job *j, bool pe_raw, bool *vec_ok) {
+    typename mlaf_wr_out<T>::params p;
+    p.a = mlaf_row_dense_params<T>(j, pe_raw, vec_ok);
+    p.b.q = j->qq, p.b.k = j->kq;
     return p;
 }

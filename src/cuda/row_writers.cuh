@@ -53,7 +53,7 @@ struct mlaf_wr_base {
     __device__ __forceinline__ void finish(float, float, int) {}
 };
 
-/* The dense outputs: q (Q > 0), k_nope and k_pe (each may be NULL), row-strided. */
+/* The dense outputs: q, k_nope and k_pe (each may be NULL), row-strided. */
 template <typename T> struct mlaf_wr_dense : mlaf_wr_base {
     struct params {
         void *q, *k_nope, *k_pe;
@@ -70,7 +70,7 @@ template <typename T> struct mlaf_wr_dense : mlaf_wr_base {
         p_ = p.k_pe ? reinterpret_cast<uint4 *>(static_cast<T *>(p.k_pe) + t * p.ps) : nullptr;
     }
     __device__ __forceinline__ void q(int j, bool ok, const float *, uint4 v) {
-        if (ok) __stcg(q_ + j, v);
+        if (ok && q_) __stcg(q_ + j, v);
     }
     __device__ __forceinline__ void kv(int j, bool ok, const float *, uint4 v) {
         if (ok && k_) __stcg(k_ + j, v);
@@ -78,7 +78,9 @@ template <typename T> struct mlaf_wr_dense : mlaf_wr_base {
     __device__ __forceinline__ void pe(int j, bool ok, const float *, uint4 v) {
         if (ok && p_) __stcg(p_ + j, v);
     }
-    __device__ __forceinline__ void q1(int64_t i, float y) { mlaf_st(reinterpret_cast<T *>(q_) + i, y); }
+    __device__ __forceinline__ void q1(int64_t i, float y) {
+        if (q_) mlaf_st(reinterpret_cast<T *>(q_) + i, y);
+    }
     __device__ __forceinline__ void kv1(int64_t i, float y) {
         if (k_) mlaf_st(reinterpret_cast<T *>(k_) + i, y);
     }

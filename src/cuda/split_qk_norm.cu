@@ -1,6 +1,7 @@
 /*
  * split_qk_norm.cu — CUDA entry of split_qk_norm (docs/mla.md): the row kernel (row_launch.cuh)
- * with the dense writer; the pe part is copied bit for bit.
+ * with the output writer (dense q, k_nope, k_pe and the quantized q / k_nope); the pe part is copied
+ * bit for bit.
  */
 #include "row_launch.cuh"
 
@@ -8,9 +9,9 @@ template <typename T> static cudaError_t split_launch(const mlaf_context *ctx, c
     mlaf_row_args a;
     mlaf_row_args_from_norm(&a, job);
     bool vec_ok;
-    const typename mlaf_wr_dense<T>::params wp = mlaf_row_dense_params<T>(job, true, &vec_ok);
-    return mlaf_row_launch<T, false, mlaf_wr_dense<T>>(a, wp, vec_ok, ctx->cuda_sm_count, ctx->cuda_cc,
-                                                      (cudaStream_t)ctx->cuda_stream);
+    const typename mlaf_wr_out<T>::params wp = mlaf_row_out_params<T>(job, true, &vec_ok);
+    return mlaf_row_launch<T, false, mlaf_wr_out<T>>(a, wp, vec_ok, ctx->cuda_sm_count, ctx->cuda_cc,
+                                                    (cudaStream_t)ctx->cuda_stream);
 }
 
 extern "C" mlaf_status mlaf_cuda_split_qk_norm(mlaf_context *ctx, const mlaf_norm_job *job) {
