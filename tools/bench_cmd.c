@@ -27,6 +27,8 @@
  * separate quantize-and-write pass, and the check compares the two caches byte for byte.
  * --op rms_norm_quant (bench_rms_norm_quant.c): one row per T for the --hidden size and --q-format
  * (not per model: the op has no model dims), against the dense op followed by a quantize pass.
+ * --q-format given: split_qk_norm and mla_kv_cache write q_norm in that format instead of the dense q
+ * (mlaf_row_quant), against the dense op followed by the same quantize pass.
  */
 #define _POSIX_C_SOURCE 200809L /* strcasecmp */
 #include <strings.h>
@@ -77,8 +79,10 @@ static void help(void) {
         "                       first layers) instead of top-k: ids from a [129280, top_k] table\n"
         "  --hidden N           rms_norm_quant's hidden size K (default 7168)\n"
         "  --q-format NAME      rms_norm_quant's GEMM-input format: fp8_1x128, fp8_1x128_mn (default),\n"
-        "                       fp8_1x128_ue8m0, mxfp8, or none (dense only; the chain is then the\n"
-        "                       residual add and the RMSNorm as two passes)\n"
+        "                       fp8_1x128_ue8m0, mxfp8, fp8_1x128_cm, or none (dense only; the chain is\n"
+        "                       then the residual add and the RMSNorm as two passes). Given, it also\n"
+        "                       makes split_qk_norm and mla_kv_cache write q_norm in that format only\n"
+        "                       (their chain: the dense op, then a quantize pass over q)\n"
         "  --q-scale NAME       its scale rounding: f32, ue8m0, mx_floor, mx_ceil (default: the\n"
         "                       format's first: f32, ue8m0 for fp8_1x128_ue8m0, mx_floor for mxfp8)\n"
         "  --indexer            mla_kv_cache with the DSA indexer key branch (docs/dsa.md; models with\n"
@@ -118,6 +122,7 @@ int cmd_bench(int argc, char **argv) {
     long long hidden = 7168;
     mlaf_gemm_format q_fmt = MLAF_GEMM_FP8_1X128_MN;
     int q_scale = -1; /* the format's first rounding */
+    int q_fmt_set = 0; /* --q-format given: split_qk_norm / mla_kv_cache write q quantized too */
 
     for (int i = 1; i < argc; i++) {
         const char *v;
@@ -194,6 +199,7 @@ int cmd_bench(int argc, char **argv) {
             if (f == MLAF_GEMM_FORMAT_COUNT_)
                 return cli_usage_error("bench", "--q-format '%s': expected none, %s", v, mlaf_gemm_format_list(names, sizeof names));
             q_fmt = (mlaf_gemm_format)f;
+            q_fmt_set = 1;
         } else if ((r = cli_take_value(argc, argv, &i, "--q-scale", &v)) != 0) {
             if (r < 0) return CLI_EXIT_USAGE;
             q_scale = 0;
@@ -377,7 +383,9 @@ int cmd_bench(int argc, char **argv) {
         if (co.show && (fmt_row->flags & MLAF_KVF_SCALE) && co.kv_scale != 1.0) printf(" --kv-scale %g", co.kv_scale);
         if (indexer) printf(" --indexer");
         if (want_op[MLAF_OP_RMS_NORM_QUANT])
-            printf(" --hidden %lld --q-format %s%s%s", hidden, q_row->name, q_fmt ? " --q-scale " : "",
+            printf(" --hidden %lld", hidden);
+        if (want_op[MLAF_OP_RMS_NORM_QUANT] || q_fmt_set)
+            printf(" --q-format %s%s%s", q_row->name, q_fmt ? " --q-scale " : "",
                    q_fmt ? mlaf_gemm_scale_name((mlaf_gemm_scale)q_scale) : "");
         printf(" --tokens ");
         for (int t = 0; t < ntok; t++) printf("%s%lld", t ? "," : "", (long long)tokens[t]);
@@ -416,9 +424,13 @@ int cmd_bench(int argc, char **argv) {
                 r->op = (mlaf_op)oi;
                 snprintf(r->model, sizeof r->model, "%.55s%s", models[m].name,
                          indexer && r->op == MLAF_OP_MLA_KV_CACHE ? "+indexer" : "");
+                const int row_q = q_fmt_set && q_fmt && (r->op == MLAF_OP_SPLIT_QK_NORM || r->op == MLAF_OP_MLA_KV_CACHE);
                 if (r->op == MLAF_OP_RMS_NORM_QUANT) /* the hidden size and the format name the row */
                     snprintf(r->model, sizeof r->model, "k%lld/%s%s%s", hidden, q_row->name, q_fmt ? "/" : "",
                              q_fmt ? mlaf_gemm_scale_name((mlaf_gemm_scale)q_scale) : "");
+                else if (row_q) /* q written quantized: the format names the row */
+                    snprintf(r->model, sizeof r->model, "%.40s%s+q:%s", models[m].name,
+                             indexer && r->op == MLAF_OP_MLA_KV_CACHE ? "+indexer" : "", q_row->name);
                 r->T = tokens[ti];
                 if (co.show && r->op == MLAF_OP_MLA_KV_CACHE) r->cache = mlaf_kv_format_name(co.fmt);
                 r->hash = hash && r->op == MLAF_OP_MOE_GATE;
@@ -461,7 +473,7 @@ int cmd_bench(int argc, char **argv) {
                 o.indexer = indexer && r->op == MLAF_OP_MLA_KV_CACHE;
                 o.tile_scale = co.tile_scale;
                 o.hidden = hidden;
-                o.q_fmt = r->op == MLAF_OP_RMS_NORM_QUANT ? q_fmt : MLAF_GEMM_NONE;
+                o.q_fmt = r->op == MLAF_OP_RMS_NORM_QUANT || row_q ? q_fmt : MLAF_GEMM_NONE;
                 o.q_scale = (mlaf_gemm_scale)q_scale;
                 o.kv_scale = (float)co.kv_scale;
                 err[0] = '\0';

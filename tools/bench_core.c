@@ -131,6 +131,40 @@ int bench_setup_latent(bench_op *o, mlaf_rng *rng, char *err, size_t cap) {
     return 0;
 }
 
+int bench_setup_row_quant(bench_op *o, int64_t K, double *bytes, char *err, size_t cap) {
+    mlaf_dtype sdt;
+    int64_t sh[2];
+    if (K <= 0 || mlaf_gemm_scales_shape(o->q_fmt, o->T, K, &sdt, sh, &o->q_ld) != MLAF_OK) {
+        snprintf(err, cap, "q_lora_rank %lld is not a multiple of %s's group %d", (long long)K,
+                 mlaf_gemm_format_name(o->q_fmt), (int)mlaf_gemm_format_group(o->q_fmt));
+        return -1;
+    }
+    o->hidden = K; /* the views' K */
+    const size_t sbytes = (size_t)(sh[0] * o->q_ld) * mlaf_dtype_size(sdt);
+    if (buf_alloc(o, B_QD, (size_t)(o->T * K), 1, NULL, err, cap)) return -1;
+    if (buf_alloc(o, B_QS, sbytes, 1, NULL, err, cap)) return -1;
+    *bytes = (double)o->T * K + (double)sh[0] * (double)sh[1] * (double)mlaf_dtype_size(sdt);
+    return 0;
+}
+
+int bench_row_quant_pass(bench_op *o, const views *v, int set, char *err, size_t cap) {
+    (void)set;
+    mlaf_norm_job j;
+    memset(&j, 0, sizeof j);
+    j.T = o->T, j.Q = (int32_t)o->hidden, j.C = 1;
+    if (api_err(o, mlaf_check_row_quant(o->ctx, &(const mlaf_row_quant){v->rq, {MLAF_GEMM_NONE}}, 0, NULL, NULL, 0, &j),
+                "unfused quantize pass", err, cap))
+        return -1;
+    int r = 0;
+    if (o->be == MLAF_BACKEND_CPU)
+        r = blc_gemm_quant(&j.qq, v->q.data, o->dt, o->T, o->hidden, v->q.stride[0], o->threads, mlaf_cpu_norm_kern(o->ctx));
+#ifdef MLAF_WITH_CUDA
+    else
+        r = blg_gemm_quant(&j.qq, v->q.data, o->dt, o->T, o->hidden, v->q.stride[0], bench_stream(o));
+#endif
+    return baseline_err(r, "quantize pass", err, cap);
+}
+
 int bench_setup_rope(bench_op *o, char *err, size_t cap) {
     const int64_t T = o->T;
     if (o->RP <= 0) return 0;

@@ -1,8 +1,9 @@
 /*
  * bench_mla_kv_cache.c — `mlafuse bench --op mla_kv_cache` (with --cache FORMAT, --cache-order and
- * --indexer): the paged cache's block order, its buffers, the fused call, the unfused chain (the
- * library's split_qk_norm, RoPE, the cache write or quantize-and-write pass, the indexer key passes)
- * and the outputs checked.
+ * --indexer, --q-format): the paged cache's block order, its buffers, the fused call, the unfused
+ * chain (the library's split_qk_norm, RoPE, the cache write or quantize-and-write pass, the indexer
+ * key passes, and with --q-format the quantize pass over q: the fused call then writes q quantized
+ * only) and the outputs checked.
  */
 #include "bench_op.h"
 
@@ -119,6 +120,11 @@ static int setup_mla_kv_cache(bench_op *o, size_t llc, mlaf_rng *rng, char *err,
         o->bytes += (double)T * MLAF_INDEX_HEAD_DIM * es + 2.0 * MLAF_INDEX_HEAD_DIM * es +
                     (double)T * (MLAF_INDEX_HEAD_DIM + 4);
     }
+    if (o->q_fmt != MLAF_GEMM_NONE) { /* q written as e4m3 bytes and scales instead of the dense q */
+        double qbytes;
+        if (bench_setup_row_quant(o, o->Q, &qbytes, err, cap)) return -1;
+        o->bytes += qbytes - (double)T * o->Q * es;
+    }
     return 0;
 }
 
@@ -130,7 +136,12 @@ static int fused_mla_kv_cache(void *arg, int set, char *err, size_t cap) {
     const int hasq = o->Q > 0, hasr = o->RP > 0;
     mlaf_mla_kv_cache_params p = {(int32_t)o->Q, (int32_t)o->C, (int32_t)o->R,
                                   o->cfg.rms_norm_eps, o->cfg.rms_norm_eps, o->cfg.rope_style, o->tail};
-    if (o->indexer)
+    if (o->q_fmt != MLAF_GEMM_NONE) {
+        const mlaf_row_quant rq = {v.rq, {MLAF_GEMM_NONE}};
+        st = mlaf_mla_kv_cache_dsa_quant(o->ctx, &p, &v.latent, &v.w_q, &v.w_kv, hasr ? &v.pos : NULL,
+                                         hasr ? &v.cos_sin : NULL, &v.slots, &v.cd, NULL, NULL, NULL, NULL, &o->ip,
+                                         o->indexer ? &v.ix : NULL, &rq);
+    } else if (o->indexer)
         st = mlaf_mla_kv_cache_dsa(o->ctx, &p, &v.latent, hasq ? &v.w_q : NULL, &v.w_kv, &v.pos, &v.cos_sin,
                                    &v.slots, &v.cd, hasq ? &v.q : NULL, NULL, NULL, NULL, &o->ip, &v.ix);
     else if (o->kv_fmt == MLAF_KV_PLAIN)
@@ -196,6 +207,7 @@ static int unfused_mla_kv_cache(void *arg, int set, char *err, size_t cap) {
                                                : blg_cache_write_fp8(&j, v.kn_s.data, v.kp_s.data, stream);
     }
 #endif
+    if (!r && o->q_fmt != MLAF_GEMM_NONE) return bench_row_quant_pass(o, &v, set, err, cap);
     return baseline_err(r, "mla_kv_cache", err, cap);
 }
 
@@ -203,7 +215,8 @@ static int has_unfused_mla_kv_cache(const bench_op *o) { return bl_cache_fmt_has
 
 static int outputs_mla_kv_cache(const bench_op *o, int *ids) {
     int n = 0;
-    if (o->Q > 0) ids[n++] = B_Q;
+    if (o->q_fmt != MLAF_GEMM_NONE) ids[n++] = B_QD, ids[n++] = B_QS;
+    else if (o->Q > 0) ids[n++] = B_Q;
     ids[n++] = B_CACHE;
     if (o->indexer) ids[n++] = B_ICACHE;
     return n;

@@ -65,8 +65,9 @@ typedef struct bench_op {
     int64_t rec_bytes;          /* bytes of one token's cache record */
     int indexer;                /* --indexer: mla_kv_cache with the DSA indexer key branch */
     mlaf_indexer_params ip;
-    int64_t hidden;             /* rms_norm_quant: K (--hidden) */
-    mlaf_gemm_format q_fmt;     /* rms_norm_quant: the quantized output (--q-format; NONE: dense only) */
+    int64_t hidden;             /* rms_norm_quant: K (--hidden); split_qk_norm / mla_kv_cache: Q under --q-format */
+    mlaf_gemm_format q_fmt;     /* rms_norm_quant, split_qk_norm, mla_kv_cache: the quantized output (--q-format;
+                                   NONE: dense only) */
     mlaf_gemm_scale q_scale;    /* its rounding (--q-scale) */
     int64_t q_ld;               /* its scales' leading stride */
     bbuf b[B_COUNT];
@@ -135,6 +136,11 @@ void bench_rotation(bench_op *o, size_t llc, double set_bytes);
 int bench_setup_latent(bench_op *o, mlaf_rng *rng, char *err, size_t cap);
 /* positions and the cos_sin table of the ops that rotate (when o->RP > 0). */
 int bench_setup_rope(bench_op *o, char *err, size_t cap);
+/* --q-format on split_qk_norm / mla_kv_cache: q's e4m3 data and scales buffers for K = Q values a row
+ * (o->hidden set to K for the views); *bytes: what they add to the op's minimum. */
+int bench_setup_row_quant(bench_op *o, int64_t K, double *bytes, char *err, size_t cap);
+/* The unfused chain's second step: the quantize pass over the dense q of set `set` into v->rq. */
+int bench_row_quant_pass(bench_op *o, const views *v, int set, char *err, size_t cap);
 void make_views(bench_op *o, int set, views *v);
 int api_err(bench_op *o, mlaf_status st, const char *what, char *err, size_t cap);
 int baseline_err(int r, const char *what, char *err, size_t cap);
