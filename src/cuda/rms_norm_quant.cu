@@ -14,7 +14,10 @@
  * Shapes: BS = round_up(ceil(nvec / NV), 32) threads for NV = 2, 4 or 8 vectors a thread (nvec up
  * to 512, 1024, 2048: K up to 16384 in bf16 / f16, 8192 in f32; one warp a row for short rows), the
  * row's values kept in registers between the passes; longer rows loop over their vectors (NV = 0,
- * BS = 256) and read x (or the residual they wrote) again. The vector path needs 16-byte aligned
+ * BS = 256) and read x (or the residual they wrote) again. In the register shapes every load of the row
+ * (x, the residual, weights of the row's dtype) is issued before anything is computed or stored: the
+ * residual's store would otherwise order the next vector's loads after it (the two may alias, as far as
+ * the compiler knows), a memory round trip per vector. The vector path needs 16-byte aligned
  * rows, weights and y, K a multiple of W and the e4m3 rows aligned to W bytes; any other call takes
  * the element path: the same thread-to-vector map and order of operations with per-element loads
  * and stores, so every path gives the same bits, and the fused bytes equal those of a dense call
@@ -83,12 +86,14 @@ __device__ __forceinline__ void load_h(const mlaf_rms_norm_quant_job &j, const T
  * the block calls it the same number of times (ok: v is a vector of the row). */
 template <typename T, int F, bool VEC>
 __device__ __forceinline__ void rnq_out(const mlaf_rms_norm_quant_job &j, int64_t t, T *y, int64_t v, bool ok,
-                                        float rstd, float *f) {
+                                        float rstd, float *f, const uint4 *wpre = nullptr) {
     constexpr int W = mlaf_vec<T>::W;
     const int64_t K = j.K;
     if (ok) {
         float w[W];
-        if constexpr (VEC) {
+        if (VEC && wpre) {
+            mlaf_vec<T>::unpack(*wpre, w);
+        } else if constexpr (VEC) {
             mlaf_ld_weights_vec<T>(j.w, j.w_dt == MLAF_F32, v * W, w);
         } else {
 #pragma unroll
@@ -154,7 +159,39 @@ __global__ void __launch_bounds__(256) rnq_kernel(const mlaf_rms_norm_quant_job 
     T *r = j.residual ? static_cast<T *>(j.residual) + t * j.r_stride : nullptr;
     T *y = j.y ? static_cast<T *>(j.y) + t * j.y_stride : nullptr;
     float acc = 0.0f;
-    if constexpr (NV > 0) { /* the row in registers between the passes */
+    if constexpr (NV > 0 && VEC) { /* the row in registers between the passes, every load issued first */
+        float h[NV][W];
+        uint4 xv[NV], rv[NV], wv[NV];
+        const bool wt = j.w_dt != MLAF_F32; /* weights of the row's dtype: loaded with the row */
+        const uint4 zero = make_uint4(0, 0, 0, 0);
+#pragma unroll
+        for (int k = 0; k < NV; k++) {
+            const int64_t v = tid + (int64_t)k * bs;
+            const bool ok = v < nvec;
+            xv[k] = ok ? *reinterpret_cast<const uint4 *>(x + v * W) : zero;
+            rv[k] = ok && r ? *reinterpret_cast<const uint4 *>(r + v * W) : zero;
+            wv[k] = ok && wt ? __ldg(reinterpret_cast<const uint4 *>(static_cast<const T *>(j.w) + v * W)) : zero;
+        }
+#pragma unroll
+        for (int k = 0; k < NV; k++) { /* h = x, or round(x + residual) stored back; then the sum */
+            const int64_t v = tid + (int64_t)k * bs;
+            mlaf_vec<T>::unpack(xv[k], h[k]);
+            if (r && v < nvec) {
+                float a[W];
+                mlaf_vec<T>::unpack(rv[k], a);
+#pragma unroll
+                for (int i = 0; i < W; i++) h[k][i] = __fadd_rn(h[k][i], a[i]);
+                store_vec<T, true>(r, v, j.K, h[k]);
+            }
+            acc = __fadd_rn(acc, mlaf_sumsq<W>(h[k]));
+        }
+        const float rstd = mlaf_rstd(block_sum(acc, sh), j.K, j.eps);
+#pragma unroll
+        for (int k = 0; k < NV; k++) {
+            const int64_t v = tid + (int64_t)k * bs;
+            rnq_out<T, F, VEC>(j, t, y, v, v < nvec, rstd, h[k], wt ? &wv[k] : nullptr);
+        }
+    } else if constexpr (NV > 0) { /* the element path: the same map and order */
         float h[NV][W];
 #pragma unroll
         for (int k = 0; k < NV; k++) {
