@@ -3,14 +3,17 @@
  * programmatic dependent launch (mlaf_context_set_cuda_pdl).
  *
  * One step = mla_kv_cache (the latent into q_norm and the paged cache) -> rope_q (the q heads,
- * in place) -> moe_gate (the router's logits), the order a layer runs them. 50 steps are
+ * in place) -> moe_gate (the router's logits), the order a layer runs them; for the models with a
+ * DSA indexer (glm-5, deepseek-v3.2) the DSA layer's chain instead: mla_kv_cache_dsa (fp8_ds_mla
+ * cache, the index key record and the top-k fill) -> rope_q -> indexer_q -> moe_gate. 50 steps are
  * captured in one graph; a sample is one replay (events around it), the figure the median of
  * --reps samples per step (graph_us, dev/cuda/common.cuh). The same graph is captured with the
  * setting off and on (then the launches are programmatic edges: each kernel's launch overlaps
  * the tail of the one before). Every buffer stays in L2 across steps, as in a decode loop. The
  * outputs that do not accumulate (cache, q_norm, router ids and weights) are checked equal
  * between the two graphs.
- *   pdl_chain [--reps N] [--tokens LIST] [--preset NAME|all] [--quick]
+ *   pdl_chain [--reps N] [--tokens LIST] [--preset NAME|all] [--quick]   (all: glm-4.7-flash,
+ *   deepseek-v3, kimi-k2, glm-5, deepseek-v3.2)
  */
 #include "common.cuh"
 #include "mlafuse.h"
@@ -57,6 +60,11 @@ struct Step {
     mlaf_rope_params rp;
     mlaf_moe_gate_params gp;
     mlaf_tensor lat, wq, wkv, pos, cs, slot, cache, q, qh, logits, bias, w, ids;
+    /* the DSA layer (index_n_heads > 0): index key, LayerNorm weight / bias, index cache, top-k
+     * buffer; indexer_q's q_idx, head weights, q_fp8, w_out */
+    bool dsa = false;
+    mlaf_indexer_params ip;
+    mlaf_tensor ik, iw, ib, icache, topk, qi, qw, qf, wo;
     std::vector<void *> bufs;
 
     Step(const mlaf_model_config *model, int64_t t) : m(model), T(t) {
@@ -87,6 +95,24 @@ struct Step {
         ids = view(keep(dev_fill((size_t)T * K * 4, 10)), MLAF_I32, 2, s_k);
         kp = {Q, C, R, m->rms_norm_eps, m->rms_norm_eps, m->rope_style, 0};
         rp = {R, m->rope_style, 0, 0.0f};
+        dsa = m->index_n_heads > 0;
+        if (dsa) { /* fp8_ds_mla cache (656 B a token for C 512, R 64) and the indexer's tensors */
+            const int IH = m->index_n_heads, ID = 128, rec = C + C / 32 + 2 * R, TK = m->index_topk;
+            const int64_t s_rec[3] = {nb, kBlock, rec}, s_ik[2] = {T, ID}, s_d[1] = {ID};
+            const int64_t s_ic[2] = {nb, kBlock * (ID + 4)}, s_tk[2] = {T, TK}, s_qi[3] = {T, IH, ID},
+                          s_qw[2] = {T, IH};
+            cache = view(keep(dev_fill((size_t)nb * kBlock * rec, 4)), MLAF_U8, 3, s_rec);
+            ik = view(keep(dev_fill((size_t)T * ID * 2, 11)), MLAF_BF16, 2, s_ik);
+            iw = view(keep(dev_fill((size_t)ID * 2, 12)), MLAF_BF16, 1, s_d);
+            ib = view(keep(dev_fill((size_t)ID * 2, 13)), MLAF_BF16, 1, s_d);
+            icache = view(keep(dev_fill((size_t)nb * kBlock * (ID + 4), 14)), MLAF_U8, 2, s_ic);
+            topk = view(keep(dev_fill((size_t)T * TK * 4, 15)), MLAF_I32, 2, s_tk);
+            qi = view(keep(dev_fill((size_t)T * IH * ID * 2, 16)), MLAF_BF16, 3, s_qi);
+            qw = view(keep(dev_fill((size_t)T * IH * 2, 17)), MLAF_BF16, 2, s_qw);
+            qf = view(keep(dev_fill((size_t)T * IH * ID, 18)), MLAF_U8, 3, s_qi);
+            wo = view(keep(dev_fill((size_t)T * IH * 4, 19)), MLAF_F32, 2, s_qw);
+            ip = mlaf_indexer_params_from_config(m);
+        }
     }
     ~Step() {
         for (void *b : bufs) cudaFree(b);
@@ -102,12 +128,21 @@ struct Step {
         return d;
     }
     void run(mlaf_context *ctx) const {
-        MK(mlaf_mla_kv_cache(ctx, &kp, &lat, &wq, &wkv, &pos, &cs, &slot, &cache, &q, NULL, NULL, NULL));
-        MK(mlaf_rope_q(ctx, &rp, &qh, &pos, &cs, NULL));
+        if (dsa) {
+            const mlaf_kv_cache_desc d = {MLAF_KV_FP8_DS_MLA, &cache, NULL, NULL, NULL, MLAF_FP8_DIV, MLAF_TILE_UE8M0};
+            const mlaf_indexer_k k = {&ik, &iw, &ib, &icache, NULL, &topk, 0, 0};
+            MK(mlaf_mla_kv_cache_dsa(ctx, &kp, &lat, &wq, &wkv, &pos, &cs, &slot, &d, &q, NULL, NULL, NULL, &ip, &k));
+            MK(mlaf_rope_q(ctx, &rp, &qh, &pos, &cs, NULL));
+            MK(mlaf_indexer_q(ctx, &ip, &qi, &pos, &cs, &qw, &qf, &wo, NULL, NULL, NULL));
+        } else {
+            MK(mlaf_mla_kv_cache(ctx, &kp, &lat, &wq, &wkv, &pos, &cs, &slot, &cache, &q, NULL, NULL, NULL));
+            MK(mlaf_rope_q(ctx, &rp, &qh, &pos, &cs, NULL));
+        }
         MK(mlaf_moe_gate(ctx, &gp, &logits, m->has_score_bias ? &bias : NULL, &w, &ids, NULL));
     }
     std::vector<unsigned char> outputs() const {
-        const mlaf_tensor *o[] = {&cache, &q, &w, &ids}; /* q heads: rotated again every step */
+        std::vector<const mlaf_tensor *> o = {&cache, &q, &w, &ids}; /* q heads: rotated again every step */
+        if (dsa) o.insert(o.end(), {&icache, &topk, &qf, &wo});
         std::vector<unsigned char> h;
         for (const mlaf_tensor *t : o) {
             size_t n = mlaf_dtype_size(t->dtype);
@@ -159,9 +194,9 @@ int main(int argc, char **argv) {
         return 0;
     }
     MK(mlaf_context_set_cuda_pdl(ctx, 0));
-    const char *names[] = {"glm-4.7-flash", "deepseek-v3", "kimi-k2"};
-    printf("decode step = mla_kv_cache -> rope_q -> moe_gate, %d steps per CUDA graph, median of %d replays, "
-           "us per step\n", kSteps, reps);
+    const char *names[] = {"glm-4.7-flash", "deepseek-v3", "kimi-k2", "glm-5", "deepseek-v3.2"};
+    printf("decode step = mla_kv_cache -> rope_q -> moe_gate (DSA models: mla_kv_cache_dsa -> rope_q -> indexer_q "
+           "-> moe_gate), %d steps per CUDA graph, median of %d replays, us per step\n", kSteps, reps);
     printf("%-15s %7s %10s %10s %8s  %s\n", "preset", "T", "PDL off", "PDL on", "ratio", "outputs");
     int bad = 0;
     for (const char *n : names) {
