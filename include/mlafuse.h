@@ -254,9 +254,16 @@ MLAF_API mlaf_status mlaf_context_set_cuda_stream(mlaf_context *ctx, void *strea
  * device below sm_90 is MLAF_ERR_UNSUPPORTED; on a device changed later to one below sm_90
  * the setting is kept and launches go without the attribute. Enabling on a context of another
  * backend is MLAF_ERR_INVALID_ARGUMENT; disabling (enable = 0) succeeds on every backend (a
- * no-op where PDL does not exist), so code that turns it off need not ask the backend first. */
+ * no-op where PDL does not exist), so code that turns it off need not ask the backend first.
+ * enable = 2 (early reads): as 1, and the MLA row ops (split_qk_norm, mla_kv_cache and its
+ * formats, mla_kv_cache_dsa) at decode sizes (the one-block-per-row shapes) read their weights,
+ * positions, slot_mapping and cos_sin rows, and write mla_kv_cache_dsa's top-k fill, BEFORE
+ * waiting on the kernel before them: only the latent (and the indexer's index_k) is read after the
+ * wait. So those tensors must not be written, nor the top-k buffer read, by the kernel launched
+ * just before the op (in an engine: the q_a / kv_a GEMM, which never touches them). The saving is
+ * the position -> cos_sin chain overlapping the previous kernel. Other values: INVALID_ARGUMENT. */
 MLAF_API mlaf_status mlaf_context_set_cuda_pdl(mlaf_context *ctx, int enable);
-MLAF_API int mlaf_context_cuda_pdl(const mlaf_context *ctx); /* 1 when enabled, else 0 */
+MLAF_API int mlaf_context_cuda_pdl(const mlaf_context *ctx); /* the setting (0, 1 or 2) */
 
 /* Message of the last failed call on this context ("" after a success). Never NULL; valid
  * until the next call on the context. */

@@ -247,7 +247,10 @@ mlaf_status mlaf_context_set_cuda_pdl(mlaf_context *ctx, int enable) {
         return mlaf_fail(ctx, MLAF_ERR_UNSUPPORTED,
                          "programmatic dependent launch needs sm_90 or newer; cuda device %d is "
                          "sm_%d", ctx->cuda_device, ctx->cuda_cc);
-    ctx->cuda_pdl = enable != 0;
+    if (enable < 0 || enable > 2)
+        return mlaf_fail(ctx, MLAF_ERR_INVALID_ARGUMENT,
+                         "set_cuda_pdl: enable = %d, expected 0 (off), 1 (on) or 2 (on, early reads)", enable);
+    ctx->cuda_pdl = enable;
     ctx->err[0] = '\0';
     return MLAF_OK;
 }

@@ -29,7 +29,7 @@ struct mlaf_context {
     void *cuda_stream;     /* cudaStream_t */
     int cuda_sm_count;     /* multiprocessors of cuda_device, read when the device is set */
     int cuda_cc;           /* its compute capability, major * 10 + minor (90 = sm_90) */
-    int cuda_pdl;          /* programmatic dependent launch requested (mlaf_context_set_cuda_pdl) */
+    int cuda_pdl;          /* programmatic dependent launch requested (mlaf_context_set_cuda_pdl): 0, 1 or 2 */
     void *cpu_pool;        /* the CPU backend's worker pool, created on first use (src/cpu/parallel.c) */
     char err[MLAF_ERR_CAP];
 };

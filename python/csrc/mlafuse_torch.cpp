@@ -236,7 +236,7 @@ MLAFUSE_TORCH_EXPORT void mlafuse_torch_set_cpu_threads(int n) {
 
 // Programmatic dependent launch for every later CUDA call of every thread (0 off, 1 on).
 MLAFUSE_TORCH_EXPORT void mlafuse_torch_set_cuda_pdl(int on) {
-    cuda_pdl.store(on ? 1 : 0, std::memory_order_relaxed);
+    cuda_pdl.store(on == 2 ? 2 : on ? 1 : 0, std::memory_order_relaxed);
 }
 
 // MLAF_VERSION_NUMBER of the header the extension was built with.

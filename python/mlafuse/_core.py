@@ -93,16 +93,19 @@ def set_num_threads(n: int) -> None:
         ext_set_threads(n)
 
 
-def set_cuda_pdl(enable: bool) -> None:
+def set_cuda_pdl(enable) -> None:
     """Programmatic dependent launch for every later CUDA call (all threads; off by default).
 
     On (sm_90 and newer): each op's kernels launch as programmatic dependents and wait for the
     kernels before them before reading, so results are unchanged, and inside a CUDA graph
     consecutive launches overlap (mlaf_context_set_cuda_pdl). A kernel of your own launched
     with that attribute after an op must then wait the same way before reading its outputs.
-    On a device below sm_90 the next CUDA call raises MlafError (MLAF_ERR_UNSUPPORTED)."""
+    On a device below sm_90 the next CUDA call raises MlafError (MLAF_ERR_UNSUPPORTED).
+    enable = 2: on, and the MLA row ops at decode sizes read their weights, positions, slot
+    mapping and cos / sin rows (and write the top-k fill) before waiting on the kernel before them;
+    the kernel launched just before such an op must not write those tensors (mlaf_context_set_cuda_pdl)."""
     global _cuda_pdl
-    _cuda_pdl = 1 if enable else 0
+    _cuda_pdl = 2 if enable == 2 and enable is not True else 1 if enable else 0
     if ext_set_cuda_pdl is not None:
         ext_set_cuda_pdl(_cuda_pdl)
 

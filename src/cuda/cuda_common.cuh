@@ -27,6 +27,8 @@ mlaf_status mlaf_cuda_check_launch(mlaf_context *ctx, const char *op);
 /* Whether the launches of the op running on this thread are programmatic dependents (the
  * context's mlaf_context_set_cuda_pdl on an sm_90+ device); set by mlaf_cuda_device_guard. */
 inline thread_local bool mlaf_cuda_pdl_now = false;
+/* ... and whether the row ops may read their non-activation inputs before the wait (setting 2). */
+inline thread_local bool mlaf_cuda_pdl_early_now = false;
 
 /* Makes ctx's device current for the scope of a call and restores the caller's after:
  * the op runs on the context's device without changing the calling thread's state. Also
@@ -34,16 +36,17 @@ inline thread_local bool mlaf_cuda_pdl_now = false;
 struct mlaf_cuda_device_guard {
     int prev = -1;
     bool switched = false;
-    bool prev_pdl = false;
+    bool prev_pdl = false, prev_early = false;
     explicit mlaf_cuda_device_guard(const mlaf_context *ctx) {
         if (cudaGetDevice(&prev) == cudaSuccess && prev != ctx->cuda_device) {
             switched = cudaSetDevice(ctx->cuda_device) == cudaSuccess;
         }
-        prev_pdl = mlaf_cuda_pdl_now;
+        prev_pdl = mlaf_cuda_pdl_now, prev_early = mlaf_cuda_pdl_early_now;
         mlaf_cuda_pdl_now = ctx->cuda_pdl && ctx->cuda_cc >= 90;
+        mlaf_cuda_pdl_early_now = ctx->cuda_pdl == 2 && ctx->cuda_cc >= 90;
     }
     ~mlaf_cuda_device_guard() {
-        mlaf_cuda_pdl_now = prev_pdl;
+        mlaf_cuda_pdl_now = prev_pdl, mlaf_cuda_pdl_early_now = prev_early;
         if (switched) (void)cudaSetDevice(prev);
     }
 };

@@ -231,6 +231,7 @@ template <typename T> struct mlaf_wr_index : mlaf_wr_base {
         if (t >= a.T) return;
         const int lane = threadIdx.x & 31;
         const mlaf_token_info ti = mlaf_token_decide(a, mlaf_token_load(a, t), false);
+        if (a.early) mlaf_pdl_begin(); /* PDL setting 2: index_k is read after the wait, the token's indices before */
         if (!ti.ok) return;
         float v[4];
         mlaf_idx_load(static_cast<const T *>(p.k) + t * p.ks, lane, v);

@@ -49,6 +49,7 @@ struct mlaf_row_args {
     int32_t slot;     /* bulk shape: bytes of a warp's row slot in shared memory */
     int32_t tail;     /* kv_rope_tail (docs/mla.md): kv values [C - tail, C) rotated; R == 0 then */
     int32_t split;    /* block shape: a row's q part in one block, its kv and pe parts in the next */
+    int32_t early;    /* block shapes under PDL setting 2: the latent read after the wait, the rest before */
 };
 
 /* Per-part vector slots of a warp-per-row shape: lane l's slot s holds vector (s - first) * 32 + l

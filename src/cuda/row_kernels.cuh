@@ -86,7 +86,9 @@ static inline int mlaf_row_split_threads(int qv, int cv, int rv) {
  * one-block layout (tid). */
 template <typename T, bool ROPE, bool TAIL, class Wr>
 __global__ void __launch_bounds__(1024) mlaf_row_block_kernel(const mlaf_row_args a, const typename Wr::params wp) {
-    mlaf_pdl_begin();
+    if (!a.early) mlaf_pdl_begin(); /* a.early (PDL setting 2): each thread waits just before its first
+                                     * read of the latent, its weights, token indices and cos / sin
+                                     * already loaded */
     constexpr int W = mlaf_vec<T>::W;
     __shared__ float red[32];
     const int64_t b = mlaf_row_block_id<Wr, true>(a, wp);
@@ -106,10 +108,15 @@ __global__ void __launch_bounds__(1024) mlaf_row_block_kernel(const mlaf_row_arg
         mlaf_token_idx ix = {-1, 0};
         if (ROPE) ix = mlaf_token_load(a, t);
         const bool ok = lane < rv;
-        const uint4 x = ok ? __ldcg(src + qv + cv + lane) : zero;
+        uint4 x = zero;
+        if (!a.early) x = ok ? __ldcg(src + qv + cv + lane) : zero;
         const mlaf_token_info ti = ROPE ? mlaf_token_decide(a, ix, false) : mlaf_token_none();
         float f[W], c0 = 0.0f, s0 = 0.0f;
         if (ROPE) mlaf_rope_cs_early(a, ti.cs, lane, c0, s0);
+        if (a.early) {
+            mlaf_pdl_begin();
+            x = ok ? __ldcg(src + qv + cv + lane) : zero;
+        }
         mlaf_vec<T>::unpack(x, f);
         Wr w(wp, a, t, ti);
         if (ROPE) {
@@ -127,13 +134,20 @@ __global__ void __launch_bounds__(1024) mlaf_row_block_kernel(const mlaf_row_arg
     const bool ok = j < (isq ? qv : cv);
     mlaf_token_idx ix = {-1, 0};
     if (ROPE && part != 1) ix = mlaf_token_load(a, t);
-    const uint4 x = ok ? __ldcg(src + (isq ? j : qv + j)) : zero;
+    uint4 x = zero;
+    if (!a.early) x = ok ? __ldcg(src + (isq ? j : qv + j)) : zero;
     float wv[W];
     if (ok) mlaf_ld_weights_vec<T>(isq ? a.w_q : a.w_kv, isq ? a.wq_f32 : a.wkv_f32, (int64_t)j * W, wv);
     /* the q block holds no cache or k_pe value: it takes no token decision */
-    const mlaf_token_info ti = ROPE && part != 1 ? mlaf_token_decide(a, ix, tid == lo) : mlaf_token_none();
+    const mlaf_token_info ti = ROPE && part != 1 ? mlaf_token_decide(a, ix, false) : mlaf_token_none();
     mlaf_tail_lane tl = {0.0f, 0.0f};
     if (TAIL && !isq) tl = mlaf_tail_early(a, ti.cs, lane);
+    if (a.early) {
+        mlaf_pdl_begin();
+        x = ok ? __ldcg(src + (isq ? j : qv + j)) : zero;
+    }
+    /* counted once, by the row's lead thread, after the wait (the counter is an output) */
+    if (ROPE && part != 1 && tid == lo && !ti.ok && a.err) mlaf_cuda_error_count_add(a.err, 1);
 
     float f[W];
     mlaf_vec<T>::unpack(x, f);

@@ -129,6 +129,7 @@ static cudaError_t mlaf_row_launch(const mlaf_row_args &a0, const typename Wr::p
         s = MLAF_ROW_SPLIT;
     if (s == MLAF_ROW_BLOCK || s == MLAF_ROW_SPLIT) {
         a.split = s == MLAF_ROW_SPLIT;
+        a.early = mlaf_cuda_pdl_early_now;
         const unsigned threads = (unsigned)(a.split ? mlaf_row_split_threads(qv, cv, rv)
                                                     : mlaf_row_block_threads(qv, cv, rv));
         const unsigned blocks = (unsigned)mlaf_row_grid<Wr>(a.split ? 2 * a.T : a.T);

@@ -11,6 +11,9 @@
  * that read its inputs before waiting on the kernel before it would see stale data and differ.
  * T covers the row kernel's block, warp and bulk shapes, the router's tiny, team and general
  * kernels and more than 65536 tokens; two T run on the legacy default stream too (eagerly).
+ * Setting 2 (early reads: the row ops' weights, positions, slots and cos / sin before the wait) runs
+ * the same chain at the block shapes' T: the kernel before each op writes only its activations, as
+ * the setting requires. The API: 0, 1 and 2 taken on sm_90+, other values refused.
  */
 #include <cuda_runtime.h>
 
@@ -192,9 +195,11 @@ void test_api(int cuda) {
     cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
     const mlaf_status on = mlaf_context_set_cuda_pdl(ctx, 1);
     if (major >= 9)
-        tl_case(on == MLAF_OK && mlaf_context_cuda_pdl(ctx) == 1 &&
-                    mlaf_context_set_cuda_pdl(ctx, 0) == MLAF_OK && mlaf_context_cuda_pdl(ctx) == 0,
-                "PDL(api,backend=cuda)", "sm_90+: on and off must be taken (on: %s)", mlaf_status_name(on));
+        tl_case(on == MLAF_OK && mlaf_context_cuda_pdl(ctx) == 1 && mlaf_context_set_cuda_pdl(ctx, 2) == MLAF_OK &&
+                    mlaf_context_cuda_pdl(ctx) == 2 && mlaf_context_set_cuda_pdl(ctx, 3) == MLAF_ERR_INVALID_ARGUMENT &&
+                    mlaf_context_cuda_pdl(ctx) == 2 && mlaf_context_set_cuda_pdl(ctx, 0) == MLAF_OK &&
+                    mlaf_context_cuda_pdl(ctx) == 0,
+                "PDL(api,backend=cuda)", "sm_90+: 0, 1 and 2 must be taken, 3 refused (1: %s)", mlaf_status_name(on));
     else
         tl_case(on == MLAF_ERR_UNSUPPORTED && mlaf_context_cuda_pdl(ctx) == 0 &&
                     mlaf_context_set_cuda_pdl(ctx, 0) == MLAF_OK,
@@ -203,11 +208,12 @@ void test_api(int cuda) {
     mlaf_context_free(ctx);
 }
 
-/* legacy: on the context's default stream (the legacy one), eagerly only (no capture there). */
-void test_chain(int64_t T, bool legacy = false) {
-    char name[112];
-    snprintf(name, sizeof name, "PDL(chain=split,mla_kv_cache,rope_q,moe_gate,x%d,T=%lld,%sbackend=cuda)", kReps,
-             (long long)T, legacy ? "legacy stream," : "");
+/* legacy: on the context's default stream (the legacy one), eagerly only (no capture there); level:
+ * the PDL setting (1, or 2: early reads). */
+void test_chain(int64_t T, bool legacy = false, int level = 1) {
+    char name[128];
+    snprintf(name, sizeof name, "PDL(chain=split,mla_kv_cache,rope_q,moe_gate,x%d,T=%lld,%s%sbackend=cuda)", kReps,
+             (long long)T, legacy ? "legacy stream," : "", level == 2 ? "setting=2," : "");
     mlaf_context *ctx = tl_context(MLAF_BACKEND_CUDA);
     if (!ctx) return;
     cudaStream_t s = nullptr;
@@ -219,7 +225,7 @@ void test_chain(int64_t T, bool legacy = false) {
         std::vector<unsigned char> off, on, graph;
         mlaf_status st = MLAF_OK;
         if (c.reset() && (st = c.run(ctx)) == MLAF_OK && ck(cudaStreamSynchronize(s), "sync")) off = c.state();
-        if (st == MLAF_OK && mlaf_context_set_cuda_pdl(ctx, 1) == MLAF_OK && c.reset() &&
+        if (st == MLAF_OK && mlaf_context_set_cuda_pdl(ctx, level) == MLAF_OK && c.reset() &&
             (st = c.run(ctx)) == MLAF_OK && ck(cudaStreamSynchronize(s), "sync"))
             on = c.state();
         if (legacy) {
@@ -266,6 +272,7 @@ int main(void) {
         for (int i = 0; i < n; i++) test_chain(Ts[i]);
         test_chain(64, true);
         test_chain(4096, true);
+        for (int64_t T : {1, 7, 64, 300}) test_chain(T, false, 2);
     } else if (cuda) {
         tl_skip("PDL(chain,backend=cuda)", "the device is below sm_90");
     }
