@@ -1,8 +1,89 @@
 /*
  * fuzz_norm.c — the generator of split_qk_norm and mla_kv_cache calls (fuzz_norm(f, kv)), shared
- * by test_fuzz_split_qk_norm and test_fuzz_mla_kv_cache.
+ * by test_fuzz_split_qk_norm and test_fuzz_mla_kv_cache. A fifth of the calls go through the
+ * _quant entry points with q_norm and / or k_nope quantized (a format of src/gemm_format.h, its
+ * width a multiple of the group, the dense copy present or not); on success the quantized bytes
+ * are those of the encoder applied to the call's own dense row when it has one.
  */
 #include "fuzz_common.h"
+
+#include "gemm_format.h"
+
+/* One quantized output of the call: its format, rounding and tensors. */
+typedef struct quant_out {
+    mlaf_gemm_format fmt;
+    mlaf_gemm_scale sc;
+    float eps;
+    fz_t d, s;
+} quant_out;
+
+static void quant_draw(mlaf_rng *r, quant_out *o, double p) {
+    memset(o, 0, sizeof *o);
+    if (!CHANCE(r, p)) return;
+    o->fmt = (mlaf_gemm_format)RANGE(r, 1, MLAF_GEMM_FORMAT_COUNT_ - 1);
+    int sc;
+    do sc = (int)U(r, MLAF_GEMM_SCALE_COUNT_);
+    while (!((mlaf_gemm_formats[o->fmt].scale_modes >> sc) & 1u));
+    o->sc = (mlaf_gemm_scale)sc;
+    o->eps = CHANCE(r, 0.3) ? 1e-4f : 0.0f;
+}
+
+/* Its data [T, K] and scales tensors (K a multiple of the group). */
+static void quant_tensors(fz *f, quant_out *o, const char *dname, const char *sname, int64_t T, int64_t K) {
+    if (!o->fmt) return;
+    const mlaf_gemm_format_info *row = &mlaf_gemm_formats[o->fmt];
+    mlaf_dtype sdt;
+    int64_t sh[2], ld;
+    mlaf_gemm_scales_shape(o->fmt, T, K, &sdt, sh, &ld);
+    fz_2d(f, &o->d, dname, CHANCE(&f->r, 0.5) ? MLAF_U8 : MLAF_FP8_E4M3, T, K, RANGE(&f->r, 0, 9), 0, 0,
+          DTM(MLAF_U8) | DTM(MLAF_FP8_E4M3), 3u, 1, 1);
+    const int64_t pad = row->mn_major ? 4 * RANGE(&f->r, 0, 2) : RANGE(&f->r, 0, 3), sst[2] = {ld + pad, 1};
+    fz_tensor(f, &o->s, sname, sdt, 2, sh, sst, 0, 0, DTM(sdt), 3u, 1, 1);
+    if (row->mn_major) o->s.boff = 0; /* TMA-aligned: 16-byte aligned data (the buffers are) */
+}
+
+static mlaf_gemm_out quant_arg(fz *f, const quant_out *o, int host) {
+    mlaf_gemm_out g = {o->fmt, o->sc, NULL, NULL, o->eps};
+    if (o->fmt) g.data = host ? HOST(f, &o->d) : DEV(f, &o->d), g.scales = host ? HOST(f, &o->s) : DEV(f, &o->s);
+    return g;
+}
+
+/* After a successful call: the quantized rows claimed, and equal to the encoder's bytes of the dense
+ * rows `dense` (its own output, when the call had one) of width K. */
+static void quant_check(fz *f, const quant_out *o, const mlaf_gemm_out_job *q, const fz_t *dense, mlaf_dtype dt,
+                        int64_t T, int64_t K, const char *what) {
+    if (!o->fmt || q->format == MLAF_GEMM_NONE) return;
+    const mlaf_gemm_format_info *row = &mlaf_gemm_formats[q->format];
+    const int64_t G = K / q->group, Gp = row->pack == 4 ? (G + 3) / 4 * 4 : G;
+    const int64_t ses = (int64_t)mlaf_dtype_size(row->scale_dt);
+    float *rowv = malloc(sizeof(float) * (size_t)(K + 1)), *sf = malloc(sizeof(float) * (size_t)(K + 1));
+    uint8_t *rd = malloc((size_t)K + 1), *sb = malloc((size_t)K + 1);
+    for (int64_t t = 0; t < T && !f->failed; t++) {
+        const unsigned char *qd = body(f, o->d.buf) + o->d.boff + t * o->d.t.stride[0];
+        claim(f, o->d.buf, o->d.boff + t * o->d.t.stride[0], (size_t)K);
+        for (int64_t k = 0; k < Gp; k++)
+            claim(f, o->s.buf, o->s.boff + mlaf_ref_gemm_scale_offset(q->format, t, k, q->scale_ld),
+                  (size_t)(ses == 4 && row->pack == 1 ? 4 : 1));
+        if (!dense || !dense->present) continue;
+        for (int64_t i = 0; i < K; i++) rowv[i] = mlaf_load_f32(body(f, dense->buf) + dense->boff, dt, t * dense->t.stride[0] + i);
+        const mlaf_gemm_encoding e = {q->format, q->scale, q->eps};
+        mlaf_ref_gemm_encode_row(&e, rowv, K, rd, sf, sb);
+        for (int64_t i = 0; i < K && !f->failed; i++)
+            if (qd[i] != rd[i])
+                fail(f, "%s.data[%lld, %lld] = 0x%02x, expected 0x%02x (the encoder on the dense row)", what, (long long)t,
+                     (long long)i, qd[i], rd[i]);
+        for (int64_t k = 0; k < G && !f->failed; k++) {
+            const unsigned char *sp = body(f, o->s.buf) + o->s.boff + mlaf_ref_gemm_scale_offset(q->format, t, k, q->scale_ld);
+            uint8_t want[4];
+            if (row->scale_dt == MLAF_F32) memcpy(want, &sf[k], 4);
+            else want[0] = sb[k];
+            if (memcmp(sp, want, row->scale_dt == MLAF_F32 ? 4 : 1))
+                fail(f, "%s.scales of row %lld group %lld: 0x%02x.., expected 0x%02x..", what, (long long)t, (long long)k,
+                     sp[0], want[0]);
+        }
+    }
+    free(rowv), free(sf), free(rd), free(sb);
+}
 
 /* ---- split_qk_norm and mla_kv_cache ----------------------------------------------------- */
 typedef struct norm_case {
@@ -45,6 +126,12 @@ int fuzz_norm(fz *f, int kv) {
     const mlaf_dtype dt = FLOAT_DT(r);
     const int64_t T = draw_T(r);
     int32_t Q = CHANCE(r, 0.25) ? 0 : (int32_t)RANGE(r, 1, 72), C = (int32_t)RANGE(r, 1, 72);
+    const int quant = CHANCE(r, 0.2); /* through the _quant entry point */
+    quant_out qq, kq;
+    quant_draw(r, &qq, quant ? 0.7 : 0.0);
+    quant_draw(r, &kq, quant ? 0.5 : 0.0);
+    if (qq.fmt) Q = mlaf_gemm_formats[qq.fmt].group * (int32_t)RANGE(r, 1, 3);
+    if (kq.fmt) C = mlaf_gemm_formats[kq.fmt].group * (int32_t)RANGE(r, 1, 3);
     int32_t R = kv ? (CHANCE(r, 0.15) ? 0 : 2 * (int32_t)RANGE(r, 1, 12)) : (int32_t)RANGE(r, 0, 24);
     const int32_t W = Q + C + R;
     const float eps_q = (float)pow(10.0, -RANGE(r, 1, 8)), eps_kv = (float)pow(10.0, -RANGE(r, 1, 8));
@@ -62,16 +149,18 @@ int fuzz_norm(fz *f, int kv) {
     if (Q > 0) fz_1d(f, &wq, "w_q", CHANCE(r, 0.5) ? dt : MLAF_F32, Q, 1, 0.3, wdts, 1u, 1, 0);
     fz_1d(f, &wkv, "w_kv", CHANCE(r, 0.5) ? dt : MLAF_F32, C, 1, 0.3, wdts, 1u, 1, 0);
     /* outputs: own buffers (poisoned), the latent's own columns, or absent where optional */
-    if (Q > 0) {
+    if (Q > 0 && (!qq.fmt || CHANCE(r, 0.5))) { /* a quantized q_norm may come alone */
         if (CHANCE(r, 0.2)) fz_columns(f, &q, "q", &lat, 0, Q, 3u);
-        else fz_2d(f, &q, "q", dt, T, Q, RANGE(r, 0, 5), 0, 1, DTM(dt), 3u, 1, 1);
-        q.required = 1;
+        else fz_2d(f, &q, "q", dt, T, Q, RANGE(r, 0, 5), 0, 1, DTM(dt), 3u, !qq.fmt, 1);
+        q.required = !qq.fmt;
     }
-    if (!kv || CHANCE(r, 0.6)) {
+    if ((!kv && !kq.fmt) || CHANCE(r, 0.6)) {
         if (CHANCE(r, 0.2)) fz_columns(f, &kn, "k_nope", &lat, Q, C, 3u);
-        else fz_2d(f, &kn, "k_nope", dt, T, C, RANGE(r, 0, 5), 0, 1, DTM(dt), 3u, !kv, 1);
-        kn.required = !kv;
+        else fz_2d(f, &kn, "k_nope", dt, T, C, RANGE(r, 0, 5), 0, 1, DTM(dt), 3u, !kv && !kq.fmt, 1);
+        kn.required = !kv && !kq.fmt;
     }
+    quant_tensors(f, &qq, "quant->q.data", "quant->q.scales", T, Q);
+    quant_tensors(f, &kq, "quant->k_nope.data", "quant->k_nope.scales", T, C);
     if (CHANCE(r, 0.6)) {
         if (CHANCE(r, 0.2)) fz_columns(f, &kp, "k_pe", &lat, (int64_t)Q + C, R, 3u);
         else fz_2d(f, &kp, "k_pe", dt, T, R, RANGE(r, 0, 5), 0, 1, DTM(dt), 3u, 0, 1);
@@ -149,9 +238,18 @@ int fuzz_norm(fz *f, int kv) {
     const fz_t *wq_arg = Q > 0 ? &wq : (wq0.present && !strcmp(wq0.name, "w_q") ? &wq0 : NULL);
     const fz_t *q_arg = Q > 0 ? &q : (wq0.present && !strcmp(wq0.name, "q") ? &wq0 : NULL);
     mlaf_status st;
-    if (!kv)
+    const mlaf_row_quant dq = {quant_arg(f, &qq, 0), quant_arg(f, &kq, 0)}, hrq = {quant_arg(f, &qq, 1), quant_arg(f, &kq, 1)};
+    const mlaf_kv_cache_desc dcd = mlaf_kv_desc_plain(DEV(f, &cache));
+    if (!kv && quant)
+        st = mlaf_split_qk_norm_quant(f->ctx, &nc.sp, DEV(f, &lat), wq_arg ? DEV(f, wq_arg) : NULL, DEV(f, &wkv),
+                                      q_arg ? DEV(f, q_arg) : NULL, DEV(f, &kn), DEV(f, &kp), &dq);
+    else if (!kv)
         st = mlaf_split_qk_norm(f->ctx, &nc.sp, DEV(f, &lat), wq_arg ? DEV(f, wq_arg) : NULL, DEV(f, &wkv),
                                 q_arg ? DEV(f, q_arg) : NULL, DEV(f, &kn), DEV(f, &kp));
+    else if (quant)
+        st = mlaf_mla_kv_cache_quant(f->ctx, &nc.kp, DEV(f, &lat), wq_arg ? DEV(f, wq_arg) : NULL, DEV(f, &wkv),
+                                     DEV(f, &pos), DEV(f, &cs), DEV(f, &slot), &dcd, q_arg ? DEV(f, q_arg) : NULL,
+                                     DEV(f, &kn), DEV(f, &kp), DEV(f, &ec), &dq);
     else
         st = mlaf_mla_kv_cache(f->ctx, &nc.kp, DEV(f, &lat), wq_arg ? DEV(f, wq_arg) : NULL, DEV(f, &wkv), DEV(f, &pos),
                                DEV(f, &cs), DEV(f, &slot), DEV(f, &cache), q_arg ? DEV(f, q_arg) : NULL, DEV(f, &kn),
@@ -162,11 +260,13 @@ int fuzz_norm(fz *f, int kv) {
     mlaf_norm_job nj;
     mlaf_kv_cache_job kj;
     const mlaf_kv_cache_desc hcd = mlaf_kv_desc_plain(HOST(f, &cache));
-    mlaf_status hs = !kv ? mlaf_check_split_qk_norm(f->host, &nc.sp, HOST(f, &lat), wq_arg ? HOST(f, wq_arg) : NULL, HOST(f, &wkv),
-                                                     q_arg ? HOST(f, q_arg) : NULL, HOST(f, &kn), HOST(f, &kp), &nj)
-                         : mlaf_check_mla_kv_cache(f->host, &nc.kp, HOST(f, &lat), wq_arg ? HOST(f, wq_arg) : NULL, HOST(f, &wkv),
-                                                   HOST(f, &pos), HOST(f, &cs), HOST(f, &slot), &hcd,
-                                                   q_arg ? HOST(f, q_arg) : NULL, HOST(f, &kn), HOST(f, &kp), HOST(f, &ec), &kj);
+    mlaf_status hs = !kv ? mlaf_check_split_qk_norm_q(f->host, &nc.sp, HOST(f, &lat), wq_arg ? HOST(f, wq_arg) : NULL,
+                                                       HOST(f, &wkv), q_arg ? HOST(f, q_arg) : NULL, HOST(f, &kn),
+                                                       HOST(f, &kp), quant ? &hrq : NULL, &nj)
+                         : mlaf_check_mla_kv_cache_q(f->host, &nc.kp, HOST(f, &lat), wq_arg ? HOST(f, wq_arg) : NULL,
+                                                     HOST(f, &wkv), HOST(f, &pos), HOST(f, &cs), HOST(f, &slot), &hcd,
+                                                     q_arg ? HOST(f, q_arg) : NULL, HOST(f, &kn), HOST(f, &kp),
+                                                     HOST(f, &ec), quant ? &hrq : NULL, &kj);
     if (hs != MLAF_OK) {
         fail(f, "the device call passed but the same views over host memory gave %s: %s", mlaf_status_name(hs),
              mlaf_context_last_error(f->host));
@@ -187,7 +287,8 @@ int fuzz_norm(fz *f, int kv) {
     float xin[64], xr[64];
     for (int64_t t = 0; t < TT && !f->failed; t++) {
         const unsigned char *row = (const unsigned char *)nj.latent + t * nj.latent_stride * (int64_t)les;
-        for (int32_t i = 0; i < nj.Q; i++) check_units(f, &q, t * q.t.stride[0] + i, rq[t * nj.Q + i], "q", t, i);
+        if (q.present)
+            for (int32_t i = 0; i < nj.Q; i++) check_units(f, &q, t * q.t.stride[0] + i, rq[t * nj.Q + i], "q", t, i);
         if (kn.present)
             for (int32_t i = 0; i < nj.C; i++) check_units(f, &kn, t * kn.t.stride[0] + i, rk[t * nj.C + i], "k_nope", t, i);
         for (int32_t i = 0; i < nj.R; i++) xin[i] = mlaf_load_f32(row, nj.dt, (int64_t)nj.Q + nj.C + i);
@@ -216,6 +317,8 @@ int fuzz_norm(fz *f, int kv) {
         }
     }
     if (kv) check_count(f, &ec, bad);
+    quant_check(f, &qq, &nj.qq, &q, nj.dt, TT, nj.Q, "quant->q");
+    quant_check(f, &kq, &nj.kq, &kn, nj.dt, TT, nj.C, "quant->k_nope");
     check_untouched(f);
     free(rq), free(rk), free(rows), free(status);
     return 1;
