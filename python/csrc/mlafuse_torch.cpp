@@ -23,7 +23,8 @@
 //
 // Files: mlafuse_torch.h (what they share), this file (the library's entry points, contexts,
 // the kernel registration and the C entry points), mlafuse_torch_mla.cpp and
-// mlafuse_torch_moe.cpp (the op kernels).
+// mlafuse_torch_moe.cpp (the op kernels), mlafuse_torch_norm.cpp (rms_norm_quant's kernels and
+// their registration).
 #include "mlafuse_torch.h"
 
 namespace mlafuse_torch {
@@ -155,7 +156,8 @@ using namespace mlafuse_torch;  // the kernels and the entry points, for the reg
 // The kernels of the ops by name. The ops themselves (their schemas) are defined by
 // python/mlafuse from its one table, mlafuse/_schemas.py, right after it loads this library: a
 // kernel whose C++ signature disagrees with its schema there makes that definition fail (an
-// ImportError naming the op), and test_bindings.py checks that the names here are the table's.
+// ImportError naming the op), and test_setup.py checks that the names here are the table's
+// (rms_norm_quant's kernels are registered in mlafuse_torch_norm.cpp).
 
 // One kernel for both devices: the backend follows the tensors' device.
 #define MLAFUSE_IMPLS(m)                                       \
@@ -218,6 +220,7 @@ MLAFUSE_TORCH_EXPORT int mlafuse_torch_init(const char *path, char *err, size_t 
     MLAF_SYM(rope_q_out, mlaf_rope_q_out)
     MLAF_SYM(moe_gate, mlaf_moe_gate)
     MLAF_SYM(moe_gate_hash, mlaf_moe_gate_hash)
+    MLAF_SYM(rms_norm_quant, mlaf_rms_norm_quant)
 #undef MLAF_SYM
     if (missing) return say(std::string(path) + " has no symbol " + missing);
     if (a.version_number() != MLAF_VERSION_NUMBER)

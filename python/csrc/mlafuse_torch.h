@@ -2,7 +2,8 @@
 // entry points (taken from the loaded libmlafuse, mlafuse_torch.cpp), errors, the contexts,
 // views of tensors, and the op kernels that mlafuse_torch.cpp registers. The kernels live in
 // mlafuse_torch_mla.cpp (split_qk_norm, mla_kv_cache, mla_kv_cache_dsa, indexer_q, rope_q) and
-// mlafuse_torch_moe.cpp (moe_gate, moe_gate_hash). See mlafuse_torch.cpp for the whole design.
+// mlafuse_torch_moe.cpp (moe_gate, moe_gate_hash); mlafuse_torch_norm.cpp holds rms_norm_quant's
+// kernels and registers them itself. See mlafuse_torch.cpp for the whole design.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -52,6 +53,7 @@ struct Api {
     decltype(&mlaf_rope_q_out) rope_q_out;
     decltype(&mlaf_moe_gate) moe_gate;
     decltype(&mlaf_moe_gate_hash) moe_gate_hash;
+    decltype(&mlaf_rms_norm_quant) rms_norm_quant;  // mlafuse_torch_norm.cpp
 };
 
 // The entry points once mlafuse_torch_init has taken them; the settings every thread follows

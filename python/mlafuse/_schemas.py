@@ -128,4 +128,23 @@ SCHEMAS = {
         "moe_gate_hash_out(Tensor logits, Tensor tid2eid, Tensor token_ids, "
         "Tensor(a!) weights, Tensor(b!) ids, Tensor(c!)? scores, Tensor(d!)? error_count, "
         f"{_GATE_P}) -> ()"),
+    # ---- rms_norm_quant (docs/gemm_formats.md) ----
+    # -> (y [T,K] or [T,0], q_data [T,K] float8_e4m3fn or [T,0], q_scales or [T,0]); mutates
+    # residual (<- round(x + residual)). q_format an mlaf_gemm_format (0 none / 1 fp8_1x128 /
+    # 2 fp8_1x128_mn / 3 fp8_1x128_ue8m0 / 4 mxfp8 / 5 fp8_1x128_cm), q_scale an mlaf_gemm_scale
+    # (0 f32 / 1 ue8m0 / 2 mx_floor / 3 mx_ceil). q_scales in the orientation engines hold them,
+    # [T, groups]: the three MN-major layouts with strides (1, ld). The _out form writes the
+    # given outputs; the _inplace form writes y into x itself.
+    "rms_norm_quant": (
+        "rms_norm_quant(Tensor x, Tensor weight, float eps, Tensor(a!)? residual=None, "
+        "bool return_y=True, int q_format=0, int q_scale=0, float q_eps=0.0) "
+        "-> (Tensor, Tensor, Tensor)"),
+    "rms_norm_quant_out": (
+        "rms_norm_quant_out(Tensor x, Tensor weight, float eps, Tensor(a!)? residual, "
+        "Tensor(b!)? y, Tensor(c!)? q_data, Tensor(d!)? q_scales, int q_format=0, int q_scale=0, "
+        "float q_eps=0.0) -> ()"),
+    "rms_norm_quant_inplace": (
+        "rms_norm_quant_inplace(Tensor(a!) x, Tensor weight, float eps, Tensor(b!)? residual, "
+        "Tensor(c!)? q_data, Tensor(d!)? q_scales, int q_format=0, int q_scale=0, "
+        "float q_eps=0.0) -> ()"),
 }

@@ -436,6 +436,91 @@ _register("moe_gate_hash", _gate_hash_impl, _gate_hash_fake)
 _register("moe_gate_hash_out", _gate_hash_out, _nothing)
 
 
+# ---- rms_norm_quant (docs/gemm_formats.md) -------------------------------------------------
+# q_format / q_scale are the library's mlaf_gemm_format / mlaf_gemm_scale values. The scales
+# travel in the orientation engines hold them, [T, groups]; for the MN-major layouts (strides
+# (1, ld)) the kernels hand the library their transposes, [groups, T] with stride (ld, 1).
+_GF = L.GEMM_FORMATS
+_RNQ_MN = (_GF["fp8_1x128_mn"], _GF["fp8_1x128_ue8m0"], _GF["fp8_1x128_cm"])
+
+
+def rnq_scales_layout(q_format, T, K):
+    """The scales tensor rms_norm_quant allocates for T rows of K values in format q_format:
+    (dtype, shape, strides or None for a contiguous tensor), or None when the format has no
+    scales for that K (then the library names the problem). The compiled binding's kernel
+    (csrc/mlafuse_torch_norm.cpp) allocates the same, so eager and traced calls agree."""
+    f = int(q_format)
+    g = 32 if f == _GF["mxfp8"] else 128
+    if f <= 0 or f not in _GF.values() or K % g != 0:
+        return None
+    G = K // g
+    if f == _GF["fp8_1x128"]:
+        return torch.float32, (T, G), None
+    if f == _GF["mxfp8"]:
+        return torch.uint8, (T, G), None
+    if f == _GF["fp8_1x128_cm"]:
+        return torch.float32, (T, G), (1, T)             # ld = T: no padding
+    ld = (T + 3) // 4 * 4                                 # TMA: 16-byte columns
+    if f == _GF["fp8_1x128_ue8m0"]:
+        return torch.int32, (T, (G + 3) // 4), (1, ld)   # four UE8M0 bytes an element
+    return torch.float32, (T, G), (1, ld)
+
+
+def rnq_alloc_scales(x, T, K, q_format):
+    lay = rnq_scales_layout(q_format, T, K)
+    if lay is None:
+        return x.new_empty((T, 0), dtype=torch.float32)
+    dt, shape, strides = lay
+    if strides is None:
+        return x.new_empty(shape, dtype=dt)
+    return torch.empty_strided(shape, strides, dtype=dt, device=x.device)
+
+
+def _rnq_alloc(x, return_y, q_format):
+    T = _T(x)
+    K = x.shape[1] if x.dim() >= 2 else 0
+    q = int(q_format) != 0
+    return (x.new_empty((T, K if return_y else 0)),
+            x.new_empty((T, K if q else 0), dtype=torch.float8_e4m3fn),
+            rnq_alloc_scales(x, T, K, q_format) if q else x.new_empty((T, 0), dtype=torch.float32))
+
+
+def _rnq_run(x, weight, eps, residual, y, q_data, q_scales, q_format, q_scale, q_eps):
+    d = x.device
+    f = _core._enum_arg(q_format, "q.format")
+    lib_scales = q_scales
+    if q_scales is not None and f in _RNQ_MN and q_scales.dim() == 2:
+        lib_scales = q_scales.t()
+    _core.run_rms_norm_quant(_context(d), eps, _view(x, "x", d), _view(residual, "residual", d),
+                             _view(weight, "weight", d), _view(y, "y", d), f, q_scale,
+                             _view(q_data, "q.data", d), _view(lib_scales, "q.scales", d), q_eps)
+
+
+def _rnq_impl(x, weight, eps, residual=None, return_y=True, q_format=0, q_scale=0, q_eps=0.0):
+    y, q, s = _rnq_alloc(x, return_y, q_format)
+    quant = int(q_format) != 0
+    _rnq_run(x, weight, eps, residual, y if return_y else None, q if quant else None,
+             s if quant else None, q_format, q_scale, q_eps)
+    return y, q, s
+
+
+def _rnq_fake(x, weight, eps, residual=None, return_y=True, q_format=0, q_scale=0, q_eps=0.0):
+    return _rnq_alloc(x, return_y, q_format)
+
+
+def _rnq_out(x, weight, eps, residual, y, q_data, q_scales, q_format=0, q_scale=0, q_eps=0.0):
+    _rnq_run(x, weight, eps, residual, y, q_data, q_scales, q_format, q_scale, q_eps)
+
+
+def _rnq_inplace(x, weight, eps, residual, q_data, q_scales, q_format=0, q_scale=0, q_eps=0.0):
+    _rnq_run(x, weight, eps, residual, x, q_data, q_scales, q_format, q_scale, q_eps)
+
+
+_register("rms_norm_quant", _rnq_impl, _rnq_fake)
+_register("rms_norm_quant_out", _rnq_out, _nothing)
+_register("rms_norm_quant_inplace", _rnq_inplace, _nothing)
+
+
 # ---- choosing and registering a binding ----------------------------------------------------
 _PKG_DIR = os.path.dirname(os.path.abspath(__file__))
 

@@ -157,3 +157,19 @@ def test_errors_name_the_argument():
     with pytest.raises(ValueError):
         mlafuse.rms_norm_quant(x, w, q_format="nvfp4")
     assert mlafuse.backend_supports("cpu", "rms_norm_quant")
+
+
+def test_column_major_scales_without_alignment():
+    """fp8_1x128_cm: the fp8_1x128 values, held [T, K/128] with strides (1, ld), ld >= T (no TMA
+    padding: allocated with ld = T); a given view with a larger ld keeps its padding."""
+    rng = np.random.default_rng(3)
+    T, K = 5, 384
+    x = rng.standard_normal((T, K)).astype(np.float32)
+    w = np.ones(K, np.float32)
+    _, q1, s1 = mlafuse.rms_norm_quant(x, w, q_format="fp8_1x128")
+    _, q2, s2 = mlafuse.rms_norm_quant(x, w, q_format="fp8_1x128_cm")
+    assert np.array_equal(q1, q2) and np.array_equal(s1, s2)
+    assert s2.shape == (T, 3) and s2.strides == (4, 4 * T)
+    buf = np.full((3, 7), -1.0, np.float32)
+    _, _, s3 = mlafuse.rms_norm_quant(x, w, q_format="fp8_1x128_cm", q_scales=buf[:, :T].T)
+    assert np.array_equal(s3, s1) and np.all(buf[:, T:] == -1.0)
