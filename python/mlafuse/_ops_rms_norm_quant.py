@@ -17,8 +17,8 @@ if _torch is not None:
     _op_rnq_out, _rnq_out_eager = _op_pair("rms_norm_quant_out")
     _op_rnq_inplace, _rnq_inplace_eager = _op_pair("rms_norm_quant_inplace")
 
-GEMM_FORMATS = dict(L.GEMM_FORMATS)  # "none", "fp8_1x128", "fp8_1x128_mn", "fp8_1x128_ue8m0", "mxfp8",
-GEMM_SCALES = dict(L.GEMM_SCALES)    # "fp8_1x128_cm"; "f32", "ue8m0", "mx_floor", "mx_ceil"
+GEMM_FORMATS = dict(L.GEMM_FORMATS)  # "none", "fp8_1x128", "fp8_1x128_mn", "fp8_1x128_ue8m0", "mxfp8", "fp8_1x128_cm"
+GEMM_SCALES = dict(L.GEMM_SCALES)    # "f32", "ue8m0", "mx_floor", "mx_ceil"
 # the rounding a format takes when none is named: f32 for the f32 layouts, else the first it takes
 _DEFAULT_SCALE = {"fp8_1x128": "f32", "fp8_1x128_mn": "f32", "fp8_1x128_ue8m0": "ue8m0", "mxfp8": "mx_floor",
                   "fp8_1x128_cm": "f32"}
