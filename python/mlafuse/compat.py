@@ -744,3 +744,11 @@ def fused_deepseek_v4_qnorm_rope_kv_rope_quant_insert(q_in, kv, k_cache, slot_ma
     ar8 = torch.arange(8, device=kv.device)
     pages[b.unsqueeze(1), (bs * 576 + o * 8).unsqueeze(1) + ar8] = scale
     return q_out
+
+
+# ---- fused RMSNorm + fp8 1x128 block quant (docs/gemm_formats.md): _compat_norm_quant ----
+from ._compat_norm_quant import (fused_add_rmsnorm_fp8_block_quant,  # noqa: E402
+                                 rms_norm_per_block_quant, rms_norm_per_block_quant_op)
+
+__all__ += ["rms_norm_per_block_quant", "rms_norm_per_block_quant_op",
+            "fused_add_rmsnorm_fp8_block_quant"]
