@@ -97,7 +97,8 @@ def rms_norm_per_block_quant(input, weight, epsilon, quant_dtype, group_size, sc
     row-major [T, G] (fp8_1x128); with ``is_scale_transposed`` the [G, T] buffer seen as [T, G]
     with strides (1, T) (fp8_1x128_cm); with ``has_tma_aligned_scales`` too, strides
     (1, round_up(T, 4)) over a [G, round_up(T, 4)] buffer (fp8_1x128_mn; vLLM's wrapper at that
-    commit allocates [G, T] there, which its kernel overruns when T is not a multiple of 4).
+    commit allocates [G, T] there, which its kernel overruns when T is not a multiple of 4 and
+    H > 128).
 
     Differences from vLLM's kernel: vLLM normalizes the unrounded f32 sum input + residual and
     rounds x * rstd before multiplying by the weight (two roundings); mlafuse rounds the sum,

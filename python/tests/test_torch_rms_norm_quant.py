@@ -203,6 +203,40 @@ def test_functional_op_and_its_fake_agree(fmt, T):
     assert y.shape == (T, K) and q.shape == (T, 0) and s.shape == (T, 0)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_opcheck(device):
+    """torch.library.opcheck of the three ops: mutation annotations, fake implementations, AOT
+    dispatch (q_data as uint8 where mutated: opcheck cannot compare mutated float8 tensors). T is
+    a multiple of 4: AOT dispatch without re-inplacing hands the _out op dense copies of the
+    mutated tensors, so a padded MN-major view arrives with ld = T (torch.compile re-inplaces:
+    test_compile_out_keeps_the_given_buffer)."""
+    ops = torch.ops.mlafuse
+    T, K = 8, 512
+    x, r, w = make(9, T, K, torch.bfloat16, device, True)
+    mn, ue = mlafuse.ops.GEMM_FORMATS["fp8_1x128_mn"], mlafuse.ops.GEMM_FORMATS["fp8_1x128_ue8m0"]
+    cm = mlafuse.ops.GEMM_FORMATS["fp8_1x128_cm"]
+
+    def u8_data():
+        return torch.empty(T, K, dtype=torch.uint8, device=device)
+
+    def mn_scales(rows, dt=torch.float32):
+        return torch.zeros(rows, T, dtype=dt, device=device).t()
+
+    cases = [
+        (ops.rms_norm_quant, (x, w, 1e-6, r.clone(), True, mn, 0, 0.0)),
+        (ops.rms_norm_quant, (x, w, 1e-6, None, False, ue, 1, 1e-4)),
+        (ops.rms_norm_quant, (x, w, 1e-6)),
+        (ops.rms_norm_quant_out, (x, w, 1e-6, r.clone(), torch.empty_like(x), u8_data(),
+                                  mn_scales(K // 128), mn, 1, 0.0)),
+        (ops.rms_norm_quant_out, (x, w, 1e-6, None, None, u8_data(),
+                                  mn_scales(1, torch.int32), ue, 1, 0.0)),
+        (ops.rms_norm_quant_inplace, (x.clone(), w, 1e-6, r.clone(), u8_data(),
+                                      torch.zeros(K // 128, T, device=device).t(), cm, 0, 0.0)),
+    ]
+    for op, args in cases:
+        torch.library.opcheck(op, args)
+
+
 def _layer(x, r, w):
     y, q, s = mlafuse.rms_norm_quant(x, w, residual=r, q_format="fp8_1x128_mn")
     return y.float().sum(), q.view(torch.uint8), s * 2
@@ -233,6 +267,26 @@ def test_compile_one_graph():
         for a, b in zip(_layer(x2, r2.clone(), w), compiled(x2, r2.clone(), w)):
             assert same(a, b)
     assert not counters["graph_break"]
+
+
+def _out_step(x, w, r, q, s):
+    y, _, _ = mlafuse.rms_norm_quant(x, w, residual=r, q_format="fp8_1x128_mn", out=(None, q, s))
+    return y.float().sum()
+
+
+def test_compile_out_keeps_the_given_buffer():
+    """Compiled, the _out op writes the given padded MN-major scales view itself (ld 8 for
+    T = 6), not a copy: the padding columns stay, the values equal eager's."""
+    torch._dynamo.reset()
+    T, K = 6, 512
+    x, r, w = make(13, T, K, torch.bfloat16, "cpu", True)
+    bufs = [torch.full((K // 128, 8), -1.0) for _ in range(2)]
+    qs = [torch.empty(T, K, dtype=torch.uint8) for _ in range(2)]
+    ra, rb = r.clone(), r.clone()
+    want = _out_step(x, w, ra, qs[0], bufs[0][:, :T].t())
+    got = torch.compile(_out_step, fullgraph=True)(x, w, rb, qs[1], bufs[1][:, :T].t())
+    assert same(want, got) and same(ra, rb) and same(qs[0], qs[1])
+    assert same(bufs[0], bufs[1]) and torch.all(bufs[1][:, T:] == -1.0)
 
 
 def test_q_eps_reaches_the_scales():
