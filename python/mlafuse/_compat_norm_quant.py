@@ -13,10 +13,6 @@ from __future__ import annotations
 
 from . import ops as _ops
 
-_VLLM_COMMIT = "7bcae67b5de3f155e70026695285de25d096b801"
-_FLASHINFER_COMMIT = "55dbfa8edc39ca28632bc24959a6e4ab0e59d24d"
-
-
 def _torch(fn: str):
     if _ops._torch is None:
         raise ImportError(f"mlafuse.compat.{fn} needs torch (pip install torch); "

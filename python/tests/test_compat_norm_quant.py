@@ -4,7 +4,6 @@ plain torch / numpy: the residual round(x + residual) bit for bit, the dense y w
 float64, and every fp8 byte and scale equal to a per-token-group quantize pass with the engine's
 scale rule over the dense y (mlafuse's dense op, or FlashInfer's normed_out), in the engine's
 scale layout; errors for what mlafuse cannot honour. CPU; CUDA where a GPU and a CUDA build are."""
-import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch", reason="torch is not installed (mlafuse.compat takes torch "
