@@ -122,6 +122,15 @@ static void test_shapes(mlaf_context *ctx) {
         run_case(ctx, "E=1000,groups=40/9,top_k=33", &c);
         c = custom(1536, 20, 2, 1, MLAF_SCORE_SIGMOID, MLAF_GROUP_MAX, 1, dt, 200, 26);
         run_case(ctx, "E=1536,groups=2/1,max", &c);
+        /* one group of 513 .. 1024 experts at decode sizes (CUDA: the tiny kernel's 24- and 32-warp
+         * blocks): Kimi-K3's 896 / top-16, softmax over 1024, 700 with sqrt-softplus */
+        c = custom(896, 16, 1, 1, MLAF_SCORE_SIGMOID, MLAF_GROUP_TOP2_SUM, 1, dt, 64, 30);
+        c.moe.n_shared_experts = 2;
+        run_case(ctx, "E=896,top_k=16,S=2", &c);
+        c = custom(1024, 8, 1, 1, MLAF_SCORE_SOFTMAX, MLAF_GROUP_TOP2_SUM, 0, dt, 17, 31);
+        run_case(ctx, "E=1024,softmax", &c);
+        c = custom(700, 6, 1, 1, MLAF_SCORE_SQRT_SOFTPLUS, MLAF_GROUP_TOP2_SUM, 1, dt, 5, 32);
+        run_case(ctx, "E=700,sqrt_softplus", &c);
         c = custom(1, 1, 1, 1, MLAF_SCORE_SOFTMAX, MLAF_GROUP_TOP2_SUM, 0, dt, 33, 27);
         run_case(ctx, "E=1,softmax", &c);
         c = custom(33, 33, 1, 1, MLAF_SCORE_SIGMOID, MLAF_GROUP_TOP2_SUM, 1, dt, 65, 28);

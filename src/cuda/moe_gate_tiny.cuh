@@ -24,11 +24,11 @@
  *   6. Every winner sums the k parked weights in slot order (the same bits whatever order the
  *      atomics gave), then the team kernel's renormalization, scaling and shared experts.
  * Non-finite input and ties only make the list longer, so there is no separate exact path.
- * Launch: T blocks of NW x 32 threads (NW = units rounded up to 2, 4, 8, 12 or 16; padding
+ * Launch: T blocks of NW x 32 threads (NW = units rounded up to 2, 4, 8, 12, 16, 24 or 32; padding
  * warps rank last), static shared memory only (NW x 384 bytes + ~0.2 KB).
- * Limits (else try_tiny returns false): 1 <= T <= 64 (or the mid-T rule at kTinyMidWaves), no
- * scores output, top_k <= 32; <= 16 groups of <= 32 experts, or one group of <= 512 experts;
- * any row stride. Softmax sums in another order than the team kernel (1/sum may differ by an
+ * Limits (else try_tiny returns false): 1 <= T <= 64 (or the mid-T rule at kTinyMidWaves, up to
+ * 16 units), no scores output, top_k <= 32; <= 16 groups of <= 32 experts, or one group of <= 1024
+ * experts (Kimi-K3's 896: 28 units); any row stride. Softmax sums in another order than the team kernel (1/sum may differ by an
  * ulp: near-ties may order apart).
  */
 #pragma once
@@ -72,7 +72,7 @@ __device__ __forceinline__ void tiny_load_words(const uint32_t *p, uint32_t (&o)
 template <typename T, int NW, mlaf_score_func SF, int MINB>
 __global__ void __launch_bounds__(NW * 32, MINB) moe_gate_tiny_kernel(const GateArgs a) {
     mlaf_pdl_begin();
-    static_assert(NW >= 2 && NW <= 16 && NW % 2 == 0, "tiny: 2..16 warps");
+    static_assert(NW >= 2 && NW <= 32 && NW % 2 == 0, "tiny: 2..32 warps");
     constexpr int kCap = NW * 32; /* every real expert fits in the list */
     __shared__ __align__(16) uint32_t s_gs[NW];  /* group score key per unit */
     __shared__ __align__(16) uint32_t s_k2[NW];  /* second best key per unit */
@@ -285,21 +285,30 @@ bool try_tiny(const GateArgs &a, int sm_count, cudaStream_t stream, bool any_t =
         if (a.n_group > 16 || a.P > 32 || a.P < 1 || a.n_group * a.P != a.E) return false;
         units = a.n_group;
     } else {
-        if (a.E > 512) return false;
+        if (a.E > 1024) return false;
         if (!kTinyTakeSmallE && a.E <= 64) return false;
         units = (a.E + 31) / 32;
     }
-    const int nw = units <= 2 ? 2 : units <= 4 ? 4 : units <= 8 ? 8 : units <= 12 ? 12 : 16;
+    const int nw = units <= 2    ? 2
+                   : units <= 4  ? 4
+                   : units <= 8  ? 8
+                   : units <= 12 ? 12
+                   : units <= 16 ? 16
+                   : units <= 24 ? 24
+                                 : 32;
     if (a.T <= kTinyMaxT) {
         switch (nw) {
         case 2: launch_tiny<T, 2, SF, 1>(a, stream); break;
         case 4: launch_tiny<T, 4, SF, 1>(a, stream); break;
         case 8: launch_tiny<T, 8, SF, 1>(a, stream); break;
         case 12: launch_tiny<T, 12, SF, 1>(a, stream); break;
-        default: launch_tiny<T, 16, SF, 1>(a, stream); break;
+        case 16: launch_tiny<T, 16, SF, 1>(a, stream); break;
+        case 24: launch_tiny<T, 24, SF, 1>(a, stream); break;
+        default: launch_tiny<T, 32, SF, 1>(a, stream); break;
         }
         return true;
     }
+    if (nw > 16) return false; /* blocks of 768 / 1024 threads: the decode instances only */
     const int64_t wave = (int64_t)(sm_count > 0 ? sm_count : 1) * tiny_full_blocks(nw);
     if (!any_t && (units < 4 || a.T > kTinyMidWaves * wave)) return false;
     switch (nw) { /* 2 warps (fewer than 4 units) only with any_t: the decode instance */
