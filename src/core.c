@@ -293,6 +293,23 @@ static const mlaf_model_config presets[] = {
     {"deepseek-v4-flash", 1024, 512, 0, 448, 512, 64, 256, 6, 1, 1, MLAF_SCORE_SQRT_SOFTPLUS,
      MLAF_GROUP_TOP2_SUM, 1, 1, 1.5f, 1, 1e-6f, 1, MLAF_ROPE_INTERLEAVED, 0, 0, 0, MLAF_ROPE_INTERLEAVED,
      64, 3},
+    /* GLM-5.3-Flash (glm5_next): NoPE MLA, R = 0 (no RoPE anywhere in its text model). Its
+     * indexer pools the keys of 4 tokens (index_kpool) and rotates nothing: not the DSA
+     * indexer, so the index fields stay 0 (docs/models.md). */
+    {"glm-5.3-flash", 1536, 512, 0, 256, 256, 64, 288, 8, 1, 1, MLAF_SCORE_SIGMOID,
+     MLAF_GROUP_TOP2_SUM, 1, 1, 2.5f, 1, 1e-5f, 1, MLAF_ROPE_INTERLEAVED, 0, 0, 0, MLAF_ROPE_INTERLEAVED,
+     0, 0},
+    /* Kimi-K3: a 64-wide rope slot that the model never rotates (mla_use_nope); the eps is its
+     * config's, which vLLM and SGLang use (the released PyTorch code builds the two latent norms
+     * with 1e-6). 896 experts, top-16, two shared. */
+    {"kimi-k3", 1536, 512, 64, 128, 128, 96, 896, 16, 1, 1, MLAF_SCORE_SIGMOID,
+     MLAF_GROUP_TOP2_SUM, 1, 1, 1.0f, 1, 1e-5f, 2, MLAF_ROPE_INTERLEAVED, 0, 0, 0, MLAF_ROPE_INTERLEAVED,
+     0, 0},
+    /* DeepSeek-V4.1-Flash: V4's attention layout with q_lora 1280 and eps 1e-20; 384 experts,
+     * no hash-routed layers. Its indexer (compressed keys) is not the DSA indexer either. */
+    {"deepseek-v4.1-flash", 1280, 512, 0, 448, 512, 64, 384, 6, 1, 1, MLAF_SCORE_SQRT_SOFTPLUS,
+     MLAF_GROUP_TOP2_SUM, 1, 1, 1.5f, 1, 1e-20f, 1, MLAF_ROPE_INTERLEAVED, 0, 0, 0, MLAF_ROPE_INTERLEAVED,
+     64, 0},
 };
 
 int mlaf_preset_count(void) { return (int)(sizeof presets / sizeof presets[0]); }

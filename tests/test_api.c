@@ -638,7 +638,7 @@ static void context_cases(void) {
         {"glm-4.7-flash", 768, 512, 64, 64, 4}, {"deepseek-v3", 1536, 512, 64, 256, 8},
         {"deepseek-v2", 1536, 512, 64, 160, 6}, {"deepseek-v2-lite", 0, 512, 64, 64, 6},
         {"kimi-k2", 1536, 512, 64, 384, 8}};
-    int presets_ok = mlaf_preset_count() == 8 && !strcmp(mlaf_preset_at(0)->name, "glm-4.7-flash");
+    int presets_ok = mlaf_preset_count() == 11 && !strcmp(mlaf_preset_at(0)->name, "glm-4.7-flash");
     for (int i = 0; i < 5; i++) {
         const mlaf_model_config *m = mlaf_preset_find(want[i].name);
         presets_ok = presets_ok && m && m->q_lora_rank == want[i].Q && m->kv_lora_rank == want[i].C &&
@@ -672,6 +672,28 @@ static void context_cases(void) {
              v4p.score_func == MLAF_SCORE_SQRT_SOFTPLUS && v4p.top_k == 6 && v4p.renormalize && v4p.eps == 1e-20f &&
              v4p.routed_scaling_factor == 1.5f,
          "preset deepseek-v4-flash (kv_rope_tail 64, sqrt_softplus, 3 hash layers)");
+    /* the 2026 models (docs/models.md): GLM-5.3-Flash NoPE (R 0, no DSA indexer), Kimi-K3 (896 experts,
+     * top-16, two shared), DeepSeek-V4.1-Flash (V4's layout, q_lora 1280, eps 1e-20, no hash layers) */
+    const mlaf_model_config *g53 = mlaf_preset_find("glm-5.3-flash"), *k3 = mlaf_preset_find("kimi-k3"),
+                            *v41 = mlaf_preset_find("deepseek-v4.1-flash");
+    CASE(g53 && g53->q_lora_rank == 1536 && g53->kv_lora_rank == 512 && g53->qk_rope_head_dim == 0 &&
+             g53->qk_nope_head_dim == 256 && g53->v_head_dim == 256 && g53->num_heads == 64 &&
+             g53->n_routed_experts == 288 && g53->top_k == 8 && g53->n_group == 1 && g53->has_score_bias &&
+             g53->routed_scaling_factor == 2.5f && g53->rms_norm_eps == 1e-5f && g53->n_shared_experts == 1 &&
+             g53->index_n_heads == 0 && g53->kv_rope_tail == 0 && g53->n_hash_layers == 0,
+         "preset glm-5.3-flash (NoPE, 288 experts top-8)");
+    CASE(k3 && k3->q_lora_rank == 1536 && k3->kv_lora_rank == 512 && k3->qk_rope_head_dim == 64 &&
+             k3->qk_nope_head_dim == 128 && k3->v_head_dim == 128 && k3->num_heads == 96 && k3->n_routed_experts == 896 &&
+             k3->top_k == 16 && k3->n_group == 1 && k3->score_func == MLAF_SCORE_SIGMOID && k3->has_score_bias &&
+             k3->norm_topk_prob && k3->routed_scaling_factor == 1.0f && k3->rms_norm_eps == 1e-5f &&
+             k3->n_shared_experts == 2 && k3->index_n_heads == 0 && k3->kv_rope_tail == 0,
+         "preset kimi-k3 (896 experts top-16, two shared)");
+    CASE(v41 && v41->q_lora_rank == 1280 && v41->kv_lora_rank == 512 && v41->qk_rope_head_dim == 0 &&
+             v41->kv_rope_tail == 64 && v41->qk_nope_head_dim == 448 && v41->num_heads == 64 &&
+             v41->n_routed_experts == 384 && v41->top_k == 6 && v41->score_func == MLAF_SCORE_SQRT_SOFTPLUS &&
+             v41->routed_scaling_factor == 1.5f && v41->rms_norm_eps == 1e-20f && v41->n_shared_experts == 1 &&
+             v41->n_hash_layers == 0 && v41->index_n_heads == 0,
+         "preset deepseek-v4.1-flash (q_lora 1280, 384 experts top-6, no hash layers)");
     CASE(mlaf_preset_find(NULL) == NULL && mlaf_preset_find("no-such-model") == NULL && mlaf_preset_find("") == NULL &&
              mlaf_preset_find("glm-4.7") == NULL, "preset_find,unknown");
     CASE(mlaf_preset_find("GLM-4.7-Flash") == mlaf_preset_at(0) && mlaf_preset_find("DeepSeek-R1") == mlaf_preset_find("deepseek-v3"),

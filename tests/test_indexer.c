@@ -200,15 +200,18 @@ static void planar_bytes(mlaf_backend be) {
     struct {
         const char *what, *needle;
         mlaf_status want;
-    } cases[8] = {{"rope_dim 32", "rope_dim", MLAF_ERR_INVALID_ARGUMENT},
+    } cases[9] = {{"rope_dim 32", "rope_dim", MLAF_ERR_INVALID_ARGUMENT},
                   {"index cache too narrow", "index_cache.shape[1]", MLAF_ERR_SHAPE},
                   {"index cache blocks", "index_cache.shape[0]", MLAF_ERR_SHAPE},
                   {"ln_eps 0", "ln_eps", MLAF_ERR_INVALID_ARGUMENT},
                   {"index_out over index_cache", "overlaps", MLAF_ERR_OVERLAP},
                   {"index_k f32", "index_k.dtype", MLAF_ERR_DTYPE},
                   {"9 copies", "index copies", MLAF_ERR_LIMIT},
-                  {"overlapping copies", "copy_stride", MLAF_ERR_STRIDE}};
-    for (int k = 0; k < 8; k++) {
+                  {"overlapping copies", "copy_stride", MLAF_ERR_STRIDE},
+                  /* NoPE (R = 0, no positions or table): the MLA part alone is valid, the key branch
+                   * has no 64-wide rows to rotate with (docs/dsa.md) */
+                  {"rope_dim 0 (NoPE)", "rope_dim = 0, expected 64", MLAF_ERR_INVALID_ARGUMENT}};
+    for (int k = 0; k < 9; k++) {
         char nm[200];
         snprintf(nm, sizeof nm, "MLA_KV_CACHE_DSA(rejects %s,backend=%s)", cases[k].what, mlaf_backend_name(be));
         memcpy(g[8].body, icache, sizeof icache);
@@ -218,6 +221,7 @@ static void planar_bytes(mlaf_backend be) {
         mlaf_tensor tic2 = tic, tout2 = tout, tk2 = tk, tcs2 = tcs, tl2 = tl;
         mlaf_indexer_k ik2 = ik;
         if (k == 0) p2.rope_dim = 32, tcs2.shape[1] = 32, tl2.shape[1] = C + 32;
+        if (k == 8) p2.rope_dim = 0, tl2.shape[1] = C;
         if (k == 1) tic2.shape[1] = BS * (D + 4) - 1;
         if (k == 2) tic2.shape[0] = NB - 1;
         if (k == 3) ip2.ln_eps = 0.0f;
@@ -235,8 +239,9 @@ static void planar_bytes(mlaf_backend be) {
             mlaf_kv_cache_desc d2 = d;
             mlaf_tensor tkv2 = tkv;
             if (k == 0) tkv2.shape[2] = C + 32, d2.cache = &tkv2;
-            st = mlaf_mla_kv_cache_dsa(ctx, &p2, &tl2, NULL, &tw, &tpos, &tcs2, &tsl, &d2, NULL, &tkn, NULL, NULL, &ip2,
-                                       &ik2);
+            if (k == 8) tkv2.shape[2] = C, d2.cache = &tkv2;
+            st = mlaf_mla_kv_cache_dsa(ctx, &p2, &tl2, NULL, &tw, k == 8 ? NULL : &tpos, k == 8 ? NULL : &tcs2, &tsl,
+                                       &d2, NULL, &tkn, NULL, NULL, &ip2, &ik2);
         }
         const char *msg = mlaf_context_last_error(ctx);
         mlaf_gbuf_download(&g[8]);

@@ -8,17 +8,17 @@
 
 /* ---- 2. the record layouts, by hand ------------------------------------------------------ */
 
-/* C = 512, R = 64, Q = 0, bf16, two tokens at position 0 (cos 1, sin 0: the rope part is the
- * latent's, unrotated). The latent's kv part is all 1 (token 0) or all -1 (token 1), so the
- * normalized row is +-w (within a bf16 rounding of 1 - 5e-7): w holds, per tile,
+/* C = 512, R = 64 (or R = 0, NoPE: no rope part), Q = 0, bf16, two tokens at position 0 (cos 1,
+ * sin 0: the rope part is the latent's, unrotated). The latent's kv part is all 1 (token 0) or
+ * all -1 (token 1), so the normalized row is +-w (within a bf16 rounding of 1 - 5e-7): w holds, per tile,
  *   tile 0: 448, 1.5, -2, then 0.25   (amax 448)
  *   tile 1: 224, 1, then 0            (amax 224)
  *   tile 2: 300, then 0.5             (amax 300)
  *   tile 3: 0                         (amax 0: the floors)
  * and the rope part holds r + 1 (token 0) or -(r + 1) (token 1). Token 0 takes slot 3, token 1
  * slot 0 of one block of 4. */
-static int layout_inputs(kv_call *k, mlaf_backend be, mlaf_kv_format f) {
-    if (!kv_make(k, be, 0, 512, 64, 2, 4, MLAF_BF16, f, 5)) return 0;
+static int layout_inputs(kv_call *k, mlaf_backend be, mlaf_kv_format f, int32_t R) {
+    if (!kv_make(k, be, 0, 512, R, 2, 4, MLAF_BF16, f, 5)) return 0;
     k->nb = 1;
     for (int i = 0; i < 512; i++) {
         float w = 0.0f;
@@ -29,8 +29,8 @@ static int layout_inputs(kv_call *k, mlaf_backend be, mlaf_kv_format f) {
     }
     uint16_t *lat = (uint16_t *)k->lat;
     for (int t = 0; t < 2; t++) {
-        for (int i = 0; i < 512; i++) lat[t * 576 + i] = mlaf_f32_to_bf16(t ? -1.0f : 1.0f);
-        for (int r = 0; r < 64; r++) lat[t * 576 + 512 + r] = mlaf_f32_to_bf16((t ? -1.0f : 1.0f) * (float)(r + 1));
+        for (int i = 0; i < 512; i++) lat[t * (512 + R) + i] = mlaf_f32_to_bf16(t ? -1.0f : 1.0f);
+        for (int r = 0; r < R; r++) lat[t * (512 + R) + 512 + r] = mlaf_f32_to_bf16((t ? -1.0f : 1.0f) * (float)(r + 1));
         k->pos[t] = 0;
     }
     k->slot[0] = 3, k->slot[1] = 0;
@@ -52,18 +52,24 @@ static void check_pins(const char *name, const unsigned char *rec, const pin *pi
         }
 }
 
-static void layout_ds_mla(mlaf_context *ctx, mlaf_tile_scale mode) {
+/* R = 64: the 656-B record; R = 0 (NoPE, GLM-5.3-Flash): 528 B, the e4m3 values and the tile scales
+ * alone, at a row stride S of 528 (packed) or 656 (the DeepSeek row some NoPE readers take, its
+ * rope bytes [528, 656) the caller's: left as they were). Nothing past byte 527 of a NoPE record
+ * is written. */
+static void layout_ds_mla(mlaf_context *ctx, mlaf_tile_scale mode, int32_t R, int64_t S) {
     const mlaf_backend be = mlaf_context_backend(ctx);
     static const char *mn[3] = {"amax", "ue8m0", "ue8m0_floor_scaled"};
+    const int64_t W = 528 + 2 * R; /* 656 or 528 */
     char name[160], why[256] = "";
-    snprintf(name, sizeof name, "LAYOUT_FP8_DS_MLA(C=512,R=64,656 bytes,tile_scale=%s,backend=%s)", mn[mode],
-             mlaf_backend_name(be));
+    snprintf(name, sizeof name, "LAYOUT_FP8_DS_MLA(C=512,R=%d,%lld bytes,row stride %lld,tile_scale=%s,backend=%s)",
+             (int)R, (long long)W, (long long)S, mn[mode], mlaf_backend_name(be));
     if (filtered_out(name)) return;
     kv_call k;
-    int ok = layout_inputs(&k, be, MLAF_KV_FP8_DS_MLA);
+    int ok = layout_inputs(&k, be, MLAF_KV_FP8_DS_MLA, R);
     k.tile = mode;
-    ok = ok && k.width == 656 && k.s1 == 656 && mlaf_kv_record_bytes(MLAF_KV_FP8_DS_MLA, MLAF_U8, 512, 64) == 656 &&
-         kv_alloc(&k);
+    ok = ok && k.width == W && k.s1 == W && mlaf_kv_record_bytes(MLAF_KV_FP8_DS_MLA, MLAF_U8, 512, R) == W;
+    k.s1 = S, k.s0 = 4 * S;
+    ok = ok && kv_alloc(&k);
     if (!ok) snprintf(why, sizeof why, "setup (record %lld bytes)", (long long)k.width);
     kv_args a;
     mlaf_status st = MLAF_OK;
@@ -81,7 +87,7 @@ static void layout_ds_mla(mlaf_context *ctx, mlaf_tile_scale mode) {
                                           {0x3F800000u, 0x3F000000u, 0x3F800000u, 0x34800000u},
                                           {0x3F800000u, 0x3F000000u, 0x3F800000u, 0x39000000u}};
     for (int t = 0; t < 2 && ok; t++) {
-        const unsigned char *rec = (const unsigned char *)k.gcache.body + (t ? 0 : 3 * 656);
+        const unsigned char *rec = (const unsigned char *)k.gcache.body + (t ? 0 : 3 * S);
         const uint8_t sg = t ? 0x80 : 0x00;
         pin pins[40];
         int n = 0;
@@ -104,18 +110,27 @@ static void layout_ds_mla(mlaf_context *ctx, mlaf_tile_scale mode) {
         for (int s = 0; s < 4; s++)
             for (int b = 0; b < 4; b++) pins[n++] = (pin){512 + 4 * s + b, (uint8_t)(scales[mode][s] >> (8 * b))};
         /* rope bf16 at 528: 1.0 = 0x3F80 (80 3F), 2.0 = 0x4000 (00 40), 64.0 = 0x4280 at 654 */
-        pins[n++] = (pin){528, 0x80};
-        pins[n++] = (pin){529, (uint8_t)(0x3F | sg)};
-        pins[n++] = (pin){530, 0x00};
-        pins[n++] = (pin){531, (uint8_t)(0x40 | sg)};
-        pins[n++] = (pin){654, 0x80};
-        pins[n++] = (pin){655, (uint8_t)(0x42 | sg)};
+        if (R == 64) {
+            pins[n++] = (pin){528, 0x80};
+            pins[n++] = (pin){529, (uint8_t)(0x3F | sg)};
+            pins[n++] = (pin){530, 0x00};
+            pins[n++] = (pin){531, (uint8_t)(0x40 | sg)};
+            pins[n++] = (pin){654, 0x80};
+            pins[n++] = (pin){655, (uint8_t)(0x42 | sg)};
+        }
         check_pins(t ? "token 1 (slot 0)" : "token 0 (slot 3)", rec, pins, n, why, sizeof why, &ok);
     }
-    /* slots 1 and 2 untouched */
-    if (ok && memcmp((const unsigned char *)k.gcache.body + 656, k.canary + 656, 2 * 656) != 0) {
+    /* slots 1 and 2 untouched, and the bytes of slots 0 and 3 past the record */
+    const unsigned char *body = (const unsigned char *)k.gcache.body;
+    if (ok && memcmp(body + S, k.canary + S, (size_t)(2 * S)) != 0) {
         ok = 0;
         snprintf(why, sizeof why, "slots 1, 2 (no token) changed");
+    }
+    if (ok && S > W &&
+        (memcmp(body + W, k.canary + W, (size_t)(S - W)) ||
+         memcmp(body + 3 * S + W, k.canary + 3 * S + W, (size_t)(S - W)))) {
+        ok = 0;
+        snprintf(why, sizeof why, "bytes past the %lld-byte record written", (long long)W);
     }
     tl_case(ok, name, "%s", why);
     kv_free(&k);
@@ -128,7 +143,7 @@ static void layout_fp8(mlaf_context *ctx, mlaf_fp8_conv conv) {
              conv == MLAF_FP8_DIV ? "x/scale scale=2" : "x*scale scale=0.5", mlaf_backend_name(be));
     if (filtered_out(name)) return;
     kv_call k;
-    int ok = layout_inputs(&k, be, MLAF_KV_FP8);
+    int ok = layout_inputs(&k, be, MLAF_KV_FP8, 64);
     k.conv = conv;
     k.scale = conv == MLAF_FP8_DIV ? 2.0f : 0.5f;
     k.amax = 1;
@@ -217,15 +232,16 @@ static int decode_rows(const kv_call *k, char *why, size_t cap) {
     return 1;
 }
 
-static void decode_and_same_bytes(mlaf_context *ctx, const fmt_case *f, mlaf_dtype dt, int64_t T, uint64_t seed) {
+static void decode_and_same_bytes(mlaf_context *ctx, const fmt_case *f, mlaf_dtype dt, int64_t T, uint64_t seed,
+                                  int32_t R) {
     const mlaf_backend be = mlaf_context_backend(ctx);
     char name[200], why[320] = "";
-    snprintf(name, sizeof name, "DECODE_SAME_BYTES(cache=%s,dtype=%s,T=%lld,backend=%s)", f->label, mlaf_dtype_name(dt),
-             (long long)T, mlaf_backend_name(be));
+    snprintf(name, sizeof name, "DECODE_SAME_BYTES(cache=%s,dtype=%s,T=%lld,R=%d,backend=%s)", f->label,
+             mlaf_dtype_name(dt), (long long)T, (int)R, mlaf_backend_name(be));
     if (filtered_out(name)) return;
     kv_call k;
     const int32_t Q = f->format == MLAF_KV_FP8 ? 0 : 96;
-    int ok = kv_make(&k, be, Q, 512, 64, T, 16, dt, f->format, seed);
+    int ok = kv_make(&k, be, Q, 512, R, T, 16, dt, f->format, seed);
     k.conv = f->conv, k.tile = f->tile, k.kpe = f->kpe;
     k.amax = f->format == MLAF_KV_FP8;
     /* scale 0.5 (DIV) or 2 (MUL): the loud rows' rope values (~N(0, 40)) reach e4m3's top, and a
@@ -264,15 +280,19 @@ static void decode_and_same_bytes(mlaf_context *ctx, const fmt_case *f, mlaf_dty
 
 static void suite(mlaf_context *ctx, int quick, const char *tag) {
     if (tag) return; /* the instruction-set runs: the verified cases only (test_mla_kv_cache_formats) */
-    for (int m = 0; m < 3; m++) layout_ds_mla(ctx, (mlaf_tile_scale)m);
+    for (int m = 0; m < 3; m++) layout_ds_mla(ctx, (mlaf_tile_scale)m, 64, 656);
+    for (int m = 0; m < 3; m++) layout_ds_mla(ctx, (mlaf_tile_scale)m, 0, 528);
+    layout_ds_mla(ctx, MLAF_TILE_UE8M0, 0, 656);
     layout_fp8(ctx, MLAF_FP8_DIV);
     layout_fp8(ctx, MLAF_FP8_MUL);
     static const fmt_case plain = {"plain", MLAF_KV_PLAIN, MLAF_FP8_DIV, MLAF_TILE_AMAX, 0};
-    decode_and_same_bytes(ctx, &plain, MLAF_F16, 77, 31);
+    decode_and_same_bytes(ctx, &plain, MLAF_F16, 77, 31, 64);
     for (int f = 0; f < NFORMATS; f++) {
         const int ds = FORMATS[f].format == MLAF_KV_FP8_DS_MLA;
-        decode_and_same_bytes(ctx, &FORMATS[f], ds || f % 2 ? MLAF_BF16 : MLAF_F16, 203 + f, 40 + (uint64_t)f);
-        if (!quick && !ds) decode_and_same_bytes(ctx, &FORMATS[f], MLAF_F32, 64, 60 + (uint64_t)f);
+        decode_and_same_bytes(ctx, &FORMATS[f], ds || f % 2 ? MLAF_BF16 : MLAF_F16, 203 + f, 40 + (uint64_t)f, 64);
+        if (!quick && !ds) decode_and_same_bytes(ctx, &FORMATS[f], MLAF_F32, 64, 60 + (uint64_t)f, 64);
+        /* NoPE (R = 0): fp8 at C bytes a token, fp8_ds_mla at 528 */
+        if (!FORMATS[f].kpe && f % 2 == 1) decode_and_same_bytes(ctx, &FORMATS[f], MLAF_BF16, 131, 80 + (uint64_t)f, 0);
     }
 }
 

@@ -4,9 +4,11 @@
  */
 #include "bench_op.h"
 
-/* nothing to rotate without rope columns or a rope tail */
+/* nothing to rotate without rope columns or a rope tail (a NoPE model, GLM-5.3-Flash): one note
+ * line under --op all, a usage error when named */
 static const char *skip_rope_q(const mlaf_model_config *m, int32_t tail) {
-    return m->qk_rope_head_dim <= 0 && tail <= 0 ? "qk_rope_head_dim = 0: nothing to rotate" : NULL;
+    return m->qk_rope_head_dim <= 0 && tail <= 0 ? "has no rope part (qk_rope_head_dim = 0, NoPE): nothing to rotate"
+                                                 : NULL;
 }
 
 static int setup_rope_q(bench_op *o, size_t llc, mlaf_rng *rng, char *err, size_t cap) {
@@ -75,6 +77,7 @@ static int outputs_rope_q(const bench_op *o, int *ids) {
 const bench_op_def bench_rope_q_def = {
     .op = MLAF_OP_ROPE_Q,
     .skip = skip_rope_q,
+    .skip_note = 1,
     .setup = setup_rope_q,
     .fused = fused_rope_q,
     .unfused = unfused_rope_q,

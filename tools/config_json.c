@@ -1,11 +1,16 @@
 /*
- * config_json.c — a model from a Hugging Face config.json (DeepSeek-V2/V3, Kimi-K2,
- * GLM-4.x MoE-Lite configs), parsed with cJSON.
+ * config_json.c — a model from a Hugging Face config.json (DeepSeek-V2/V3/V4, Kimi-K2/K3,
+ * GLM-4.x / GLM-5 configs), parsed with cJSON.
  *
+ * A config whose model keys sit in a "text_config" object (the multimodal wrappers: Kimi-K2.5,
+ * Kimi-K3, GLM-5.3-Flash, DeepSeek-V4.1-Flash) is read from that object; the name and
+ * model_type fall back to the outer object's when the inner one has none.
  * Mapping (keys absent from a config take the default in brackets):
  *   q_lora_rank (null -> 0) [0], kv_lora_rank (required), qk_rope_head_dim (required),
  *   qk_nope_head_dim (required), v_head_dim [qk_nope_head_dim], num_attention_heads (required),
  *   n_routed_experts (required), num_experts_per_tok (required), n_group [1], topk_group [1],
+ *   (Kimi-Linear's names stand in for absent keys: num_experts, num_experts_per_token,
+ *   num_shared_experts, num_expert_group, moe_renormalize, moe_router_activation_func),
  *   scoring_func "sigmoid" | "softmax" [sigmoid for noaux_tc, else softmax],
  *   topk_method: "noaux_tc" -> top-2 group sum with e_score_correction_bias,
  *                "group_limited_greedy" -> group max, no bias,
@@ -297,12 +302,37 @@ static int parse_rope(const cJSON *root, const char *path, cli_rope *rope) {
     return 0;
 }
 
-static int parse_config(const cJSON *root, const char *path, mlaf_model_config *cfg) {
+/* `key` when the config sets it, else `alias` (Kimi-Linear's name for it) when that is set, else
+ * `key` (so that a missing required key is reported by its usual name). */
+static const char *key_or_alias(const cJSON *root, const char *key, const char *alias) {
+    const cJSON *it = cJSON_GetObjectItemCaseSensitive(root, key);
+    if (it && !cJSON_IsNull(it)) return key;
+    it = cJSON_GetObjectItemCaseSensitive(root, alias);
+    return it && !cJSON_IsNull(it) ? alias : key;
+}
+
+static int type_in(const char *mt, const char *const *types) {
+    for (; mt && *types; types++)
+        if (!strcmp(mt, *types)) return 1;
+    return 0;
+}
+
+/* DeepSeek-V4's layout (head_dim, kv rope tail): V4 and V4.1 */
+static const char *const v4_types[] = {"deepseek_v4", "deepseek_v41", "deepseek_v41_text", NULL};
+/* indexers that are not the DSA indexer (docs/dsa.md), whose index_* keys are left out: V4's and
+ * V4.1's over compressed keys, GLM-5.3-Flash's over pooled keys */
+static const char *const pooled_index_types[] = {"deepseek_v4", "deepseek_v41", "deepseek_v41_text",
+                                                 "glm5_next", "glm5_next_text", NULL};
+
+/* root: the object holding the model keys (text_config's, or the config itself); outer: the
+ * config's top-level object, for the name and model_type when root has none. */
+static int parse_config(const cJSON *root, const cJSON *outer, const char *path, mlaf_model_config *cfg) {
     memset(cfg, 0, sizeof *cfg);
     const int32_t BIG = 1 << 20;
     if (get_int(root, "q_lora_rank", path, 0, 0, 0, BIG, &cfg->q_lora_rank)) return -1;
     const char *mt0 = get_string(root, "model_type");
-    if (mt0 && !strcmp(mt0, "deepseek_v4")) {
+    if (!mt0) mt0 = get_string(outer, "model_type");
+    if (type_in(mt0, v4_types)) {
         /* DeepSeek-V4 (docs/models.md): one shared K = V head of head_dim [512] values whose last
          * qk_rope_head_dim [64] are rotated: the latent is [q_lora | head_dim] with no separate
          * rope part (R = 0, kv_rope_tail = qk_rope_head_dim). */
@@ -336,14 +366,22 @@ static int parse_config(const cJSON *root, const char *path, mlaf_model_config *
             return -1;
     }
     if (get_int(root, "num_attention_heads", path, 1, 0, 1, BIG, &cfg->num_heads)) return -1;
-    if (get_int(root, "n_routed_experts", path, 1, 0, 1, 2048, &cfg->n_routed_experts)) return -1;
-    if (get_int(root, "num_experts_per_tok", path, 1, 0, 1, 64, &cfg->top_k)) return -1;
-    if (get_int(root, "n_group", path, 0, 1, 1, 64, &cfg->n_group)) return -1;
+    if (get_int(root, key_or_alias(root, "n_routed_experts", "num_experts"), path, 1, 0, 1, 2048,
+                &cfg->n_routed_experts))
+        return -1;
+    if (get_int(root, key_or_alias(root, "num_experts_per_tok", "num_experts_per_token"), path, 1, 0, 1, 64,
+                &cfg->top_k))
+        return -1;
+    if (get_int(root, key_or_alias(root, "n_group", "num_expert_group"), path, 0, 1, 1, 64, &cfg->n_group))
+        return -1;
     if (get_int(root, "topk_group", path, 0, 1, 1, 64, &cfg->topk_group)) return -1;
-    if (get_int(root, "n_shared_experts", path, 0, 0, 0, 64, &cfg->n_shared_experts)) return -1;
+    if (get_int(root, key_or_alias(root, "n_shared_experts", "num_shared_experts"), path, 0, 0, 0, 64,
+                &cfg->n_shared_experts))
+        return -1;
 
     const char *method = get_string(root, "topk_method");
-    const char *scoring = get_string(root, "scoring_func");
+    const char *scoring_key = key_or_alias(root, "scoring_func", "moe_router_activation_func");
+    const char *scoring = get_string(root, scoring_key);
     cfg->group_score = MLAF_GROUP_TOP2_SUM;
     cfg->has_score_bias = 0;
     if (!method || !strcasecmp(method, "noaux_tc")) {
@@ -371,14 +409,13 @@ static int parse_config(const cJSON *root, const char *path, mlaf_model_config *
     else if (!strcasecmp(scoring, "sqrtsoftplus") || !strcasecmp(scoring, "sqrt_softplus"))
         cfg->score_func = MLAF_SCORE_SQRT_SOFTPLUS;
     else {
-        fprintf(stderr,
-                "mlafuse: %s: \"scoring_func\" = \"%s\", expected sigmoid, softmax or sqrtsoftplus\n",
-                path, scoring);
+        fprintf(stderr, "mlafuse: %s: \"%s\" = \"%s\", expected sigmoid, softmax or sqrtsoftplus\n",
+                path, scoring_key, scoring);
         return -1;
     }
 
     int b;
-    if (get_bool(root, "norm_topk_prob", path, 0, &b)) return -1;
+    if (get_bool(root, key_or_alias(root, "norm_topk_prob", "moe_renormalize"), path, 0, &b)) return -1;
     cfg->norm_topk_prob = b;
     double d = 1.0;
     if (get_number(root, "routed_scaling_factor", path, &d) < 0) return -1;
@@ -420,12 +457,12 @@ static int parse_config(const cJSON *root, const char *path, mlaf_model_config *
     if (get_int(root, "index_topk", path, 0, cfg->index_n_heads ? 2048 : 0, 0, BIG, &cfg->index_topk)) return -1;
     if (get_bool(root, "indexer_rope_interleave", path, 0, &b)) return -1;
     cfg->index_rope_style = b ? MLAF_ROPE_INTERLEAVED : MLAF_ROPE_NEOX;
-    const char *mt = get_string(root, "model_type");
-    if (mt && (!strcmp(mt, "glm_moe_dsa") || !strcmp(mt, "deepseek_v32")) && cfg->index_n_heads == 0) {
-        fprintf(stderr, "mlafuse: %s: model_type \"%s\" is a DSA model but has no \"index_n_heads\"\n", path, mt);
+    static const char *const dsa_types[] = {"glm_moe_dsa", "deepseek_v32", NULL};
+    if (type_in(mt0, dsa_types) && cfg->index_n_heads == 0) {
+        fprintf(stderr, "mlafuse: %s: model_type \"%s\" is a DSA model but has no \"index_n_heads\"\n", path, mt0);
         return -1;
     }
-    if (mt0 && !strcmp(mt0, "deepseek_v4")) /* its indexer (pooled keys) is not the DSA indexer (docs/dsa.md) */
+    if (type_in(mt0, pooled_index_types)) /* not the DSA indexer (docs/dsa.md): no index fields */
         cfg->index_n_heads = cfg->index_head_dim = cfg->index_topk = 0;
     if (cfg->index_n_heads && cfg->index_head_dim < 64) {
         fprintf(stderr, "mlafuse: %s: \"index_head_dim\" = %d, expected at least 64 (RoPE on dims [0, 64))\n", path,
@@ -459,7 +496,8 @@ static int parse_config(const cJSON *root, const char *path, mlaf_model_config *
     }
 
     const char *name = get_string(root, "_name_or_path");
-    if (!name || !*name) name = get_string(root, "model_type");
+    if (!name || !*name) name = get_string(outer, "_name_or_path");
+    if (!name || !*name) name = mt0;
     if (name && *name) {
         const char *slash = strrchr(name, '/'); /* "org/model" -> "model" */
         if (slash && slash[1]) name = slash + 1;
@@ -520,8 +558,16 @@ int cli_load_hf_config_rope(const char *path, mlaf_model_config *cfg, cli_rope *
         return -1;
     }
     cli_rope scratch;
-    int r = parse_config(root, path, cfg);
-    if (r == 0) r = parse_rope(root, path, rope ? rope : &scratch);
+    const cJSON *tc = cJSON_GetObjectItemCaseSensitive(root, "text_config");
+    if (tc && !cJSON_IsNull(tc) && !cJSON_IsObject(tc)) {
+        fprintf(stderr, "mlafuse: %s: \"text_config\" is not an object (or null)\n", path);
+        cJSON_Delete(root);
+        free(text);
+        return -1;
+    }
+    const cJSON *model = tc && cJSON_IsObject(tc) ? tc : root;
+    int r = parse_config(model, root, path, cfg);
+    if (r == 0) r = parse_rope(model, path, rope ? rope : &scratch);
     cJSON_Delete(root);
     free(text);
     return r;

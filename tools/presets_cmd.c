@@ -53,9 +53,16 @@ static int name_width(const mlaf_model_config *c, int w) {
     return n > w ? n : w;
 }
 
-/* The RoPE table the config asks for, as mlaf_rope_table_init_scaled builds it. */
-static void rope_lines(const cli_rope *r) {
+/* The RoPE table the config asks for, as mlaf_rope_table_init_scaled builds it; none for a NoPE
+ * model (no rope part and no kv rope tail: the ops take no positions or table). */
+static void rope_lines(const cli_rope *r, const mlaf_model_config *c) {
     const mlaf_rope_scaling *y = &r->scaling;
+    if (c->qk_rope_head_dim == 0 && c->kv_rope_tail == 0) {
+        printf("rope: none (NoPE: qk_rope_head_dim = 0 and no kv_rope_tail; mla_kv_cache takes no positions "
+               "or cos_sin%s)\n",
+               r->theta_given || y->type != MLAF_ROPE_SCALING_NONE ? "; the config's rope keys are unused" : "");
+        return;
+    }
     if (y->type == MLAF_ROPE_SCALING_NONE) {
         printf("rope: rope_theta %g%s, no rope_scaling (plain table: mlaf_rope_table_init)\n",
                r->theta, r->theta_given ? "" : " (the default: the config has none)");
@@ -109,7 +116,7 @@ int cmd_presets(int argc, char **argv) {
         row(&cfg, w);
         printf("(from %s; latent row = q_lora + kv_lora + rope = %d)\n", config,
                cfg.q_lora_rank + cfg.kv_lora_rank + cfg.qk_rope_head_dim);
-        rope_lines(&rope);
+        rope_lines(&rope, &cfg);
         return CLI_EXIT_OK;
     }
     int w = 22;

@@ -187,6 +187,8 @@ static void run_op(mlaf_context *ctx, mlaf_op op, const mlaf_model_config *cfg, 
     for (int i = 0; i < nv; i++) {
         const variant *v = &vs[i];
         if (v->f32_weights && dt == MLAF_F32) continue; /* same case as "strided" */
+        if (op == MLAF_OP_MLA_KV_CACHE && cfg->qk_rope_head_dim == 0 && v->style == MLAF_ROPE_NEOX)
+            continue; /* NoPE: nothing rotates, the style's two cases would be one */
         mlaf_verify_case c = mlaf_verify_case_default(cfg, dt, T, seed + 7919u * (uint64_t)i);
         c.strided = v->strided;
         c.in_place = v->in_place;
@@ -473,7 +475,7 @@ static void run_kv_formats(mlaf_context *ctx, unsigned mask, const mlaf_model_co
  * T: split_qk_norm as any model (R = 0); mla_kv_cache with the tail into the plain cache (the
  * latent dtype and f32), the roped in-place form, per-tensor fp8 and, for bf16, fp8_v4 (block
  * sizes 1, 64 and 3, contiguous / strided, cache-only, slot_mapping shorter than T); rope_q with
- * head_norm in place and into q_out of 128 heads. */
+ * head_norm in place and into q_out of 128 heads, and without head_norm into q_out of 64 heads. */
 static void run_v4(mlaf_context *ctx, mlaf_op op, const mlaf_model_config *cfg, int32_t tail, mlaf_dtype dt,
                    int64_t T, uint64_t seed, counters *n) {
     if (op == MLAF_OP_SPLIT_QK_NORM) {
@@ -481,13 +483,17 @@ static void run_v4(mlaf_context *ctx, mlaf_op op, const mlaf_model_config *cfg, 
         return;
     }
     if (op == MLAF_OP_ROPE_Q) {
-        for (int k = 0; k < 2; k++) {
+        /* with head_norm (V4's q) in place and into q_out; and plain RoPE on the tail (V4.1's q as
+         * transformers' port has it, no head norm: docs/models.md) */
+        static const char *const qv[3] = {"head_norm,in-place-heads", "head_norm,q_out=128,strided",
+                                          "no-head_norm,q_out=64,strided"};
+        for (int k = 0; k < 3; k++) {
             mlaf_verify_case c = mlaf_verify_case_default(cfg, dt, T, seed + 17u * (uint64_t)k);
             c.kv_rope_tail = tail;
-            c.head_norm = 1;
-            c.q_out_heads = k ? 128 : 0;
-            c.strided = k;
-            run_case(ctx, op, cfg->name, &c, k ? "head_norm,q_out=128,strided" : "head_norm,in-place-heads", n);
+            c.head_norm = k < 2;
+            c.q_out_heads = k == 1 ? 128 : k == 2 ? 64 : 0;
+            c.strided = k > 0;
+            run_case(ctx, op, cfg->name, &c, qv[k], n);
         }
         return;
     }
@@ -722,13 +728,16 @@ int cmd_verify(int argc, char **argv) {
                                        (uint64_t)seed * 1000003u + (uint64_t)d * 17u + (uint64_t)m * 7u + 0x5eedu, &n);
                 continue;
             }
-            for (int m = 0; m < nmodels; m++)
-                for (int d = 0; d < ndt && (tails[m] <= 0 || op == MLAF_OP_MOE_GATE); d++)
-                    for (int t = 0; t < ntok; t++)
+            for (int m = 0; m < nmodels; m++) {
+                /* NoPE: rope_q's skip line once, not per dtype and T */
+                const int once = op == MLAF_OP_ROPE_Q && models[m].qk_rope_head_dim <= 0;
+                for (int d = 0; d < (once ? 1 : ndt) && (tails[m] <= 0 || op == MLAF_OP_MOE_GATE); d++)
+                    for (int t = 0; t < (once ? 1 : ntok); t++)
                         run_op(ctx, op, &models[m], dts[d], tokens[t],
                                (uint64_t)seed * 1000003u + (uint64_t)t * 131u + (uint64_t)d * 17u +
                                    (uint64_t)m * 7u,
                                with_extras && m == 0, &n);
+            }
         }
         mlaf_context_free(ctx);
     }

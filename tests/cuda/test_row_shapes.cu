@@ -444,7 +444,7 @@ int main(void) {
     static const struct { const char *name; int Q, C, R; } models[] = {
         {"glm-4.7-flash", 768, 512, 64}, {"deepseek-v3", 1536, 512, 64}, {"glm-5", 2048, 512, 64},
         {"deepseek-v2-lite", 0, 512, 64}, {"q1024-r0", 1024, 512, 0},  {"q3072", 3072, 512, 64},
-        {"q512-c256-r32", 512, 256, 32}};
+        {"q512-c256-r32", 512, 256, 32}, {"glm-5.3-flash", 1536, 512, 0}};
     for (const auto &m : models) {
         for (int rope = 0; rope < 2; rope++) {
             for (int neox = 0; neox < (rope ? 2 : 1); neox++) {
