@@ -10,8 +10,12 @@ the latent [T, Q + C + R] of the fused q-a / kv-a projection:
            per-token-group quantize pass (written here in torch, as engines' quantize kernels
            compute it: scale = max(amax, 1e-10) / 448, e4m3(y / scale));
   fused    a source of Q_SOURCES: the quantized q straight from the norm, in the layout the GEMM
-           wants. Today that is mlafuse.rms_norm_quant on the q columns of the latent (a strided
-           [T, Q] view, no copy): exactly q_norm, quantized in the same pass.
+           wants, no dense q_norm written. The default, "split_qk_norm", is the row op that
+           splits the latent anyway: mlafuse.split_qk_norm with q_format= and return_q=False
+           writes q_norm only as e4m3 bytes and scales, beside its dense k_nope (mla_kv_cache
+           takes the same keywords). "rms_norm_quant" runs mlafuse.rms_norm_quant on the q
+           columns of the latent (a strided [T, Q] view, no copy): exactly q_norm, quantized in
+           the same pass.
 
 The two inputs are compared bit for bit (bytes and scales), the same GEMM runs on both (equal
 products), and the product is checked against the dense one: within the sum over k of half an
@@ -21,8 +25,8 @@ relative Frobenius norm.
 The GEMM is torch._scaled_mm with 1x128 / 128x128 block scales where this torch and device run
 it (a probe decides; recent torch on sm90 and later), else dequantize-then-matmul in f32.
 
-A new source of the quantized q (say split_qk_norm or mla_kv_cache writing it beside k) is one
-function with the signature of q_from_rms_norm_quant, added to Q_SOURCES.
+A new source of the quantized q (say mla_kv_cache writing it beside the cache) is one function
+with the signature of q_from_split_qk_norm, added to Q_SOURCES.
 
     python examples/fp8_q_b_proj.py [--device cpu|cuda] [--tokens T] [--model glm-4.7-flash]
 """
@@ -63,6 +67,15 @@ def q_unfused(latent, w_q, w_kv, eps, q_format="fp8_1x128"):
     return per_token_group_quant(q_norm, q_format)
 
 
+def q_from_split_qk_norm(latent, w_q, w_kv, eps, q_format="fp8_1x128"):
+    """mlafuse.split_qk_norm's quantized q: the e4m3 q_norm and its scales, no dense q_norm (the
+    dense k_nope is written as the attention needs it)."""
+    _, _, _, q, s, _, _ = mlafuse.split_qk_norm(latent, w_q, w_kv, eps_q=eps, eps_kv=eps,
+                                                return_q=False, return_k_pe=False,
+                                                q_format=q_format, q_scale="f32")
+    return q, s
+
+
 def q_from_rms_norm_quant(latent, w_q, w_kv, eps, q_format="fp8_1x128"):
     """mlafuse.rms_norm_quant on latent[:, :Q]: the e4m3 q and its scales, no dense q_norm."""
     Q = w_q.shape[0]
@@ -71,7 +84,8 @@ def q_from_rms_norm_quant(latent, w_q, w_kv, eps, q_format="fp8_1x128"):
     return q, s
 
 
-Q_SOURCES = {"rms_norm_quant": q_from_rms_norm_quant}
+# The sources of the quantized q, the default first.
+Q_SOURCES = {"split_qk_norm": q_from_split_qk_norm, "rms_norm_quant": q_from_rms_norm_quant}
 
 
 # ---- the block-scaled GEMM -----------------------------------------------------------------

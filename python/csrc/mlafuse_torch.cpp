@@ -24,7 +24,7 @@
 // Files: mlafuse_torch.h (what they share), this file (the library's entry points, contexts,
 // the kernel registration and the C entry points), mlafuse_torch_mla.cpp and
 // mlafuse_torch_moe.cpp (the op kernels), mlafuse_torch_norm.cpp (rms_norm_quant's kernels and
-// their registration).
+// their registration), mlafuse_torch_rowq.cpp (the row ops' quantized forms and theirs).
 #include "mlafuse_torch.h"
 
 namespace mlafuse_torch {
@@ -221,6 +221,9 @@ MLAFUSE_TORCH_EXPORT int mlafuse_torch_init(const char *path, char *err, size_t 
     MLAF_SYM(moe_gate, mlaf_moe_gate)
     MLAF_SYM(moe_gate_hash, mlaf_moe_gate_hash)
     MLAF_SYM(rms_norm_quant, mlaf_rms_norm_quant)
+    MLAF_SYM(split_qk_norm_quant, mlaf_split_qk_norm_quant)
+    MLAF_SYM(mla_kv_cache_quant, mlaf_mla_kv_cache_quant)
+    MLAF_SYM(mla_kv_cache_dsa_quant, mlaf_mla_kv_cache_dsa_quant)
 #undef MLAF_SYM
     if (missing) return say(std::string(path) + " has no symbol " + missing);
     if (a.version_number() != MLAF_VERSION_NUMBER)

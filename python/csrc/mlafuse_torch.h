@@ -3,7 +3,8 @@
 // views of tensors, and the op kernels that mlafuse_torch.cpp registers. The kernels live in
 // mlafuse_torch_mla.cpp (split_qk_norm, mla_kv_cache, mla_kv_cache_dsa, indexer_q, rope_q) and
 // mlafuse_torch_moe.cpp (moe_gate, moe_gate_hash); mlafuse_torch_norm.cpp holds rms_norm_quant's
-// kernels and registers them itself. See mlafuse_torch.cpp for the whole design.
+// kernels and mlafuse_torch_rowq.cpp the row ops' quantized forms, each registering its own. See
+// mlafuse_torch.cpp for the whole design.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -54,6 +55,10 @@ struct Api {
     decltype(&mlaf_moe_gate) moe_gate;
     decltype(&mlaf_moe_gate_hash) moe_gate_hash;
     decltype(&mlaf_rms_norm_quant) rms_norm_quant;  // mlafuse_torch_norm.cpp
+    // the row ops' quantized forms (mlafuse_torch_rowq.cpp)
+    decltype(&mlaf_split_qk_norm_quant) split_qk_norm_quant;
+    decltype(&mlaf_mla_kv_cache_quant) mla_kv_cache_quant;
+    decltype(&mlaf_mla_kv_cache_dsa_quant) mla_kv_cache_dsa_quant;
 };
 
 // The entry points once mlafuse_torch_init has taken them; the settings every thread follows
@@ -151,6 +156,63 @@ inline int64_t nonneg(int64_t x) { return x > 0 ? x : 0; }
 
 at::Tensor alloc(const at::Tensor &like, int64_t rows, int64_t cols);
 at::Tensor alloc(const at::Tensor &like, int64_t rows, int64_t cols, c10::ScalarType dt);
+
+// ---- what the row ops' quantized forms share with the plain ones -------------------------
+// An enum argument as the int the library takes (mlafuse_torch_mla.cpp).
+int enum_arg(int64_t v, const char *name);
+
+// mla_kv_cache's cache-format arguments (docs/kv_formats.md) come last with the plain call's
+// defaults: cache_format an mlaf_kv_format, scale [1] f32 (fp8; the kernel reads it, on CUDA
+// from the device), fp8_conv an mlaf_fp8_conv, amax_out [1] f32 (fp8, optional), tile_scale an
+// mlaf_tile_scale (fp8_ds_mla), kpe_cache the separate rope array (plain and fp8). The library
+// checks them all.
+struct KvFormat {
+    int64_t format = MLAF_KV_PLAIN;
+    std::optional<at::Tensor> scale;
+    int64_t conv = MLAF_FP8_DIV;
+    std::optional<at::Tensor> amax_out;
+    int64_t tile_scale = MLAF_TILE_AMAX;
+    std::optional<at::Tensor> kpe;
+    int64_t kv_rope_tail = 0;  // docs/mla.md, kv_rope_tail: the rope tail inside the kv part (R = 0 then)
+};
+KvFormat kv_format(int64_t cache_format, const std::optional<at::Tensor> &scale, int64_t fp8_conv,
+                   const std::optional<at::Tensor> &amax_out, int64_t tile_scale,
+                   const std::optional<at::Tensor> &kpe_cache, int64_t kv_rope_tail);
+
+// The three ops' calls into the library (mlafuse_torch_mla.cpp): rq nullptr is the plain op,
+// else its _quant form with those quantized outputs.
+void split_out_impl(const at::Tensor &latent, const std::optional<at::Tensor> &w_q,
+                    const at::Tensor &w_kv, const std::optional<at::Tensor> &q,
+                    const std::optional<at::Tensor> &k_nope, const std::optional<at::Tensor> &k_pe,
+                    int64_t Q, int64_t C, int64_t R, double eps_q, double eps_kv,
+                    const mlaf_row_quant *rq = nullptr);
+void kv_out_impl(const at::Tensor &latent, const std::optional<at::Tensor> &w_q,
+                 const at::Tensor &w_kv, const std::optional<at::Tensor> &positions,
+                 const std::optional<at::Tensor> &cos_sin, const at::Tensor &slot_mapping,
+                 const at::Tensor &kv_cache, const std::optional<at::Tensor> &error_count,
+                 const std::optional<at::Tensor> &q, const std::optional<at::Tensor> &k_nope,
+                 const std::optional<at::Tensor> &k_pe, int64_t Q, int64_t C, int64_t R,
+                 double eps_q, double eps_kv, int64_t style, const KvFormat &f,
+                 const mlaf_row_quant *rq = nullptr);
+void dsa_out_impl(
+    const at::Tensor &latent, const std::optional<at::Tensor> &w_q, const at::Tensor &w_kv,
+    const std::optional<at::Tensor> &positions, const std::optional<at::Tensor> &cos_sin,
+    const at::Tensor &slot_mapping, const at::Tensor &kv_cache,
+    const std::optional<at::Tensor> &error_count, const at::Tensor &index_k,
+    const at::Tensor &index_weight, const at::Tensor &index_bias, const at::Tensor &index_cache,
+    const std::optional<at::Tensor> &topk_fill, const std::optional<at::Tensor> &q,
+    const std::optional<at::Tensor> &k_nope, const std::optional<at::Tensor> &k_pe,
+    const std::optional<at::Tensor> &index_out, int64_t Q, int64_t C, int64_t R, double eps_q,
+    double eps_kv, int64_t style, int64_t index_style, bool hadamard, double ln_eps,
+    double amax_eps, int64_t index_scale, int64_t index_copies, int64_t index_copy_stride,
+    const KvFormat &f, const mlaf_row_quant *rq = nullptr);
+
+// The GEMM-input formats (mlafuse_torch_norm.cpp): whether a format's scales are MN-major
+// (travelling as [T, groups] with strides (1, ld), handed to the library transposed), and the
+// scales tensor the functional ops allocate for T rows of K values (as rnq_scales_layout in
+// mlafuse/_torch_ops.py states it; [T, 0] for a format without scales for this K).
+bool gemm_mn_major(int64_t f);
+at::Tensor alloc_gemm_scales(const at::Tensor &like, int64_t T, int64_t K, int64_t f);
 
 // ---- the op kernels (mlafuse_torch_mla.cpp, mlafuse_torch_moe.cpp) -----------------------
 std::tuple<at::Tensor, at::Tensor, at::Tensor> split_qk_norm(

@@ -8,8 +8,9 @@ namespace mlafuse_torch {
 // ---- split_qk_norm -----------------------------------------------------------------------
 void split_out_impl(const at::Tensor &latent, const std::optional<at::Tensor> &w_q,
                     const at::Tensor &w_kv, const std::optional<at::Tensor> &q,
-                    const at::Tensor &k_nope, const std::optional<at::Tensor> &k_pe, int64_t Q,
-                    int64_t C, int64_t R, double eps_q, double eps_kv) {
+                    const std::optional<at::Tensor> &k_nope, const std::optional<at::Tensor> &k_pe,
+                    int64_t Q, int64_t C, int64_t R, double eps_q, double eps_kv,
+                    const mlaf_row_quant *rq) {
     need_api();
     const c10::Device d = latent.device();
     mlaf_context *ctx = context_for(d);
@@ -17,7 +18,8 @@ void split_out_impl(const at::Tensor &latent, const std::optional<at::Tensor> &w
         vq(q, "q", d, true), vk(k_nope, "k_nope", d, true), vp(k_pe, "k_pe", d, true);
     const mlaf_split_qk_norm_params p = {(int32_t)Q, (int32_t)C, (int32_t)R, (float)eps_q,
                                          (float)eps_kv};
-    check(ctx, api.split_qk_norm(ctx, &p, vl.p, vwq.p, vwkv.p, vq.p, vk.p, vp.p));
+    if (rq) check(ctx, api.split_qk_norm_quant(ctx, &p, vl.p, vwq.p, vwkv.p, vq.p, vk.p, vp.p, rq));
+    else check(ctx, api.split_qk_norm(ctx, &p, vl.p, vwq.p, vwkv.p, vq.p, vk.p, vp.p));
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> split_qk_norm(
@@ -99,19 +101,7 @@ void split_qk_norm_inplace(const at::Tensor &latent, const std::optional<at::Ten
 }
 
 // ---- mla_kv_cache ------------------------------------------------------------------------
-// The cache-format arguments (docs/kv_formats.md) come last with the plain call's defaults: cache_format
-// an mlaf_kv_format, scale [1] f32 (fp8; the kernel reads it, on CUDA from the device),
-// fp8_conv an mlaf_fp8_conv, amax_out [1] f32 (fp8, optional), tile_scale an mlaf_tile_scale
-// (fp8_ds_mla), kpe_cache the separate rope array (plain and fp8). The library checks them all.
-struct KvFormat {
-    int64_t format = MLAF_KV_PLAIN;
-    std::optional<at::Tensor> scale;
-    int64_t conv = MLAF_FP8_DIV;
-    std::optional<at::Tensor> amax_out;
-    int64_t tile_scale = MLAF_TILE_AMAX;
-    std::optional<at::Tensor> kpe;
-    int64_t kv_rope_tail = 0;  // docs/mla.md, kv_rope_tail: the rope tail inside the kv part (R = 0 then)
-};
+// The cache-format arguments: KvFormat (mlafuse_torch.h).
 
 // An enum argument as the int the library takes; a value outside int32 is refused here (it
 // would wrap into a valid one), others reach the library, which names a bad one.
@@ -128,7 +118,8 @@ void kv_out_impl(const at::Tensor &latent, const std::optional<at::Tensor> &w_q,
                  const at::Tensor &kv_cache, const std::optional<at::Tensor> &error_count,
                  const std::optional<at::Tensor> &q, const std::optional<at::Tensor> &k_nope,
                  const std::optional<at::Tensor> &k_pe, int64_t Q, int64_t C, int64_t R,
-                 double eps_q, double eps_kv, int64_t style, const KvFormat &f) {
+                 double eps_q, double eps_kv, int64_t style, const KvFormat &f,
+                 const mlaf_row_quant *rq) {
     need_api();
     const c10::Device d = latent.device();
     mlaf_context *ctx = context_for(d);
@@ -150,8 +141,12 @@ void kv_out_impl(const at::Tensor &latent, const std::optional<at::Tensor> &w_q,
     desc.amax_out = vamax.p;
     desc.conv = (mlaf_fp8_conv)enum_arg(f.conv, "fp8_conv");
     desc.tile_scale = (mlaf_tile_scale)enum_arg(f.tile_scale, "tile_scale");
-    check(ctx, api.mla_kv_cache_fmt(ctx, &p, vl.p, vwq.p, vwkv.p, vpos.p, vcs.p, vslot.p, &desc,
-                                    vq.p, vk.p, vp.p, verr.p));
+    if (rq)
+        check(ctx, api.mla_kv_cache_quant(ctx, &p, vl.p, vwq.p, vwkv.p, vpos.p, vcs.p, vslot.p,
+                                          &desc, vq.p, vk.p, vp.p, verr.p, rq));
+    else
+        check(ctx, api.mla_kv_cache_fmt(ctx, &p, vl.p, vwq.p, vwkv.p, vpos.p, vcs.p, vslot.p,
+                                        &desc, vq.p, vk.p, vp.p, verr.p));
 }
 
 KvFormat kv_format(int64_t cache_format, const std::optional<at::Tensor> &scale, int64_t fp8_conv,
@@ -252,6 +247,61 @@ mlaf_indexer_params indexer_params(int64_t index_style, bool hadamard, double ln
     return ip;
 }
 
+void dsa_out_impl(
+    const at::Tensor &latent, const std::optional<at::Tensor> &w_q, const at::Tensor &w_kv,
+    const std::optional<at::Tensor> &positions, const std::optional<at::Tensor> &cos_sin,
+    const at::Tensor &slot_mapping, const at::Tensor &kv_cache,
+    const std::optional<at::Tensor> &error_count, const at::Tensor &index_k,
+    const at::Tensor &index_weight, const at::Tensor &index_bias, const at::Tensor &index_cache,
+    const std::optional<at::Tensor> &topk_fill, const std::optional<at::Tensor> &q,
+    const std::optional<at::Tensor> &k_nope, const std::optional<at::Tensor> &k_pe,
+    const std::optional<at::Tensor> &index_out, int64_t Q, int64_t C, int64_t R, double eps_q,
+    double eps_kv, int64_t style, int64_t index_style, bool hadamard, double ln_eps,
+    double amax_eps, int64_t index_scale, int64_t index_copies, int64_t index_copy_stride,
+    const KvFormat &f, const mlaf_row_quant *rq) {
+    need_api();
+    const c10::Device d = latent.device();
+    mlaf_context *ctx = context_for(d);
+    const mlaf_indexer_params ip =
+        indexer_params(index_style, hadamard, ln_eps, amax_eps, index_scale);
+    View vl(latent, "latent", d, false), vwq(w_q, "w_q", d, false), vwkv(w_kv, "w_kv", d, false),
+        vpos(positions, "positions", d, false), vcs(cos_sin, "cos_sin", d, false),
+        vslot(slot_mapping, "slot_mapping", d, false), vcache(kv_cache, "kv_cache", d, true),
+        vq(q, "q", d, true), vk(k_nope, "k_nope", d, true), vp(k_pe, "k_pe", d, true),
+        verr(error_count, "error_count", d, true), vik(index_k, "index_k", d, false),
+        viw(index_weight, "index_weight", d, false), vib(index_bias, "index_bias", d, false),
+        vic(index_cache, "index_cache", d, true), vio(index_out, "index_out", d, true),
+        vtop(topk_fill, "topk_fill", d, true), vscale(f.scale, "scale", d, false),
+        vamax(f.amax_out, "amax_out", d, true), vkpe(f.kpe, "kpe_cache", d, true);
+    const mlaf_mla_kv_cache_params p = {(int32_t)Q,   (int32_t)C,    (int32_t)R,
+                                        (float)eps_q, (float)eps_kv, (mlaf_rope_style)style, 0};
+    mlaf_kv_cache_desc desc;
+    std::memset(&desc, 0, sizeof desc);
+    desc.format = (mlaf_kv_format)enum_arg(f.format, "cache_format");
+    desc.cache = vcache.p;
+    desc.kpe = vkpe.p;
+    desc.scale = vscale.p;
+    desc.amax_out = vamax.p;
+    desc.conv = (mlaf_fp8_conv)enum_arg(f.conv, "fp8_conv");
+    desc.tile_scale = (mlaf_tile_scale)enum_arg(f.tile_scale, "tile_scale");
+    mlaf_indexer_k ik;
+    std::memset(&ik, 0, sizeof ik);
+    ik.index_k = vik.p;
+    ik.weight = viw.p;
+    ik.bias = vib.p;
+    ik.cache = vic.p;
+    ik.out = vio.p;
+    ik.topk_fill = vtop.p;
+    ik.copies = enum_arg(index_copies, "index_copies");
+    ik.copy_stride = index_copy_stride;
+    if (rq)
+        check(ctx, api.mla_kv_cache_dsa_quant(ctx, &p, vl.p, vwq.p, vwkv.p, vpos.p, vcs.p, vslot.p,
+                                              &desc, vq.p, vk.p, vp.p, verr.p, &ip, &ik, rq));
+    else
+        check(ctx, api.mla_kv_cache_dsa(ctx, &p, vl.p, vwq.p, vwkv.p, vpos.p, vcs.p, vslot.p,
+                                        &desc, vq.p, vk.p, vp.p, verr.p, &ip, &ik));
+}
+
 void mla_kv_cache_dsa_out(
     const at::Tensor &latent, const std::optional<at::Tensor> &w_q, const at::Tensor &w_kv,
     const std::optional<at::Tensor> &positions, const std::optional<at::Tensor> &cos_sin,
@@ -266,43 +316,11 @@ void mla_kv_cache_dsa_out(
     int64_t cache_format, const std::optional<at::Tensor> &scale, int64_t fp8_conv,
     const std::optional<at::Tensor> &amax_out, int64_t tile_scale,
     const std::optional<at::Tensor> &kpe_cache) {
-    need_api();
-    const c10::Device d = latent.device();
-    mlaf_context *ctx = context_for(d);
-    const mlaf_indexer_params ip =
-        indexer_params(index_style, hadamard, ln_eps, amax_eps, index_scale);
-    View vl(latent, "latent", d, false), vwq(w_q, "w_q", d, false), vwkv(w_kv, "w_kv", d, false),
-        vpos(positions, "positions", d, false), vcs(cos_sin, "cos_sin", d, false),
-        vslot(slot_mapping, "slot_mapping", d, false), vcache(kv_cache, "kv_cache", d, true),
-        vq(q, "q", d, true), vk(k_nope, "k_nope", d, true), vp(k_pe, "k_pe", d, true),
-        verr(error_count, "error_count", d, true), vik(index_k, "index_k", d, false),
-        viw(index_weight, "index_weight", d, false), vib(index_bias, "index_bias", d, false),
-        vic(index_cache, "index_cache", d, true), vio(index_out, "index_out", d, true),
-        vtop(topk_fill, "topk_fill", d, true), vscale(scale, "scale", d, false),
-        vamax(amax_out, "amax_out", d, true), vkpe(kpe_cache, "kpe_cache", d, true);
-    const mlaf_mla_kv_cache_params p = {(int32_t)Q,   (int32_t)C,    (int32_t)R,
-                                        (float)eps_q, (float)eps_kv, (mlaf_rope_style)style, 0};
-    mlaf_kv_cache_desc desc;
-    std::memset(&desc, 0, sizeof desc);
-    desc.format = (mlaf_kv_format)enum_arg(cache_format, "cache_format");
-    desc.cache = vcache.p;
-    desc.kpe = vkpe.p;
-    desc.scale = vscale.p;
-    desc.amax_out = vamax.p;
-    desc.conv = (mlaf_fp8_conv)enum_arg(fp8_conv, "fp8_conv");
-    desc.tile_scale = (mlaf_tile_scale)enum_arg(tile_scale, "tile_scale");
-    mlaf_indexer_k ik;
-    std::memset(&ik, 0, sizeof ik);
-    ik.index_k = vik.p;
-    ik.weight = viw.p;
-    ik.bias = vib.p;
-    ik.cache = vic.p;
-    ik.out = vio.p;
-    ik.topk_fill = vtop.p;
-    ik.copies = enum_arg(index_copies, "index_copies");
-    ik.copy_stride = index_copy_stride;
-    check(ctx, api.mla_kv_cache_dsa(ctx, &p, vl.p, vwq.p, vwkv.p, vpos.p, vcs.p, vslot.p, &desc,
-                                    vq.p, vk.p, vp.p, verr.p, &ip, &ik));
+    dsa_out_impl(latent, w_q, w_kv, positions, cos_sin, slot_mapping, kv_cache, error_count,
+                 index_k, index_weight, index_bias, index_cache, topk_fill, q, k_nope, k_pe,
+                 index_out, Q, C, R, eps_q, eps_kv, style, index_style, hadamard, ln_eps,
+                 amax_eps, index_scale, index_copies, index_copy_stride,
+                 kv_format(cache_format, scale, fp8_conv, amax_out, tile_scale, kpe_cache, 0));
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> mla_kv_cache_dsa(

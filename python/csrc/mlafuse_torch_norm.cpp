@@ -10,19 +10,15 @@
 
 namespace mlafuse_torch {
 
-int enum_arg(int64_t v, const char *name);  // mlafuse_torch_mla.cpp
-
-namespace {
-
-bool mn_major(int64_t f) {
+bool gemm_mn_major(int64_t f) {
     return f == MLAF_GEMM_FP8_1X128_MN || f == MLAF_GEMM_FP8_1X128_UE8M0 ||
            f == MLAF_GEMM_FP8_1X128_CM;
 }
 
-// The scales tensor the functional op allocates, as rnq_scales_layout in mlafuse/_torch_ops.py
+// The scales tensor the functional ops allocate, as rnq_scales_layout in mlafuse/_torch_ops.py
 // (the fake implementation) states it, so that eager and traced calls see the same strides. A
 // format without scales for this K gets [T, 0]: the library then names the problem.
-at::Tensor alloc_scales(const at::Tensor &x, int64_t T, int64_t K, int64_t f) {
+at::Tensor alloc_gemm_scales(const at::Tensor &x, int64_t T, int64_t K, int64_t f) {
     const int64_t g = f == MLAF_GEMM_MXFP8 ? 32 : 128;
     if (f <= MLAF_GEMM_NONE || f >= MLAF_GEMM_FORMAT_COUNT_ || K % g != 0)
         return alloc(x, T, 0, c10::ScalarType::Float);
@@ -39,6 +35,8 @@ at::Tensor alloc_scales(const at::Tensor &x, int64_t T, int64_t K, int64_t f) {
     }
 }
 
+namespace {
+
 void run(const at::Tensor &x, const at::Tensor &weight, double eps,
          const std::optional<at::Tensor> &residual, const std::optional<at::Tensor> &y,
          bool y_is_x, const std::optional<at::Tensor> &q_data,
@@ -49,7 +47,7 @@ void run(const at::Tensor &x, const at::Tensor &weight, double eps,
     mlaf_context *ctx = context_for(d);
     const int32_t f = enum_arg(q_format, "q.format");
     std::optional<at::Tensor> lib_scales = q_scales;
-    if (q_scales.has_value() && mn_major(f) && q_scales->dim() == 2) lib_scales = q_scales->t();
+    if (q_scales.has_value() && gemm_mn_major(f) && q_scales->dim() == 2) lib_scales = q_scales->t();
     View vx(x, "x", d, y_is_x), vr(residual, "residual", d, true), vw(weight, "weight", d, false),
         vy(y, "y", d, true), vq(q_data, "q.data", d, true), vs(lib_scales, "q.scales", d, true);
     mlaf_gemm_out q;
@@ -71,7 +69,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> rms_norm_quant(
     const bool quant = q_format != 0;
     at::Tensor y = alloc(x, T, return_y ? K : 0),
                q = alloc(x, T, quant ? K : 0, c10::ScalarType::Float8_e4m3fn),
-               s = quant ? alloc_scales(x, T, K, q_format) : alloc(x, T, 0, c10::ScalarType::Float);
+               s = quant ? alloc_gemm_scales(x, T, K, q_format) : alloc(x, T, 0, c10::ScalarType::Float);
     using Opt = std::optional<at::Tensor>;
     run(x, weight, eps, residual, return_y ? Opt(y) : std::nullopt, false,
         quant ? Opt(q) : std::nullopt, quant ? Opt(s) : std::nullopt, q_format, q_scale, q_eps);

@@ -230,10 +230,37 @@ def params(cls, *values):
     return p
 
 
-def run_split_qk_norm(ctx, Q, C, R, eps_q, eps_kv, latent, w_q, w_kv, q, k_nope, k_pe):
+def run_split_qk_norm(ctx, Q, C, R, eps_q, eps_kv, latent, w_q, w_kv, q, k_nope, k_pe,
+                      quant=None):
+    """mlaf_split_qk_norm, or mlaf_split_qk_norm_quant with quant (an L.RowQuant, row_quant)."""
     p = params(L.SplitQkNormParams, int(Q), int(C), int(R), float(eps_q), float(eps_kv))
-    ctx.check(L.mlaf_split_qk_norm(ctx.ptr, ctypes.byref(p), byref(latent), byref(w_q),
-                                   byref(w_kv), byref(q), byref(k_nope), byref(k_pe)))
+    if quant is None:
+        ctx.check(L.mlaf_split_qk_norm(ctx.ptr, ctypes.byref(p), byref(latent), byref(w_q),
+                                       byref(w_kv), byref(q), byref(k_nope), byref(k_pe)))
+    else:
+        ctx.check(L.mlaf_split_qk_norm_quant(ctx.ptr, ctypes.byref(p), byref(latent), byref(w_q),
+                                             byref(w_kv), byref(q), byref(k_nope), byref(k_pe),
+                                             ctypes.byref(quant)))
+
+
+def _gemm_out(g, name, fmt, scale, eps, data, scales):
+    g.format = _enum_arg(fmt, name + ".format")
+    g.scale = _enum_arg(scale, name + ".scale")
+    g.eps = float(eps)
+    for field, v in (("data", data), ("scales", scales)):
+        if v is not None:
+            setattr(g, field, ctypes.pointer(v))  # the struct keeps the view alive
+
+
+def row_quant(q_format, q_scale, q_eps, q_data, q_scales, k_format, k_scale, k_eps, k_data,
+              k_scales):
+    """mlaf_row_quant (docs/gemm_formats.md, the row ops) from its two outputs' parts: format and
+    rounding codes, amax floor, and the views of the e4m3 data and the scales (the library's
+    orientation: [groups, T] for the MN-major layouts)."""
+    rq = L.RowQuant()
+    _gemm_out(rq.q, "quant->q", q_format, q_scale, q_eps, q_data, q_scales)
+    _gemm_out(rq.k_nope, "quant->k_nope", k_format, k_scale, k_eps, k_data, k_scales)
+    return rq
 
 
 def _enum_arg(v, name: str) -> int:
@@ -248,9 +275,9 @@ def _enum_arg(v, name: str) -> int:
 def run_mla_kv_cache(ctx, Q, C, R, eps_q, eps_kv, style, latent, w_q, w_kv, positions,
                      cos_sin, slot_mapping, kv_cache, q, k_nope, k_pe, error_count,
                      cache_format=L.KV_PLAIN, scale=None, fp8_conv=L.FP8_DIV, amax_out=None,
-                     tile_scale=L.TILE_AMAX, kpe_cache=None, kv_rope_tail=0):
+                     tile_scale=L.TILE_AMAX, kpe_cache=None, kv_rope_tail=0, quant=None):
     """mlaf_mla_kv_cache_fmt with the cache described by its parts (format PLAIN, no kpe:
-    exactly mlaf_mla_kv_cache)."""
+    exactly mlaf_mla_kv_cache); mlaf_mla_kv_cache_quant with quant (an L.RowQuant)."""
     p = params(L.MlaKvCacheParams, int(Q), int(C), int(R), float(eps_q), float(eps_kv),
                int(style), _enum_arg(kv_rope_tail, "kv_rope_tail"))
     d = L.KvCacheDesc()
@@ -262,10 +289,13 @@ def run_mla_kv_cache(ctx, Q, C, R, eps_q, eps_kv, style, latent, w_q, w_kv, posi
                      ("amax_out", amax_out)):
         if v is not None:
             setattr(d, field, ctypes.pointer(v))
-    ctx.check(L.mlaf_mla_kv_cache_fmt(ctx.ptr, ctypes.byref(p), byref(latent), byref(w_q),
-                                      byref(w_kv), byref(positions), byref(cos_sin),
-                                      byref(slot_mapping), ctypes.byref(d), byref(q),
-                                      byref(k_nope), byref(k_pe), byref(error_count)))
+    args = (ctx.ptr, ctypes.byref(p), byref(latent), byref(w_q), byref(w_kv), byref(positions),
+            byref(cos_sin), byref(slot_mapping), ctypes.byref(d), byref(q), byref(k_nope),
+            byref(k_pe), byref(error_count))
+    if quant is None:
+        ctx.check(L.mlaf_mla_kv_cache_fmt(*args))
+    else:
+        ctx.check(L.mlaf_mla_kv_cache_quant(*args, ctypes.byref(quant)))
 
 
 def run_rope_q(ctx, R, style, q, positions, cos_sin, error_count, head_norm=False,
@@ -282,9 +312,9 @@ def run_mla_kv_cache_dsa(ctx, ip, Q, C, R, eps_q, eps_kv, style, latent, w_q, w_
                          slot_mapping, kv_cache, q, k_nope, k_pe, error_count, index_k, index_weight,
                          index_bias, index_cache, index_out=None, topk_fill=None,
                          index_copies=1, index_copy_stride=0, cache_format=L.KV_PLAIN, scale=None, fp8_conv=L.FP8_DIV, amax_out=None,
-                         tile_scale=L.TILE_AMAX, kpe_cache=None):
+                         tile_scale=L.TILE_AMAX, kpe_cache=None, quant=None):
     """mlaf_mla_kv_cache_dsa: run_mla_kv_cache's arguments plus the indexer key branch (ip an
-    L.IndexerParams)."""
+    L.IndexerParams); mlaf_mla_kv_cache_dsa_quant with quant (an L.RowQuant)."""
     p = L.MlaKvCacheParams(int(Q), int(C), int(R), float(eps_q), float(eps_kv), int(style))
     d = L.KvCacheDesc()
     d.format = _enum_arg(cache_format, "cache_format")
@@ -301,11 +331,13 @@ def run_mla_kv_cache_dsa(ctx, ip, Q, C, R, eps_q, eps_kv, style, latent, w_q, w_
             setattr(ik, field, ctypes.pointer(v))
     ik.copies = int(index_copies)
     ik.copy_stride = int(index_copy_stride)
-    ctx.check(L.mlaf_mla_kv_cache_dsa(ctx.ptr, ctypes.byref(p), byref(latent), byref(w_q),
-                                      byref(w_kv), byref(positions), byref(cos_sin),
-                                      byref(slot_mapping), ctypes.byref(d), byref(q),
-                                      byref(k_nope), byref(k_pe), byref(error_count),
-                                      ctypes.byref(ip), ctypes.byref(ik)))
+    args = (ctx.ptr, ctypes.byref(p), byref(latent), byref(w_q), byref(w_kv), byref(positions),
+            byref(cos_sin), byref(slot_mapping), ctypes.byref(d), byref(q), byref(k_nope),
+            byref(k_pe), byref(error_count), ctypes.byref(ip), ctypes.byref(ik))
+    if quant is None:
+        ctx.check(L.mlaf_mla_kv_cache_dsa(*args))
+    else:
+        ctx.check(L.mlaf_mla_kv_cache_dsa_quant(*args, ctypes.byref(quant)))
 
 
 def run_indexer_q(ctx, ip, q_idx, positions, cos_sin, w, q_fp8, w_out, q_pe=None, q_pe_style=0,

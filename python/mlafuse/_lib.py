@@ -193,6 +193,12 @@ class RmsNormQuantParams(ctypes.Structure):
     _fields_ = [("eps", ctypes.c_float)]
 
 
+class RowQuant(ctypes.Structure):
+    """mlaf_row_quant: the quantized q_norm and k_nope of the MLA row ops (docs/gemm_formats.md)."""
+
+    _fields_ = [("q", GemmOut), ("k_nope", GemmOut)]
+
+
 class MlafError(RuntimeError):
     """A call rejected by mlafuse (or by the binding before it reached the library).
 
@@ -320,6 +326,13 @@ mlaf_gemm_scales_shape = _proto("mlaf_gemm_scales_shape", ctypes.c_int, ctypes.c
                                 _P(ctypes.c_int), _P(ctypes.c_int64), _P(ctypes.c_int64))
 mlaf_rms_norm_quant = _proto("mlaf_rms_norm_quant", ctypes.c_int, _ctx_p, _P(RmsNormQuantParams), _T, _T, _T, _T,
                              _P(GemmOut))
+mlaf_split_qk_norm_quant = _proto("mlaf_split_qk_norm_quant", ctypes.c_int, _ctx_p, _P(SplitQkNormParams),
+                                  _T, _T, _T, _T, _T, _T, _P(RowQuant))
+mlaf_mla_kv_cache_quant = _proto("mlaf_mla_kv_cache_quant", ctypes.c_int, _ctx_p, _P(MlaKvCacheParams),
+                                 _T, _T, _T, _T, _T, _T, _P(KvCacheDesc), _T, _T, _T, _T, _P(RowQuant))
+mlaf_mla_kv_cache_dsa_quant = _proto("mlaf_mla_kv_cache_dsa_quant", ctypes.c_int, _ctx_p, _P(MlaKvCacheParams),
+                                     _T, _T, _T, _T, _T, _T, _P(KvCacheDesc), _T, _T, _T, _T,
+                                     _P(IndexerParams), _P(IndexerK), _P(RowQuant))
 # The GEMM-input formats and scale roundings by name, read from the library's table (format 0 is
 # "none"; the values are consecutive).
 GEMM_FORMATS = {}

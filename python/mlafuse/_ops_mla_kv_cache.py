@@ -8,6 +8,7 @@ from typing import Any, NamedTuple
 
 from ._ops_common import (_torch, _core, L, MlafError, _TT, _torch_error, _STYLES, _enum, version,
                           rope_table, _dim, _np_in, _np_out, _ranks, _check_same_kind, _outs)
+from . import _ops_row_quant as _rq
 
 if _torch is not None:
     # The ops, looked up once: the torch paths below call them directly (see _op_pair).
@@ -17,6 +18,8 @@ if _torch is not None:
     _op_kv_out, _kv_out_eager = _op_pair("mla_kv_cache_out")
     _op_lean, _lean_eager = _op_pair("mla_kv_cache_lean")
     _op_lean_out, _lean_out_eager = _op_pair("mla_kv_cache_lean_out")
+    _op_quant, _quant_eager = _op_pair("mla_kv_cache_quant")
+    _op_quant_out, _quant_out_eager = _op_pair("mla_kv_cache_quant_out")
 
 
 # ---- mla_kv_cache --------------------------------------------------------------------------
@@ -188,7 +191,7 @@ def mla_kv_cache(latent, w_q, w_kv, positions, cos_sin, slot_mapping, kv_cache, 
                  rope_dim: int | None = None, q=None, k_nope=None, k_pe=None, out=None,
                  return_k_nope: bool = False, return_k_pe: bool = False, error_count=None,
                  cache_format="auto", k_scale=None, quant_scale=None, amax_out=None,
-                 tile_scale=None, kpe_cache=None, kv_rope_tail: int = 0):
+                 tile_scale=None, kpe_cache=None, kv_rope_tail: int = 0, **quant):
     """split_qk_norm + RoPE on k_pe + paged KV-cache write, in one pass (docs/mla.md), the cache in
     any of the formats of docs/kv_formats.md.
 
@@ -248,7 +251,21 @@ def mla_kv_cache(latent, w_q, w_kv, positions, cos_sin, slot_mapping, kv_cache, 
     outputs (else None). Given outputs (``q=``, ``k_nope=``, ``k_pe=``, or ``out=(q, k_nope,
     k_pe)`` with None for one not given) are mutated and returned; one of the wrong shape or
     dtype raises MlafError naming it, and nothing is written.
+
+    Quantized outputs (docs/gemm_formats.md, the row ops): split_qk_norm's keywords
+    ``return_q=True``, ``q_format``, ``q_scale``, ``q_eps``, ``q_data``, ``q_scales`` for q_norm
+    and ``k_nope_format``, ... for k_nope (not with kv_rope_tail; the dense k_nope is written
+    when asked for, as without them). Every token's rows are quantized, skipped and counted
+    tokens too; the cache is written as without them. With a format named the call returns
+    ``(q, k_nope, k_pe, q_data, q_scales, k_nope_data, k_nope_scales)`` and ``out=`` takes
+    those seven.
     """
+    if quant or (out is not None and not (isinstance(out, (tuple, list)) and len(out) == 3)):
+        return _mla_kv_cache_quant(
+            latent, w_q, w_kv, positions, cos_sin, slot_mapping, kv_cache, eps_q, eps_kv, style,
+            q_lora_rank, kv_lora_rank, rope_dim, q, k_nope, k_pe, out, return_k_nope,
+            return_k_pe, error_count, cache_format, k_scale, quant_scale, amax_out, tile_scale,
+            kpe_cache, kv_rope_tail, **_rq.keywords("mla_kv_cache", quant, ("return_k_nope",)))
     if out is not None:
         q, k_nope, k_pe = _outs(out, _OUTS, (q, k_nope, k_pe), "mla_kv_cache")
     style = _enum(style, _STYLES, "style")
@@ -332,3 +349,77 @@ def mla_kv_cache(latent, w_q, w_kv, positions, cos_sin, slot_mapping, kv_cache, 
         _np_out(kv_cache, "kv_cache"), _np_out(q, "q"), _np_out(k_nope, "k_nope"),
         _np_out(k_pe, "k_pe"), _np_out(error_count, "error_count"), *extra)
     return q, k_nope, k_pe
+
+
+def _mla_kv_cache_quant(latent, w_q, w_kv, positions, cos_sin, slot_mapping, kv_cache, eps_q,
+                        eps_kv, style, q_lora_rank, kv_lora_rank, rope_dim, q, k_nope, k_pe, out,
+                        return_k_nope, return_k_pe, error_count, cache_format, k_scale,
+                        quant_scale, amax_out, tile_scale, kpe_cache, kv_rope_tail, *,
+                        return_q, q_format, q_scale, q_eps, q_data, q_scales, k_nope_format,
+                        k_nope_scale, k_nope_eps, k_nope_data, k_nope_scales):
+    """mla_kv_cache with quantized outputs (or the dense q left out): the _quant ops for torch
+    tensors, mlaf_mla_kv_cache_quant through ctypes for numpy arrays."""
+    quant = (q_data, q_scales, k_nope_data, k_nope_scales)
+    if out is not None:
+        (q, k_nope, k_pe), quant = _rq.outs(out, _OUTS, (q, k_nope, k_pe), quant, "mla_kv_cache")
+    style = _enum(style, _STYLES, "style")
+    tail = int(kv_rope_tail)
+    args, qname, kname = _rq.resolve(q_format, q_scale, q_eps, k_nope_format, k_nope_scale,
+                                     k_nope_eps)
+    torch_path = isinstance(latent, _TT)
+    kv_cache, fmt = _cache_args(kv_cache, cache_format, k_scale, quant_scale, amax_out,
+                                tile_scale, kpe_cache, "mla_kv_cache", torch_path)
+    f = (*(fmt if fmt is not None else _PLAIN), tail)  # the op's last arguments
+    Q, C, R = _ranks(latent, w_q, w_kv, q_lora_rank, kv_lora_rank, rope_dim)
+    T = _dim(latent, 0)
+    ins = (latent, w_q, w_kv, positions, cos_sin, slot_mapping, kv_cache, error_count)
+    if torch_path:
+        eager = not _is_compiling()
+        try:
+            if q is None and k_nope is None and k_pe is None and all(t is None for t in quant):
+                res = (_quant_eager if eager else _op_quant)(
+                    *ins, Q, C, R, eps_q, eps_kv, style, *args, return_q, return_k_nope,
+                    return_k_pe, *f)
+                q, k_nope, k_pe = res[:3]
+                quant = res[3:]
+                q = q if return_q and Q > 0 else None
+                k_nope = k_nope if return_k_nope else None
+                k_pe = k_pe if return_k_pe else None
+            else:
+                if q is None and return_q and Q > 0:
+                    q = latent.new_empty((T, Q))
+                if k_nope is None and return_k_nope:
+                    k_nope = latent.new_empty((T, C))
+                if k_pe is None and return_k_pe:
+                    k_pe = latent.new_empty((T, max(R, 0)))
+                quant = _rq.torch_quant_outputs(latent, T, Q, C, args, *quant)
+                (_quant_out_eager if eager else _op_quant_out)(
+                    *ins, q, k_nope, k_pe, *quant, Q, C, R, eps_q, eps_kv, style, *args, *f)
+        except RuntimeError as e:
+            raise _torch_error(e, w_q=w_q, w_kv=w_kv, positions=positions, cos_sin=cos_sin,
+                               slot_mapping=slot_mapping, kv_cache=kv_cache, q=q,
+                               k_nope=k_nope, k_pe=k_pe, error_count=error_count,
+                               **dict(zip(_rq.QUANT_OUTS, quant))) from None
+    else:
+        _check_same_kind(False, w_q=w_q, w_kv=w_kv, positions=positions, cos_sin=cos_sin,
+                         slot_mapping=slot_mapping, kv_cache=kv_cache, q=q, k_nope=k_nope,
+                         k_pe=k_pe, error_count=error_count, **dict(zip(_rq.QUANT_OUTS, quant)))
+        np = _core._numpy()
+        if q is None and return_q and Q > 0:
+            q = np.empty((T, Q), latent.dtype)
+        if k_nope is None and return_k_nope:
+            k_nope = np.empty((T, C), latent.dtype)
+        if k_pe is None and return_k_pe:
+            k_pe = np.empty((T, max(R, 0)), latent.dtype)
+        quant, rq = _rq.np_quant(args, qname, kname, T, Q, C, *quant)
+        _core.run_mla_kv_cache(
+            _core.context(L.BACKEND_CPU), Q, C, R, eps_q, eps_kv, style, _np_in(latent, "latent"),
+            _np_in(w_q, "w_q"), _np_in(w_kv, "w_kv"), _np_in(positions, "positions"),
+            _np_in(cos_sin, "cos_sin"), _np_in(slot_mapping, "slot_mapping"),
+            _np_out(kv_cache, "kv_cache"), _np_out(q, "q"), _np_out(k_nope, "k_nope"),
+            _np_out(k_pe, "k_pe"), _np_out(error_count, "error_count"), f[0],
+            _np_in(f[1], "scale"), f[2], _np_out(f[3], "amax_out"), f[4],
+            _np_out(f[5], "kpe_cache"), tail, quant=rq)
+    if not _rq.with_quant(args):
+        return q, k_nope, k_pe
+    return (q, k_nope, k_pe, *_rq.returned(args, *quant))

@@ -48,13 +48,34 @@ def gemm_scales_shape(q_format, T: int, K: int):
     return _core.numpy_dtype(dt.value), (shape[0], shape[1]), ld.value
 
 
-def _codes(q_format, q_scale):
-    """(format code, format name, rounding code) of a call, the rounding defaulted per format."""
-    fmt = _code(q_format, GEMM_FORMATS, "q_format")
+def _codes(q_format, q_scale, prefix="q"):
+    """(format code, format name, rounding code) of a call, the rounding defaulted per format;
+    a bad name raises ValueError naming ``<prefix>_format`` / ``<prefix>_scale``."""
+    fmt = _code(q_format, GEMM_FORMATS, prefix + "_format")
     fname = next((k for k, v in GEMM_FORMATS.items() if v == fmt), str(fmt))
     if q_scale is None:
         q_scale = _DEFAULT_SCALE.get(fname, "f32")
-    return fmt, fname, _code(q_scale, GEMM_SCALES, "q_scale")
+    return fmt, fname, _code(q_scale, GEMM_SCALES, prefix + "_scale")
+
+
+def _np_quant_outputs(fmt, fname, T, K, q_data, q_scales):
+    """numpy outputs of one quantized output: (q_data, q_scales as engines hold them, the scales
+    as the library takes them), the missing ones allocated (an MN-major buffer: 16-byte aligned
+    rows of the least ld the library takes, held [T, groups] with strides (1, ld))."""
+    np = _core._numpy()
+    if q_data is None:
+        q_data = np.empty((T, K), np.uint8)
+    if q_scales is not None:
+        return q_data, q_scales, (q_scales.T if fname in _MN_MAJOR else q_scales)
+    sdt, (rows, cols), ld = gemm_scales_shape(fmt, T, K)
+    if fname not in _MN_MAJOR:
+        q_scales = np.empty((rows, cols), sdt)
+        return q_data, q_scales, q_scales
+    # [rows, ld] with 16-byte aligned rows: the first `ld` of a larger buffer, aligned
+    raw = np.zeros(rows * ld + 16, sdt)
+    off = (-raw.ctypes.data % 16) // raw.itemsize
+    lib_scales = raw[off:off + rows * ld].reshape(rows, ld)[:, :cols]
+    return q_data, lib_scales.T, lib_scales
 
 
 def rms_norm_quant(x, weight, *, eps: float = 1e-6, residual=None, y=None, return_y: bool = True,
@@ -101,23 +122,7 @@ def rms_norm_quant(x, weight, *, eps: float = 1e-6, residual=None, y=None, retur
         y = np.empty((T, K), x.dtype)
     lib_scales = None
     if fmt != 0:
-        if q_data is None:
-            q_data = np.empty((T, K), np.uint8)
-        if q_scales is None:
-            sdt, (rows, cols), ld = gemm_scales_shape(fmt, T, K)
-            if fname in _MN_MAJOR:
-                # [rows, ld] with 16-byte aligned rows: the first `ld` of a larger buffer, aligned
-                n = rows * ld + 16
-                raw = np.zeros(n, sdt)
-                off = (-raw.ctypes.data % 16) // raw.itemsize
-                buf = raw[off:off + rows * ld].reshape(rows, ld)
-                lib_scales = buf[:, :cols]
-                q_scales = lib_scales.T
-            else:
-                q_scales = np.empty((rows, cols), sdt)
-                lib_scales = q_scales
-        else:
-            lib_scales = q_scales.T if fname in _MN_MAJOR else q_scales
+        q_data, q_scales, lib_scales = _np_quant_outputs(fmt, fname, T, K, q_data, q_scales)
     _core.run_rms_norm_quant(_core.context(L.BACKEND_CPU), eps, _np_in(x, "x"), _np_out(residual, "residual"),
                              _np_in(weight, "weight"), _np_out(y, "y"), fmt, sc, _np_out(q_data, "q.data"),
                              _np_out(lib_scales, "q.scales"), q_eps)

@@ -44,6 +44,21 @@ _GATE_P = ("int top_k, int n_group, int topk_group, int score_func, int group_sc
            "bool renormalize, float routed_scaling_factor, bool apply_routed_scaling, "
            "float eps, int n_shared_experts")
 
+# The row ops' quantized outputs (q_norm, k_nope): their settings, and their tensors under the
+# alias letters given (one letter each).
+_RQ_P = ("int q_format, int q_scale, float q_eps, int k_nope_format, int k_nope_scale, "
+         "float k_nope_eps")
+
+
+def _rq_outs(letters: str) -> str:
+    return ", ".join(f"Tensor({a}!)? {n}" for a, n in
+                     zip(letters, ("q_data", "q_scales", "k_nope_data", "k_nope_scales")))
+
+
+def _tensors(n: int) -> str:
+    return ", ".join(["Tensor"] * n)
+
+
 # ---- the table: op name -> schema (without the "mlafuse::" namespace), in definition order ----
 SCHEMAS = {
     # split_qk_norm -> (q [T,Q], k_nope [T,C], k_pe [T,R] or [T,0]); _out writes the given
@@ -147,4 +162,38 @@ SCHEMAS = {
         "rms_norm_quant_inplace(Tensor(a!) x, Tensor weight, float eps, Tensor(b!)? residual, "
         "Tensor(c!)? q_data, Tensor(d!)? q_scales, int q_format=0, int q_scale=0, "
         "float q_eps=0.0) -> ()"),
+    # ---- the row ops' quantized outputs (docs/gemm_formats.md, the row ops) ----
+    # q_norm [T,Q] and k_nope [T,C] also written in a GEMM-input format: per output an
+    # mlaf_gemm_format, an mlaf_gemm_scale and the amax floor (as rms_norm_quant's q_format,
+    # q_scale, q_eps); its e4m3 data [T,K] float8_e4m3fn and scales in the [T, groups]
+    # orientation engines hold (the MN-major layouts with strides (1, ld)). The functional forms
+    # return the op's outputs, then (q_data, q_scales, k_nope_data, k_nope_scales), [T,0] where
+    # not written; return_q=False (return_k_nope=False) leaves out the dense copy. The _out forms
+    # write the given outputs.
+    "split_qk_norm_quant": (
+        f"split_qk_norm_quant(Tensor latent, Tensor? w_q, Tensor w_kv, int q_lora_rank, "
+        f"int kv_lora_rank, int rope_dim, float eps_q, float eps_kv, {_RQ_P}, "
+        "bool return_q=True, bool return_k_nope=True, bool return_k_pe=True) -> "
+        f"({_tensors(7)})"),
+    "split_qk_norm_quant_out": (
+        "split_qk_norm_quant_out(Tensor latent, Tensor? w_q, Tensor w_kv, Tensor(a!)? q, "
+        f"Tensor(b!)? k_nope, Tensor(c!)? k_pe, {_rq_outs('defg')}, int q_lora_rank, "
+        f"int kv_lora_rank, int rope_dim, float eps_q, float eps_kv, {_RQ_P}) -> ()"),
+    "mla_kv_cache_quant": (
+        f"mla_kv_cache_quant({_KV_IN}, {_KV_P}, {_RQ_P}, bool return_q=True, "
+        f"bool return_k_nope=False, bool return_k_pe=False, {_kv_fmt('c', 'd', True)}) "
+        f"-> ({_tensors(7)})"),
+    "mla_kv_cache_quant_out": (
+        f"mla_kv_cache_quant_out({_KV_IN}, Tensor(c!)? q, Tensor(d!)? k_nope, Tensor(e!)? k_pe, "
+        f"{_rq_outs('fghi')}, {_KV_P}, {_RQ_P}, {_kv_fmt('j', 'k', True)}) -> ()"),
+    "mla_kv_cache_dsa_quant": (
+        f"mla_kv_cache_dsa_quant({_KV_IN}, {_KV_DSA_IDX}, {_KV_P}, {_IDX_P}, {_RQ_P}, "
+        "bool return_q=True, bool return_k_nope=False, bool return_k_pe=False, "
+        "bool return_index_out=False, int index_copies=1, int index_copy_stride=0, "
+        f"{_kv_fmt('e', 'f', False)}) -> ({_tensors(8)})"),
+    "mla_kv_cache_dsa_quant_out": (
+        f"mla_kv_cache_dsa_quant_out({_KV_IN}, {_KV_DSA_IDX}, Tensor(e!)? q, Tensor(f!)? k_nope, "
+        f"Tensor(g!)? k_pe, Tensor(h!)? index_out, {_rq_outs('ijkl')}, {_KV_P}, {_IDX_P}, "
+        f"{_RQ_P}, int index_copies=1, int index_copy_stride=0, {_kv_fmt('m', 'n', False)}) "
+        "-> ()"),
 }

@@ -520,6 +520,10 @@ _register("rms_norm_quant", _rnq_impl, _rnq_fake)
 _register("rms_norm_quant_out", _rnq_out, _nothing)
 _register("rms_norm_quant_inplace", _rnq_inplace, _nothing)
 
+# The row ops' quantized forms (split_qk_norm_quant, mla_kv_cache_quant, mla_kv_cache_dsa_quant
+# and their _out forms) register themselves from their own module.
+from . import _torch_ops_rowq  # noqa: E402,F401
+
 
 # ---- choosing and registering a binding ----------------------------------------------------
 _PKG_DIR = os.path.dirname(os.path.abspath(__file__))

@@ -18,6 +18,7 @@ from . import _lib as L
 from . import ops as _ops
 from ._lib import MlafError
 from ._ops_mla_kv_cache import _PLAIN, _cache_args
+from . import _ops_row_quant as _rq
 from .ops import (_STYLES, _check_same_kind, _dim, _enum, _is_torch, _np_in, _np_out, _outs,
                   _ranks, _torch_error, find_preset)
 
@@ -27,6 +28,8 @@ if _ops._torch is not None:
 
     _op_dsa, _dsa_eager = _op_pair("mla_kv_cache_dsa")
     _op_dsa_out, _dsa_out_eager = _op_pair("mla_kv_cache_dsa_out")
+    _op_dsa_q, _dsa_q_eager = _op_pair("mla_kv_cache_dsa_quant")
+    _op_dsa_q_out, _dsa_q_out_eager = _op_pair("mla_kv_cache_dsa_quant_out")
     _op_idx_q, _idx_q_eager = _op_pair("indexer_q")
     _op_idx_q_out, _idx_q_out_eager = _op_pair("indexer_q_out")
 
@@ -90,7 +93,7 @@ def mla_kv_cache_dsa(latent, w_q, w_kv, positions, cos_sin, slot_mapping, kv_cac
                      k_nope=None, k_pe=None, out=None, return_k_nope: bool = False,
                      return_k_pe: bool = False, error_count=None, cache_format="auto",
                      k_scale=None, quant_scale=None, amax_out=None, tile_scale=None,
-                     kpe_cache=None):
+                     kpe_cache=None, **quant):
     """mla_kv_cache (every argument as there, kv_cache a tensor or a KVCache) plus the DSA
     indexer key branch of every token, in one pass (one launch on CUDA).
 
@@ -112,10 +115,29 @@ def mla_kv_cache_dsa(latent, w_q, w_kv, positions, cos_sin, slot_mapping, kv_cac
     Returns ``(q, k_nope, k_pe, index_out)`` (None where not requested). Given outputs (by
     name, or ``out=(q, k_nope, k_pe, index_out)`` with None for one not given) are mutated and
     returned; one of the wrong shape or dtype raises MlafError naming it, nothing written.
+
+    Quantized q_norm / k_nope (``return_q=``, ``q_format=``, ..., ``k_nope_format=``, ...): as
+    mla_kv_cache's; with a format named the call returns ``(q, k_nope, k_pe, index_out, q_data,
+    q_scales, k_nope_data, k_nope_scales)`` and ``out=`` takes those eight. The quantized
+    tensors share no byte with the index cache (nor its copies).
     """
+    args = qname = kname = None
+    return_q = True
+    if quant:
+        kw = _rq.keywords("mla_kv_cache_dsa", quant, ("return_k_nope",))
+        return_q = kw["return_q"]
+        args, qname, kname = _rq.resolve(kw["q_format"], kw["q_scale"], kw["q_eps"],
+                                         kw["k_nope_format"], kw["k_nope_scale"],
+                                         kw["k_nope_eps"])
+        quant = tuple(kw[k] for k in _rq.QUANT_OUTS)
+    else:
+        quant = (None,) * 4
     if out is not None:
-        q, k_nope, k_pe, index_out = _outs(out, ("q", "k_nope", "k_pe", "index_out"),
-                                           (q, k_nope, k_pe, index_out), "mla_kv_cache_dsa")
+        (q, k_nope, k_pe, index_out), quant = _rq.outs(out, ("q", "k_nope", "k_pe", "index_out"),
+                                                       (q, k_nope, k_pe, index_out), quant,
+                                                       "mla_kv_cache_dsa")
+        if args is None and any(t is not None for t in quant):  # out= of 8, no format named
+            args, qname, kname = _rq.resolve("none", None, 0.0, "none", None, 0.0)
     Q, C, R = _ranks(latent, w_q, w_kv, q_lora_rank, kv_lora_rank, rope_dim)
     mla_style = _enum(style, _STYLES, "style")
     ip = indexer if indexer is not None else indexer_params()
@@ -126,7 +148,7 @@ def mla_kv_cache_dsa(latent, w_q, w_kv, positions, cos_sin, slot_mapping, kv_cac
                      slot_mapping=slot_mapping, kv_cache=kv_cache, index_k=index_k,
                      index_weight=index_weight, index_bias=index_bias, index_cache=index_cache,
                      index_out=index_out, topk_fill=topk_fill, q=q, k_nope=k_nope, k_pe=k_pe,
-                     error_count=error_count)
+                     error_count=error_count, **dict(zip(_rq.QUANT_OUTS, quant)))
     T = _dim(latent, 0)
     if torch_path:
         # the op's trailing arguments: the copies, then the format's (the plain call's defaults)
@@ -138,6 +160,10 @@ def mla_kv_cache_dsa(latent, w_q, w_kv, positions, cos_sin, slot_mapping, kv_cac
         params = (Q, C, R, eps_q, eps_kv, mla_style) + _ip_args(ip)
         eager = not _is_compiling()
         try:
+            if args is not None:
+                return _dsa_quant_torch(eager, fixed, params, tail, T, Q, C, R, q, k_nope, k_pe,
+                                        index_out, quant, args, return_q, return_k_nope,
+                                        return_k_pe, return_index_out)
             if q is None and k_nope is None and k_pe is None and index_out is None:
                 q, k_nope, k_pe, index_out = (_dsa_eager if eager else _op_dsa)(
                     *fixed, *params, return_k_nope, return_k_pe, return_index_out, *tail)
@@ -161,10 +187,11 @@ def mla_kv_cache_dsa(latent, w_q, w_kv, positions, cos_sin, slot_mapping, kv_cac
                                k_nope=k_nope, k_pe=k_pe, error_count=error_count,
                                index_k=index_k, index_weight=index_weight,
                                index_bias=index_bias, index_cache=index_cache,
-                               index_out=index_out, topk_fill=topk_fill) from None
+                               index_out=index_out, topk_fill=topk_fill,
+                               **dict(zip(_rq.QUANT_OUTS, quant))) from None
     np = _core._numpy()
     new = lambda shape: np.empty(shape, latent.dtype)  # noqa: E731
-    if q is None and Q > 0:
+    if q is None and Q > 0 and return_q:
         q = new((T, Q))
     if k_nope is None and return_k_nope:
         k_nope = new((T, C))
@@ -172,6 +199,9 @@ def mla_kv_cache_dsa(latent, w_q, w_kv, positions, cos_sin, slot_mapping, kv_cac
         k_pe = new((T, max(R, 0)))
     if index_out is None and return_index_out:
         index_out = new((T, 128))
+    rq = None
+    if args is not None:
+        quant, rq = _rq.np_quant(args, qname, kname, T, Q, C, *quant)
     f, scale, conv, amax, tile, kpe = fmt if fmt is not None else _PLAIN
     v = _views([
         ("latent", latent, 0), ("w_q", w_q, 0), ("w_kv", w_kv, 0), ("positions", positions, 0),
@@ -182,8 +212,43 @@ def mla_kv_cache_dsa(latent, w_q, w_kv, positions, cos_sin, slot_mapping, kv_cac
         ("scale", scale, 0), ("amax_out", amax, 1), ("kpe_cache", kpe, 1)])
     _core.run_mla_kv_cache_dsa(_core.context(L.BACKEND_CPU), ip, Q, C, R, eps_q, eps_kv, mla_style, *v[:17],
                                index_copies=index_copies, index_copy_stride=index_copy_stride, cache_format=f, scale=v[17], fp8_conv=conv, amax_out=v[18],
-                               tile_scale=tile, kpe_cache=v[19])
-    return q, k_nope, k_pe, index_out
+                               tile_scale=tile, kpe_cache=v[19], quant=rq)
+    if args is None or not _rq.with_quant(args):
+        return q, k_nope, k_pe, index_out
+    return (q, k_nope, k_pe, index_out, *_rq.returned(args, *quant))
+
+
+def _dsa_quant_torch(eager, fixed, params, tail, T, Q, C, R, q, k_nope, k_pe, index_out, quant,
+                     args, return_q, return_k_nope, return_k_pe, return_index_out):
+    """mla_kv_cache_dsa's torch path with quantized outputs (or the dense q left out): the
+    mla_kv_cache_dsa_quant(_out) ops."""
+    latent = fixed[0]
+    if (q is None and k_nope is None and k_pe is None and index_out is None
+            and all(t is None for t in quant)):
+        res = (_dsa_q_eager if eager else _op_dsa_q)(
+            *fixed, *params, *args, return_q, return_k_nope, return_k_pe, return_index_out,
+            *tail)
+        q, k_nope, k_pe, index_out = res[:4]
+        quant = res[4:]
+        q = q if return_q and Q > 0 else None
+        k_nope = k_nope if return_k_nope else None
+        k_pe = k_pe if return_k_pe else None
+        index_out = index_out if return_index_out else None
+    else:
+        if q is None and return_q and Q > 0:
+            q = latent.new_empty((T, Q))
+        if k_nope is None and return_k_nope:
+            k_nope = latent.new_empty((T, C))
+        if k_pe is None and return_k_pe:
+            k_pe = latent.new_empty((T, max(R, 0)))
+        if index_out is None and return_index_out:
+            index_out = latent.new_empty((T, 128))
+        quant = _rq.torch_quant_outputs(latent, T, Q, C, args, *quant)
+        (_dsa_q_out_eager if eager else _op_dsa_q_out)(*fixed, q, k_nope, k_pe, index_out,
+                                                       *quant, *params, *args, *tail)
+    if not _rq.with_quant(args):
+        return q, k_nope, k_pe, index_out
+    return (q, k_nope, k_pe, index_out, *_rq.returned(args, *quant))
 
 
 def indexer_q(q_idx, positions, cos_sin, weights, *, indexer=None, q_fp8=None, w_out=None,

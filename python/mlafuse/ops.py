@@ -11,8 +11,9 @@ travel as one KVCache (or as the tensor and the format keywords).
 
 The ops live in one module each (_ops_split_qk_norm, _ops_mla_kv_cache, _ops_rope_q, _ops_moe_gate,
 _ops_rms_norm_quant;
-indexer_q and mla_kv_cache_dsa in indexer), what they share in _ops_common; every name is
-re-exported here, so mlafuse.ops.X is what it was.
+indexer_q and mla_kv_cache_dsa in indexer), what they share in _ops_common (and what the row
+ops' quantized outputs share in _ops_row_quant); every name is re-exported here, so mlafuse.ops.X
+is what it was.
 """
 # flake8: noqa: F401  (re-exports)
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """examples/fp8_q_b_proj.py, the consumer of mlafuse's quantized q: every source of its Q_SOURCES
-gives the e4m3 q and scales of the unfused path (dense q_norm, then a per-token-group quantize
-pass in torch) bit for bit, in each scale layout, the same block-scaled GEMM gives equal products
-within the fp8 bound of the dense product; a source plugs in as one function, and a wrong one is
-caught. CPU (dequantize-then-matmul); CUDA (torch._scaled_mm where it runs) skips without a GPU."""
+(split_qk_norm's quantized q, the default, and rms_norm_quant's) gives the e4m3 q and scales of the
+unfused path (dense q_norm, then a per-token-group quantize pass in torch) bit for bit, in each
+scale layout, the same block-scaled GEMM gives equal products within the fp8 bound of the dense
+product; a source plugs in as one function, and a wrong one is caught. CPU
+(dequantize-then-matmul); CUDA (torch._scaled_mm where it runs) skips without a GPU."""
 import importlib.util
 import os
 import subprocess
@@ -34,20 +35,22 @@ def ex():
                                           ("deepseek-v3", 5)])
 def test_fused_q_equals_unfused_and_feeds_the_gemm(ex, device, model, tokens):
     res = ex.run(device, tokens, model, seed=tokens, quiet=True)
-    assert set(res) == set(ex.Q_SOURCES) and "rms_norm_quant" in res
+    assert set(res) == set(ex.Q_SOURCES) >= {"split_qk_norm", "rms_norm_quant"}
+    assert next(iter(ex.Q_SOURCES)) == "split_qk_norm", "the default source comes first"
     for name, (inputs_equal, products_equal, within) in res.items():
         assert inputs_equal, f"{name}: e4m3 q / scales differ from the unfused path"
         assert products_equal and within, name
 
 
+@pytest.mark.parametrize("source", ["split_qk_norm", "rms_norm_quant"])
 @pytest.mark.parametrize("fmt", ["fp8_1x128", "fp8_1x128_cm", "fp8_1x128_mn"])
-def test_each_scale_layout(ex, fmt):
+def test_each_scale_layout(ex, source, fmt):
     """The fused q in the layouts block-scaled GEMMs take, against the unfused pass's copy."""
     g = torch.Generator().manual_seed(3)
     latent = torch.randn(7, 768 + 512 + 64, generator=g).to(torch.bfloat16)
     w_q, w_kv = torch.rand(768, generator=g) + 0.5, torch.ones(512)
     a0, s0 = ex.q_unfused(latent, w_q, w_kv, 1e-5, fmt)
-    a, s = ex.q_from_rms_norm_quant(latent, w_q, w_kv, 1e-5, fmt)
+    a, s = ex.Q_SOURCES[source](latent, w_q, w_kv, 1e-5, fmt)
     assert ex.same_bits(a, a0) and torch.equal(s, s0) and s.stride() == s0.stride()
     assert s.stride() == {"fp8_1x128": (6, 1), "fp8_1x128_cm": (1, 7),
                           "fp8_1x128_mn": (1, 8)}[fmt]
@@ -74,7 +77,7 @@ def test_a_source_plugs_in_as_one_function_and_a_wrong_one_is_caught(ex, monkeyp
     monkeypatch.setitem(ex.Q_SOURCES, "off_by_one_code", off_by_one_code)
     monkeypatch.setitem(ex.Q_SOURCES, "half_scales", half_scales)
     res = ex.run("cpu", 9, "glm-4.7-flash", seed=1, quiet=True)
-    assert all(res["dense_then_pass"]) and all(res["rms_norm_quant"])
+    assert all(res["dense_then_pass"]) and all(res["rms_norm_quant"]) and all(res["split_qk_norm"])
     assert res["off_by_one_code"][0] is False and res["off_by_one_code"][1] is False
     assert res["half_scales"][:2] == (False, False) and res["half_scales"][2] is False
 
@@ -94,4 +97,7 @@ def test_script_runs():
     p = subprocess.run([sys.executable, EXAMPLE, "--tokens", "5"], env=env, capture_output=True,
                        text=True, timeout=300)
     assert p.returncode == 0, p.stdout + p.stderr
-    assert "rms_norm_quant   e4m3 q and scales = unfused: True" in p.stdout
+    out = p.stdout
+    assert "split_qk_norm    e4m3 q and scales = unfused: True" in out
+    assert "rms_norm_quant   e4m3 q and scales = unfused: True" in out
+    assert out.index("split_qk_norm    e4m3") < out.index("rms_norm_quant   e4m3"), "default first"

@@ -335,10 +335,12 @@ def test_opcheck(device):
 
     indexer_ops = {"mla_kv_cache_dsa", "mla_kv_cache_dsa_out", "indexer_q", "indexer_q_out"}
     norm_ops = {"rms_norm_quant", "rms_norm_quant_out", "rms_norm_quant_inplace"}
+    rowq_ops = {o + s for o in ("split_qk_norm_quant", "mla_kv_cache_quant",
+                                "mla_kv_cache_dsa_quant") for s in ("", "_out")}
     assert {op._qualified_op_name.split("::")[1] for op, _ in cases} == set(
-        _torch_ops.SCHEMAS) - indexer_ops - norm_ops, \
+        _torch_ops.SCHEMAS) - indexer_ops - norm_ops - rowq_ops, \
         "every op is checked (the indexer's in test_torch_indexer, rms_norm_quant's in " \
-        "test_torch_rms_norm_quant)"
+        "test_torch_rms_norm_quant, the row ops' quantized forms in test_torch_row_quant)"
     for op, args in cases:
         # all of opcheck's checks: schema, autograd registration, fake tensor, AOT dispatch
         torch.library.opcheck(op, args)
