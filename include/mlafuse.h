@@ -192,6 +192,7 @@ typedef enum mlaf_op {
     MLAF_OP_MOE_GATE = 3,
     MLAF_OP_INDEXER_Q = 4, /* mla_kv_cache's indexer branch is part of MLAF_OP_MLA_KV_CACHE */
     MLAF_OP_RMS_NORM_QUANT = 5,
+    MLAF_OP_GEMM_QUANT = 6,
     MLAF_OP_COUNT_
 } mlaf_op;
 

@@ -199,6 +199,14 @@ mlaf_status mlaf_rms_norm_quant(mlaf_context *ctx, const mlaf_rms_norm_quant_par
     DISPATCH(ctx, rms_norm_quant, MLAF_OP_RMS_NORM_QUANT, job.T, &job);
 }
 
+mlaf_status mlaf_gemm_quant(mlaf_context *ctx, const mlaf_tensor *x, const mlaf_gemm_out *q) {
+    if (!ctx) return MLAF_ERR_NULL_POINTER;
+    mlaf_gemm_quant_job job;
+    mlaf_status st = mlaf_check_gemm_quant(ctx, x, q, &job);
+    if (st != MLAF_OK) return st;
+    DISPATCH(ctx, gemm_quant, MLAF_OP_GEMM_QUANT, job.T, &job);
+}
+
 mlaf_status mlaf_rope_table_init(float *table, int64_t max_pos, int32_t rope_dim, double base) {
     if (!table) return MLAF_ERR_NULL_POINTER;
     if (max_pos < 1 || rope_dim <= 0 || rope_dim % 2 != 0 || !(base > 1.0 && base <= MLAF_ROPE_MAX_BASE))

@@ -77,7 +77,7 @@ const char *mlaf_backend_name(mlaf_backend b) {
 
 const char *mlaf_op_name(mlaf_op op) {
     static const char *const names[] = {"split_qk_norm", "mla_kv_cache", "rope_q", "moe_gate", "indexer_q",
-                                        "rms_norm_quant"};
+                                        "rms_norm_quant", "gemm_quant"};
     return (unsigned)op < MLAF_OP_COUNT_ ? names[op] : "unknown";
 }
 
@@ -113,6 +113,7 @@ int mlaf_backend_supports(mlaf_backend b, mlaf_op op) {
     case MLAF_OP_MOE_GATE: return f->moe_gate != NULL;
     case MLAF_OP_INDEXER_Q: return f->indexer_q != NULL;
     case MLAF_OP_RMS_NORM_QUANT: return f->rms_norm_quant != NULL;
+    case MLAF_OP_GEMM_QUANT: return f->gemm_quant != NULL;
     default: return 0;
     }
 }

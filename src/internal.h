@@ -221,6 +221,16 @@ typedef struct mlaf_rms_norm_quant_job {
     mlaf_gemm_out_job q;     /* format NONE: none */
 } mlaf_rms_norm_quant_job;
 
+/* gemm_quant (include/mlafuse/quant.h): x quantized into q's format, values as stored. */
+typedef struct mlaf_gemm_quant_job {
+    int64_t T;
+    int32_t K;
+    mlaf_dtype dt;           /* x */
+    const void *x;           /* [T, K] */
+    int64_t x_stride;        /* elements */
+    mlaf_gemm_out_job q;     /* never NONE */
+} mlaf_gemm_quant_job;
+
 /* ---- validation (validate.c): the one layer every backend goes through -------------------
  * Each returns MLAF_OK and fills *job, or records a message on ctx and returns the error. */
 mlaf_status mlaf_check_split_qk_norm(mlaf_context *ctx, const mlaf_split_qk_norm_params *p,
@@ -309,6 +319,9 @@ mlaf_status mlaf_check_moe_gate_hash(mlaf_context *ctx, const mlaf_moe_gate_para
 mlaf_status mlaf_check_rms_norm_quant(mlaf_context *ctx, const mlaf_rms_norm_quant_params *p, const mlaf_tensor *x,
                                       const mlaf_tensor *residual, const mlaf_tensor *weight, const mlaf_tensor *y,
                                       const mlaf_gemm_out *q, mlaf_rms_norm_quant_job *job);
+/* gemm_quant (validate_quant.c). */
+mlaf_status mlaf_check_gemm_quant(mlaf_context *ctx, const mlaf_tensor *x, const mlaf_gemm_out *q,
+                                  mlaf_gemm_quant_job *job);
 
 /* ---- backends -------------------------------------------------------------------------- */
 typedef struct mlaf_backend_iface {
@@ -321,6 +334,7 @@ typedef struct mlaf_backend_iface {
     mlaf_status (*mla_kv_cache_dsa)(mlaf_context *ctx, const mlaf_kv_cache_job *job, const mlaf_index_job *ix);
     mlaf_status (*indexer_q)(mlaf_context *ctx, const mlaf_indexer_q_job *job);
     mlaf_status (*rms_norm_quant)(mlaf_context *ctx, const mlaf_rms_norm_quant_job *job);
+    mlaf_status (*gemm_quant)(mlaf_context *ctx, const mlaf_gemm_quant_job *job);
 } mlaf_backend_iface;
 
 /* CPU backend (src/cpu/). Entries are NULL for ops not implemented yet. */

@@ -1,7 +1,7 @@
 /*
- * validate_quant.c — the validation of rms_norm_quant (include/mlafuse/quant.h): the shared checks of
- * validate.c for the dense tensors, mlaf_vcheck_gemm_out (gemm_format.c) for the quantized output,
- * then the overlaps. Metadata only, as every check.
+ * validate_quant.c — the validation of rms_norm_quant, gemm_quant and the row ops' quantized outputs
+ * (include/mlafuse/quant.h): the shared checks of validate.c for the dense tensors, mlaf_vcheck_gemm_out
+ * (gemm_format.c) for the quantized outputs, then the overlaps. Metadata only, as every check.
  */
 #include <math.h>
 #include <string.h>
@@ -129,5 +129,36 @@ mlaf_status mlaf_check_row_quant(mlaf_context *ctx, const mlaf_row_quant *rq, in
     }
     job->qq = qq;
     job->kq = kq;
+    return MLAF_OK;
+}
+
+/* gemm_quant: x, then its one output through the shared gemm_out check, then the overlaps. */
+mlaf_status mlaf_check_gemm_quant(mlaf_context *ctx, const mlaf_tensor *x, const mlaf_gemm_out *q,
+                                  mlaf_gemm_quant_job *job) {
+    const int64_t any2[2] = {-1, -1};
+    TRY(mlaf_vcheck_tensor(ctx, x, "x", DT_FLOAT, 2, any2, NULL));
+    const int64_t T = x->shape[0], K = x->shape[1];
+    if (T >= ((int64_t)1 << 31))
+        return mlaf_fail(ctx, MLAF_ERR_LIMIT, "x.shape[0] = %lld tokens, expected < 2^31", (long long)T);
+    if (K < 1) return mlaf_fail(ctx, MLAF_ERR_SHAPE, "x.shape[1] = %lld, expected >= 1 (the row width K)", (long long)K);
+    if (K > ((int64_t)1 << 20))
+        return mlaf_fail(ctx, MLAF_ERR_LIMIT, "x.shape[1] = %lld, expected <= 1048576 (the row width K)", (long long)K);
+    if (!q)
+        return mlaf_fail(ctx, MLAF_ERR_NULL_POINTER, "q is NULL (required: the quantized output gemm_quant writes)");
+    mlaf_gemm_out_job qj;
+    TRY(mlaf_vcheck_gemm_out(ctx, q, "q", T, K, &qj));
+    if (qj.format == MLAF_GEMM_NONE)
+        return mlaf_fail(ctx, MLAF_ERR_NULL_POINTER,
+                         "q.format = 0 (none): nothing to write (gemm_quant needs a GEMM-input format)");
+    TRY(mlaf_vcheck_no_overlap(ctx, q->data, "q.data", x, "x"));
+    TRY(mlaf_vcheck_no_overlap(ctx, q->scales, "q.scales", x, "x"));
+
+    memset(job, 0, sizeof *job);
+    job->T = T;
+    job->K = (int32_t)K;
+    job->dt = x->dtype;
+    job->x = x->data;
+    job->x_stride = x->stride[0];
+    job->q = qj;
     return MLAF_OK;
 }

@@ -175,4 +175,21 @@ MLAF_API mlaf_status mlaf_mla_kv_cache_dsa_quant(mlaf_context *ctx, const mlaf_m
                                                  const mlaf_tensor *error_count, const mlaf_indexer_params *ip,
                                                  const mlaf_indexer_k *ik, const mlaf_row_quant *quant);
 
+/* ---------------------------------------------------------------------------------------
+ * gemm_quant: an activation quantized into a GEMM-input format, alone (docs/gemm_formats.md,
+ * gemm_quant): the per-token-group quantize an engine runs before o_proj, or before any fp8
+ * GEMM whose input another kernel wrote (SGLang's per_token_group_quant_fp8).
+ *
+ *   x   [T, K]  f32 | f16 | bf16, stride (s0, 1): the values as stored (no rounding step: they are
+ *               already in their dtype)
+ *   q           the quantized output (mlaf_gemm_out above), required: a format other than NONE
+ * Each row's bytes are those the table above gives for x's values: the same bytes rms_norm_quant
+ * writes for a dense output y equal to x (so rms_norm_quant with y, then gemm_quant of that y,
+ * reproduces its quantized output). K >= 1, a multiple of the format's group, at most 2^20;
+ * T < 2^31; q's tensors share no byte with x or with each other. T = 0 is a no-op. Rejected
+ * calls write nothing and name the argument (q NULL, or format NONE without tensors:
+ * MLAF_ERR_NULL_POINTER, nothing to write; the rest as for any mlaf_gemm_out).
+ * ------------------------------------------------------------------------------------- */
+MLAF_API mlaf_status mlaf_gemm_quant(mlaf_context *ctx, const mlaf_tensor *x, const mlaf_gemm_out *q);
+
 #endif /* MLAFUSE_QUANT_H */

@@ -30,6 +30,7 @@ const mlaf_backend_iface mlaf_cpu_backend = {
     mlaf_cpu_mla_kv_cache_dsa,
     mlaf_cpu_indexer_q,
     mlaf_cpu_rms_norm_quant,
+    mlaf_cpu_gemm_quant,
 };
 
 /* The cores this process may run on (its affinity mask, as OpenMP's omp_get_num_procs counted
