@@ -19,6 +19,7 @@ const mlaf_backend_iface mlaf_cuda_backend = {
     mlaf_cuda_mla_kv_cache_dsa,
     mlaf_cuda_indexer_q,
     mlaf_cuda_rms_norm_quant,
+    mlaf_cuda_gemm_quant,
 };
 
 int mlaf_cuda_device_count(void) {

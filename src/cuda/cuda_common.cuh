@@ -19,6 +19,7 @@ mlaf_status mlaf_cuda_mla_kv_cache_dsa(mlaf_context *ctx, const mlaf_kv_cache_jo
 mlaf_status mlaf_cuda_indexer_q(mlaf_context *ctx, const mlaf_indexer_q_job *job);
 mlaf_status mlaf_cuda_moe_gate(mlaf_context *ctx, const mlaf_moe_gate_job *job);
 mlaf_status mlaf_cuda_rms_norm_quant(mlaf_context *ctx, const mlaf_rms_norm_quant_job *job);
+mlaf_status mlaf_cuda_gemm_quant(mlaf_context *ctx, const mlaf_gemm_quant_job *job);
 }
 
 /* Returns MLAF_ERR_DEVICE with a message if the last launch failed. */

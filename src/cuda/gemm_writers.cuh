@@ -178,3 +178,36 @@ template <typename T> struct mlaf_wr_gemm : mlaf_wr_base {
         if (p_.k.format != MLAF_GEMM_NONE) put1(p_.k, C_, i, y);
     }
 };
+
+/* Vector v of row t of the output q: its W values f, already in the activation dtype (a format's
+ * group is g / W consecutive vectors, held by consecutive lanes of one warp). The group's amax is
+ * a shuffle max over those lanes, so every lane of the warp calls this the same number of times;
+ * a lane with ok false (a vector past the row) takes part in the shuffle only. Then the scale,
+ * the W e4m3 bytes at byte v W of q.data's row t (one W-byte store on the vector path: the row
+ * aligned to W bytes) and, from the group's first lane, the scale where format F keeps it.
+ * rms_norm_quant and gemm_quant both write through here: the same bytes for the same values. */
+template <int F, int W, bool VEC>
+__device__ __forceinline__ void mlaf_gemm_put_vec(const mlaf_gemm_out_job &q, int64_t t, int64_t v, int64_t K, bool ok,
+                                                  const float *f) {
+    using WR = mlaf_gemm_writer_of<F>;
+    constexpr int LANES = WR::kGroup / W; /* the group's vectors: consecutive lanes of one warp */
+    float m = 0.0f;
+#pragma unroll
+    for (int i = 0; i < W; i++) m = fmaxf(m, ok ? fabsf(f[i]) : 0.0f); /* NaN ignored */
+    m = mlaf_warp_max(m, LANES);
+    if (!ok) return;
+    uint32_t byte;
+    const float s = mlaf_gemm_scale_dev((int)q.scale, m, q.eps, &byte);
+    uint32_t u[W / 4];
+    mlaf_quant_e4m3<W>(f, s, u);
+    uint8_t *d = q.data + t * q.data_stride + v * W;
+    if constexpr (VEC && W == 8) {
+        *reinterpret_cast<uint2 *>(d) = make_uint2(u[0], u[1]);
+    } else if constexpr (VEC) {
+        *reinterpret_cast<uint32_t *>(d) = u[0];
+    } else {
+#pragma unroll
+        for (int i = 0; i < W; i++) d[i] = (uint8_t)(u[i / 4] >> (8 * (i % 4)));
+    }
+    if (v % LANES == 0) WR::put_scale(q, t, v / LANES, K / WR::kGroup, s, byte);
+}

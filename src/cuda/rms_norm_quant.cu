@@ -109,29 +109,7 @@ __device__ __forceinline__ void rnq_out(const mlaf_rms_norm_quant_job &j, int64_
             for (int i = 0; i < W; i++) f[i] = mlaf_round_as<T>(f[i]);
         }
     }
-    if constexpr (F != MLAF_GEMM_NONE) {
-        using WR = mlaf_gemm_writer_of<F>;
-        constexpr int LANES = WR::kGroup / W; /* the group's vectors: consecutive lanes of one warp */
-        float m = 0.0f;
-#pragma unroll
-        for (int i = 0; i < W; i++) m = fmaxf(m, ok ? fabsf(f[i]) : 0.0f); /* NaN ignored */
-        m = mlaf_warp_max(m, LANES);
-        if (!ok) return;
-        uint32_t byte;
-        const float s = mlaf_gemm_scale_dev((int)j.q.scale, m, j.q.eps, &byte);
-        uint32_t u[W / 4];
-        mlaf_quant_e4m3<W>(f, s, u);
-        uint8_t *d = j.q.data + t * j.q.data_stride + v * W;
-        if constexpr (VEC && W == 8) {
-            *reinterpret_cast<uint2 *>(d) = make_uint2(u[0], u[1]);
-        } else if constexpr (VEC) {
-            *reinterpret_cast<uint32_t *>(d) = u[0];
-        } else {
-#pragma unroll
-            for (int i = 0; i < W; i++) d[i] = (uint8_t)(u[i / 4] >> (8 * (i % 4)));
-        }
-        if (v % LANES == 0) WR::put_scale(j.q, t, v / LANES, K / WR::kGroup, s, byte);
-    }
+    if constexpr (F != MLAF_GEMM_NONE) mlaf_gemm_put_vec<F, W, VEC>(j.q, t, v, K, ok, f);
 }
 
 /* Pass 1 of vector v into f (zeros past the row); returns the vector's sum of squares. */
