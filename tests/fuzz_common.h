@@ -7,7 +7,7 @@
  *
  * The deterministic random-call driver over every entry point: split_qk_norm,
  * mla_kv_cache, rope_q, moe_gate, rope_q_out, indexer_q, moe_gate_hash, mla_kv_cache_dsa,
- * mla_kv_cache_fmt's fp8_v4 format, rms_norm_quant, and the context, preset, name and RoPE-table
+ * mla_kv_cache_fmt's fp8_v4 format, rms_norm_quant, gemm_quant, and the context, preset, name and RoPE-table
  * helpers.
  *
  * Each call is drawn from its own seed (MLAF_FUZZ_SEED, the op and the call's index), so any
@@ -37,7 +37,7 @@
  *
  * MLAF_FUZZ_CALLS: calls per op (default 4000). MLAF_FUZZ_SEED: the base seed.
  * MLAF_FUZZ_ONLY=op:index replays one call and describes it (op: split, kv, rope, gate, ctx,
- * ropeout, idxq, hash, dsa, v4, rnq).
+ * ropeout, idxq, hash, dsa, v4, rnq, gq).
  * MLAF_FUZZ_ONLY=op:index names an op of the test it is given to.
  * CPU always; CUDA when a device is visible.
  */
@@ -56,7 +56,7 @@
 #include "half.h"
 #include "testlib.h"
 
-enum { FZ_MAXB = 24, FZ_MAXT = 20, FZ_SHOW_FAILS = 6, FZ_NOPS = 11 };
+enum { FZ_MAXB = 24, FZ_MAXT = 20, FZ_SHOW_FAILS = 6, FZ_NOPS = 12 };
 
 /* ---- random draws ---------------------------------------------------------------------- */
 static inline uint64_t U(mlaf_rng *r, uint64_t n) { return n ? mlaf_rng_u64(r) % n : 0; }

@@ -14,7 +14,7 @@ static volatile sig_atomic_t CUR_OP = -1;
 static volatile int64_t CUR_CALL = -1;
 #if !defined(__SANITIZE_ADDRESS__)
 static void on_crash(int sig) {
-    static const char *const ops[FZ_NOPS] = {"split", "kv", "rope", "gate", "ctx", "ropeout", "idxq", "hash", "dsa", "v4", "rnq"};
+    static const char *const ops[FZ_NOPS] = {"split", "kv", "rope", "gate", "ctx", "ropeout", "idxq", "hash", "dsa", "v4", "rnq", "gq"};
     char line[160];
     int n = 0;
     const char *a = "\nFUZZ: crashed in call MLAF_FUZZ_ONLY=";
@@ -33,10 +33,10 @@ static void on_crash(int sig) {
 }
 #endif
 
-static const char *const OPS[FZ_NOPS] = {"split", "kv", "rope", "gate", "ctx", "ropeout", "idxq", "hash", "dsa", "v4", "rnq"};
+static const char *const OPS[FZ_NOPS] = {"split", "kv", "rope", "gate", "ctx", "ropeout", "idxq", "hash", "dsa", "v4", "rnq", "gq"};
 static const char *const OP_NAMES[FZ_NOPS] = {"split_qk_norm", "mla_kv_cache", "rope_q", "moe_gate", "context_and_tables",
                                               "rope_q_out", "indexer_q", "moe_gate_hash", "mla_kv_cache_dsa", "mla_kv_cache_fp8_v4",
-                                              "rms_norm_quant"};
+                                              "rms_norm_quant", "gemm_quant"};
 
 static uint64_t call_seed(uint64_t base, int op, int64_t i) {
     return base ^ ((uint64_t)(op + 1) << 56) ^ ((uint64_t)i * 0x9E3779B97F4A7C15ull);
@@ -64,7 +64,7 @@ int fuzz_main(const fuzz_entry *ops, int nops) {
             if (!strncmp(e, OPS[k], n) && e[n] == ':') only_op = k, only_i = atoll(e + n + 1);
         }
         if (only_op < 0) {
-            printf("MLAF_FUZZ_ONLY=%s: expected op:index, op one of split, kv, rope, gate, ctx, ropeout, idxq, hash, dsa, v4, rnq\n", e);
+            printf("MLAF_FUZZ_ONLY=%s: expected op:index, op one of split, kv, rope, gate, ctx, ropeout, idxq, hash, dsa, v4, rnq, gq\n", e);
             return 2;
         }
         int here = 0;
@@ -118,7 +118,7 @@ int fuzz_main(const fuzz_entry *ops, int nops) {
             if (tl_case(failures == 0, name, "%lld of the calls failed; first: %s", (long long)failures, first)) {
                 if (op == 4)
                     printf("  %lld helper calls, each status and result as the header says", (long long)ok_calls);
-                else if (op > 4 && op != 10) /* rms_norm_quant (10) is judged by the oracle */
+                else if (op > 4 && op < 10) /* rms_norm_quant (10) and gemm_quant (11): by the oracle */
                     printf("  %lld succeeded with every write inside the views the header lets it write, %lld rejected with a "
                            "message and nothing written",
                            (long long)ok_calls, (long long)rejected);

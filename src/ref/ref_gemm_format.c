@@ -118,3 +118,12 @@ int64_t mlaf_ref_gemm_scale_offset(mlaf_gemm_format f, int64_t t, int64_t j, int
     default: return -1;
     }
 }
+
+/* gemm_quant's oracle: row t of x as stored (host memory), through the encoder above. */
+void mlaf_ref_gemm_quant_row(const mlaf_gemm_quant_job *job, int64_t t, float *row, uint8_t *data, float *scale_f32,
+                             uint8_t *scale_byte) {
+    const char *x = (const char *)job->x + (size_t)(t * job->x_stride) * mlaf_dtype_size(job->dt);
+    for (int64_t i = 0; i < job->K; i++) row[i] = mlaf_load_f32(x, job->dt, i);
+    const mlaf_gemm_encoding e = {job->q.format, job->q.scale, job->q.eps};
+    mlaf_ref_gemm_encode_row(&e, row, job->K, data, scale_f32, scale_byte);
+}

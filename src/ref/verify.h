@@ -154,7 +154,7 @@ typedef struct mlaf_verify_case {
                                   entries out of [0, E), repeated entries) */
     /* rms_norm_quant (docs/gemm_formats.md; eps: cfg.rms_norm_eps, or 1e-6 when it is 0; in_place: y is
      * x; strided: padded rows, odd offsets, wider scale strides) */
-    int64_t hidden;            /* K (0: 7168) */
+    int64_t hidden;            /* K (0: 7168); gemm_quant's too (its q_* and strided below) */
     mlaf_gemm_format q_format; /* the quantized output (NONE: none) */
     mlaf_gemm_scale q_scale;
     float q_eps;               /* its eps (0: the default) */
@@ -216,6 +216,12 @@ void mlaf_ref_index_row(const double *x, const double *w, const double *b, doubl
  * step. */
 mlaf_status mlaf_verify_rms_norm_quant(mlaf_context *ctx, const mlaf_verify_case *c,
                                        mlaf_verify_result *r);
+/* gemm_quant (verify_gemm_quant.c): x of c->hidden values a row (c->dtype; NaN, infinities,
+ * subnormal and zero rows among them) quantized into c->q_format / c->q_scale / c->q_eps, every byte
+ * the encoder's of the row as stored (values, scales, the packed layout's zero bytes), decoding
+ * within half an e4m3 step, everything else untouched; strided: padded x rows and odd offsets,
+ * wider scale strides. */
+mlaf_status mlaf_verify_gemm_quant(mlaf_context *ctx, const mlaf_verify_case *c, mlaf_verify_result *r);
 /* Dispatch by op. */
 mlaf_status mlaf_verify_op(mlaf_context *ctx, mlaf_op op, const mlaf_verify_case *c,
                            mlaf_verify_result *r);
@@ -265,6 +271,11 @@ void mlaf_ref_gemm_encode_row(const mlaf_gemm_encoding *e, const float *y, int64
 int64_t mlaf_ref_gemm_scale_offset(mlaf_gemm_format f, int64_t t, int64_t j, int64_t ld);
 /* How many formats of src/gemm_format.h have an encoder here (a test checks: all of them). */
 int mlaf_ref_gemm_encoder_count(void);
+/* gemm_quant's oracle (ref_gemm_format.c): row t of a validated job's x (host memory), its K values
+ * as stored into row[K], then encoded as mlaf_ref_gemm_encode_row does with the job's format,
+ * rounding and eps. */
+void mlaf_ref_gemm_quant_row(const mlaf_gemm_quant_job *job, int64_t t, float *row, uint8_t *data, float *scale_f32,
+                             uint8_t *scale_byte);
 
 /* ---- the oracle (float64, plain loops) ------------------------------------------------- */
 /* Dense outputs: q [T,Q] (NULL when Q == 0), k_nope [T,C], k_pe [T,R] (may be NULL). */

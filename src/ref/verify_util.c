@@ -241,6 +241,7 @@ mlaf_status mlaf_verify_op(mlaf_context *ctx, mlaf_op op, const mlaf_verify_case
     case MLAF_OP_MOE_GATE: return mlaf_verify_moe_gate(ctx, c, r);
     case MLAF_OP_INDEXER_Q: return mlaf_verify_indexer_q(ctx, c, r);
     case MLAF_OP_RMS_NORM_QUANT: return mlaf_verify_rms_norm_quant(ctx, c, r);
+    case MLAF_OP_GEMM_QUANT: return mlaf_verify_gemm_quant(ctx, c, r);
     default: return MLAF_ERR_INVALID_ARGUMENT;
     }
 }
