@@ -29,6 +29,8 @@
  * (not per model: the op has no model dims), against the dense op followed by a quantize pass.
  * --q-format given: split_qk_norm and mla_kv_cache write q_norm in that format instead of the dense q
  * (mlaf_row_quant), against the dense op followed by the same quantize pass.
+ * --op gemm_quant (bench_gemm_quant.c): x alone quantized into the --q-format, the same rows once per T,
+ * against the bench's own quantize pass over the same x.
  */
 #define _POSIX_C_SOURCE 200809L /* strcasecmp */
 #include <strings.h>
@@ -46,7 +48,8 @@ static void help(void) {
         "  --op NAME|all        split_qk_norm, mla_kv_cache, rope_q (models with rope; not NoPE ones),\n"
         "                       moe_gate (default all of these),\n"
         "                       indexer_q (models with a DSA indexer; timed against the same-run\n"
-        "                       copy only: no unfused chain), rms_norm_quant (--hidden, --q-format)\n"
+        "                       copy only: no unfused chain), rms_norm_quant (--hidden, --q-format),\n"
+        "                       gemm_quant (--hidden, --q-format: x quantized alone)\n"
         "  --preset NAME        model preset (default glm-4.7-flash; 'all' for every preset)\n"
         "  --config FILE        the model of a Hugging Face config.json instead of a preset\n"
         "  --sweep              the row layouts of the family instead: q_lora_rank 0, 512, 768, 1024,\n"
@@ -78,12 +81,12 @@ static void help(void) {
         "  --kv-scale X         fp8: the scale (default 1, what engines run without calibration)\n"
         "  --hash               moe_gate: the hash-routed router (mlaf_moe_gate_hash, DeepSeek-V4's\n"
         "                       first layers) instead of top-k: ids from a [129280, top_k] table\n"
-        "  --hidden N           rms_norm_quant's hidden size K (default 7168)\n"
-        "  --q-format NAME      rms_norm_quant's GEMM-input format: fp8_1x128, fp8_1x128_mn (default),\n"
-        "                       fp8_1x128_ue8m0, mxfp8, fp8_1x128_cm, or none (dense only; the chain is\n"
-        "                       then the residual add and the RMSNorm as two passes). Given, it also\n"
-        "                       makes split_qk_norm and mla_kv_cache write q_norm in that format only\n"
-        "                       (their chain: the dense op, then a quantize pass over q)\n"
+        "  --hidden N           rms_norm_quant's and gemm_quant's K (default 7168)\n"
+        "  --q-format NAME      their GEMM-input format: fp8_1x128, fp8_1x128_mn (default),\n"
+        "                       fp8_1x128_ue8m0, mxfp8, fp8_1x128_cm, or none (rms_norm_quant dense only;\n"
+        "                       the chain is then the residual add and the RMSNorm as two passes). Given,\n"
+        "                       it also makes split_qk_norm and mla_kv_cache write q_norm in that format\n"
+        "                       only (their chain: the dense op, then a quantize pass over q)\n"
         "  --q-scale NAME       its scale rounding: f32, ue8m0, mx_floor, mx_ceil (default: the\n"
         "                       format's first: f32, ue8m0 for fp8_1x128_ue8m0, mx_floor for mxfp8)\n"
         "  --indexer            mla_kv_cache with the DSA indexer key branch (docs/dsa.md; models with\n"
@@ -102,7 +105,8 @@ static void help(void) {
 /* ---- the op registry: every op the bench times, in the order of its rows --------------------- */
 static const bench_op_def *const bench_ops[] = {&bench_split_qk_norm_def, &bench_mla_kv_cache_def,
                                                 &bench_rope_q_def,        &bench_moe_gate_def,
-                                                &bench_indexer_q_def,     &bench_rms_norm_quant_def};
+                                                &bench_indexer_q_def,     &bench_rms_norm_quant_def,
+                                                &bench_gemm_quant_def};
 #define N_BENCH_OPS ((int)(sizeof bench_ops / sizeof bench_ops[0]))
 
 
@@ -233,6 +237,8 @@ int cmd_bench(int argc, char **argv) {
     if (q_fmt != MLAF_GEMM_NONE && hidden % q_row->group != 0)
         return cli_usage_error("bench", "--hidden %lld: expected a multiple of %d for --q-format %s", hidden,
                                (int)q_row->group, q_row->name);
+    if (q_fmt == MLAF_GEMM_NONE && want_op[MLAF_OP_GEMM_QUANT] && !op_all)
+        return cli_usage_error("bench", "--op gemm_quant: --q-format none has nothing to write (name a format)");
     const mlaf_kv_format_info *fmt_row = &mlaf_kv_formats[co.fmt];
     if ((fmt_row->flags & MLAF_KVF_BF16_LATENT) && dt != MLAF_BF16 && want_op[MLAF_OP_MLA_KV_CACHE])
         return cli_usage_error("bench", "--cache %s needs --dtype bf16 (its rope values are bf16; got %s)",
@@ -383,9 +389,9 @@ int cmd_bench(int argc, char **argv) {
             printf(" --tile-scale %s", tile_scale_names[co.tile_scale]);
         if (co.show && (fmt_row->flags & MLAF_KVF_SCALE) && co.kv_scale != 1.0) printf(" --kv-scale %g", co.kv_scale);
         if (indexer) printf(" --indexer");
-        if (want_op[MLAF_OP_RMS_NORM_QUANT])
+        if (want_op[MLAF_OP_RMS_NORM_QUANT] || want_op[MLAF_OP_GEMM_QUANT])
             printf(" --hidden %lld", hidden);
-        if (want_op[MLAF_OP_RMS_NORM_QUANT] || q_fmt_set)
+        if (want_op[MLAF_OP_RMS_NORM_QUANT] || want_op[MLAF_OP_GEMM_QUANT] || q_fmt_set)
             printf(" --q-format %s%s%s", q_row->name, q_fmt ? " --q-scale " : "",
                    q_fmt ? mlaf_gemm_scale_name((mlaf_gemm_scale)q_scale) : "");
         printf(" --tokens ");
@@ -412,7 +418,12 @@ int cmd_bench(int argc, char **argv) {
             const bench_op_def *def = bench_ops[d];
             const int oi = (int)def->op;
             if (!want_op[oi]) continue;
-            if (def->op == MLAF_OP_RMS_NORM_QUANT && m > 0) continue; /* no model dims: its rows once */
+            const int no_dims = def->op == MLAF_OP_RMS_NORM_QUANT || def->op == MLAF_OP_GEMM_QUANT;
+            if (no_dims && m > 0) continue; /* no model dims: its rows once */
+            if (def->op == MLAF_OP_GEMM_QUANT && q_fmt == MLAF_GEMM_NONE) { /* --op all --q-format none */
+                fprintf(json ? stderr : stdout, "# gemm_quant skipped: --q-format none\n");
+                continue;
+            }
             const char *why = def->skip_note && def->skip ? def->skip(&models[m], tails[m]) : NULL;
             if (why) { /* one note line for the model, instead of a skipped row per T */
                 fprintf(json ? stderr : stdout, "# %s skipped: %s %s %s\n", mlaf_op_name(def->op),
@@ -426,7 +437,7 @@ int cmd_bench(int argc, char **argv) {
                 snprintf(r->model, sizeof r->model, "%.55s%s", models[m].name,
                          indexer && r->op == MLAF_OP_MLA_KV_CACHE ? "+indexer" : "");
                 const int row_q = q_fmt_set && q_fmt && (r->op == MLAF_OP_SPLIT_QK_NORM || r->op == MLAF_OP_MLA_KV_CACHE);
-                if (r->op == MLAF_OP_RMS_NORM_QUANT) /* the hidden size and the format name the row */
+                if (no_dims) /* the hidden size and the format name the row */
                     snprintf(r->model, sizeof r->model, "k%lld/%s%s%s", hidden, q_row->name, q_fmt ? "/" : "",
                              q_fmt ? mlaf_gemm_scale_name((mlaf_gemm_scale)q_scale) : "");
                 else if (row_q) /* q written quantized: the format names the row */
@@ -474,7 +485,7 @@ int cmd_bench(int argc, char **argv) {
                 o.indexer = indexer && r->op == MLAF_OP_MLA_KV_CACHE;
                 o.tile_scale = co.tile_scale;
                 o.hidden = hidden;
-                o.q_fmt = r->op == MLAF_OP_RMS_NORM_QUANT || row_q ? q_fmt : MLAF_GEMM_NONE;
+                o.q_fmt = no_dims || row_q ? q_fmt : MLAF_GEMM_NONE;
                 o.q_scale = (mlaf_gemm_scale)q_scale;
                 o.kv_scale = (float)co.kv_scale;
                 err[0] = '\0';

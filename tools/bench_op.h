@@ -30,7 +30,8 @@ enum {
     S_QD, S_KVD, S_KN, S_KP, S_GATHER, S_S, S_C, S_G, S_M, S_W,
     B_IK, B_IW, B_IB, B_ICACHE, S_IKD, /* --indexer: the DSA indexer key branch of mla_kv_cache */
     B_IQ, B_IQW, B_IQF, B_IQWO,        /* indexer_q: q_idx, head weights, q_fp8, w_out */
-    B_RX, B_RRES, B_RW, B_RY, B_QD, B_QS, /* rms_norm_quant: x, residual, weight, y, q's data, scales */
+    B_RX, B_RRES, B_RW, B_RY, B_QD, B_QS, /* rms_norm_quant: x, residual, weight, y, q's data, scales;
+                                             gemm_quant: x, q's data, scales */
     B_COUNT
 };
 
@@ -65,9 +66,10 @@ typedef struct bench_op {
     int64_t rec_bytes;          /* bytes of one token's cache record */
     int indexer;                /* --indexer: mla_kv_cache with the DSA indexer key branch */
     mlaf_indexer_params ip;
-    int64_t hidden;             /* rms_norm_quant: K (--hidden); split_qk_norm / mla_kv_cache: Q under --q-format */
-    mlaf_gemm_format q_fmt;     /* rms_norm_quant, split_qk_norm, mla_kv_cache: the quantized output (--q-format;
-                                   NONE: dense only) */
+    int64_t hidden;             /* rms_norm_quant, gemm_quant: K (--hidden); split_qk_norm / mla_kv_cache: Q
+                                   under --q-format */
+    mlaf_gemm_format q_fmt;     /* rms_norm_quant, gemm_quant, split_qk_norm, mla_kv_cache: the quantized
+                                   output (--q-format; NONE: dense only) */
     mlaf_gemm_scale q_scale;    /* its rounding (--q-scale) */
     int64_t q_ld;               /* its scales' leading stride */
     bbuf b[B_COUNT];
@@ -112,7 +114,7 @@ typedef struct bench_op_def {
 } bench_op_def;
 
 extern const bench_op_def bench_split_qk_norm_def, bench_mla_kv_cache_def, bench_rope_q_def,
-    bench_moe_gate_def, bench_indexer_q_def, bench_rms_norm_quant_def;
+    bench_moe_gate_def, bench_indexer_q_def, bench_rms_norm_quant_def, bench_gemm_quant_def;
 
 /* ---- bench_core.c ----------------------------------------------------------------------------- */
 void *P(bench_op *o, int id, int set);

@@ -86,6 +86,10 @@ const char *cli_score_text(const mlaf_model_config *cfg);
 void verify_rms_norm_quant(mlaf_context *ctx, const int64_t *hidden, int nh, const mlaf_dtype *dts, int ndt,
                            const int64_t *tokens, int ntok, uint64_t seed, float eps, int *passed, int *failed,
                            int *skipped);
+/* `verify --op gemm_quant` (verify_gemm_quant.c): every format and rounding for every hidden size,
+ * dtype and token count, one line each, counted into passed / failed / skipped. */
+void verify_gemm_quant(mlaf_context *ctx, const int64_t *hidden, int nh, const mlaf_dtype *dts, int ndt,
+                       const int64_t *tokens, int ntok, uint64_t seed, int *passed, int *failed, int *skipped);
 
 /* ---- commands ------------------------------------------------------------------------------ */
 int cmd_presets(int argc, char **argv);

@@ -21,6 +21,9 @@
  *   rms_norm_quant every --hidden size (default 2048, 7168) x dtype x T: dense only and every
  *                  GEMM-input format in each rounding (verify_rms_norm_quant.c); its own token counts
  *                  by default (0,1,7,64,257,4099), once per backend whatever the models
+ *   gemm_quant     every --hidden size x dtype x T: every GEMM-input format in each rounding, contiguous
+ *                  and strided in turn (verify_gemm_quant.c); the tokens and the once-per-backend rule of
+ *                  rms_norm_quant
  *   moe_gate       contiguous | strided with the score output | NaN / inf logits; with
  *                  --preset all also the router shapes engines get wrong (E = 160 softmax
  *                  group max, E = 384, E = 2048, 64 experts in one group, top_k 16 / 32,
@@ -48,7 +51,7 @@ static void help(void) {
         "\n"
         "  --backend cpu|cuda|all   backends to check (default all: cpu, and cuda when a GPU is visible)\n"
         "  --op NAME|all            split_qk_norm, mla_kv_cache, rope_q, moe_gate, indexer_q,\n"
-        "                           rms_norm_quant (default all)\n"
+        "                           rms_norm_quant, gemm_quant (default all)\n"
         "  --preset NAME|all        model preset (default all; see mlafuse presets)\n"
         "  --config FILE            the model of a Hugging Face config.json instead of the presets\n"
         "  --sweep                  the row layouts of the family instead: q_lora_rank 0 .. 3072 x\n"
@@ -62,7 +65,7 @@ static void help(void) {
         "  --indexer                mla_kv_cache with the DSA indexer key branch (docs/dsa.md) instead:\n"
         "                           models with rope 64, the caches of --cache (default plain), each x\n"
         "                           four indexer settings (rope style, Hadamard, scale, layout)\n"
-        "  --hidden LIST            rms_norm_quant's hidden sizes K (default 2048,7168; its tokens\n"
+        "  --hidden LIST            rms_norm_quant's and gemm_quant's K (default 2048,7168; their tokens\n"
         "                           default to 0,1,7,64,257,4099), e.g. 7168,16384\n"
         "  --seed N                 random seed of the inputs (default 1)\n"
         "\n"
@@ -548,7 +551,7 @@ static void run_v4(mlaf_context *ctx, mlaf_op op, const mlaf_model_config *cfg, 
 int cmd_verify(int argc, char **argv) {
     int want_backend[MLAF_BACKEND_COUNT_] = {1, 1};
     int backend_explicit = 0;
-    int want_op[MLAF_OP_COUNT_] = {1, 1, 1, 1, 1, 1};
+    int want_op[MLAF_OP_COUNT_] = {1, 1, 1, 1, 1, 1, 1};
     const char *preset = NULL, *config = NULL;
     int64_t hidden[CLI_MAX_LIST] = {2048, 7168};
     int nhidden = 2;
@@ -684,6 +687,11 @@ int cmd_verify(int argc, char **argv) {
                                       tokens_given ? ntok : 6, (uint64_t)seed * 1000003u + 0x9a7u,
                                       models[0].rms_norm_eps > 0.0f ? models[0].rms_norm_eps : 1e-6f, &n.passed,
                                       &n.failed, &n.skipped);
+                continue;
+            }
+            if (op == MLAF_OP_GEMM_QUANT) { /* as rms_norm_quant: once per backend */
+                verify_gemm_quant(ctx, hidden, nhidden, dts, ndt, tokens_given ? tokens : rnq_tokens, tokens_given ? ntok : 6,
+                                  (uint64_t)seed * 1000003u + 0x6a1u, &n.passed, &n.failed, &n.skipped);
                 continue;
             }
             /* models whose kv carries the rope (DeepSeek-V4): their own attention cases (run_v4);
