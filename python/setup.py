@@ -134,7 +134,8 @@ def torch_extension():
     sources = [os.path.join("csrc", f) for f in ("mlafuse_torch.cpp", "mlafuse_torch_mla.cpp",
                                                  "mlafuse_torch_moe.cpp",
                                                  "mlafuse_torch_norm.cpp",
-                                                 "mlafuse_torch_rowq.cpp")]  # + mlafuse_torch.h
+                                                 "mlafuse_torch_rowq.cpp",
+                                                 "mlafuse_torch_gemm_quant.cpp")]  # + mlafuse_torch.h
     ext = CppExtension(TORCH_EXT_NAME, sources,
                        include_dirs=[os.path.join(ROOT, "include")],
                        extra_compile_args=["-O2", "-g0", "-fvisibility=hidden"], libraries=["dl"],

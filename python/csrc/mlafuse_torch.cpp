@@ -178,7 +178,9 @@ using namespace mlafuse_torch;  // the kernels and the entry points, for the reg
     m.impl("moe_gate", &moe_gate);                             \
     m.impl("moe_gate_out", &moe_gate_out);                     \
     m.impl("moe_gate_hash", &moe_gate_hash);                   \
-    m.impl("moe_gate_hash_out", &moe_gate_hash_out)
+    m.impl("moe_gate_hash_out", &moe_gate_hash_out);           \
+    m.impl("gemm_quant", &gemm_quant);                         \
+    m.impl("gemm_quant_out", &gemm_quant_out)
 
 TORCH_LIBRARY_IMPL(mlafuse, CPU, m) { MLAFUSE_IMPLS(m); }
 TORCH_LIBRARY_IMPL(mlafuse, CUDA, m) { MLAFUSE_IMPLS(m); }
@@ -224,6 +226,9 @@ MLAFUSE_TORCH_EXPORT int mlafuse_torch_init(const char *path, char *err, size_t 
     MLAF_SYM(split_qk_norm_quant, mlaf_split_qk_norm_quant)
     MLAF_SYM(mla_kv_cache_quant, mlaf_mla_kv_cache_quant)
     MLAF_SYM(mla_kv_cache_dsa_quant, mlaf_mla_kv_cache_dsa_quant)
+    MLAF_SYM(gemm_quant, mlaf_gemm_quant)
+    MLAF_SYM(gemm_format_group, mlaf_gemm_format_group)
+    MLAF_SYM(gemm_scales_shape, mlaf_gemm_scales_shape)
 #undef MLAF_SYM
     if (missing) return say(std::string(path) + " has no symbol " + missing);
     if (a.version_number() != MLAF_VERSION_NUMBER)

@@ -1,9 +1,10 @@
 // mlafuse_torch.h — what the files of the torch extension share (python/csrc/): the library's
 // entry points (taken from the loaded libmlafuse, mlafuse_torch.cpp), errors, the contexts,
 // views of tensors, and the op kernels that mlafuse_torch.cpp registers. The kernels live in
-// mlafuse_torch_mla.cpp (split_qk_norm, mla_kv_cache, mla_kv_cache_dsa, indexer_q, rope_q) and
-// mlafuse_torch_moe.cpp (moe_gate, moe_gate_hash); mlafuse_torch_norm.cpp holds rms_norm_quant's
-// kernels and mlafuse_torch_rowq.cpp the row ops' quantized forms, each registering its own. See
+// mlafuse_torch_mla.cpp (split_qk_norm, mla_kv_cache, mla_kv_cache_dsa, indexer_q, rope_q),
+// mlafuse_torch_moe.cpp (moe_gate, moe_gate_hash) and mlafuse_torch_gemm_quant.cpp (gemm_quant);
+// mlafuse_torch_norm.cpp holds rms_norm_quant's kernels and mlafuse_torch_rowq.cpp the row ops'
+// quantized forms, each registering its own. See
 // mlafuse_torch.cpp for the whole design.
 #pragma once
 
@@ -59,6 +60,10 @@ struct Api {
     decltype(&mlaf_split_qk_norm_quant) split_qk_norm_quant;
     decltype(&mlaf_mla_kv_cache_quant) mla_kv_cache_quant;
     decltype(&mlaf_mla_kv_cache_dsa_quant) mla_kv_cache_dsa_quant;
+    // gemm_quant (mlafuse_torch_gemm_quant.cpp)
+    decltype(&mlaf_gemm_quant) gemm_quant;
+    decltype(&mlaf_gemm_format_group) gemm_format_group;
+    decltype(&mlaf_gemm_scales_shape) gemm_scales_shape;
 };
 
 // The entry points once mlafuse_torch_init has taken them; the settings every thread follows
@@ -333,5 +338,11 @@ void moe_gate_hash_out(const at::Tensor &logits, const at::Tensor &tid2eid,
                        int64_t n_group, int64_t topk_group, int64_t score_func,
                        int64_t group_score, bool renormalize, double routed_scaling_factor,
                        bool apply_routed_scaling, double eps, int64_t n_shared_experts);
+
+// gemm_quant (mlafuse_torch_gemm_quant.cpp)
+std::tuple<at::Tensor, at::Tensor> gemm_quant(const at::Tensor &x, int64_t q_format, int64_t q_scale,
+                                              double q_eps);
+void gemm_quant_out(const at::Tensor &x, const at::Tensor &q_data, const at::Tensor &q_scales, int64_t q_format,
+                    int64_t q_scale, double q_eps);
 
 }  // namespace mlafuse_torch

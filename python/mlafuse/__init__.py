@@ -14,6 +14,7 @@ ctypes (BINDING == "ctypes"); MLAFUSE_BINDING=auto|ext|ctypes chooses.
     weights, ids = mlafuse.moe_gate(logits, bias, config="glm-4.7-flash")
     weights, ids = mlafuse.moe_gate_hash(logits, tid2eid, token_ids, config="deepseek-v4-flash")
     y, q, s = mlafuse.rms_norm_quant(x, w, residual=r, q_format="fp8_1x128_mn")  # numpy
+    q, s = mlafuse.gemm_quant(attn_out, q_format="fp8_1x128")   # the quantize before o_proj
 
 numpy arrays run on the CPU backend; torch tensors on the backend of their device (CUDA: the
 tensor's device and torch's current stream there). The library is found at
@@ -28,6 +29,7 @@ from .ops import (
     backend_available,
     backend_supports,
     find_preset,
+    gemm_quant,
     get_num_threads,
     mla_kv_cache,
     moe_gate,
@@ -52,5 +54,5 @@ __all__ = [
     "MlafError", "KVCache", "Preset", "backend_available", "backend_supports", "find_preset",
     "get_num_threads", "library_path", "mla_kv_cache", "moe_gate", "presets", "rms_norm_quant", "rope_q",
     "rope_table", "set_cuda_pdl", "set_num_threads", "split_qk_norm", "version", "version_number", "HAS_TORCH",
-    "BINDING", "indexer_params", "indexer_q", "mla_kv_cache_dsa",
+    "BINDING", "indexer_params", "indexer_q", "mla_kv_cache_dsa", "gemm_quant",
 ]

@@ -379,3 +379,18 @@ def moe_params(top_k, n_group, topk_group, score_func, group_score, renormalize,
     return params(L.MoeGateParams, int(top_k), int(n_group), int(topk_group), int(score_func),
                   int(group_score), int(bool(renormalize)), float(routed_scaling_factor),
                   int(bool(apply_routed_scaling)), float(eps), int(n_shared_experts))
+
+
+# ---- gemm_quant (docs/gemm_formats.md) -------------------------------------------------------
+def run_gemm_quant(ctx, x, q_format, q_scale, q_data, q_scales, q_eps=0.0):
+    """mlaf_gemm_quant: x quantized into q_format; q_scales is the library's view of the scales
+    (the MN-major layouts: [groups, T] with stride (ld, 1))."""
+    q = L.GemmOut()
+    q.format = _enum_arg(q_format, "q.format")
+    q.scale = _enum_arg(q_scale, "q.scale")
+    q.eps = float(q_eps)
+    for field, v in (("data", q_data), ("scales", q_scales)):
+        if v is not None:
+            setattr(q, field, ctypes.pointer(v))
+    ctx.check(L.mlaf_gemm_quant(ctx.ptr, byref(x), ctypes.byref(q)))
+

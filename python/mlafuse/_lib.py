@@ -15,6 +15,7 @@ F32, F16, BF16, I32, I64, U8, FP8_E4M3 = 0, 1, 2, 3, 4, 5, 6
 BACKEND_CPU, BACKEND_CUDA = 0, 1
 SCORE_SIGMOID, SCORE_SOFTMAX, SCORE_SQRT_SOFTPLUS = 0, 1, 2
 OP_SPLIT_QK_NORM, OP_MLA_KV_CACHE, OP_ROPE_Q, OP_MOE_GATE, OP_INDEXER_Q, OP_RMS_NORM_QUANT = 0, 1, 2, 3, 4, 5
+OP_GEMM_QUANT = 6
 INDEX_SCALE_UE8M0, INDEX_SCALE_F32 = 0, 1       # mlaf_index_scale
 GROUP_TOP2_SUM, GROUP_MAX = 0, 1
 ROPE_INTERLEAVED, ROPE_NEOX = 0, 1
@@ -333,6 +334,7 @@ mlaf_mla_kv_cache_quant = _proto("mlaf_mla_kv_cache_quant", ctypes.c_int, _ctx_p
 mlaf_mla_kv_cache_dsa_quant = _proto("mlaf_mla_kv_cache_dsa_quant", ctypes.c_int, _ctx_p, _P(MlaKvCacheParams),
                                      _T, _T, _T, _T, _T, _T, _P(KvCacheDesc), _T, _T, _T, _T,
                                      _P(IndexerParams), _P(IndexerK), _P(RowQuant))
+mlaf_gemm_quant = _proto("mlaf_gemm_quant", ctypes.c_int, _ctx_p, _T, _P(GemmOut))
 # The GEMM-input formats and scale roundings by name, read from the library's table (format 0 is
 # "none"; the values are consecutive).
 GEMM_FORMATS = {}

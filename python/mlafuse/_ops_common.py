@@ -102,6 +102,7 @@ def version_number() -> int:
 _BACKENDS = {"cpu": L.BACKEND_CPU, "cuda": L.BACKEND_CUDA}
 _OPS = {"split_qk_norm": L.OP_SPLIT_QK_NORM, "mla_kv_cache": L.OP_MLA_KV_CACHE,
         "rope_q": L.OP_ROPE_Q, "moe_gate": L.OP_MOE_GATE, "rms_norm_quant": L.OP_RMS_NORM_QUANT}
+_OPS["gemm_quant"] = L.OP_GEMM_QUANT
 
 
 def backend_available(backend: str) -> bool:
@@ -112,7 +113,7 @@ def backend_available(backend: str) -> bool:
 
 def backend_supports(backend: str, op: str) -> bool:
     """True when the backend implements the op ("split_qk_norm", "mla_kv_cache", "rope_q",
-    "moe_gate", "rms_norm_quant")."""
+    "moe_gate", "rms_norm_quant", "gemm_quant")."""
     return bool(L.mlaf_backend_supports(_enum(backend, _BACKENDS, "backend"),
                                         _enum(op, _OPS, "op")))
 

@@ -197,3 +197,14 @@ SCHEMAS = {
         f"{_RQ_P}, int index_copies=1, int index_copy_stride=0, {_kv_fmt('m', 'n', False)}) "
         "-> ()"),
 }
+
+# gemm_quant (docs/gemm_formats.md) -> (q_data [T, K] float8_e4m3fn, q_scales as engines hold
+# them: [T, cols], the MN-major formats with strides (1, ld)); q_format / q_scale are the codes of
+# mlaf_gemm_format / mlaf_gemm_scale. The _out form writes the given q_data (uint8 too) and
+# q_scales (the same layouts).
+SCHEMAS.update({
+    "gemm_quant": "gemm_quant(Tensor x, int q_format, int q_scale, float q_eps=0.0) -> (Tensor, Tensor)",
+    "gemm_quant_out": (
+        "gemm_quant_out(Tensor x, Tensor(a!) q_data, Tensor(b!) q_scales, int q_format, int q_scale, "
+        "float q_eps=0.0) -> ()"),
+})

@@ -525,6 +525,43 @@ _register("rms_norm_quant_inplace", _rnq_inplace, _nothing)
 from . import _torch_ops_rowq  # noqa: E402,F401
 
 
+# ---- gemm_quant (docs/gemm_formats.md) ---------------------------------------------------------
+# q_scales in the orientation engines hold them, allocated and transposed for the library as
+# rms_norm_quant's are (rnq_scales_layout, _RNQ_MN above): the same layouts, the same strides.
+def gemm_quant_alloc(x, q_format):
+    """The outputs gemm_quant allocates for x: q_data [T, K] float8_e4m3fn and the format's scales
+    (the fake implementation uses it too)."""
+    T = _T(x)
+    K = x.shape[1] if x.dim() >= 2 else 0
+    return x.new_empty((T, K), dtype=torch.float8_e4m3fn), rnq_alloc_scales(x, T, K, q_format)
+
+
+def _gq_lib_scales(q_scales, q_format):
+    """The library's view of engine-layout scales: the transpose for the MN-major formats."""
+    return q_scales.t() if int(q_format) in _RNQ_MN and q_scales.dim() == 2 else q_scales
+
+
+def _gq_out(x, q_data, q_scales, q_format, q_scale, q_eps=0.0):
+    d = x.device
+    lib = _gq_lib_scales(q_scales, q_format) if q_scales is not None else None
+    _core.run_gemm_quant(_context(d), _view(x, "x", d), q_format, q_scale, _view(q_data, "q.data", d),
+                         _view(lib, "q.scales", d), q_eps)
+
+
+def _gq_impl(x, q_format, q_scale, q_eps=0.0):
+    q_data, q_scales = gemm_quant_alloc(x, q_format)
+    _gq_out(x, q_data, q_scales, q_format, q_scale, q_eps)
+    return q_data, q_scales
+
+
+def _gq_fake(x, q_format, q_scale, q_eps=0.0):
+    return gemm_quant_alloc(x, q_format)
+
+
+_register("gemm_quant", _gq_impl, _gq_fake)
+_register("gemm_quant_out", _gq_out, _nothing)
+
+
 # ---- choosing and registering a binding ----------------------------------------------------
 _PKG_DIR = os.path.dirname(os.path.abspath(__file__))
 

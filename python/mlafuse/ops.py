@@ -10,7 +10,7 @@ raises MlafError carrying the library's message and writes nothing. A KV cache a
 travel as one KVCache (or as the tensor and the format keywords).
 
 The ops live in one module each (_ops_split_qk_norm, _ops_mla_kv_cache, _ops_rope_q, _ops_moe_gate,
-_ops_rms_norm_quant;
+_ops_rms_norm_quant, _ops_gemm_quant;
 indexer_q and mla_kv_cache_dsa in indexer), what they share in _ops_common (and what the row
 ops' quantized outputs share in _ops_row_quant); every name is re-exported here, so mlafuse.ops.X
 is what it was.
@@ -31,6 +31,7 @@ from ._ops_mla_kv_cache import (_KV_FORMATS, _KV_FORMATS_NOT_SUPPORTED, _TILE_SC
                                 KVCache, _cache_args, mla_kv_cache)
 from ._ops_rope_q import rope_q
 from ._ops_rms_norm_quant import GEMM_FORMATS, GEMM_SCALES, gemm_scales_shape, rms_norm_quant
+from ._ops_gemm_quant import gemm_quant
 from ._ops_moe_gate import (_gate_params, _gate_args, _GATE_ARGS, _gate_args_cached, _gate_args_store,
                             moe_gate, moe_gate_hash)
 
