@@ -752,3 +752,8 @@ from ._compat_norm_quant import (fused_add_rmsnorm_fp8_block_quant,  # noqa: E40
 
 __all__ += ["rms_norm_per_block_quant", "rms_norm_per_block_quant_op",
             "fused_add_rmsnorm_fp8_block_quant"]
+
+# ---- SGLang's per-token-group fp8 quantize (_compat_sglang_quant.py) ---------------------------------
+from ._compat_sglang_quant import per_token_group_quant_fp8, sglang_per_token_group_quant_fp8  # noqa: E402
+
+__all__ += ["sglang_per_token_group_quant_fp8", "per_token_group_quant_fp8"]
