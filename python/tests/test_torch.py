@@ -337,6 +337,7 @@ def test_opcheck(device):
     norm_ops = {"rms_norm_quant", "rms_norm_quant_out", "rms_norm_quant_inplace"}
     rowq_ops = {o + s for o in ("split_qk_norm_quant", "mla_kv_cache_quant",
                                 "mla_kv_cache_dsa_quant") for s in ("", "_out")}
+    norm_ops |= {"gemm_quant", "gemm_quant_out"}  # checked in test_gemm_quant
     assert {op._qualified_op_name.split("::")[1] for op, _ in cases} == set(
         _torch_ops.SCHEMAS) - indexer_ops - norm_ops - rowq_ops, \
         "every op is checked (the indexer's in test_torch_indexer, rms_norm_quant's in " \
