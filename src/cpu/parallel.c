@@ -2,13 +2,18 @@
  * parallel.c — the CPU backend's worker pool and parallel-for (the rule: parallel.h).
  *
  * One pool per context, created on the first call that uses more than one thread: workers
- * 1 .. threads-1 (pthreads), the caller is participant 0. A call publishes its description,
- * then the claim word (generation << 32 | next chunk) with release; every participant claims
- * chunks by compare-and-swap on that word, so a claim names its call: a worker that read an old
- * generation fails its CAS and never runs a chunk of a later call. The caller claims like the
- * others and, when none is left, waits only for the chunks others hold (their count `done`):
- * a worker that has not started holds nothing. Workers spin briefly after a call, then sleep on
- * a futex (Linux; elsewhere they poll with sched_yield) until the next generation.
+ * 1 .. threads-1 (pthreads), the caller is participant 0. A call's chunks are cut into nt
+ * contiguous home ranges, one per participant (range q: chunks [q n / nt, (q + 1) n / nt)), each
+ * with its claim word (generation << 32 | next chunk of the range) on a line of its own. A call
+ * publishes its description, then the claim words with release; a participant claims the chunks
+ * of its own range in order by compare-and-swap on its word, then those left in the others'
+ * ranges (the next ones after it first), so a claim names its call: a worker that read an old
+ * generation fails its CAS and never runs a chunk of a later call. On an idle machine every
+ * thread streams one contiguous part of the rows (as a static split does); on a busy one a
+ * worker that wakes late finds its range taken: the caller claims like the others and, when none
+ * is left, waits only for the chunks others hold (their count `done`). Workers spin briefly after
+ * a call, then sleep on a futex (Linux; elsewhere they poll with sched_yield) until the next
+ * generation.
  *
  * The description fields are atomics read relaxed: a late worker may read a newer call's fields
  * while it still holds an older generation, but then its CAS fails and it discards them; a CAS
@@ -74,9 +79,15 @@ typedef struct worker_arg {
     uint32_t seen; /* the generation current when it was created */
 } worker_arg;
 
+/* A home range's claim word: generation << 32 | its next chunk; its end. One line each. */
+typedef struct home_range {
+    _Alignas(64) _Atomic uint64_t claim;
+    _Atomic uint32_t end;
+} home_range;
+
 struct mlaf_cpu_pool {
     /* written by the caller, one line each so claims and completions do not share a line */
-    _Alignas(64) _Atomic uint64_t claim; /* generation << 32 | next chunk */
+    home_range range[MLAF_MAX_THREADS];  /* the current call's nt home ranges */
     _Alignas(64) _Atomic uint32_t done;  /* chunks finished in the current call */
     _Atomic uint32_t waiting;            /* the caller sleeps on `done` */
     _Alignas(64) _Atomic uint32_t gen;   /* the current call's generation: workers sleep on it */
@@ -90,22 +101,27 @@ struct mlaf_cpu_pool {
     _Atomic int nt;
     _Atomic int64_t sum;
     int nworkers;
+    int last_nt; /* the previous call's home ranges (the caller's own field) */
     pthread_t th[MLAF_MAX_THREADS];
     worker_arg wa[MLAF_MAX_THREADS];
 };
 
-/* Claims and runs chunks of generation g as participant `me` until none is left. */
-static void run_chunks(mlaf_cpu_pool *p, uint32_t g, int me) {
-    uint64_t c = atomic_load_explicit(&p->claim, memory_order_acquire);
+/* Claims and runs the chunks of home range q of generation g as participant `me` until none is
+ * left there; returns 0 when the call is over for `me` (a later generation, or me not in it). */
+static int run_range(mlaf_cpu_pool *p, uint32_t g, int me, int q) {
+    home_range *r = &p->range[q];
+    uint64_t c = atomic_load_explicit(&r->claim, memory_order_acquire);
     for (;;) {
-        if ((uint32_t)(c >> 32) != g) return;
-        const uint32_t i = (uint32_t)c, n = atomic_load_explicit(&p->nchunks, memory_order_relaxed);
-        if (i >= n || me >= atomic_load_explicit(&p->nt, memory_order_relaxed)) return;
+        if ((uint32_t)(c >> 32) != g) return 0;
+        const uint32_t i = (uint32_t)c, end = atomic_load_explicit(&r->end, memory_order_relaxed);
+        if (me >= atomic_load_explicit(&p->nt, memory_order_relaxed)) return 0;
+        if (i >= end) return 1;
+        const uint32_t n = atomic_load_explicit(&p->nchunks, memory_order_relaxed);
         const mlaf_cpu_range_fn fn = atomic_load_explicit(&p->fn, memory_order_relaxed);
         void *arg = atomic_load_explicit(&p->arg, memory_order_relaxed);
         const int64_t items = atomic_load_explicit(&p->items, memory_order_relaxed);
         const int64_t chunk = atomic_load_explicit(&p->chunk, memory_order_relaxed);
-        if (!atomic_compare_exchange_weak_explicit(&p->claim, &c, c + 1, memory_order_acq_rel,
+        if (!atomic_compare_exchange_weak_explicit(&r->claim, &c, c + 1, memory_order_acq_rel,
                                                    memory_order_acquire))
             continue; /* c reloaded: another claim, or a later call */
         const int64_t lo = (int64_t)i * chunk, hi = lo + chunk < items ? lo + chunk : items;
@@ -113,8 +129,16 @@ static void run_chunks(mlaf_cpu_pool *p, uint32_t g, int me) {
         if (s) atomic_fetch_add_explicit(&p->sum, s, memory_order_relaxed);
         /* release: the chunk's stores and its count before the caller sees it finished */
         if (atomic_fetch_add(&p->done, 1) + 1 == n && atomic_load(&p->waiting)) futex_wake(&p->done, 1);
-        c = atomic_load_explicit(&p->claim, memory_order_acquire);
+        c = atomic_load_explicit(&r->claim, memory_order_acquire);
     }
+}
+
+/* Participant `me`'s part of generation g: its home range, then what is left of the others'. */
+static void run_chunks(mlaf_cpu_pool *p, uint32_t g, int me) {
+    const int nt = atomic_load_explicit(&p->nt, memory_order_relaxed);
+    if (me >= nt) return;
+    for (int k = 0; k < nt; k++)
+        if (!run_range(p, g, me, (me + k) % nt)) return;
 }
 
 static void *worker_main(void *v) {
@@ -147,7 +171,7 @@ static mlaf_cpu_pool *pool_get(mlaf_context *ctx, int want) {
         p = (mlaf_cpu_pool *)aligned_alloc(64, (sizeof *p + 63) / 64 * 64);
         if (!p) return NULL;
         memset((void *)p, 0, sizeof *p);
-        atomic_init(&p->claim, 0);
+        for (int q = 0; q < MLAF_MAX_THREADS; q++) atomic_init(&p->range[q].claim, 0), atomic_init(&p->range[q].end, 0);
         atomic_init(&p->done, 0);
         atomic_init(&p->waiting, 0);
         atomic_init(&p->gen, 0);
@@ -203,8 +227,13 @@ int64_t mlaf_cpu_parallel_for(const mlaf_context *cctx, int64_t items, int64_t b
     if ((items + chunk - 1) / chunk > UINT32_MAX / 2) chunk = (items + UINT32_MAX / 2 - 1) / (UINT32_MAX / 2);
     const uint32_t nchunks = (uint32_t)((items + chunk - 1) / chunk);
 
-    /* publish: the description, then the claim word (release), then the generation */
+    /* publish: the previous call's claim words closed under the new generation (a worker still in
+     * that call fails its CAS from here on, before it could pair an old word with this call's
+     * fields), the description, the claim words (release), then the generation */
     const uint32_t g = atomic_load_explicit(&p->gen, memory_order_relaxed) + 1;
+    for (int q = 0; q < p->last_nt; q++)
+        atomic_store_explicit(&p->range[q].claim, (uint64_t)g << 32 | UINT32_MAX, memory_order_seq_cst);
+    p->last_nt = nt;
     atomic_store_explicit(&p->fn, fn, memory_order_relaxed);
     atomic_store_explicit(&p->arg, arg, memory_order_relaxed);
     atomic_store_explicit(&p->items, items, memory_order_relaxed);
@@ -214,7 +243,12 @@ int64_t mlaf_cpu_parallel_for(const mlaf_context *cctx, int64_t items, int64_t b
     atomic_store_explicit(&p->sum, 0, memory_order_relaxed);
     atomic_store_explicit(&p->done, 0, memory_order_relaxed);
     atomic_store_explicit(&p->waiting, 0, memory_order_relaxed);
-    atomic_store_explicit(&p->claim, (uint64_t)g << 32, memory_order_release);
+    for (int q = 0; q < nt; q++) { /* the home ranges: contiguous, as even as the chunks allow */
+        const uint32_t s = (uint32_t)((uint64_t)nchunks * (uint64_t)q / (uint64_t)nt);
+        atomic_store_explicit(&p->range[q].end, (uint32_t)((uint64_t)nchunks * (uint64_t)(q + 1) / (uint64_t)nt),
+                              memory_order_relaxed);
+        atomic_store_explicit(&p->range[q].claim, (uint64_t)g << 32 | s, memory_order_release);
+    }
     atomic_store(&p->gen, g);
     if (atomic_load(&p->sleepers)) futex_wake(&p->gen, INT_MAX);
 

@@ -6,10 +6,12 @@
  *   - threads: 1 below 2 * MLAF_PAR_BYTES_PER_THREAD bytes (the calling thread runs the call
  *     alone: no wake-up, no barrier); above, one thread per MLAF_PAR_BYTES_PER_THREAD bytes,
  *     at most the context's count and at most one per chunk;
- *   - chunks: about MLAF_PAR_CHUNK_BYTES of work each (at least one item), claimed one at a
- *     time from a counter by whichever participant is free. The calling thread claims too and
- *     waits only for chunks another thread has already claimed, never for a thread that has not
- *     started: on a busy machine a worker that wakes late finds nothing left.
+ *   - chunks: about MLAF_PAR_CHUNK_BYTES of work each (at least one item), cut into one
+ *     contiguous home range per thread; each thread claims its own range's chunks in order, then
+ *     whatever is left of the others' (an idle machine streams contiguous parts, as a static split
+ *     does). The calling thread claims too and waits only for chunks another thread has already
+ *     claimed, never for a thread that has not started: on a busy machine a worker that wakes
+ *     late finds its range taken.
  */
 #ifndef MLAF_CPU_PARALLEL_H
 #define MLAF_CPU_PARALLEL_H
