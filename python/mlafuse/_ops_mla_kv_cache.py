@@ -380,18 +380,11 @@ def _mla_kv_cache_quant(latent, w_q, w_kv, positions, cos_sin, slot_mapping, kv_
                 res = (_quant_eager if eager else _op_quant)(
                     *ins, Q, C, R, eps_q, eps_kv, style, *args, return_q, return_k_nope,
                     return_k_pe, *f)
-                q, k_nope, k_pe = res[:3]
+                q, k_nope, k_pe = _rq.wanted(Q, *res[:3], return_q, return_k_nope, return_k_pe)
                 quant = res[3:]
-                q = q if return_q and Q > 0 else None
-                k_nope = k_nope if return_k_nope else None
-                k_pe = k_pe if return_k_pe else None
             else:
-                if q is None and return_q and Q > 0:
-                    q = latent.new_empty((T, Q))
-                if k_nope is None and return_k_nope:
-                    k_nope = latent.new_empty((T, C))
-                if k_pe is None and return_k_pe:
-                    k_pe = latent.new_empty((T, max(R, 0)))
+                q, k_nope, k_pe = _rq.torch_dense_outputs(latent, T, Q, C, R, q, k_nope, k_pe, return_q,
+                                                          return_k_nope, return_k_pe)
                 quant = _rq.torch_quant_outputs(latent, T, Q, C, args, *quant)
                 (_quant_out_eager if eager else _op_quant_out)(
                     *ins, q, k_nope, k_pe, *quant, Q, C, R, eps_q, eps_kv, style, *args, *f)

@@ -86,6 +86,23 @@ def _np_alloc(fmt, fname, T, K, data, scales):
         return (data if data is not None else np.empty((T, max(K, 0)), np.uint8)), empty, empty
 
 
+def torch_dense_outputs(latent, T, Q, C, R, q, k_nope, k_pe, return_q, return_k_nope, return_k_pe):
+    """The dense outputs a torch call writes: the given ones kept, the wanted missing ones allocated."""
+    if q is None and return_q and Q > 0:
+        q = latent.new_empty((T, Q))
+    if k_nope is None and return_k_nope:
+        k_nope = latent.new_empty((T, C))
+    if k_pe is None and return_k_pe:
+        k_pe = latent.new_empty((T, max(R, 0)))
+    return q, k_nope, k_pe
+
+
+def wanted(Q, q, k_nope, k_pe, return_q, return_k_nope, return_k_pe):
+    """An allocating op's dense results, those the caller did not ask for dropped."""
+    return (q if return_q and Q > 0 else None, k_nope if return_k_nope else None,
+            k_pe if return_k_pe else None)
+
+
 def torch_quant_outputs(like, T, Q, C, args, q_data, q_scales, k_nope_data, k_nope_scales):
     """The torch outputs an _out op is handed: the missing ones of a named format allocated as
     the functional op allocates them (float8_e4m3fn data; the scales of rnq_scales_layout)."""

@@ -228,19 +228,12 @@ def _dsa_quant_torch(eager, fixed, params, tail, T, Q, C, R, q, k_nope, k_pe, in
         res = (_dsa_q_eager if eager else _op_dsa_q)(
             *fixed, *params, *args, return_q, return_k_nope, return_k_pe, return_index_out,
             *tail)
-        q, k_nope, k_pe, index_out = res[:4]
+        q, k_nope, k_pe = _rq.wanted(Q, *res[:3], return_q, return_k_nope, return_k_pe)
+        index_out = res[3] if return_index_out else None
         quant = res[4:]
-        q = q if return_q and Q > 0 else None
-        k_nope = k_nope if return_k_nope else None
-        k_pe = k_pe if return_k_pe else None
-        index_out = index_out if return_index_out else None
     else:
-        if q is None and return_q and Q > 0:
-            q = latent.new_empty((T, Q))
-        if k_nope is None and return_k_nope:
-            k_nope = latent.new_empty((T, C))
-        if k_pe is None and return_k_pe:
-            k_pe = latent.new_empty((T, max(R, 0)))
+        q, k_nope, k_pe = _rq.torch_dense_outputs(latent, T, Q, C, R, q, k_nope, k_pe, return_q, return_k_nope,
+                                                  return_k_pe)
         if index_out is None and return_index_out:
             index_out = latent.new_empty((T, 128))
         quant = _rq.torch_quant_outputs(latent, T, Q, C, args, *quant)

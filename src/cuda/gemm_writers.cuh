@@ -121,9 +121,12 @@ template <typename T> struct mlaf_wr_gemm : mlaf_wr_base {
         buf_[0] = buf_[1] = buf_[2] = buf_[3] = 0.0f;
     }
 
-    /* vector j (W values rounded to T, packed) of a part of K values */
-    static __device__ __forceinline__ void put_vec(const mlaf_gemm_out_job &q, int64_t t, int32_t K, int j, bool ok,
-                                                   uint4 v) {
+    /* vector j (W values rounded to T, packed) of a part of K values. Not inlined: the row kernels
+     * call the hooks at every slot of every layout, and one body per dtype keeps their code (and
+     * compile time) near what it was without quantized outputs; the job comes by value, so no
+     * kernel parameter is addressed (that would copy the parameter block to local memory). */
+    static __device__ __noinline__ void put_vec(const mlaf_gemm_out_job q, int64_t t, int32_t K, int j, bool ok,
+                                                uint4 v) {
         constexpr int W = mlaf_vec<T>::W;
         float f[W];
         mlaf_vec<T>::unpack(v, f);
