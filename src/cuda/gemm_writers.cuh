@@ -107,6 +107,10 @@ __device__ __forceinline__ void mlaf_gemm_put_scale_any(const mlaf_gemm_out_job 
  * generic kernel hands values one at a time, lane l value i = l + 32 k: each lane keeps its g / 32
  * values of the group in flight and the whole warp reduces once the group is complete (the parts
  * are multiples of g, so every lane makes the same calls). */
+template <int F, int W, bool VEC>
+__device__ __forceinline__ void mlaf_gemm_put_vec(const mlaf_gemm_out_job &q, int64_t t, int64_t v, int64_t K, bool ok,
+                                                  const float *f);
+
 template <typename T> struct mlaf_wr_gemm : mlaf_wr_base {
     struct params {
         mlaf_gemm_out_job q, k; /* format NONE: the part is not quantized */
@@ -130,25 +134,19 @@ template <typename T> struct mlaf_wr_gemm : mlaf_wr_base {
         constexpr int W = mlaf_vec<T>::W;
         float f[W];
         mlaf_vec<T>::unpack(v, f);
-        float m = 0.0f;
-#pragma unroll
-        for (int i = 0; i < W; i++) m = fmaxf(m, ok ? fabsf(f[i]) : 0.0f); /* NaN ignored */
-        const int lanes = q.group / W;
-        m = mlaf_warp_max(m, lanes);
-        if (!ok) return;
-        uint32_t byte;
-        const float s = mlaf_gemm_scale_dev((int)q.scale, m, q.eps, &byte);
-        uint32_t u[W / 4];
-        mlaf_quant_e4m3<W>(f, s, u);
-        uint8_t *d = q.data + t * q.data_stride + (int64_t)j * W;
-        if (((uintptr_t)d & (W - 1)) == 0) {
-            if constexpr (W == 8) *reinterpret_cast<uint2 *>(d) = make_uint2(u[0], u[1]);
-            else *reinterpret_cast<uint32_t *>(d) = u[0];
-        } else {
-#pragma unroll
-            for (int i = 0; i < W; i++) d[i] = (uint8_t)(u[i / 4] >> (8 * (i % 4)));
+        /* the row's e4m3 bytes aligned to W (the same for every lane of the warp: one row) */
+        const bool vec = ((uintptr_t)(q.data + t * q.data_stride) & (W - 1)) == 0;
+        put_any<W>(q, t, K, j, ok, f, vec);
+    }
+    /* mlaf_gemm_put_vec of the job's format (walked from F = 1), vector or byte stores */
+    template <int W, int F = 1>
+    static __device__ __forceinline__ void put_any(const mlaf_gemm_out_job &q, int64_t t, int32_t K, int j, bool ok,
+                                                   const float *f, bool vec) {
+        if constexpr (F < MLAF_GEMM_FORMAT_COUNT_) {
+            if (q.format != F) put_any<W, F + 1>(q, t, K, j, ok, f, vec);
+            else if (vec) mlaf_gemm_put_vec<F, W, true>(q, t, j, K, ok, f);
+            else mlaf_gemm_put_vec<F, W, false>(q, t, j, K, ok, f);
         }
-        if (j % lanes == 0) mlaf_gemm_put_scale_any(q, t, j / lanes, K / q.group, s, byte);
     }
     __device__ __forceinline__ void q(int j, bool ok, const float *, uint4 v) {
         if (p_.q.format != MLAF_GEMM_NONE) put_vec(p_.q, t_, Q_, j, ok, v);
@@ -188,7 +186,8 @@ template <typename T> struct mlaf_wr_gemm : mlaf_wr_base {
  * a lane with ok false (a vector past the row) takes part in the shuffle only. Then the scale,
  * the W e4m3 bytes at byte v W of q.data's row t (one W-byte store on the vector path: the row
  * aligned to W bytes) and, from the group's first lane, the scale where format F keeps it.
- * rms_norm_quant and gemm_quant both write through here: the same bytes for the same values. */
+ * rms_norm_quant, gemm_quant and the row ops (mlaf_wr_gemm) all write through here: the same bytes
+ * for the same values. */
 template <int F, int W, bool VEC>
 __device__ __forceinline__ void mlaf_gemm_put_vec(const mlaf_gemm_out_job &q, int64_t t, int64_t v, int64_t K, bool ok,
                                                   const float *f) {
