@@ -616,80 +616,6 @@ mlaf_status mlaf_check_mla_kv_cache(mlaf_context *ctx, const mlaf_mla_kv_cache_p
                                      k_pe, error_count, NULL, job);
 }
 
-/* ---- rope_q ---------------------------------------------------------------------------- */
-
-mlaf_status mlaf_check_rope_q(mlaf_context *ctx, const mlaf_rope_params *p, const mlaf_tensor *q,
-                              const mlaf_tensor *positions, const mlaf_tensor *cos_sin,
-                              const mlaf_tensor *error_count, mlaf_rope_q_job *job) {
-    return mlaf_check_rope_q_out(ctx, p, q, positions, cos_sin, NULL, error_count, job);
-}
-
-mlaf_status mlaf_check_rope_q_out(mlaf_context *ctx, const mlaf_rope_params *p, const mlaf_tensor *q,
-                                  const mlaf_tensor *positions, const mlaf_tensor *cos_sin,
-                                  const mlaf_tensor *q_out, const mlaf_tensor *error_count,
-                                  mlaf_rope_q_job *job) {
-    if (!p) return mlaf_fail(ctx, MLAF_ERR_NULL_POINTER, "params is NULL (required)");
-    /* Checked whatever head_norm says: a NaN / infinite / negative eps is a caller's mistake
-     * even where no head norm reads it. */
-    const float heps = p->head_norm_eps == 0.0f ? 1e-6f : p->head_norm_eps;
-    if (!(isfinite(heps) && heps > 0.0f))
-        return mlaf_fail(ctx, MLAF_ERR_INVALID_ARGUMENT,
-                         "head_norm_eps = %g, expected finite and > 0 (0: the default 1e-6), "
-                         "whatever head_norm is",
-                         (double)p->head_norm_eps);
-    if (p->rope_dim <= 0)
-        return mlaf_fail(ctx, MLAF_ERR_INVALID_ARGUMENT, "rope_dim = %d, expected > 0 and even",
-                         p->rope_dim);
-    TRY(check_tensor(ctx, q, "q", DT_FLOAT, 3, NULL, NULL));
-    TRY(check_tokens(ctx, q, "q"));
-    if (q->shape[2] < p->rope_dim)
-        return mlaf_fail(ctx, MLAF_ERR_SHAPE,
-                         "q.shape[2] = %lld, expected >= rope_dim = %d (head dim = nope + rope)",
-                         (long long)q->shape[2], p->rope_dim);
-    if (q->shape[2] > (1 << 20))
-        return mlaf_fail(ctx, MLAF_ERR_LIMIT, "q.shape[2] = %lld, expected <= 1048576",
-                         (long long)q->shape[2]);
-    mlaf_rope_q_job j;
-    memset(&j, 0, sizeof j);
-    TRY(check_rope_inputs(ctx, p->rope_dim, p->style, q->shape[0], positions, cos_sin, &j.rope));
-    TRY(check_error_count(ctx, error_count));
-    TRY(no_overlap(ctx, q, "q", positions, "positions"));
-    TRY(no_overlap(ctx, q, "q", cos_sin, "cos_sin"));
-    TRY(no_overlap(ctx, q, "q", error_count, "error_count"));
-    TRY(no_overlap(ctx, error_count, "error_count", positions, "positions"));
-    TRY(no_overlap(ctx, error_count, "error_count", cos_sin, "cos_sin"));
-    if (q_out) {
-        static const char *const oexpr[3] = {"q.shape[0]", NULL, "q.shape[2]"};
-        int64_t wo[3] = {q->shape[0], -1, q->shape[2]};
-        TRY(check_tensor(ctx, q_out, "q_out", DT_(q->dtype), 3, wo, oexpr));
-        if (q_out->shape[1] < q->shape[1])
-            return mlaf_fail(ctx, MLAF_ERR_SHAPE,
-                             "q_out.shape[1] = %lld, expected >= q.shape[1] = %lld (heads past q's are "
-                             "written as zeros)",
-                             (long long)q_out->shape[1], (long long)q->shape[1]);
-        TRY(no_overlap(ctx, q_out, "q_out", q, "q"));
-        TRY(no_overlap(ctx, q_out, "q_out", positions, "positions"));
-        TRY(no_overlap(ctx, q_out, "q_out", cos_sin, "cos_sin"));
-        TRY(no_overlap(ctx, q_out, "q_out", error_count, "error_count"));
-    }
-    j.head_norm = p->head_norm != 0;
-    j.head_eps = heps;
-    j.q_out = q_out ? q_out->data : NULL;
-    j.Hpad = q_out ? q_out->shape[1] : q->shape[1];
-    j.o0 = q_out ? q_out->stride[0] : 0;
-    j.o1 = q_out ? q_out->stride[1] : 0;
-    j.T = q->shape[0];
-    j.H = q->shape[1];
-    j.D = (int32_t)q->shape[2];
-    j.q = q->data;
-    j.dt = q->dtype;
-    j.s0 = q->stride[0];
-    j.s1 = q->stride[1];
-    j.error_count = error_count ? (int32_t *)error_count->data : NULL;
-    *job = j;
-    return MLAF_OK;
-}
-
 /* ---- moe_gate -------------------------------------------------------------------------- */
 
 mlaf_status mlaf_check_moe_gate(mlaf_context *ctx, const mlaf_moe_gate_params *p,
@@ -799,7 +725,7 @@ mlaf_status mlaf_check_moe_gate(mlaf_context *ctx, const mlaf_moe_gate_params *p
     return MLAF_OK;
 }
 
-/* ---- exported for validate_dsa.c and validate_hash.c ---------------------------------- */
+/* ---- exported for validate_dsa.c, validate_hash.c and validate_rope_q.c --------------- */
 mlaf_status mlaf_vcheck_tensor(mlaf_context *ctx, const mlaf_tensor *t, const char *name, unsigned dtypes, int ndim,
                                const int64_t *want, const char *const *want_expr) {
     return check_tensor(ctx, t, name, dtypes, ndim, want, want_expr);
