@@ -120,6 +120,14 @@ static inline void judge_value(judge *j, const vview *v, const char *what, int64
 int64_t judge_untouched(judge *j, const vbuf *b);
 /* The verdict into j->r (and its one-line summary when it passed). */
 void judge_finish(judge *j, const char *op, const mlaf_verify_case *c, int64_t extra);
+/* Row t of a quantized GEMM-input output (format f; e4m3 bytes qd with row stride DS bytes, scales qs
+ * of dtype sdt with leading stride ld) against the encoder's row: its bytes rd, f32 scales sf and
+ * UE8M0 bytes sb for the K values `row` (each byte also decoded within half an e4m3 step of its
+ * value), the packed layout's zero bytes past the last group too; every byte checked is claimed.
+ * what: how the messages name row's values ("x", "the dense value"). */
+void judge_gemm_row(judge *j, const vbuf *qd, const vbuf *qs, int64_t DS, int64_t ld, mlaf_dtype sdt,
+                    mlaf_gemm_format f, int64_t t, int64_t K, const float *row, const uint8_t *rd, const float *sf,
+                    const uint8_t *sb, const char *what);
 /* The error_count output (error_count_buf) is 3 + the tokens the oracle rejected. */
 void judge_error_count(judge *j, vbuf *b, int64_t expected_errors);
 /* The case's corrupt_from (the harness's own test): element (t, 0) of v raised by 1 for

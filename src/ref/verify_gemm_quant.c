@@ -65,41 +65,9 @@ static void gq_chunk(const void *arg, void *scratch, int64_t t0, int64_t n, judg
     const int64_t K = a->K;
     float *row = (float *)scratch, *sf = row + K;
     uint8_t *rd = (uint8_t *)(sf + K), *sb = rd + K;
-    const int32_t g = mlaf_gemm_format_group(a->c->q_format);
-    const int64_t G = K / g;
-    const int f32 = b->sdt == MLAF_F32;
-    const int64_t Gp = b->sdt == MLAF_I32 ? (G + 3) / 4 * 4 : G; /* the packed layout's zero bytes too */
-    uint8_t *sbody = (uint8_t *)b->qs.g.body;
     for (int64_t t = t0; t < t0 + n; t++) {
         mlaf_ref_gemm_quant_row(&a->hj, t, row, rd, sf, sb);
-        const uint8_t *qd = (const uint8_t *)b->qd.g.body + t * b->DS;
-        memset(b->qd.claimed + t * b->DS, 1, (size_t)K);
-        for (int64_t i = 0; i < K; i++) {
-            if (qd[i] != rd[i]) {
-                judge_fail(j, "q.data[t=%lld,i=%lld] = 0x%02x, expected 0x%02x (the encoder's byte of x = %.9g, scale %.9g)",
-                           (long long)t, (long long)i, qd[i], rd[i], (double)row[i], (double)sf[i / g]);
-                break;
-            }
-            double ratio;
-            if (mlaf_ref_fp8_decode_check(qd[i], row[i], sf[i / g], MLAF_FP8_DIV, &ratio) == 0) {
-                judge_fail(j, "q.data[t=%lld,i=%lld] = 0x%02x decodes %.3g half-steps from %.9g", (long long)t, (long long)i,
-                           qd[i], 2 * ratio, (double)row[i]);
-                break;
-            }
-        }
-        j->values += K;
-        for (int64_t k = 0; k < Gp; k++) {
-            const int64_t o = mlaf_ref_gemm_scale_offset(a->c->q_format, t, k, b->ld);
-            uint8_t want[4];
-            if (f32) memcpy(want, &sf[k], 4);
-            else want[0] = k < G ? sb[k] : 0;
-            memset(b->qs.claimed + o, 1, f32 ? 4 : 1);
-            if (memcmp(sbody + o, want, f32 ? 4 : 1)) {
-                judge_fail(j, "q.scales: group %lld of t=%lld at byte %lld: 0x%02x.., expected 0x%02x.. (%s)", (long long)k,
-                           (long long)t, (long long)o, sbody[o], want[0], k < G ? "its scale" : "a zero byte past the last group");
-                break;
-            }
-        }
+        judge_gemm_row(j, &b->qd, &b->qs, b->DS, b->ld, b->sdt, a->c->q_format, t, K, row, rd, sf, sb, "x =");
     }
 }
 

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../gemm_format.h"
 #include "verify_case.h"
 
 /* ---- buffers with an initial image and a claim mask ------------------------------------ */
@@ -178,4 +179,42 @@ mlaf_status run_chunks(int64_t T, int64_t chunk, size_t scratch_bytes, chunk_bod
     *errors += tot.errors;
     if (tot.failed) memcpy(j->r->detail, tot.why, sizeof j->r->detail);
     return MLAF_OK;
+}
+
+void judge_gemm_row(judge *j, const vbuf *qd, const vbuf *qs, int64_t DS, int64_t ld, mlaf_dtype sdt,
+                    mlaf_gemm_format f, int64_t t, int64_t K, const float *row, const uint8_t *rd, const float *sf,
+                    const uint8_t *sb, const char *what) {
+    const int32_t g = mlaf_gemm_format_group(f);
+    const int64_t G = K / g;
+    const uint8_t *d = (const uint8_t *)qd->g.body + t * DS;
+    memset(qd->claimed + t * DS, 1, (size_t)K);
+    for (int64_t i = 0; i < K; i++) {
+        if (d[i] != rd[i]) {
+            judge_fail(j, "q.data[t=%lld,i=%lld] = 0x%02x, expected 0x%02x (the encoder's byte of %s %.9g, scale %.9g)",
+                       (long long)t, (long long)i, d[i], rd[i], what, (double)row[i], (double)sf[i / g]);
+            break;
+        }
+        double ratio;
+        if (mlaf_ref_fp8_decode_check(d[i], row[i], sf[i / g], MLAF_FP8_DIV, &ratio) == 0) {
+            judge_fail(j, "q.data[t=%lld,i=%lld] = 0x%02x decodes %.3g half-steps from %.9g", (long long)t, (long long)i,
+                       d[i], 2 * ratio, (double)row[i]);
+            break;
+        }
+    }
+    j->values += K;
+    const uint8_t *sbody = (const uint8_t *)qs->g.body;
+    const int f32 = sdt == MLAF_F32;
+    const int64_t Gp = sdt == MLAF_I32 ? (G + 3) / 4 * 4 : G; /* the packed layout's zero bytes too */
+    for (int64_t k = 0; k < Gp; k++) {
+        const int64_t o = mlaf_ref_gemm_scale_offset(f, t, k, ld);
+        uint8_t want[4];
+        if (f32) memcpy(want, &sf[k], 4);
+        else want[0] = k < G ? sb[k] : 0;
+        memset(qs->claimed + o, 1, f32 ? 4 : 1);
+        if (memcmp(sbody + o, want, f32 ? 4 : 1)) {
+            judge_fail(j, "q.scales: group %lld of t=%lld at byte %lld: 0x%02x.., expected 0x%02x.. (%s)", (long long)k,
+                       (long long)t, (long long)o, sbody[o], want[0], k < G ? "its scale" : "a zero byte past the last group");
+            break;
+        }
+    }
 }

@@ -106,8 +106,6 @@ static void rnq_chunk(const void *arg, void *scratch, int64_t t0, int64_t n, jud
     mlaf_ref_rms_norm_quant(&hj, h, yr);
     const vview *dense = a->dense ? &b->vy : &b->vy2;
     const int q = a->enc.format != MLAF_GEMM_NONE;
-    const int32_t g = q ? mlaf_gemm_format_group(a->enc.format) : 1;
-    const int64_t G = K / g;
     for (int64_t u = 0; u < n; u++) {
         const int64_t t = t0 + u;
         for (int64_t i = 0; i < K; i++) {
@@ -118,38 +116,8 @@ static void rnq_chunk(const void *arg, void *scratch, int64_t t0, int64_t n, jud
         if (!q) continue;
         for (int64_t i = 0; i < K; i++) row[i] = mlaf_load_f32(dense->b->g.body, dense->dt, dense->off + t * dense->stride + i);
         mlaf_ref_gemm_encode_row(&a->enc, row, K, rd, sf, sb);
-        const uint8_t *qd = (const uint8_t *)b->qd.g.body + t * b->DS;
-        memset(b->qd.claimed + t * b->DS, 1, (size_t)K);
-        for (int64_t i = 0; i < K; i++) {
-            if (qd[i] != rd[i]) {
-                judge_fail(j, "q.data[t=%lld,i=%lld] = 0x%02x, expected 0x%02x (the encoder's byte of the dense value %.9g, "
-                              "scale %.9g)",
-                           (long long)t, (long long)i, qd[i], rd[i], (double)row[i], (double)sf[i / g]);
-                break;
-            }
-            double ratio;
-            if (mlaf_ref_fp8_decode_check(qd[i], row[i], sf[i / g], MLAF_FP8_DIV, &ratio) == 0) {
-                judge_fail(j, "q.data[t=%lld,i=%lld] = 0x%02x decodes %.3g half-steps from %.9g", (long long)t, (long long)i,
-                           qd[i], 2 * ratio, (double)row[i]);
-                break;
-            }
-        }
-        j->values += K;
-        uint8_t *sbody = (uint8_t *)b->qs.g.body;
-        const int f32 = b->sdt == MLAF_F32;
-        const int64_t Gp = b->sdt == MLAF_I32 ? (G + 3) / 4 * 4 : G; /* the packed layout's zero bytes too */
-        for (int64_t k = 0; k < Gp; k++) {
-            const int64_t o = mlaf_ref_gemm_scale_offset(a->enc.format, t, k, b->ld);
-            uint8_t want[4];
-            if (f32) memcpy(want, &sf[k], 4);
-            else want[0] = k < G ? sb[k] : 0;
-            memset(b->qs.claimed + o, 1, f32 ? 4 : 1);
-            if (memcmp(sbody + o, want, f32 ? 4 : 1)) {
-                judge_fail(j, "q.scales: group %lld of t=%lld at byte %lld: 0x%02x.., expected 0x%02x.. (%s)", (long long)k,
-                           (long long)t, (long long)o, sbody[o], want[0], k < G ? "its scale" : "a zero byte past the last group");
-                break;
-            }
-        }
+        judge_gemm_row(j, &b->qd, &b->qs, b->DS, b->ld, b->sdt, a->enc.format, t, K, row, rd, sf, sb,
+                       "the dense value");
     }
 }
 
