@@ -286,8 +286,14 @@ MLAF_API const char *mlaf_score_func_name(mlaf_score_func f);
 /* Group score for group-limited routing: sum of the two largest biased scores in the group
  * (DeepSeek-V3 "noaux_tc"), or the group's maximum (DeepSeek-V2 "group_limited_greedy"). */
 typedef enum mlaf_group_score { MLAF_GROUP_TOP2_SUM = 0, MLAF_GROUP_MAX = 1 } mlaf_group_score;
-/* RoPE pairs: (2i, 2i+1) interleaved (GPT-J; GLM-4.7-Flash and DeepSeek) or (i, i + R/2) NeoX. */
-typedef enum mlaf_rope_style { MLAF_ROPE_INTERLEAVED = 0, MLAF_ROPE_NEOX = 1 } mlaf_rope_style;
+/* RoPE pairs: (2i, 2i+1) interleaved (GPT-J; GLM-4.7-Flash and DeepSeek) or (i, i + R/2) NeoX.
+ * NONE: the rope slot is kept but never rotated (Kimi-K3's mla_use_nope): its R values are
+ * stored exactly as the other styles store rotated ones, positions and cos_sin are not read
+ * (docs/mla.md, "The rope style none"). The DSA indexer and DeepSeek-V4's kv_rope_tail rotate
+ * and reject it. */
+typedef enum mlaf_rope_style { MLAF_ROPE_INTERLEAVED = 0, MLAF_ROPE_NEOX = 1, MLAF_ROPE_NONE = 2 } mlaf_rope_style;
+/* "interleaved", "neox", "none"; "unknown" for a value that is not a style. */
+MLAF_API const char *mlaf_rope_style_name(mlaf_rope_style s);
 
 typedef struct mlaf_model_config {
     char name[64];

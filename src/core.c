@@ -264,6 +264,10 @@ const char *mlaf_context_last_error(const mlaf_context *ctx) {
     return ctx ? ctx->err : "context is NULL";
 }
 
+const char *mlaf_rope_style_name(mlaf_rope_style s) {
+    return s == MLAF_ROPE_INTERLEAVED ? "interleaved" : s == MLAF_ROPE_NEOX ? "neox" : s == MLAF_ROPE_NONE ? "none" : "unknown";
+}
+
 /* ---- presets (docs/models.md) ----------------------------------------------------------------- */
 static const mlaf_model_config presets[] = {
     /* name, Q, C, R, nope, v, heads, E, top_k, n_group, topk_group, score, group score, bias,
@@ -294,17 +298,18 @@ static const mlaf_model_config presets[] = {
     {"deepseek-v4-flash", 1024, 512, 0, 448, 512, 64, 256, 6, 1, 1, MLAF_SCORE_SQRT_SOFTPLUS,
      MLAF_GROUP_TOP2_SUM, 1, 1, 1.5f, 1, 1e-6f, 1, MLAF_ROPE_INTERLEAVED, 0, 0, 0, MLAF_ROPE_INTERLEAVED,
      64, 3},
-    /* GLM-5.3-Flash (glm5_next): NoPE MLA, R = 0 (no RoPE anywhere in its text model). Its
+    /* GLM-5.3-Flash (glm5_next): NoPE MLA, R = 0 (no RoPE anywhere in its text model; its config's
+     * mla_use_nope, hence style none). Its
      * indexer pools the keys of 4 tokens (index_kpool) and rotates nothing: not the DSA
      * indexer, so the index fields stay 0 (docs/models.md). */
     {"glm-5.3-flash", 1536, 512, 0, 256, 256, 64, 288, 8, 1, 1, MLAF_SCORE_SIGMOID,
-     MLAF_GROUP_TOP2_SUM, 1, 1, 2.5f, 1, 1e-5f, 1, MLAF_ROPE_INTERLEAVED, 0, 0, 0, MLAF_ROPE_INTERLEAVED,
+     MLAF_GROUP_TOP2_SUM, 1, 1, 2.5f, 1, 1e-5f, 1, MLAF_ROPE_NONE, 0, 0, 0, MLAF_ROPE_INTERLEAVED,
      0, 0},
-    /* Kimi-K3: a 64-wide rope slot that the model never rotates (mla_use_nope); the eps is its
+    /* Kimi-K3: a 64-wide rope slot that the model never rotates (mla_use_nope: style none); the eps is its
      * config's, which vLLM and SGLang use (the released PyTorch code builds the two latent norms
      * with 1e-6). 896 experts, top-16, two shared. */
     {"kimi-k3", 1536, 512, 64, 128, 128, 96, 896, 16, 1, 1, MLAF_SCORE_SIGMOID,
-     MLAF_GROUP_TOP2_SUM, 1, 1, 1.0f, 1, 1e-5f, 2, MLAF_ROPE_INTERLEAVED, 0, 0, 0, MLAF_ROPE_INTERLEAVED,
+     MLAF_GROUP_TOP2_SUM, 1, 1, 1.0f, 1, 1e-5f, 2, MLAF_ROPE_NONE, 0, 0, 0, MLAF_ROPE_INTERLEAVED,
      0, 0},
     /* DeepSeek-V4.1-Flash: V4's attention layout with q_lora 1280 and eps 1e-20; 384 experts,
      * no hash-routed layers. Its indexer (compressed keys) is not the DSA indexer either. */

@@ -388,25 +388,38 @@ mlaf_status mlaf_check_split_qk_norm(mlaf_context *ctx, const mlaf_split_qk_norm
 
 /* ---- RoPE inputs ----------------------------------------------------------------------- */
 
+static mlaf_status check_rope_style(mlaf_context *ctx, mlaf_rope_style style) {
+    if (style != MLAF_ROPE_INTERLEAVED && style != MLAF_ROPE_NEOX && style != MLAF_ROPE_NONE)
+        return mlaf_fail(ctx, MLAF_ERR_INVALID_ARGUMENT,
+                         "rope style = %d, expected 0 (interleaved), 1 (neox) or 2 (none)", (int)style);
+    return MLAF_OK;
+}
+
 static mlaf_status check_rope_inputs(mlaf_context *ctx, int32_t R, mlaf_rope_style style,
                                      int64_t T, const mlaf_tensor *positions,
                                      const mlaf_tensor *cos_sin, mlaf_rope_job *rope) {
-    if (style != MLAF_ROPE_INTERLEAVED && style != MLAF_ROPE_NEOX)
-        return mlaf_fail(ctx, MLAF_ERR_INVALID_ARGUMENT,
-                         "rope style = %d, expected 0 (interleaved) or 1 (neox)", (int)style);
+    TRY(check_rope_style(ctx, style));
     if (R % 2 != 0)
         return mlaf_fail(ctx, MLAF_ERR_INVALID_ARGUMENT, "rope_dim = %d, expected even", R);
     static const char *const pos_expr[1] = {"tokens"};
     static const char *const cs_expr[2] = {NULL, "rope_dim"};
     int64_t wp[1] = {T};
-    TRY(check_tensor(ctx, positions, "positions", DT_INDEX, 1, wp, pos_expr));
+    const int none = style == MLAF_ROPE_NONE; /* not read: optional, checked when given */
+    if (!none || positions) TRY(check_tensor(ctx, positions, "positions", DT_INDEX, 1, wp, pos_expr));
     int64_t wc[2] = {-1, R};
-    TRY(check_tensor(ctx, cos_sin, "cos_sin", DT_(MLAF_F32), 2, wc, cs_expr));
-    if (cos_sin->shape[0] < 1)
-        return mlaf_fail(ctx, MLAF_ERR_SHAPE, "cos_sin.shape[0] = %lld, expected >= 1 (max_pos)",
-                         (long long)cos_sin->shape[0]);
+    if (!none || cos_sin) {
+        TRY(check_tensor(ctx, cos_sin, "cos_sin", DT_(MLAF_F32), 2, wc, cs_expr));
+        if (cos_sin->shape[0] < 1)
+            return mlaf_fail(ctx, MLAF_ERR_SHAPE, "cos_sin.shape[0] = %lld, expected >= 1 (max_pos)",
+                             (long long)cos_sin->shape[0]);
+    }
     rope->R = R;
     rope->style = style;
+    if (none) {
+        rope->positions = NULL, rope->pos_dt = MLAF_I32;
+        rope->cos_sin = NULL, rope->cos_sin_stride = 0, rope->max_pos = 0;
+        return MLAF_OK;
+    }
     rope->positions = positions->data;
     rope->pos_dt = positions->dtype;
     rope->cos_sin = (const float *)cos_sin->data;
@@ -557,10 +570,7 @@ mlaf_status mlaf_check_mla_kv_cache_q(mlaf_context *ctx, const mlaf_mla_kv_cache
     if (R > 0 || tail > 0) {
         TRY(check_rope_inputs(ctx, R > 0 ? R : tail, p->style, T, positions, cos_sin, &j.rope));
     } else {
-        if (p->style != MLAF_ROPE_INTERLEAVED && p->style != MLAF_ROPE_NEOX)
-            return mlaf_fail(ctx, MLAF_ERR_INVALID_ARGUMENT,
-                             "rope style = %d, expected 0 (interleaved) or 1 (neox)",
-                             (int)p->style);
+        TRY(check_rope_style(ctx, p->style));
         j.rope.style = p->style;
     }
     TRY(check_tensor(ctx, slot_mapping, "slot_mapping", DT_INDEX, 1, NULL, NULL));

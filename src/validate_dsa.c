@@ -56,6 +56,10 @@ mlaf_status mlaf_check_indexer_k(mlaf_context *ctx, const mlaf_indexer_params *i
                          "kv_rope_tail = %d: the indexer key branch is DSA's (GLM-5, DeepSeek-V3.2), not "
                          "DeepSeek-V4's pooled indexer", p->kv_rope_tail);
     TRY(check_rope64(ctx, p->rope_dim, "rope_dim"));
+    if (p->style == MLAF_ROPE_NONE)
+        return mlaf_fail(ctx, MLAF_ERR_INVALID_ARGUMENT,
+                         "rope style = 2 (none) with the indexer key branch: its keys rotate with the tokens' "
+                         "positions (every DSA model rotates k_pe too)");
     const int64_t T = kv->norm.T, D = MLAF_INDEX_HEAD_DIM;
     const mlaf_dtype dt = kv->norm.dt;
     static const char *const row_expr[2] = {"tokens", "index_head_dim 128"};

@@ -111,7 +111,7 @@ static int norm_params_mutate(fz *f, void *vp) {
     case 5: *Q = (int32_t)RANGE(&f->r, 1 << 20, INT32_MAX / 2); note(f, " q_lora_rank=%d (width > 2^20)", *Q); return 1;
     default:
         if (!n->kv) return 0;
-        n->kp.style = (mlaf_rope_style)(CHANCE(&f->r, 0.5) ? -1 : RANGE(&f->r, 2, 9));
+        n->kp.style = (mlaf_rope_style)(CHANCE(&f->r, 0.5) ? -1 : RANGE(&f->r, 3, 9));
         note(f, " style=%d", (int)n->kp.style);
         return 1;
     }

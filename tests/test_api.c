@@ -232,7 +232,7 @@ static void kv_cases(void) {
     x = SL, x.dtype = MLAF_BF16;
     expect("mla_kv_cache,slot_mapping.dtype=bf16", KV(&p, &L, &WQ, &WK, &PS, &CS, &x, &CA, &QO, &KN, &KP, &EC), MLAF_ERR_DTYPE, "slot_mapping.dtype = bf16, expected i32 or i64");
     pb = p, pb.style = (mlaf_rope_style)5;
-    expect("mla_kv_cache,style=5", KV(&pb, &L, &WQ, &WK, &PS, &CS, &SL, &CA, &QO, &KN, &KP, &EC), MLAF_ERR_INVALID_ARGUMENT, "rope style = 5, expected 0 (interleaved) or 1 (neox)");
+    expect("mla_kv_cache,style=5", KV(&pb, &L, &WQ, &WK, &PS, &CS, &SL, &CA, &QO, &KN, &KP, &EC), MLAF_ERR_INVALID_ARGUMENT, "rope style = 5, expected 0 (interleaved), 1 (neox) or 2 (none)");
     pb = p, pb.rope_dim = R - 1;
     x = L, x.shape[1] = W - 1;
     {
@@ -686,8 +686,12 @@ static void context_cases(void) {
              k3->qk_nope_head_dim == 128 && k3->v_head_dim == 128 && k3->num_heads == 96 && k3->n_routed_experts == 896 &&
              k3->top_k == 16 && k3->n_group == 1 && k3->score_func == MLAF_SCORE_SIGMOID && k3->has_score_bias &&
              k3->norm_topk_prob && k3->routed_scaling_factor == 1.0f && k3->rms_norm_eps == 1e-5f &&
-             k3->n_shared_experts == 2 && k3->index_n_heads == 0 && k3->kv_rope_tail == 0,
-         "preset kimi-k3 (896 experts top-16, two shared)");
+             k3->n_shared_experts == 2 && k3->index_n_heads == 0 && k3->kv_rope_tail == 0 &&
+             k3->rope_style == MLAF_ROPE_NONE,
+         "preset kimi-k3 (896 experts top-16, two shared, rope slot not rotated)");
+    CASE(!strcmp(mlaf_rope_style_name(MLAF_ROPE_NONE), "none") && !strcmp(mlaf_rope_style_name(MLAF_ROPE_NEOX), "neox") &&
+             !strcmp(mlaf_rope_style_name((mlaf_rope_style)7), "unknown"),
+         "mlaf_rope_style_name");
     CASE(v41 && v41->q_lora_rank == 1280 && v41->kv_lora_rank == 512 && v41->qk_rope_head_dim == 0 &&
              v41->kv_rope_tail == 64 && v41->qk_nope_head_dim == 448 && v41->num_heads == 64 &&
              v41->n_routed_experts == 384 && v41->top_k == 6 && v41->score_func == MLAF_SCORE_SQRT_SOFTPLUS &&

@@ -15,7 +15,7 @@ static int rope_params_mutate(fz *f, void *vp) {
     switch (U(&f->r, 3)) {
     case 0: c->p.rope_dim = CHANCE(&f->r, 0.5) ? -2 * (int32_t)U(&f->r, 3) : c->p.rope_dim + 1; break;
     case 1: c->p.rope_dim += 2 * (int32_t)RANGE(&f->r, 1, 3); break;
-    default: c->p.style = (mlaf_rope_style)(CHANCE(&f->r, 0.5) ? -1 : RANGE(&f->r, 2, 9)); break;
+    default: c->p.style = (mlaf_rope_style)(CHANCE(&f->r, 0.5) ? -1 : RANGE(&f->r, 3, 9)); break;
     }
     note(f, " rope_dim=%d style=%d", c->p.rope_dim, (int)c->p.style);
     return 1;
@@ -111,7 +111,7 @@ static int ropeout_params_mutate(fz *f, void *vp) {
         note(f, " rope_dim=%d", c->p.rope_dim);
         return 1;
     case 1:
-        c->p.style = (mlaf_rope_style)(CHANCE(&f->r, 0.5) ? -1 : RANGE(&f->r, 2, 7));
+        c->p.style = (mlaf_rope_style)(CHANCE(&f->r, 0.5) ? -1 : RANGE(&f->r, 3, 7));
         note(f, " style=%d", (int)c->p.style);
         return 1;
     default: {

@@ -2,7 +2,7 @@
  * test_mla_kv_cache.c — mla_kv_cache against the float64 oracle on every backend: presets x
  * dtypes x T x layout with canary-filled caches, padding slots (-1), repeated positions,
  * position max_pos - 1, out-of-range slots and positions (counted), block sizes 1 / 16 / 64,
- * both RoPE styles, cache dtype != latent dtype, i32 / i64 indices, Q = 0, R = 0, in place,
+ * both RoPE styles (and Kimi-K3's preset unrotated: style none, test_rope_none.c), cache dtype != latent dtype, i32 / i64 indices, Q = 0, R = 0, in place,
  * optional dense outputs omitted, every CPU instruction-set path; and the key written for a
  * position equals bit for bit the rope_q query rotated for that position.
  * (The slot / position patterns themselves are built by mlaf_verify_mla_kv_cache.)
@@ -28,7 +28,7 @@ static void run(mlaf_context *ctx, const char *tag, const mlaf_verify_case *c, c
              "%s(preset=%s,T=%lld,dtype=%s,backend=%s,cache=%s,block=%lld,rope=%s,index=%s%s%s%s%s%s%s)",
              tag, c->cfg.name, (long long)c->T, mlaf_dtype_name(c->dtype),
              mlaf_backend_name(mlaf_context_backend(ctx)), mlaf_dtype_name(c->cache_dtype),
-             (long long)c->block_size, c->rope_style == MLAF_ROPE_NEOX ? "neox" : "interleaved",
+             (long long)c->block_size, mlaf_rope_style_name(c->rope_style),
              mlaf_dtype_name(c->index_dtype), c->weight_dtype != c->dtype ? ",w=f32" : "",
              c->strided ? ",strided" : "", c->in_place ? ",in_place" : "",
              c->no_k_pe == 1 ? ",no_k_pe" : c->no_k_pe == 2 ? ",cache_only" : "", extra ? "," : "",
@@ -52,7 +52,8 @@ static mlaf_verify_case make(const mlaf_model_config *cfg, int di, int64_t T, in
     mlaf_verify_case c = mlaf_verify_case_default(cfg, DTYPES[di], T, seed);
     c.strided = variant & 1;
     c.block_size = BLOCKS[variant % 3];
-    c.rope_style = (variant / 2) % 2 ? MLAF_ROPE_NEOX : MLAF_ROPE_INTERLEAVED;
+    if (cfg->rope_style != MLAF_ROPE_NONE) /* Kimi-K3's slot stays unrotated */
+        c.rope_style = (variant / 2) % 2 ? MLAF_ROPE_NEOX : MLAF_ROPE_INTERLEAVED;
     c.index_dtype = (variant / 3) % 2 ? MLAF_I32 : MLAF_I64;
     c.cache_dtype = variant % 5 == 4 ? DTYPES[(di + 1) % 3] : DTYPES[di];
     return c;

@@ -95,8 +95,9 @@ static int setup_mla_kv_cache(bench_op *o, size_t llc, mlaf_rng *rng, char *err,
     }
     if (buf_alloc(o, S_KN, (size_t)(T * o->C) * es, 0, NULL, err, cap)) return -1;
     if (o->R > 0 && buf_alloc(o, S_KP, (size_t)(T * o->R) * es, 0, NULL, err, cap)) return -1;
-    o->bytes = (double)T * W * es + (double)(o->Q + o->C) * es + (o->RP > 0 ? T * 8.0 : 0) +
-               T * 8.0 + (double)T * o->RP * 4.0 + (double)T * o->Q * es +
+    const double rot = o->RP > 0 && o->cfg.rope_style != MLAF_ROPE_NONE; /* positions and cos_sin read */
+    o->bytes = (double)T * W * es + (double)(o->Q + o->C) * es + rot * T * 8.0 +
+               T * 8.0 + rot * T * o->RP * 4.0 + (double)T * o->Q * es +
                (double)T * (double)o->rec_bytes + (o->kv_fmt == MLAF_KV_FP8 ? 4.0 : 0.0);
     if (o->indexer) { /* index_k [T, 128], LayerNorm weight and bias; the 132-byte records */
         if (o->R != MLAF_INDEX_ROPE_DIM) {
@@ -133,7 +134,7 @@ static int fused_mla_kv_cache(void *arg, int set, char *err, size_t cap) {
     views v;
     make_views(o, set, &v);
     mlaf_status st = MLAF_OK;
-    const int hasq = o->Q > 0, hasr = o->RP > 0;
+    const int hasq = o->Q > 0, hasr = o->RP > 0 && o->cfg.rope_style != MLAF_ROPE_NONE; /* positions read */
     mlaf_mla_kv_cache_params p = {(int32_t)o->Q, (int32_t)o->C, (int32_t)o->R,
                                   o->cfg.rms_norm_eps, o->cfg.rms_norm_eps, o->cfg.rope_style, o->tail};
     if (o->q_fmt != MLAF_GEMM_NONE) {
@@ -160,6 +161,7 @@ static int unfused_mla_kv_cache(void *arg, int set, char *err, size_t cap) {
     views v;
     make_views(o, set, &v);
     const int hasq = o->Q > 0, hasr = o->R > 0, haspos = o->RP > 0;
+    const int rot = hasr && o->cfg.rope_style != MLAF_ROPE_NONE; /* style none: no RoPE step */
     const int cpu = o->be == MLAF_BACKEND_CPU;
     void *stream = bench_stream(o);
     (void)stream;
@@ -192,7 +194,7 @@ static int unfused_mla_kv_cache(void *arg, int set, char *err, size_t cap) {
         return -1;
     if (cpu) {
         if (o->indexer) r = blc_index_k(&j, &ix, v.ikd_s.data, o->threads, mlaf_cpu_norm_kern(o->ctx));
-        if (hasr && !r) r = blc_rope_rows(v.kp_s.data, o->dt, o->T, o->R, &j.rope, o->threads);
+        if (rot && !r) r = blc_rope_rows(v.kp_s.data, o->dt, o->T, o->R, &j.rope, o->threads);
         if (!r && o->tail > 0) r = blc_rope_rows(tail_x, o->dt, o->T, o->C, &j.rope, o->threads);
         if (!r) r = o->kv_fmt == MLAF_KV_PLAIN ? blc_cache_write(&j, v.kn_s.data, v.kp_s.data, o->threads)
                                                : blc_cache_write_fp8(&j, v.kn_s.data, v.kp_s.data, o->threads,
@@ -201,7 +203,7 @@ static int unfused_mla_kv_cache(void *arg, int set, char *err, size_t cap) {
 #ifdef MLAF_WITH_CUDA
     else {
         if (o->indexer) r = blg_index_k(&j, &ix, v.ikd_s.data, stream);
-        if (hasr && !r) r = blg_rope_rows(v.kp_s.data, o->dt, o->T, o->R, &j.rope, stream);
+        if (rot && !r) r = blg_rope_rows(v.kp_s.data, o->dt, o->T, o->R, &j.rope, stream);
         if (!r && o->tail > 0) r = blg_rope_rows(tail_x, o->dt, o->T, o->C, &j.rope, stream);
         if (!r) r = o->kv_fmt == MLAF_KV_PLAIN ? blg_cache_write(&j, v.kn_s.data, v.kp_s.data, stream)
                                                : blg_cache_write_fp8(&j, v.kn_s.data, v.kp_s.data, stream);

@@ -4,11 +4,13 @@
  */
 #include "bench_op.h"
 
-/* nothing to rotate without rope columns or a rope tail (a NoPE model, GLM-5.3-Flash): one note
- * line under --op all, a usage error when named */
+/* nothing to rotate without rope columns or a rope tail (a NoPE model, GLM-5.3-Flash) or with the
+ * slot unrotated (Kimi-K3): one note line under --op all, a usage error when named */
 static const char *skip_rope_q(const mlaf_model_config *m, int32_t tail) {
-    return m->qk_rope_head_dim <= 0 && tail <= 0 ? "has no rope part (qk_rope_head_dim = 0, NoPE): nothing to rotate"
-                                                 : NULL;
+    if (tail > 0) return NULL;
+    return m->qk_rope_head_dim <= 0              ? "has no rope part (qk_rope_head_dim = 0, NoPE): nothing to rotate"
+           : m->rope_style == MLAF_ROPE_NONE ? "keeps its rope slot unrotated (rope style none): nothing to rotate"
+                                             : NULL;
 }
 
 static int setup_rope_q(bench_op *o, size_t llc, mlaf_rng *rng, char *err, size_t cap) {

@@ -16,8 +16,8 @@
  *                "group_limited_greedy" -> group max, no bias,
  *                "greedy" -> no group limit (n_group = topk_group = 1), no bias,
  *   norm_topk_prob [false], routed_scaling_factor [1.0], rms_norm_eps [1e-6],
- *   n_shared_experts [0], rope_interleave (bool) or rope_style "interleaved"|"neox"
- *   [interleaved], name from _name_or_path, else model_type, else the file name.
+ *   n_shared_experts [0], rope_interleave (bool) or rope_style "interleaved"|"neox"|"none"
+ *   [interleaved], mla_use_nope true (Kimi-Linear, Kimi-K3) -> style none, name from _name_or_path, else model_type, else the file name.
  * The routed scaling factor is applied inside the router, as in every preset.
  * RoPE: rope_theta [10000]; rope_scaling (or rope_parameters, transformers' newer name) absent,
  *   null or {"type" | "rope_type": "default"}: plain; "yarn": factor (required),
@@ -442,12 +442,17 @@ static int parse_config(const cJSON *root, const cJSON *outer, const char *path,
             cfg->rope_style = MLAF_ROPE_NEOX;
         else if (!strcasecmp(style, "interleaved") || !strcasecmp(style, "gptj"))
             cfg->rope_style = MLAF_ROPE_INTERLEAVED;
+        else if (!strcasecmp(style, "none"))
+            cfg->rope_style = MLAF_ROPE_NONE;
         else {
-            fprintf(stderr, "mlafuse: %s: \"rope_style\" = \"%s\", expected interleaved or neox\n",
+            fprintf(stderr, "mlafuse: %s: \"rope_style\" = \"%s\", expected interleaved, neox or none\n",
                     path, style);
             return -1;
         }
     }
+    /* Kimi-Linear / Kimi-K3: the rope slot is kept but never rotated */
+    if (get_bool(root, "mla_use_nope", path, 0, &b)) return -1;
+    if (b) cfg->rope_style = MLAF_ROPE_NONE;
 
     /* DSA indexer (glm_moe_dsa, deepseek_v32): index_n_heads, index_head_dim [128], index_topk
      * [2048], indexer_rope_interleave [false: NeoX] */

@@ -34,7 +34,7 @@ static void row(const mlaf_model_config *c, int name_w) {
     char idx[64] = "-";
     if (c->index_n_heads)
         snprintf(idx, sizeof idx, "%dx%d top-%d %s", c->index_n_heads, c->index_head_dim, c->index_topk,
-                 c->index_rope_style == MLAF_ROPE_NEOX ? "neox" : "interleaved");
+                 mlaf_rope_style_name(c->index_rope_style));
     char v4[64] = "";
     if (c->kv_rope_tail || c->n_hash_layers)
         snprintf(v4, sizeof v4, " kv_rope_tail=%d hash_layers=%d", c->kv_rope_tail, c->n_hash_layers);
@@ -45,7 +45,7 @@ static void row(const mlaf_model_config *c, int name_w) {
            c->n_group > 1 ? (c->group_score == MLAF_GROUP_MAX ? "max" : "top2") : "-",
            c->norm_topk_prob ? "true" : "false", (double)c->routed_scaling_factor,
            (double)c->rms_norm_eps, c->n_shared_experts,
-           c->rope_style == MLAF_ROPE_NEOX ? "neox" : "interleaved", idx, v4);
+           mlaf_rope_style_name(c->rope_style), idx, v4);
 }
 
 static int name_width(const mlaf_model_config *c, int w) {
@@ -54,12 +54,20 @@ static int name_width(const mlaf_model_config *c, int w) {
 }
 
 /* The RoPE table the config asks for, as mlaf_rope_table_init_scaled builds it; none for a NoPE
- * model (no rope part and no kv rope tail: the ops take no positions or table). */
+ * model (no rope part and no kv rope tail: the ops take no positions or table) or one whose rope
+ * slot is not rotated (rope style none). */
 static void rope_lines(const cli_rope *r, const mlaf_model_config *c) {
     const mlaf_rope_scaling *y = &r->scaling;
     if (c->qk_rope_head_dim == 0 && c->kv_rope_tail == 0) {
         printf("rope: none (NoPE: qk_rope_head_dim = 0 and no kv_rope_tail; mla_kv_cache takes no positions "
                "or cos_sin%s)\n",
+               r->theta_given || y->type != MLAF_ROPE_SCALING_NONE ? "; the config's rope keys are unused" : "");
+        return;
+    }
+    if (c->rope_style == MLAF_ROPE_NONE && c->kv_rope_tail == 0) {
+        printf("rope: none (the %d-wide rope slot is kept unrotated: mla_kv_cache and rope_q read no positions or "
+               "cos_sin%s)\n",
+               c->qk_rope_head_dim,
                r->theta_given || y->type != MLAF_ROPE_SCALING_NONE ? "; the config's rope keys are unused" : "");
         return;
     }

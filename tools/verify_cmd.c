@@ -190,14 +190,15 @@ static void run_op(mlaf_context *ctx, mlaf_op op, const mlaf_model_config *cfg, 
     for (int i = 0; i < nv; i++) {
         const variant *v = &vs[i];
         if (v->f32_weights && dt == MLAF_F32) continue; /* same case as "strided" */
-        if (op == MLAF_OP_MLA_KV_CACHE && cfg->qk_rope_head_dim == 0 && v->style == MLAF_ROPE_NEOX)
-            continue; /* NoPE: nothing rotates, the style's two cases would be one */
+        const int unrotated = cfg->qk_rope_head_dim == 0 || cfg->rope_style == MLAF_ROPE_NONE;
+        if (op != MLAF_OP_SPLIT_QK_NORM && unrotated && v->style == MLAF_ROPE_NEOX)
+            continue; /* NoPE / style none: nothing rotates, the style's two cases would be one */
         mlaf_verify_case c = mlaf_verify_case_default(cfg, dt, T, seed + 7919u * (uint64_t)i);
         c.strided = v->strided;
         c.in_place = v->in_place;
         c.no_k_pe = v->no_k_pe;
         if (v->f32_weights) c.weight_dtype = MLAF_F32;
-        if (v->style >= 0) c.rope_style = (mlaf_rope_style)v->style;
+        if (v->style >= 0) c.rope_style = cfg->rope_style == MLAF_ROPE_NONE ? MLAF_ROPE_NONE : (mlaf_rope_style)v->style;
         if (v->block > 0) c.block_size = v->block;
         c.index_dtype = v->index_i32 ? MLAF_I32 : MLAF_I64;
         if (v->other_cache) c.cache_dtype = other_dtype(dt);
@@ -209,15 +210,13 @@ static void run_op(mlaf_context *ctx, mlaf_op op, const mlaf_model_config *cfg, 
         if (sp)
             snprintf(label, sizeof label, "%s%s,score=sqrt_softplus", v->label, c.moe_wide ? ",wide" : "");
         else if (v->style >= 0)
-            snprintf(label, sizeof label, "%s,%s", v->label,
-                     v->style == MLAF_ROPE_NEOX ? "neox" : "interleaved");
+            snprintf(label, sizeof label, "%s,%s", v->label, mlaf_rope_style_name(c.rope_style));
         else
             snprintf(label, sizeof label, "%s", v->label);
         if (v->other_cache) {
             char *p = strstr(label, "cache=other");
-            if (p) snprintf(p, sizeof label - (size_t)(p - label), "cache=%s%s",
-                            mlaf_dtype_name(c.cache_dtype),
-                            v->style == MLAF_ROPE_NEOX ? ",neox" : ",interleaved");
+            if (p) snprintf(p, sizeof label - (size_t)(p - label), "cache=%s,%s",
+                            mlaf_dtype_name(c.cache_dtype), mlaf_rope_style_name(c.rope_style));
         }
         run_case(ctx, op, cfg->name, &c, label, n);
     }
@@ -435,7 +434,9 @@ static void run_kv_formats(mlaf_context *ctx, unsigned mask, const mlaf_model_co
                     mlaf_verify_case_default(cfg, dt, tokens[t], seed + 7919u * (uint64_t)(f * 6 + li) + 131u * (uint64_t)t);
                 c.strided = st;
                 c.block_size = bs;
-                c.rope_style = (li / 2 + st) % 2 ? MLAF_ROPE_NEOX : MLAF_ROPE_INTERLEAVED;
+                c.rope_style = cfg->rope_style == MLAF_ROPE_NONE ? MLAF_ROPE_NONE
+                               : (li / 2 + st) % 2                ? MLAF_ROPE_NEOX
+                                                                  : MLAF_ROPE_INTERLEAVED;
                 c.index_dtype = st ? MLAF_I32 : MLAF_I64;
                 c.kv_format = k->format;
                 c.fp8_conv = k->conv;
@@ -467,8 +468,7 @@ static void run_kv_formats(mlaf_context *ctx, unsigned mask, const mlaf_model_co
                                                    : li == 3 ? ",slots=T-T/3" : "");
                 }
                 snprintf(label, sizeof label, "cache=%.63s%s,bs=%lld,%s,%s,%s", k->label, extra, (long long)bs,
-                         st ? "strided" : "contiguous", st ? "i32" : "i64",
-                         c.rope_style == MLAF_ROPE_NEOX ? "neox" : "interleaved");
+                         st ? "strided" : "contiguous", st ? "i32" : "i64", mlaf_rope_style_name(c.rope_style));
                 run_case(ctx, MLAF_OP_MLA_KV_CACHE, cfg->name, &c, label, n);
             }
     }

@@ -61,6 +61,12 @@ MLAF_API mlaf_status mlaf_split_qk_norm(mlaf_context *ctx, const mlaf_split_qk_n
  * query rotated for the same position agree bit for bit.
  * A position outside [0, max_pos) cannot be looked up; such a token is counted in the op's
  * optional error counter and its rope values are not written (see each op).
+ *   none (MLAF_ROPE_NONE): nothing rotates. The R values are written as the other styles write
+ *   rotated ones, each input value rounded once to the output's format (in mla_kv_cache's
+ *   plain cache of the latent dtype: the bits as read). positions and cos_sin are not read: they
+ *   may be NULL, and when given are checked as for the other styles. No token is rejected for
+ *   its position. rope_q in place without head_norm then leaves q untouched (it launches
+ *   nothing). mla_kv_cache_dsa, indexer_q and kv_rope_tail reject it.
  * ------------------------------------------------------------------------------------- */
 typedef struct mlaf_rope_params {
     int32_t rope_dim;        /* R > 0, even */

@@ -66,7 +66,8 @@ def _torch_error(e: RuntimeError, **arrays) -> Exception:
 
 
 # ---- names for enum parameters (ints pass through so the library reports bad values) -----
-_STYLES = {"interleaved": L.ROPE_INTERLEAVED, "gptj": L.ROPE_INTERLEAVED, "neox": L.ROPE_NEOX}
+_STYLES = {"interleaved": L.ROPE_INTERLEAVED, "gptj": L.ROPE_INTERLEAVED, "neox": L.ROPE_NEOX,
+           "none": L.ROPE_NONE}
 _SCORES = {"sigmoid": L.SCORE_SIGMOID, "softmax": L.SCORE_SOFTMAX,
            "sqrt_softplus": L.SCORE_SQRT_SOFTPLUS}
 _GROUPS = {"top2_sum": L.GROUP_TOP2_SUM, "max": L.GROUP_MAX}
@@ -147,7 +148,7 @@ class Preset:
     apply_routed_scaling: bool
     rms_norm_eps: float
     n_shared_experts: int
-    rope_style: str          # "interleaved" | "neox"
+    rope_style: str          # "interleaved" | "neox" | "none" (the slot kept unrotated: Kimi-K3)
     index_n_heads: int = 0   # DSA lightning indexer (GLM-5, DeepSeek-V3.2); 0: none
     index_head_dim: int = 0
     index_topk: int = 0

@@ -207,7 +207,8 @@ def mla_kv_cache(latent, w_q, w_kv, positions, cos_sin, slot_mapping, kv_cache, 
                                       every other record stays bit-identical. Or a KVCache
                                       (the cache with its format, instead of the format
                                       keywords below)
-    style         "interleaved" (pairs 2i, 2i+1; GLM / DeepSeek) or "neox" (pairs i, i+R/2)
+    style         "interleaved" (pairs 2i, 2i+1; GLM / DeepSeek) or "neox" (pairs i, i+R/2), or
+                  "none": k_pe stored unrotated, positions / cos_sin not read (Kimi-K3)
     error_count   [1] int32, optional. MUTATED: incremented once per token whose slot is past
                   the cache or whose position is outside [0, max_pos) (that token writes no
                   cache row and no k_pe row). The caller zeroes it.

@@ -25,6 +25,8 @@ def rope_q(q, positions, cos_sin, *, style="interleaved", rope_dim: int | None =
                  [0, max_pos) (that token is left unrotated)
 
     Bit-identical to what mla_kv_cache writes for the key at the same position. Returns q.
+    style "none" (Kimi-K3's unrotated slot): nothing rotates and positions / cos_sin are not read;
+    in place without head_norm q is left as it is.
 
     DeepSeek-V4's q (docs/mla.md, head_norm): ``head_norm=True`` first normalizes every head without weight
     (rstd = 1 / sqrt(mean(x^2) + head_norm_eps) in fp32), rotates the last R values of the fp32

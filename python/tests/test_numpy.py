@@ -282,6 +282,28 @@ def test_mla_kv_cache_strided_cache():
     assert np.all(cache.reshape(8, C + R)[[1, 2, 4, 7]] == POISON)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_mla_kv_cache_style_none(dtype):
+    """Kimi-K3's unrotated slot: k_pe and the cache's rope part are the latent's own values, no
+    position is read (None here), and the kimi-k3 preset names the style."""
+    Q, C, R, T = 16, 32, 8, 5
+    rng = np.random.default_rng(15)
+    latent = rng.standard_normal((T, Q + C + R)).astype(np_dtype(dtype))
+    cache = np.full((T, 1, C + R), POISON, np_dtype(dtype))
+    err = np.zeros(1, np.int32)
+    _, _, k_pe = mlafuse.mla_kv_cache(latent, np.ones(Q, np.float32), np.ones(C, np.float32), None, None,
+                                      np.arange(T), cache, style="none", q_lora_rank=Q, kv_lora_rank=C,
+                                      rope_dim=R, return_k_pe=True, error_count=err)
+    assert err[0] == 0
+    assert np.array_equal(k_pe.view(np.uint8), np.ascontiguousarray(latent[:, Q + C:]).view(np.uint8))
+    assert np.array_equal(np.ascontiguousarray(cache[:, 0, C:]).view(np.uint8), k_pe.view(np.uint8))
+    assert mlafuse.find_preset("kimi-k3").rope_style == "none"
+    q = rng.standard_normal((T, 2, 24)).astype(np_dtype(dtype))
+    before = q.copy()
+    mlafuse.rope_q(q, np.full(T, 10**6), mlafuse.rope_table(4, 8), style="none", error_count=err)
+    assert err[0] == 0 and np.array_equal(q.view(np.uint8), before.view(np.uint8))
+
+
 # ---- rope_q --------------------------------------------------------------------------------
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("style", ["interleaved", "neox"])

@@ -275,6 +275,14 @@ static void norm_part(const mlaf_norm_kern *k, const void *x, mlaf_dtype dt, int
 static void rope_part(const mlaf_norm_kern *k, const void *x, mlaf_dtype dt, int32_t R, mlaf_rope_style style,
                       const float *cs, const mlaf_cpu_row *row, const mlaf_cpu_writer *wr, int nw) {
     float v[PE_MAX];
+    if (style == MLAF_ROPE_NONE) { /* the values as read (exact in fp32), PE_MAX at a time */
+        for (int32_t i0 = 0; i0 < R; i0 += PE_MAX) {
+            const int32_t n = R - i0 < PE_MAX ? R - i0 : PE_MAX;
+            load_block(x, dt, i0, n, v);
+            for (int i = 0; i < nw; i++) wr[i].put(&wr[i], row, MLAF_PART_PE, i0, n, v);
+        }
+        return;
+    }
     if (R <= PE_MAX) {
         k->rope(x, dt, R, style, cs, v, MLAF_F32, NULL, MLAF_F32);
         for (int i = 0; i < nw; i++) wr[i].put(&wr[i], row, MLAF_PART_PE, 0, R, v);
@@ -356,7 +364,7 @@ static int64_t norm_rows(void *arg, int64_t t0, int64_t t1, int worker) {
         const float *cs = NULL;
         if (kv) {
             row.slot = t < kv->n_map ? mlaf_load_index(kv->slots, kv->slot_dt, t) : -1;
-            if (R > 0 || tail > 0) {
+            if ((R > 0 && kv->rope.style != MLAF_ROPE_NONE) || tail > 0) {
                 const int64_t pos = mlaf_load_index(kv->rope.positions, kv->rope.pos_dt, t);
                 if (pos < 0 || pos >= kv->rope.max_pos) row.ok = 0;
                 else cs = kv->rope.cos_sin + pos * kv->rope.cos_sin_stride;
@@ -469,13 +477,14 @@ static int64_t rope_q_heads_full(void *arg, int64_t i0, int64_t i1, int worker) 
     const size_t es = mlaf_dtype_size(j->dt);
     const mlaf_rope_job *r = &j->rope;
     const int32_t D = j->D, R = r->R, h2 = R / 2;
+    const int none = r->style == MLAF_ROPE_NONE; /* the rope part as the nope part: no rotation */
     float ones[ONES]; /* the scale kernel's weights for the nope part */
     for (int q = 0; q < ONES; q++) ones[q] = 1.0f;
     int64_t errors = 0;
     for (int64_t i = i0; i < i1; i++) {
         const int64_t t = i / j->Hpad, h = i % j->Hpad;
-        const int64_t pos = mlaf_load_index(r->positions, r->pos_dt, t);
-        if (pos < 0 || pos >= r->max_pos) {
+        const int64_t pos = none ? 0 : mlaf_load_index(r->positions, r->pos_dt, t);
+        if (!none && (pos < 0 || pos >= r->max_pos)) {
             errors += h == 0;
             continue;
         }
@@ -487,12 +496,14 @@ static int64_t rope_q_heads_full(void *arg, int64_t i0, int64_t i1, int worker) 
         }
         const char *x = (const char *)j->q + (t * j->s0 + h * j->s1) * (int64_t)es;
         const float rstd = j->head_norm ? rstd_of(k->sumsq(x, j->dt, D), D, j->head_eps) : 1.0f;
-        const float *cs = r->cos_sin + pos * r->cos_sin_stride;
+        const float *cs = none ? NULL : r->cos_sin + pos * r->cos_sin_stride;
         /* the rope part first: out may be x, and the nope part never touches these values. Its
          * normalized values in fp32, rotated from those unrounded inputs by the path's kernel (or,
          * past PE_MAX values, the portable rotation: the same bits), rounded once at the store. */
         char *po = out + (D - R) * (int64_t)es;
-        if (R <= PE_MAX) {
+        if (none) {
+            /* nothing here: the nope part's path below takes all D values */
+        } else if (R <= PE_MAX) {
             float f[PE_MAX];
             load_block(x, j->dt, D - R, R, f);
             if (j->head_norm)
@@ -510,15 +521,17 @@ static int64_t rope_q_heads_full(void *arg, int64_t i0, int64_t i1, int worker) 
                 mlaf_store_f32(out, j->dt, b, p2 + p3);
             }
         }
-        /* the nope part: (x * rstd) * 1 is x * rstd exactly, so the scale kernel computes it */
+        /* the nope part (style none: every value): (x * rstd) * 1 is x * rstd exactly, so the
+         * scale kernel computes it */
+        const int64_t plain = none ? D : D - R;
         if (j->head_norm) {
-            for (int64_t b0 = 0; b0 < D - R; b0 += ONES) {
-                const int64_t m = D - R - b0 < ONES ? D - R - b0 : ONES;
+            for (int64_t b0 = 0; b0 < plain; b0 += ONES) {
+                const int64_t m = plain - b0 < ONES ? plain - b0 : ONES;
                 k->scale(x + b0 * (int64_t)es, j->dt, m, rstd, ones, out + b0 * (int64_t)es, j->dt, NULL, j->dt, 0,
                          NULL);
             }
         } else if (out != x) {
-            k->copy(x, (size_t)(D - R) * es, out, 0);
+            k->copy(x, (size_t)plain * es, out, 0);
         }
     }
     return errors;
@@ -528,6 +541,7 @@ mlaf_status mlaf_cpu_rope_q(mlaf_context *ctx, const mlaf_rope_q_job *job) {
     rope_q_call c = {kern_for(ctx), job};
     const int64_t es = (int64_t)mlaf_dtype_size(job->dt);
     int64_t errors;
+    if (job->rope.style == MLAF_ROPE_NONE && !job->head_norm && !job->q_out) return MLAF_OK; /* nothing changes */
     if (job->head_norm || job->q_out) {
         const int64_t n = job->T * job->Hpad; /* each head's D values read and written */
         errors = mlaf_cpu_parallel_for(ctx, n, 2 * n * job->D * es, rope_q_heads_full, &c);

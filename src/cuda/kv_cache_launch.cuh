@@ -16,6 +16,7 @@ static inline mlaf_row_args mlaf_kv_args(const mlaf_kv_cache_job *job) {
     a.pos = job->rope.positions;
     a.pos64 = job->rope.pos_dt == MLAF_I64;
     a.neox = job->rope.style == MLAF_ROPE_NEOX;
+    a.norot = job->rope.style == MLAF_ROPE_NONE;
     a.cos_sin = job->rope.cos_sin;
     a.cs_stride = job->rope.cos_sin_stride;
     a.max_pos = job->rope.max_pos;

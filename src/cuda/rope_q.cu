@@ -266,7 +266,7 @@ extern "C" mlaf_status mlaf_cuda_rope_q(mlaf_context *ctx, const mlaf_rope_q_job
             return mlaf_fail(ctx, MLAF_ERR_DEVICE, "rope_q: kernel launch failed: %s", cudaGetErrorString(e));
         return MLAF_OK;
     }
-    if (job->T == 0 || job->H == 0) return MLAF_OK;
+    if (job->T == 0 || job->H == 0 || job->rope.style == MLAF_ROPE_NONE) return MLAF_OK; /* none: nothing changes */
     mlaf_cuda_device_guard guard(ctx);
     mlaf_rope_q_args a;
     a.q = job->q;

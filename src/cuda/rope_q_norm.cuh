@@ -26,6 +26,7 @@ struct mlaf_rope_qn_args {
     void *out; /* q itself (in place) or q_out */
     int64_t T, H, HP, s0, s1, o0, o1;
     int32_t D, R, neox, norm;
+    int32_t norot; /* rope style none: the rope part as the nope part, positions not read */
     float eps;
     const void *pos;
     int32_t pos64;
@@ -47,8 +48,8 @@ __global__ void __launch_bounds__(MLAF_RQN_WARPS * 32) mlaf_rope_qn_kernel(const
     const uint4 zero = make_uint4(0, 0, 0, 0);
     for (int64_t it = (int64_t)blockIdx.x * MLAF_RQN_WARPS + (threadIdx.x >> 5); it < items; it += step) {
         const int64_t t = it / a.HP, h = it % a.HP;
-        const int64_t p = mlaf_ld_index(a.pos, a.pos64, t);
-        if (p < 0 || p >= a.max_pos) {
+        const int64_t p = a.norot ? 0 : mlaf_ld_index(a.pos, a.pos64, t);
+        if (!a.norot && (p < 0 || p >= a.max_pos)) {
             if (h == 0 && lane == 0 && a.err) mlaf_cuda_error_count_add(a.err, 1);
             continue;
         }
@@ -61,7 +62,7 @@ __global__ void __launch_bounds__(MLAF_RQN_WARPS * 32) mlaf_rope_qn_kernel(const
             continue;
         }
         const T *x = static_cast<const T *>(a.q) + t * a.s0 + h * a.s1;
-        const float *cs = a.cos_sin + p * a.cs_stride;
+        const float *cs = a.norot ? nullptr : a.cos_sin + p * a.cs_stride;
         if constexpr (VEC) {
             const int nv = a.D / W;
             const uint4 *xv = reinterpret_cast<const uint4 *>(x);
@@ -89,7 +90,7 @@ __global__ void __launch_bounds__(MLAF_RQN_WARPS * 32) mlaf_rope_qn_kernel(const
 #pragma unroll
                     for (int k = 0; k < W; k++) f[k] = __fmul_rn(f[k], r);
                 const int e0 = v * W - nope;
-                if (e0 >= 0)
+                if (e0 >= 0 && !a.norot)
 #pragma unroll
                     for (int k = 0; k < W / 2; k++) {
                         const int pr = (e0 >> 1) + k;
@@ -119,6 +120,11 @@ __global__ void __launch_bounds__(MLAF_RQN_WARPS * 32) mlaf_rope_qn_kernel(const
                 const int ia = nope + (a.neox ? pp : 2 * pp), ib = a.neox ? ia + hr : ia + 1;
                 float x0 = mlaf_ld(x + ia), x1 = mlaf_ld(x + ib);
                 if (a.norm) x0 = __fmul_rn(x0, r), x1 = __fmul_rn(x1, r);
+                if (a.norot) {
+                    mlaf_st(o + ia, x0);
+                    mlaf_st(o + ib, x1);
+                    continue;
+                }
                 const float c = __ldg(cs + pp), s = __ldg(cs + hr + pp);
                 const float y0 = mlaf_rope_x0(x0, x1, c, s), y1 = mlaf_rope_x1(x0, x1, c, s);
                 mlaf_st(o + ia, y0);
@@ -152,6 +158,7 @@ static cudaError_t mlaf_rope_qn_run(const mlaf_rope_q_job *job, int sms, cudaStr
     a.o0 = job->q_out ? job->o0 : job->s0, a.o1 = job->q_out ? job->o1 : job->s1;
     a.D = job->D, a.R = job->rope.R;
     a.neox = job->rope.style == MLAF_ROPE_NEOX;
+    a.norot = job->rope.style == MLAF_ROPE_NONE;
     a.norm = job->head_norm;
     a.eps = job->head_eps;
     a.pos = job->rope.positions;

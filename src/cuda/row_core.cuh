@@ -37,6 +37,7 @@ struct mlaf_row_args {
     const void *pos;
     int32_t pos64;
     int32_t neox;
+    int32_t norot;    /* rope style none: the pe part is stored as read, positions are not read */
     const float *cos_sin;
     int64_t cs_stride, max_pos;
     const void *slots;
@@ -76,13 +77,13 @@ struct mlaf_token_idx {
 __device__ __forceinline__ mlaf_token_idx mlaf_token_load(const mlaf_row_args &a, int64_t t) {
     mlaf_token_idx ix;
     ix.slot = t < a.n_map ? mlaf_ld_index(a.slots, a.slot64, t) : -1;
-    ix.pos = a.R > 0 || a.tail > 0 ? mlaf_ld_index(a.pos, a.pos64, t) : 0;
+    ix.pos = (a.R > 0 && !a.norot) || a.tail > 0 ? mlaf_ld_index(a.pos, a.pos64, t) : 0;
     return ix;
 }
 
 /* Per-token decision of mla_kv_cache (split_qk_norm: every token ok, no cache row). */
 struct mlaf_token_info {
-    const float *cs; /* cos row of the position; NULL when R == 0 or the token is invalid */
+    const float *cs; /* cos row of the position; NULL when R == 0, style none or the token is invalid */
     int64_t slot;    /* the cache slot when cache */
     bool ok;         /* position and slot usable: write k_pe and (cache) the cache row */
     bool cache;      /* ok and slot >= 0 */
@@ -100,7 +101,7 @@ __device__ __forceinline__ mlaf_token_info mlaf_token_decide(const mlaf_row_args
     mlaf_token_info ti;
     bool pos_ok = true;
     ti.cs = nullptr;
-    if (a.R > 0 || a.tail > 0) {
+    if ((a.R > 0 && !a.norot) || a.tail > 0) {
         pos_ok = ix.pos >= 0 && ix.pos < a.max_pos;
         if (pos_ok) ti.cs = a.cos_sin + ix.pos * a.cs_stride;
     }
@@ -137,7 +138,7 @@ __device__ __forceinline__ void mlaf_rope_cs_early(const mlaf_row_args &a, const
 /* Rotates f, the W values of pe vector l (raw: its bits), in place. Every lane of the warp calls
  * it with its own vector (interleaved pairs take their cos / sin from the lane that loaded them;
  * NeoX pairs value i with i + R/2, held by lane l +- rv/2, which needs R/2 to be a multiple of
- * W). cs NULL: nothing to rotate (the token is invalid). */
+ * W). cs NULL: nothing to rotate (the token is invalid, or style none). */
 template <typename T>
 __device__ __forceinline__ void mlaf_rope_vec(const mlaf_row_args &a, const float *cs, int l, int rv, uint4 raw,
                                               float *f, float c0, float s0) {

@@ -121,7 +121,7 @@ __global__ void __launch_bounds__(1024) mlaf_row_block_kernel(const mlaf_row_arg
         Wr w(wp, a, t, ti);
         if (ROPE) {
             mlaf_rope_vec<T>(a, ti.cs, lane, rv, x, f, c0, s0);
-            w.pe(lane, ok && ti.ok, f, mlaf_vec<T>::pack(f));
+            w.pe(lane, ok && ti.ok, f, a.norot ? x : mlaf_vec<T>::pack(f));
         } else {
             w.pe(lane, ok, f, x);
         }
@@ -277,7 +277,7 @@ __device__ __forceinline__ void mlaf_row_warp_body(const mlaf_row_args &a, const
             }
         } else if constexpr (ROPE) {
             mlaf_rope_vec<T>(a, ti.cs, j, rv, x, f, c0, s0);
-            w.pe(j, ok && ti.ok, f, mlaf_vec<T>::pack(f));
+            w.pe(j, ok && ti.ok, f, a.norot ? x : mlaf_vec<T>::pack(f));
         } else {
             w.pe(j, ok, f, x);
         }
@@ -351,8 +351,9 @@ __global__ void __launch_bounds__(MLAF_ROW_WARPS * 32) mlaf_row_generic_kernel(c
         }
     }
     const T *P = L + Q + C;
-    if (!ROPE) {
-        for (int32_t r = lane; r < R; r += 32) w.pe1(r, mlaf_ld(P + r), reinterpret_cast<const B *>(P)[r]);
+    if (!ROPE || a.norot) {
+        if (!ROPE || ti.ok)
+            for (int32_t r = lane; r < R; r += 32) w.pe1(r, mlaf_ld(P + r), reinterpret_cast<const B *>(P)[r]);
     } else if (ti.ok) {
         const int32_t h = R / 2;
         for (int32_t i = lane; i < h; i += 32) {

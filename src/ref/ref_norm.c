@@ -41,6 +41,7 @@ void mlaf_ref_split_qk_norm(const mlaf_norm_job *job, double *q, double *k_nope,
 }
 
 void mlaf_ref_rope_row(double *x, int32_t R, mlaf_rope_style style, const float *cos_sin_row) {
+    if (style == MLAF_ROPE_NONE) return; /* the values stay as read */
     int32_t half = R / 2;
     for (int32_t i = 0; i < half; i++) {
         int32_t a = style == MLAF_ROPE_NEOX ? i : 2 * i;
@@ -52,9 +53,15 @@ void mlaf_ref_rope_row(double *x, int32_t R, mlaf_rope_style style, const float 
     }
 }
 
+/* Style none reads no position: every token's is usable. */
 static int position_ok(const mlaf_rope_job *r, int64_t t, int64_t *pos) {
-    *pos = mlaf_load_index(r->positions, r->pos_dt, t);
-    return *pos >= 0 && *pos < r->max_pos;
+    *pos = r->style == MLAF_ROPE_NONE ? 0 : mlaf_load_index(r->positions, r->pos_dt, t);
+    return r->style == MLAF_ROPE_NONE || (*pos >= 0 && *pos < r->max_pos);
+}
+
+/* The cos / sin row of a usable position (NULL for style none: nothing reads it). */
+static const float *cs_row(const mlaf_rope_job *r, int64_t pos) {
+    return r->style == MLAF_ROPE_NONE ? NULL : r->cos_sin + pos * r->cos_sin_stride;
 }
 
 void mlaf_ref_mla_kv_cache(const mlaf_kv_cache_job *job, double *q, double *k_nope, double *k_pe,
@@ -90,8 +97,7 @@ void mlaf_ref_mla_kv_cache(const mlaf_kv_cache_job *job, double *q, double *k_no
         if (pe) {
             for (int32_t r = 0; r < R; r++) pe[r] = mlaf_load_f32(row, n->dt, (int64_t)n->Q + C + r);
             if (!bad && R > 0)
-                mlaf_ref_rope_row(pe, R, job->rope.style,
-                                  job->rope.cos_sin + pos * job->rope.cos_sin_stride);
+                mlaf_ref_rope_row(pe, R, job->rope.style, cs_row(&job->rope, pos));
         }
         /* Nothing of the rope part is defined for a bad token. */
         if (k_pe)
@@ -122,8 +128,7 @@ void mlaf_ref_rope_q(const mlaf_rope_q_job *job, double *q_out, int8_t *status) 
                 for (int32_t d = 0; d < D; d++) dst[d] *= rstd;
             }
             if (ok)
-                mlaf_ref_rope_row(dst + (D - R), R, job->rope.style,
-                                  job->rope.cos_sin + pos * job->rope.cos_sin_stride);
+                mlaf_ref_rope_row(dst + (D - R), R, job->rope.style, cs_row(&job->rope, pos));
         }
     }
 }

@@ -120,6 +120,10 @@ void corrupt_outputs(const mlaf_verify_case *c, const vview *v) {
 void rope_allowance(const double *x, int32_t R, mlaf_rope_style style, const float *cs,
                     double *allow) {
     int32_t h = R / 2;
+    if (style == MLAF_ROPE_NONE) { /* nothing computed: the values as read (cs not read) */
+        for (int32_t i = 0; i < R; i++) allow[i] = 0.0;
+        return;
+    }
     for (int32_t i = 0; i < h; i++) {
         int32_t a = style == MLAF_ROPE_NEOX ? i : 2 * i;
         int32_t b = style == MLAF_ROPE_NEOX ? i + h : 2 * i + 1;

@@ -249,7 +249,7 @@ static void mla_chunk(const void *arg, void *scratch, int64_t t0, int64_t n, jud
             double *x = allow + R;
             const char *lrow = (const char *)b->latent.init + (size_t)(t * b->LS) * es;
             for (int32_t i = 0; i < R; i++) x[i] = mlaf_load_f32(lrow, c->dtype, (int64_t)Q + C + i);
-            rope_allowance(x, R, c->rope_style, a->cs_host + a->pos[t] * a->cs_stride, allow);
+            rope_allowance(x, R, c->rope_style, c->rope_style == MLAF_ROPE_NONE ? NULL : a->cs_host + a->pos[t] * a->cs_stride, allow);
             if (a->want_k_pe)
                 for (int32_t i = 0; i < R; i++) judge_value(j, &b->vp, "k_pe", t, i, sc.rp[u * R + i], allow[i]);
         }
@@ -532,7 +532,7 @@ mlaf_status mlaf_verify_mla_kv_cache(mlaf_context *ctx, const mlaf_verify_case *
         /* the harness's own test, fp8 formats: byte 0 of the record of every written token
          * from corrupt_from - 1 on, every 500th, one e4m3 step off */
         for (int64_t t = c->corrupt_from - 1; t < N; t += 500) {
-            const int pos_ok = RP == 0 || (pos[t] >= 0 && pos[t] < VERIFY_MAX_POS);
+            const int pos_ok = RP == 0 || c->rope_style == MLAF_ROPE_NONE || (pos[t] >= 0 && pos[t] < VERIFY_MAX_POS);
             if (slots[t] < 0 || slots[t] >= cap || !pos_ok) continue;
             ((unsigned char *)cache_b.g.body)[(slots[t] / bs) * s0 + (slots[t] % bs) * (v4 ? 576 : s1)] ^= 1u;
         }

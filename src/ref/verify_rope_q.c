@@ -78,7 +78,7 @@ static void rope_chunk(const void *arg, void *scratch, int64_t t0, int64_t n, ju
                 rstd = 1.0 / sqrt(ss / (double)D + (double)c->cfg.rms_norm_eps);
             }
             for (int32_t i = 0; i < R; i++) xin[i] = mlaf_load_f32(head, dt, D - R + i) * rstd;
-            rope_allowance(xin, R, c->rope_style, a->cs_host + a->pos[t] * a->cs_stride, allow);
+            rope_allowance(xin, R, c->rope_style, c->rope_style == MLAF_ROPE_NONE ? NULL : a->cs_host + a->pos[t] * a->cs_stride, allow);
             if (c->head_norm)
                 for (int32_t i = 0; i < R; i++) allow[i] *= 2.0;
             vview v = a->o_b ? (vview){(vbuf *)a->o_b, dt, h * a->o1, a->o0} : (vview){(vbuf *)a->q_b, dt, h * s1, s0};
