@@ -10,18 +10,27 @@ Covered (transformers 5.x): DeepSeek-V2 / V2-Lite (``deepseek_v2``), DeepSeek-V3
 Kimi-K2 (``deepseek_v3``), GLM-4.7-Flash (``glm4_moe_lite``), and the DSA models GLM-5
 (``glm_moe_dsa``) and DeepSeek-V3.2 (``deepseek_v32``), whose lightning indexer stays
 transformers' own (fed mlafuse's q-a norm output; its top-k masks the attention as in their
-forwards). ``patch`` replaces, by instance attribute, the forward of
+forwards). Also the hybrid models, whose linear-attention (KDA) layers, gated norms and short
+convolutions stay transformers' own: Kimi-Linear / Kimi-K3's text model (``kimi_linear``: MLA
+whose 64-wide rope slot is cached but never rotated, mla_use_nope) and GLM-5.3-Flash
+(``glm5_next``, or its language model alone, ``glm5_next_text``: NoPE MLA, rope width 0, with a
+DSA indexer that scores keys pooled over index_kpool tokens; the indexer, its cache, the
+hyper-connection residual streams and the vision tower stay transformers'). For these NoPE
+models nothing is rotated: no ``rope_q`` call, no table and no position check, and their cache
+holds transformers' own layout (a cache may pass between patched and unpatched runs).
+``patch`` replaces, by instance attribute, the forward of
 - every MLA attention module: the q-a and kv-a projections become one GEMM (their weights
   concatenated: one extra copy of them, e.g. 30 MB per DeepSeek-V3 layer in bf16; rebuilt
   when a weight changes) whose output goes through ONE
-  ``mlafuse.split_qk_norm`` (both RMSNorms, each with its module's own eps); ``mlafuse.rope_q``
+  ``mlafuse.split_qk_norm`` (both RMSNorms, each with its module's own eps: Kimi-Linear's are
+  built without the config's rms_norm_eps, so 1e-6); ``mlafuse.rope_q``
   rotates q_pe and k_pe in place (interleaved or NeoX as the config says) from one cos/sin
   table per device built from the config's rope_theta and rope scaling (default or YaRN);
   the cache update and attention are the model's own;
 - every MoE router: the model's own f32 router logits, then ``mlafuse.moe_gate`` with the
-  config's scoring (V3 / GLM: sigmoid + e_score_correction_bias, n_group / topk_group top-2
-  sum, norm_topk_prob with eps 1e-20, routed_scaling_factor; V2: softmax, greedy or
-  group_limited_greedy (group max), routed_scaling_factor);
+  config's scoring (V3 / GLM / Kimi: sigmoid + e_score_correction_bias, n_group / topk_group
+  top-2 sum, norm_topk_prob (Kimi: moe_renormalize) with eps 1e-20, routed_scaling_factor;
+  V2: softmax, greedy or group_limited_greedy (group max), routed_scaling_factor);
 - the model's rotary embedding, only to check once per forward that every position is inside
   the table (max_position_embeddings rows); the check is skipped while torch.compile traces
   or a CUDA graph captures.
@@ -37,17 +46,26 @@ a cache filled while patched must not be continued unpatched (or the reverse).
 DeepSeek-V4 (``deepseek_v4``): routers only, with ``patch(model, attention=False)``: its
 sqrt-softplus top-k router through ``moe_gate`` and its hash routers through ``moe_gate_hash``
 (logits as transformers computes them, in the weights' dtype; weights returned in that dtype);
-its attention is not wrapped, so ``patch(model)`` refuses it and says so.
+its attention is not wrapped, so ``patch(model)`` refuses it and says so. DeepSeek-V4.1-Flash's
+text config (q_lora_rank 1280, 384 experts top-6, sqrt-softplus, rms_norm_eps 1e-20, no hash
+layers) loads as deepseek_v4 (this transformers has no deepseek_v41) and takes the same path,
+provided it says num_hash_layers 0: without it transformers builds its default 3 hash-routed
+layers.
 
 Refused with UnsupportedModelError: other model types, rope types other than default /
 YaRN, partial rotary factors, quantized (non-nn.Linear) q-a / kv-a projections, a
-DeepSeek-V2 topk_method other than greedy /
-group_limited_greedy or with norm_topk_prob (transformers' V2 router ignores it), and module
-classes whose layout differs from the ones this file was written against. Patched models are
-for inference (no autograd through the mlafuse ops).
+DeepSeek-V2 topk_method other than greedy / group_limited_greedy or with norm_topk_prob
+(transformers' V2 router ignores it), a GLM-5.3 qk_rope_head_dim other than 0, module classes
+whose layout differs from the ones this file was written against, and configs asking for what
+transformers' modules do not compute (so neither side would give what the checkpoint expects):
+Kimi with mla_use_nope = False (its attention never rotates), mla_use_output_gate = True (it
+has no output gate) or a moe_router_activation_func other than sigmoid, and DeepSeek-V4 with a
+gate_temp other than 1 (its router does not divide by one). Patched models are for inference
+(no autograd through the mlafuse ops).
 """
 from __future__ import annotations
 
+import inspect
 import sys
 import types
 
@@ -56,7 +74,7 @@ from .. import ops as _ops
 __all__ = ["patch", "unpatch", "is_patched", "UnsupportedModelError", "SUPPORTED_MODEL_TYPES"]
 
 SUPPORTED_MODEL_TYPES = ("deepseek_v2", "deepseek_v3", "glm4_moe_lite", "glm_moe_dsa", "deepseek_v32",
-                         "deepseek_v4")
+                         "deepseek_v4", "glm5_next", "glm5_next_text", "kimi_linear")
 # DeepSeek-V4: routers only (patch(model, attention=False)); its attention is not wrapped.
 _ROUTERS_ONLY = {
     "deepseek_v4": "DeepSeek-V4 (deepseek_v4): its attention (the 512-wide shared kv with the "
@@ -66,12 +84,19 @@ _ROUTERS_ONLY = {
 }
 _ATTN_CLASSES = {"deepseek_v2": "DeepseekV2Attention", "deepseek_v3": "DeepseekV3Attention",
                  "glm4_moe_lite": "Glm4MoeLiteAttention", "glm_moe_dsa": "GlmMoeDsaAttention",
-                 "deepseek_v32": "DeepseekV32Attention"}
+                 "deepseek_v32": "DeepseekV32Attention", "glm5_next": "Glm5NextTextAttention",
+                 "glm5_next_text": "Glm5NextTextAttention", "kimi_linear": "KimiLinearAttention"}
 _ROUTER_CLASSES = {"deepseek_v2": "DeepseekV2TopkRouter", "deepseek_v3": "DeepseekV3TopkRouter",
                    "glm4_moe_lite": "Glm4MoeLiteTopkRouter", "glm_moe_dsa": "GlmMoeDsaTopkRouter",
-                   "deepseek_v32": "DeepseekV32TopkRouter", "deepseek_v4": "DeepseekV4TopKRouter"}
+                   "deepseek_v32": "DeepseekV32TopkRouter", "deepseek_v4": "DeepseekV4TopKRouter",
+                   "glm5_next": "Glm5NextTextTopkRouter",
+                   "glm5_next_text": "Glm5NextTextTopkRouter",
+                   "kimi_linear": "KimiLinearTopkRouter"}
 _HASH_ROUTER_CLASSES = {"deepseek_v4": "DeepseekV4HashRouter"}
 _DSA = ("glm_moe_dsa", "deepseek_v32")  # MLA + the DSA indexer (transformers' own, fed our q norm)
+# MLA whose rope slot (if any) is never rotated: no rope_q, no table, no position check.
+_NOPE = ("glm5_next", "glm5_next_text", "kimi_linear")
+_POOLED_DSA = ("glm5_next", "glm5_next_text")  # NoPE MLA + the k-pool DSA indexer (transformers')
 _STATE = "_mlafuse_state"
 
 
@@ -90,6 +115,37 @@ def is_patched(model) -> bool:
 
 
 # ---- configuration ----------------------------------------------------------------------------
+def _text_config(cfg, model_type):
+    """The config the language model's modules were built from: GLM-5.3-Flash (glm5_next) is a
+    vision-language model whose MLA / MoE settings live in its text_config."""
+    if model_type != "glm5_next":
+        return cfg
+    text = getattr(cfg, "text_config", None)
+    if text is None:
+        raise UnsupportedModelError("glm5_next: the config has no text_config")
+    return text
+
+
+def _nope_checks(cfg, model_type):
+    """The NoPE MLA models: refuse configs whose checkpoint expects rotated rope columns, which
+    the transformers attention (and so this integration) would leave unrotated."""
+    R = int(cfg.qk_rope_head_dim or 0)
+    if model_type == "kimi_linear":
+        if getattr(cfg, "mla_use_nope", True) is False:
+            raise UnsupportedModelError(
+                "kimi_linear: mla_use_nope = False asks for rotated rope columns, but "
+                "transformers' KimiLinearAttention never rotates them; refusing rather than "
+                "choosing")
+        if getattr(cfg, "mla_use_output_gate", False):
+            raise UnsupportedModelError(
+                "kimi_linear: mla_use_output_gate = True asks for a gated attention output, but "
+                "transformers' KimiLinearAttention has no output gate; refusing rather than "
+                "choosing")
+    elif R != 0:
+        raise UnsupportedModelError(f"{model_type}: qk_rope_head_dim = {R}; the GLM-5.3 "
+                                    "attention this integration wraps is NoPE (0)")
+
+
 def _rope_settings(cfg, model_type):
     """(style, base, scaling dict or None, max_pos) from the config, or UnsupportedModelError."""
     params = dict(getattr(cfg, "rope_parameters", None) or {})
@@ -151,12 +207,19 @@ def _router_params(cfg, model_type):
         if score != "sqrtsoftplus":
             raise UnsupportedModelError(f"deepseek_v4: scoring_func = {score!r} is not supported "
                                         "(sqrtsoftplus)")
+        temp = getattr(cfg, "gate_temp", None)
+        if temp is not None and float(temp) != 1.0:
+            raise UnsupportedModelError(
+                f"deepseek_v4: gate_temp = {temp} (V4.1 divides the router logits by it), but "
+                "transformers' DeepseekV4TopKRouter does not; refusing rather than choosing")
         return dict(top_k=int(cfg.num_experts_per_tok), score_func="sqrt_softplus",
                     renormalize=True, routed_scaling_factor=float(cfg.routed_scaling_factor),
                     apply_routed_scaling=True, eps=1e-20)
-    score = getattr(cfg, "scoring_func", None) or "sigmoid"
+    # (Kimi's checkpoints name it moe_router_activation_func; its transformers router ignores it)
+    key = "moe_router_activation_func" if model_type == "kimi_linear" else "scoring_func"
+    score = getattr(cfg, key, None) or "sigmoid"
     if score != "sigmoid":
-        raise UnsupportedModelError(f"{model_type}: scoring_func = {score!r}, but the "
+        raise UnsupportedModelError(f"{model_type}: {key} = {score!r}, but the "
                                     "transformers router computes sigmoid scores")
     return dict(top_k=int(cfg.num_experts_per_tok), n_group=int(cfg.n_group or 1),
                 topk_group=int(cfg.topk_group or 1), score_func="sigmoid",
@@ -206,7 +269,9 @@ def _mla_qkv(self, hidden_states, position_ids, past_key_values, kwargs, new_cac
     torch = _torch()
     F = torch.nn.functional
     st = getattr(self, _STATE)
-    if position_ids is None:
+    shared = st["shared"]
+    rotate = shared.style != "none"
+    if position_ids is None and rotate:
         raise RuntimeError("mlafuse-patched attention needs position_ids (the transformers "
                            "decoder layer passes them)")
     B, S = hidden_states.shape[:-1]
@@ -223,10 +288,9 @@ def _mla_qkv(self, hidden_states, position_ids, past_key_values, kwargs, new_cac
         rope_dim=R, return_k_pe=False)
     q = self.q_b_proj(q_norm) if Q else self.q_proj(h)
     q = q.view(T, -1, self.qk_head_dim)
-    shared = st["shared"]
-    cos_sin = shared.cos_sin(latent.device, R)
-    positions = position_ids.expand(B, S).reshape(T).contiguous()
-    if R > 0:
+    if rotate and R > 0:  # NoPE models keep q's and k's rope columns as projected
+        cos_sin = shared.cos_sin(latent.device, R)
+        positions = position_ids.expand(B, S).reshape(T).contiguous()
         _ops.rope_q(q, positions, cos_sin, style=shared.style)
         _ops.rope_q(latent[:, Q + C:].unsqueeze(1), positions, cos_sin, style=shared.style)
     kv_nope = k_nope.view(B, 1, S, C)
@@ -305,6 +369,36 @@ def _forward_v2(self, hidden_states, attention_mask=None, past_key_values=None,
                           cache if cache is not None else past_key_values, kwargs, cache is not None)
 
 
+def _forward_nope(self, hidden_states, attention_mask=None, cache=None, past_key_values=None,
+                  **kwargs):
+    """KimiLinearAttention.forward's signature: MLA whose 64-wide rope slot is cached and
+    attended to but never rotated (Kimi's mla_use_nope)."""
+    cache = cache if cache is not None else past_key_values
+    return _mla_attention(self, hidden_states, attention_mask, cache, kwargs, True)
+
+
+def _forward_pooled_dsa(self, hidden_states, attention_mask=None, cache=None,
+                        prev_topk_indices=None, past_key_values=None, **kwargs):
+    """Glm5NextTextAttention.forward: NoPE MLA through mlafuse, then the model's own k-pool
+    indexer (on the q-a norm output and the [B, S] padding mask it is given) or the previous
+    full layer's top-k, turned into the attention mask by the module's own method. Returns the
+    top-k as the third output when the next layer reuses it."""
+    cache = cache if cache is not None else past_key_values
+    q, k, v, q_norm = _mla_qkv(self, hidden_states, None, cache, kwargs, True)
+    B, S = hidden_states.shape[:-1]
+    if self.indexer is not None:
+        topk = self.indexer(hidden_states=hidden_states, q_resid=q_norm.view(B, S, -1),
+                            attention_mask=attention_mask, cache=cache)
+    elif prev_topk_indices is not None:
+        topk = prev_topk_indices
+    else:
+        raise ValueError("shared DSA layers need the top-k indices of a previous full layer")
+    mask = self.build_attention_mask_from_topk(topk_indices=topk, query_states=q,
+                                               kv_length=k.shape[2])
+    out, weights = _attend(self, q, k, v, mask, kwargs)
+    return out, weights, topk if self.next_skip_topk else None
+
+
 def _router_forward(self, hidden_states):
     """The TopkRouter's contract: (router_logits, topk_weights, topk_indices int64). The
     DeepSeek / GLM routers compute f32 logits and return f32 weights; DeepSeek-V4's keep the
@@ -349,6 +443,34 @@ def _rotary_forward(self, x, position_ids):
 
 
 # ---- patch / unpatch --------------------------------------------------------------------------
+_ATTN_FORWARDS = (_forward_v2, _forward_v3, _forward_dsa, _forward_pooled_dsa, _forward_nope)
+
+
+def _has_topk_router(cfg):
+    """Whether the config builds at least one learned top-k router (the per-layer MLP schedule
+    where the config has one: V4's hash-routed layers and dense layers have none)."""
+    kinds = getattr(cfg, "mlp_layer_types", None)
+    if kinds is not None:
+        return any(k in ("sparse", "moe") for k in kinds)
+    return bool(getattr(cfg, "n_routed_experts", None))
+
+
+def _check_pooled_dsa(mod, name):
+    """GLM-5.3's attention: the parts _forward_pooled_dsa calls by name."""
+    for attr in ("indexer", "build_attention_mask_from_topk", "next_skip_topk"):
+        if not hasattr(mod, attr):
+            raise UnsupportedModelError(f"{name} has no {attr!r}: this transformers version's "
+                                        "DSA attention is not the one mlafuse was written against")
+    if mod.indexer is not None:
+        params = inspect.signature(mod.indexer.forward).parameters
+        missing = [p for p in ("hidden_states", "q_resid", "attention_mask", "cache")
+                   if p not in params]
+        if missing:
+            raise UnsupportedModelError(f"{name}: its indexer takes no {missing}: this "
+                                        "transformers version's indexer is not the one mlafuse "
+                                        "was written against")
+
+
 def _model_type(model):
     cfg = getattr(model, "config", None)
     mt = getattr(cfg, "model_type", None)
@@ -371,9 +493,13 @@ def patch(model, *, attention: bool = True, router: bool = True):
     if mt not in SUPPORTED_MODEL_TYPES:
         raise UnsupportedModelError(f"model_type {mt!r} is not covered; mlafuse patches "
                                     f"{list(SUPPORTED_MODEL_TYPES)}")
+    cfg = _text_config(cfg, mt)
     gate = _router_params(cfg, mt)
     shared = None
-    if attention:
+    if attention and mt in _NOPE:
+        _nope_checks(cfg, mt)
+        shared = _Shared("none", None, None, None)
+    elif attention:
         style, base, scaling, max_pos = _rope_settings(cfg, mt)
         if scaling is not None:
             _ops._rope_scaling(scaling, base)  # rejects keys or values the library cannot build
@@ -398,11 +524,15 @@ def patch(model, *, attention: bool = True, router: bool = True):
                         f"{name}: the q-a / kv-a projection is a {type(proj).__name__}, not a "
                         "plain torch.nn.Linear (quantized checkpoints are not supported: their "
                         "weights cannot be concatenated into one GEMM)")
+            if mt in _POOLED_DSA:
+                _check_pooled_dsa(mod, name)
             eager = getattr(sys.modules[type(mod).__module__], "eager_attention_forward", None)
             if eager is None:
                 raise UnsupportedModelError(f"{type(mod).__module__} has no "
                                             "eager_attention_forward")
-            fwd = _forward_v2 if mt == "deepseek_v2" else _forward_dsa if mt in _DSA else _forward_v3
+            fwd = (_forward_v2 if mt == "deepseek_v2" else _forward_dsa if mt in _DSA else
+                   _forward_pooled_dsa if mt in _POOLED_DSA else
+                   _forward_nope if mt in _NOPE else _forward_v3)
             plan.append((mod, fwd, dict(shared=shared, eager_attention=eager,
                                         attention_functions=ALL_ATTENTION_FUNCTIONS,
                                         returns_topk=mt == "glm_moe_dsa")))
@@ -411,14 +541,13 @@ def patch(model, *, attention: bool = True, router: bool = True):
             plan.append((mod, _router_forward, dict(gate=gate, biased=biased, f32=mt != "deepseek_v4")))
         elif name == hash_name and router:
             plan.append((mod, _hash_router_forward, dict(gate=gate)))
-    if attention and not any(f in (_forward_v2, _forward_v3, _forward_dsa) for _, f, _ in plan):
+    if attention and not any(f in _ATTN_FORWARDS for _, f, _ in plan):
         raise UnsupportedModelError(f"no {attn_name} module found in {type(model).__name__}")
-    if router and not any(f is _router_forward for _, f, _ in plan) and \
-            (getattr(cfg, "n_routed_experts", None) or mt == "deepseek_v4"):
+    if router and not any(f is _router_forward for _, f, _ in plan) and _has_topk_router(cfg):
         raise UnsupportedModelError(f"no {router_name} module found in {type(model).__name__}")
     inner = getattr(model, "model", model)
     rotary = getattr(inner, "rotary_emb", None)
-    if rotary is not None and attention:
+    if rotary is not None and attention and mt not in _NOPE:
         plan.append((rotary, _rotary_forward, dict(shared=shared)))
     with torch.no_grad():
         for mod, fwd, st in plan:
