@@ -5,7 +5,7 @@ torch.library before it loads either implementation, the compiled extension's C+
 (python/csrc, TORCH_LIBRARY_IMPL only) or the Python ones over ctypes. A new op is a row here,
 its implementations and its fake (meta) implementation in _torch_ops, and its kernel in csrc.
 
-Int enums: style 0 interleaved / 1 neox; score_func 0 sigmoid / 1 softmax / 2 sqrt_softplus;
+Int enums: style 0 interleaved / 1 neox / 2 none; score_func 0 sigmoid / 1 softmax / 2 sqrt_softplus;
 group_score 0 top-2 sum / 1 max; cache_format 0 plain / 1 fp8 / 2 fp8_ds_mla / 3 fp8_v4;
 fp8_conv 0 divide / 1 multiply; tile_scale 0 amax / 1 ue8m0 / 2 ue8m0_floor_scaled; the
 indexer's index_style as style, index_scale 0 ue8m0 / 1 f32.
