@@ -129,6 +129,17 @@ def rel(a, b):
     return float((a.float() - b.float()).abs().max() / b.float().abs().max())
 
 
+def assert_bf16_close(name, got, want):
+    """Patched bf16 logits against unpatched: the BF16_* tolerances above."""
+    assert got.dtype == torch.bfloat16
+    got, want = got.float(), want.float()
+    mean = float((got - want).abs().mean() / want.abs().max())
+    agree = float((got.argmax(-1) == want.argmax(-1)).float().mean())
+    assert mean <= BF16_MEAN_TOL, f"{name}: bf16 logits differ by {mean:.2e} on average"
+    assert rel(got, want) <= BF16_MAX_TOL, f"{name}: bf16 logits differ by {rel(got, want):.2e}"
+    assert agree >= BF16_ARGMAX_AGREE, f"{name}: argmax agrees at {agree:.0%} of positions"
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("name", list(MODELS))
 def test_f32_logits_and_greedy_generate(name, device, monkeypatch):
@@ -162,13 +173,7 @@ def test_bf16_logits(name, device):
         want = model(ids).logits
         patch(model)
         got = model(ids).logits
-    assert got.dtype == torch.bfloat16
-    got, want = got.float(), want.float()
-    mean = float((got - want).abs().mean() / want.abs().max())
-    agree = float((got.argmax(-1) == want.argmax(-1)).float().mean())
-    assert mean <= BF16_MEAN_TOL, f"{name}: bf16 logits differ by {mean:.2e} on average"
-    assert rel(got, want) <= BF16_MAX_TOL, f"{name}: bf16 logits differ by {rel(got, want):.2e}"
-    assert agree >= BF16_ARGMAX_AGREE, f"{name}: argmax agrees at {agree:.0%} of positions"
+    assert_bf16_close(name, got, want)
 
 
 @pytest.mark.parametrize("name", ["deepseek_v3", "deepseek_v2_lite"])
