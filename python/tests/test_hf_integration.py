@@ -139,11 +139,9 @@ def assert_bf16_close(name, got, want):
     assert rel(got, want) <= BF16_MAX_TOL, f"{name}: bf16 logits differ by {rel(got, want):.2e}"
     assert agree >= BF16_ARGMAX_AGREE, f"{name}: argmax agrees at {agree:.0%} of positions"
 
-
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("name", list(MODELS))
-def test_f32_logits_and_greedy_generate(name, device, monkeypatch):
-    model = build(name, device)
+def assert_f32_and_greedy(name, model, device, monkeypatch, calls):
+    """f32 logits patched vs unpatched within F32_TOL, 20 greedy tokens identical, the mlafuse
+    ops called as `calls` says (one forward), and unpatch restoring the model's own logits."""
     ids = torch.randint(0, 160, (2, 11), generator=torch.Generator().manual_seed(1)).to(device)
     with torch.no_grad():
         want = model(ids).logits
@@ -152,8 +150,7 @@ def test_f32_logits_and_greedy_generate(name, device, monkeypatch):
         patch(model)
         assert is_patched(model)
         got = model(ids).logits
-        layers = model.config.num_hidden_layers
-        assert count.calls == {"split_qk_norm": layers, "rope_q": 2 * layers, "moe_gate": 1}
+        assert count.calls == calls
         gen_got = model.generate(ids, max_new_tokens=20, min_new_tokens=20, do_sample=False)
         unpatch(model)
         again = model(ids).logits
@@ -161,6 +158,15 @@ def test_f32_logits_and_greedy_generate(name, device, monkeypatch):
     assert gen_got.shape == (2, 31)
     assert torch.equal(gen_got, gen_want), f"{name}: greedy tokens differ"
     assert not is_patched(model) and torch.equal(again, want)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", list(MODELS))
+def test_f32_logits_and_greedy_generate(name, device, monkeypatch):
+    model = build(name, device)
+    layers = model.config.num_hidden_layers
+    assert_f32_and_greedy(name, model, device, monkeypatch,
+                          {"split_qk_norm": layers, "rope_q": 2 * layers, "moe_gate": 1})
 
 
 @pytest.mark.parametrize("device", DEVICES)

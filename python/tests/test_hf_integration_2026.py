@@ -17,7 +17,7 @@ import mlafuse.ops  # noqa: E402
 from mlafuse.integrations.transformers import (  # noqa: E402
     UnsupportedModelError, is_patched, patch, unpatch)
 from test_hf_integration import (  # noqa: E402
-    DEVICES, F32_TOL, Counting, assert_bf16_close, rel)
+    DEVICES, F32_TOL, Counting, assert_bf16_close, assert_f32_and_greedy, rel)
 
 SMALL = dict(vocab_size=160, hidden_size=64, intermediate_size=96, moe_intermediate_size=32,
              num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
@@ -116,22 +116,7 @@ def expected_calls(model):
 @pytest.mark.parametrize("name", list(MODELS))
 def test_f32_logits_and_greedy_generate(name, device, monkeypatch):
     model = build(name, device)
-    ids = torch.randint(0, 160, (2, 11), generator=torch.Generator().manual_seed(1)).to(device)
-    with torch.no_grad():
-        want = model(ids).logits
-        gen_want = model.generate(ids, max_new_tokens=20, min_new_tokens=20, do_sample=False)
-        count = Counting(monkeypatch)
-        patch(model)
-        assert is_patched(model)
-        got = model(ids).logits
-        assert count.calls == expected_calls(model)
-        gen_got = model.generate(ids, max_new_tokens=20, min_new_tokens=20, do_sample=False)
-        unpatch(model)
-        again = model(ids).logits
-    assert rel(got, want) <= F32_TOL, f"{name}: logits differ by {rel(got, want):.2e}"
-    assert gen_got.shape == (2, 31)
-    assert torch.equal(gen_got, gen_want), f"{name}: greedy tokens differ"
-    assert not is_patched(model) and torch.equal(again, want)
+    assert_f32_and_greedy(name, model, device, monkeypatch, expected_calls(model))
 
 
 @pytest.mark.parametrize("device", DEVICES)
