@@ -8,14 +8,9 @@
 #include <string.h>
 
 #include "gemm_format.h"
+#include "validate_common.h"
 
 #define SM_(m) (1u << (m))
-
-#define TRY(expr)                       \
-    do {                                \
-        mlaf_status st_ = (expr);       \
-        if (st_ != MLAF_OK) return st_; \
-    } while (0)
 
 /* ---- the table -------------------------------------------------------------------------- */
 const mlaf_gemm_format_info mlaf_gemm_formats[MLAF_GEMM_FORMAT_COUNT_] = {

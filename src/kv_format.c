@@ -7,16 +7,7 @@
 #include <string.h>
 
 #include "kv_format.h"
-
-#define DT_(d) (1u << (d))
-#define DT_FLOAT (DT_(MLAF_F32) | DT_(MLAF_F16) | DT_(MLAF_BF16))
-#define DT_BYTES (DT_(MLAF_U8) | DT_(MLAF_FP8_E4M3))
-
-#define TRY(expr)                          \
-    do {                                   \
-        mlaf_status st_ = (expr);          \
-        if (st_ != MLAF_OK) return st_;    \
-    } while (0)
+#include "validate_common.h"
 
 /* ---- plain: [C | R] values in the cache dtype, or [C] with the R values in kpe ----------- */
 static int64_t plain_bytes(mlaf_dtype dt, int32_t C, int32_t R) {

@@ -13,16 +13,7 @@
 #include "internal.h"
 #include "kv_format.h"
 #include "score.h"
-
-#define DT_FLOAT ((1u << MLAF_F32) | (1u << MLAF_F16) | (1u << MLAF_BF16))
-#define DT_INDEX ((1u << MLAF_I32) | (1u << MLAF_I64))
-#define DT_(d) (1u << (d))
-
-#define TRY(expr)                          \
-    do {                                   \
-        mlaf_status st_ = (expr);          \
-        if (st_ != MLAF_OK) return st_;    \
-    } while (0)
+#include "validate_common.h"
 
 static const char *dtype_list(unsigned mask, char *buf, size_t cap) {
     const char *names[8];

@@ -8,16 +8,7 @@
 #include <string.h>
 
 #include "internal.h"
-
-#define DT_FLOAT ((1u << MLAF_F32) | (1u << MLAF_F16) | (1u << MLAF_BF16))
-#define DT_(d) (1u << (d))
-#define DT_BYTES (DT_(MLAF_U8) | DT_(MLAF_FP8_E4M3))
-
-#define TRY(expr)                          \
-    do {                                   \
-        mlaf_status st_ = (expr);          \
-        if (st_ != MLAF_OK) return st_;    \
-    } while (0)
+#include "validate_common.h"
 
 static mlaf_status check_params(mlaf_context *ctx, const mlaf_indexer_params *ip) {
     if (!ip) return mlaf_fail(ctx, MLAF_ERR_NULL_POINTER, "indexer params is NULL (required)");

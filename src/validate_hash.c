@@ -4,14 +4,7 @@
  * rejection. The router's own arguments are moe_gate's (mlaf_check_moe_gate).
  */
 #include "internal.h"
-
-#define DT_INDEX ((1u << MLAF_I32) | (1u << MLAF_I64))
-
-#define TRY(expr)                          \
-    do {                                   \
-        mlaf_status st_ = (expr);          \
-        if (st_ != MLAF_OK) return st_;    \
-    } while (0)
+#include "validate_common.h"
 
 mlaf_status mlaf_check_moe_gate_hash(mlaf_context *ctx, const mlaf_moe_gate_params *p,
                                      const mlaf_tensor *logits, const mlaf_tensor *tid2eid,

@@ -7,14 +7,7 @@
 #include <string.h>
 
 #include "gemm_format.h"
-
-#define DT_FLOAT ((1u << MLAF_F32) | (1u << MLAF_F16) | (1u << MLAF_BF16))
-
-#define TRY(expr)                       \
-    do {                                \
-        mlaf_status st_ = (expr);       \
-        if (st_ != MLAF_OK) return st_; \
-    } while (0)
+#include "validate_common.h"
 
 /* y is exactly x: the same data and row stride (the in-place form). Shapes and dtypes already agree. */
 static int same_view(const mlaf_tensor *y, const mlaf_tensor *x) {

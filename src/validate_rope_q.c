@@ -7,15 +7,7 @@
 #include <string.h>
 
 #include "internal.h"
-
-#define DT_FLOAT ((1u << MLAF_F32) | (1u << MLAF_F16) | (1u << MLAF_BF16))
-#define DT_(d) (1u << (d))
-
-#define TRY(expr)                          \
-    do {                                   \
-        mlaf_status st_ = (expr);          \
-        if (st_ != MLAF_OK) return st_;    \
-    } while (0)
+#include "validate_common.h"
 
 mlaf_status mlaf_check_rope_q(mlaf_context *ctx, const mlaf_rope_params *p, const mlaf_tensor *q,
                               const mlaf_tensor *positions, const mlaf_tensor *cos_sin,
