@@ -9,6 +9,8 @@
  *                   quantize pass (gl_quantize_pass: frexp-based scales), and those of a q-only call;
  *   PATHS           rows aligned to 16 bytes and rows an element off give the same bits (CUDA: its
  *                   vector and element paths);
+ *   ANY_T           a row's bytes do not depend on the call's T, K = 2048 / 7168 / 16384, bf16 and f32
+ *                   (CUDA: the one- and two-vector-a-thread shapes);
  *   LAYOUT_OP       the layouts' hand-written offsets (gemm_layout.c) through the op itself;
  *   REJECT          bad calls rejected with their status and a message naming the argument, every
  *                   buffer and guard byte untouched.
@@ -229,6 +231,78 @@ static void paths(mlaf_context *ctx) {
     }
 }
 
+/* ---- ANY_T: the first rows of a large call equal a small call of those rows ------------------
+ * (CUDA: one vector a thread up to K = 8192 in bf16, two past it, 16384 f32 the long-row loop.)
+ * Row-major scales, so a row's scales are one row of the tensor. */
+static void any_t(mlaf_context *ctx) {
+    const mlaf_backend be = mlaf_context_backend(ctx);
+    enum { TB = 300, TS = 9 };
+    static const int64_t KS[3] = {2048, 7168, 16384};
+    static const mlaf_dtype DT[2] = {MLAF_BF16, MLAF_F32};
+    for (int ki = 0; ki < 3; ki++)
+        for (int di = 0; di < 2; di++)
+            for (int fi = 0; fi < 2; fi++) {
+                const int64_t K = KS[ki];
+                const mlaf_dtype dt = DT[di];
+                const size_t es = mlaf_dtype_size(dt);
+                const mlaf_gemm_format f = fi ? MLAF_GEMM_MXFP8 : MLAF_GEMM_FP8_1X128;
+                const mlaf_gemm_scale sc = fi ? MLAF_GEMM_SCALE_MX_FLOOR : MLAF_GEMM_SCALE_F32;
+                mlaf_rng rng;
+                mlaf_rng_seed(&rng, 4242u + (unsigned)(ki * 4 + di * 2 + fi));
+                void *x = malloc(TB * K * es), *r = malloc(TB * K * es), *w = malloc(K * es);
+                mlaf_fill_normal(&rng, x, dt, (size_t)(TB * K), 0.0, 1.0);
+                mlaf_fill_normal(&rng, r, dt, (size_t)(TB * K), 0.0, 1.0);
+                mlaf_fill_normal(&rng, w, dt, (size_t)K, 1.0, 0.3);
+                mlaf_dtype sdt = MLAF_F32;
+                int64_t sh[2][2], ld[2];
+                const int64_t Ts[2] = {TB, TS};
+                mlaf_gbuf gx[2], gr[2], gw, gy[2], gd[2], gs[2];
+                int ok = mlaf_gbuf_alloc(&gw, be, K * es, w, 0) == MLAF_OK;
+                for (int k = 0; k < 2; k++)
+                    ok = ok && mlaf_gemm_scales_shape(f, Ts[k], K, &sdt, sh[k], &ld[k]) == MLAF_OK &&
+                         mlaf_gbuf_alloc(&gx[k], be, Ts[k] * K * es, x, 0) == MLAF_OK &&
+                         mlaf_gbuf_alloc(&gr[k], be, Ts[k] * K * es, r, 0) == MLAF_OK &&
+                         mlaf_gbuf_alloc(&gy[k], be, Ts[k] * K * es, NULL, 0) == MLAF_OK &&
+                         mlaf_gbuf_alloc(&gd[k], be, Ts[k] * K, NULL, 0) == MLAF_OK &&
+                         mlaf_gbuf_alloc(&gs[k], be, (size_t)(sh[k][0] * ld[k]) * mlaf_dtype_size(sdt), NULL, 0) == MLAF_OK;
+                char name[160];
+                snprintf(name, sizeof name, "ANY_T(K=%lld,dtype=%s,q=%s,rows %d of T=%d and T=%d,backend=%s)", (long long)K,
+                         mlaf_dtype_name(dt), mlaf_gemm_format_name(f), TS, TB, TS, mlaf_backend_name(be));
+                mlaf_status st = ok ? MLAF_OK : MLAF_ERR_OUT_OF_MEMORY;
+                const mlaf_rms_norm_quant_params p = {1e-6f};
+                for (int k = 0; k < 2 && st == MLAF_OK; k++) {
+                    const int64_t T = Ts[k];
+                    mlaf_tensor tx = mlaf_tensor_2d(gx[k].ptr, dt, T, K, K), tr = mlaf_tensor_2d(gr[k].ptr, dt, T, K, K);
+                    mlaf_tensor tw = mlaf_tensor_1d(gw.ptr, dt, K), ty = mlaf_tensor_2d(gy[k].ptr, dt, T, K, K);
+                    mlaf_tensor td = mlaf_tensor_2d(gd[k].ptr, MLAF_U8, T, K, K);
+                    mlaf_tensor ts = mlaf_tensor_2d(gs[k].ptr, sdt, sh[k][0], sh[k][1], ld[k]);
+                    const mlaf_gemm_out q = {f, sc, &td, &ts, 0.0f};
+                    st = mlaf_rms_norm_quant(ctx, &p, &tx, &tr, &tw, &ty, &q);
+                }
+                if (st == MLAF_OK) st = mlaf_context_sync(ctx);
+                for (int k = 0; k < 2 && st == MLAF_OK; k++)
+                    if (mlaf_gbuf_download(&gr[k]) != MLAF_OK || mlaf_gbuf_download(&gy[k]) != MLAF_OK ||
+                        mlaf_gbuf_download(&gd[k]) != MLAF_OK || mlaf_gbuf_download(&gs[k]) != MLAF_OK)
+                        st = MLAF_ERR_DEVICE;
+                if (st != MLAF_OK) {
+                    tl_case(0, name, "%s: %s", mlaf_status_name(st), mlaf_context_last_error(ctx));
+                } else {
+                    const size_t ssz = mlaf_dtype_size(sdt);
+                    int same = !memcmp(gr[0].body, gr[1].body, TS * K * es) && !memcmp(gy[0].body, gy[1].body, TS * K * es) &&
+                               !memcmp(gd[0].body, gd[1].body, (size_t)(TS * K));
+                    for (int t = 0; t < TS && same; t++) /* row-major scales: row t at t * ld */
+                        same = !memcmp((const char *)gs[0].body + (size_t)(t * ld[0]) * ssz,
+                                       (const char *)gs[1].body + (size_t)(t * ld[1]) * ssz, (size_t)sh[1][1] * ssz);
+                    tl_case(same, name, "residual, y, e4m3 bytes and scales of the rows %s", same ? "identical" : "DIFFER");
+                }
+                for (int k = 0; k < 2; k++)
+                    mlaf_gbuf_free(&gx[k]), mlaf_gbuf_free(&gr[k]), mlaf_gbuf_free(&gy[k]), mlaf_gbuf_free(&gd[k]),
+                        mlaf_gbuf_free(&gs[k]);
+                mlaf_gbuf_free(&gw);
+                free(x), free(r), free(w);
+            }
+}
+
 /* ---- LAYOUT_OP: the hand-written layouts through the op ----------------------------------- */
 static void layout_op(mlaf_context *ctx) {
     const mlaf_backend be = mlaf_context_backend(ctx);
@@ -370,6 +444,7 @@ static void suite(mlaf_context *ctx, int quick, const char *tag) {
     if (tag) return;
     fused_eq_unfused(ctx);
     paths(ctx);
+    any_t(ctx);
     layout_op(ctx);
     reject_cases(ctx);
 }

@@ -1,27 +1,31 @@
 /*
  * rms_norm_quant.cu — CUDA rms_norm_quant (include/mlafuse/quant.h, docs/gemm_formats.md).
  *
- * One block per row. The row is nvec = ceil(K / W) vectors of W values (16 bytes of the dtype);
- * thread tid owns vectors tid + k * BS, k = 0, 1, ..., so a group of g values (g / W vectors) sits
- * in g / W consecutive lanes of one warp and its amax is a shuffle max over them. Per row:
+ * One block per row. The row is nvec = ceil(K / W) vectors of W values (16 bytes of the dtype).
+ * The canonical map, which fixes the order of the sum of squares: NVC = 2, 4 or 8 vectors a thread
+ * for nvec up to 512, 1024, 2048 (K up to 16384 in bf16 / f16, 8192 in f32), BSC =
+ * round_up(ceil(nvec / NVC), 32) threads, thread c owning vectors c + k * BSC. Per row:
  *   1. h = x, or round(x + residual) stored back into the residual (fp32 sum, one rounding);
- *      each thread sums h^2 over its vectors (per vector an fmaf chain from 0, then added), the
- *      warps' sums by butterfly shuffles, the block's in warp order: one fixed order per
- *      (K, dtype), whatever the alignment or the call's outputs;
+ *      each vector's sum of h^2 (an fmaf chain from 0); canonical thread c adds those of its
+ *      vectors in k order, the warps' sums by butterfly shuffles, the block's in warp order: one
+ *      fixed order per (K, dtype), whatever T, the alignment or the call's outputs;
  *   2. rstd = 1 / sqrt(sum / K + eps) (IEEE sqrt and division);
  *   3. y = (h * rstd) * w, rounded once to the dtype and stored; with a quantized output the
  *      rounded values go to the format's writer (gemm_writers.cuh).
- * Shapes: BS = round_up(ceil(nvec / NV), 32) threads for NV = 2, 4 or 8 vectors a thread (nvec up
- * to 512, 1024, 2048: K up to 16384 in bf16 / f16, 8192 in f32; one warp a row for short rows), the
- * row's values kept in registers between the passes; longer rows loop over their vectors (NV = 0,
- * BS = 256) and read x (or the residual they wrote) again. In the register shapes every load of the row
- * (x, the residual, weights of the row's dtype) is issued before anything is computed or stored: the
- * residual's store would otherwise order the next vector's loads after it (the two may alias, as far as
- * the compiler knows), a memory round trip per vector. The vector path needs 16-byte aligned
- * rows, weights and y, K a multiple of W and the e4m3 rows aligned to W bytes; any other call takes
- * the element path: the same thread-to-vector map and order of operations with per-element loads
- * and stores, so every path gives the same bits, and the fused bytes equal those of a dense call
- * followed by a quantize pass.
+ * The vector path (rows up to 2048 vectors) runs one vector a thread (two past 1024 vectors: NV = 1
+ * or 2, round_up(ceil(nvec / NV), 32) threads, thread tid owning vectors tid + k * BS): the row in
+ * registers between the passes, every load of the row (x, the residual, weights of the row's dtype)
+ * issued before anything is computed or stored (the residual's store would otherwise order the next
+ * vector's loads after it: the two may alias, as far as the compiler knows), each vector's sum of
+ * squares through shared memory to the canonical threads. A group of g values (g / W vectors) sits in
+ * g / W consecutive lanes of one warp and its amax is a shuffle max over them. At K = 7168 (bf16,
+ * H200) this shape against the canonical one as its own launch: 3.45 against 4.45 us a call at T = 1,
+ * 87 against 78% of copy at T = 131072 (fp8_1x128_mn; dev/README.md). Longer rows, and the element
+ * path, loop over the canonical map with BSC threads (256 past 2048 vectors) and read x (or the
+ * residual they wrote) again. The vector path needs 16-byte aligned rows, weights and y, K a multiple
+ * of W and the e4m3 rows aligned to W bytes; any other call takes the element path: per-element loads
+ * and stores in the same order of operations, so every path gives the same bits, and the fused bytes
+ * equal those of a dense call followed by a quantize pass.
  */
 #include "gemm_writers.cuh"
 
@@ -34,6 +38,31 @@ __device__ __forceinline__ float block_sum(float v, float *sh) {
     if (lane == 0) sh[warp] = v;
     __syncthreads();
     if (threadIdx.x == 0) {
+        float s = sh[0];
+        for (int w = 1; w < nw; w++) s = __fadd_rn(s, sh[w]);
+        sh[32] = s;
+    }
+    __syncthreads();
+    return sh[32];
+}
+
+/* The block's sum of squares in the order of the canonical shape (nvc vectors a thread over bsc
+ * threads, see the launch) from the per-vector sums sq[v] (shared memory, written before the
+ * barrier this starts with): a launch with fewer vectors a thread gives the same bits. */
+__device__ __forceinline__ float canon_sum(const float *sq, int32_t nvec, int nvc, int bsc, float *sh) {
+    __syncthreads();
+    const int tid = threadIdx.x;
+    float acc = 0.0f;
+    if (tid < bsc)
+        for (int k = 0; k < nvc; k++) {
+            const int v = tid + k * bsc;
+            if (v < nvec) acc = __fadd_rn(acc, sq[v]);
+        }
+    acc = mlaf_warp_sum(acc);
+    const int lane = tid & 31, warp = tid >> 5, nw = bsc >> 5;
+    if (lane == 0 && warp < nw) sh[warp] = acc;
+    __syncthreads();
+    if (tid == 0) {
         float s = sh[0];
         for (int w = 1; w < nw; w++) s = __fadd_rn(s, sh[w]);
         sh[32] = s;
@@ -127,17 +156,18 @@ __device__ __forceinline__ float rnq_in(const mlaf_rms_norm_quant_job &j, const 
 }
 
 template <typename T, int F, int NV, bool VEC>
-__global__ void __launch_bounds__(256) rnq_kernel(const mlaf_rms_norm_quant_job j, int32_t nvec) {
+__global__ void __launch_bounds__(NV > 0 ? 1024 : 256) rnq_kernel(const mlaf_rms_norm_quant_job j, int32_t nvec, int nvc) {
     mlaf_pdl_begin();
     constexpr int W = mlaf_vec<T>::W;
     __shared__ float sh[33];
+    __shared__ float sq[NV > 0 ? 1024 * NV : 1]; /* the per-vector sums of squares */
     const int64_t t = blockIdx.x;
     const int bs = blockDim.x, tid = threadIdx.x;
     const T *x = static_cast<const T *>(j.x) + t * j.x_stride;
     T *r = j.residual ? static_cast<T *>(j.residual) + t * j.r_stride : nullptr;
     T *y = j.y ? static_cast<T *>(j.y) + t * j.y_stride : nullptr;
-    float acc = 0.0f;
-    if constexpr (NV > 0 && VEC) { /* the row in registers between the passes, every load issued first */
+    static_assert(NV == 0 || VEC, "the element path loops over the canonical map (NV = 0)");
+    if constexpr (NV > 0) { /* the row in registers between the passes, every load issued first */
         float h[NV][W];
         uint4 xv[NV], rv[NV], wv[NV];
         const bool wt = j.w_dt != MLAF_F32; /* weights of the row's dtype: loaded with the row */
@@ -161,30 +191,18 @@ __global__ void __launch_bounds__(256) rnq_kernel(const mlaf_rms_norm_quant_job 
                 for (int i = 0; i < W; i++) h[k][i] = __fadd_rn(h[k][i], a[i]);
                 store_vec<T, true>(r, v, j.K, h[k]);
             }
-            acc = __fadd_rn(acc, mlaf_sumsq<W>(h[k]));
+            if (v < nvec) sq[v] = mlaf_sumsq<W>(h[k]);
         }
-        const float rstd = mlaf_rstd(block_sum(acc, sh), j.K, j.eps);
+        const float rstd = mlaf_rstd(canon_sum(sq, nvec, nvc, ((nvec + nvc - 1) / nvc + 31) / 32 * 32, sh), j.K, j.eps);
 #pragma unroll
         for (int k = 0; k < NV; k++) {
             const int64_t v = tid + (int64_t)k * bs;
             rnq_out<T, F, VEC>(j, t, y, v, v < nvec, rstd, h[k], wt ? &wv[k] : nullptr);
         }
-    } else if constexpr (NV > 0) { /* the element path: the same map and order */
-        float h[NV][W];
-#pragma unroll
-        for (int k = 0; k < NV; k++) {
-            const int64_t v = tid + (int64_t)k * bs;
-            acc = __fadd_rn(acc, rnq_in<T, VEC>(j, x, r, v, v < nvec, h[k]));
-        }
-        const float rstd = mlaf_rstd(block_sum(acc, sh), j.K, j.eps);
-#pragma unroll
-        for (int k = 0; k < NV; k++) {
-            const int64_t v = tid + (int64_t)k * bs;
-            rnq_out<T, F, VEC>(j, t, y, v, v < nvec, rstd, h[k]);
-        }
-    } else { /* long rows: the source read again in the second pass (the residual as written) */
+    } else { /* long rows and the element path: the source read again in the second pass (the residual as
+              * written) */
         const int nk = (nvec + bs - 1) / bs;
-        float f[W];
+        float f[W], acc = 0.0f;
         for (int k = 0; k < nk; k++) {
             const int64_t v = tid + (int64_t)k * bs;
             acc = __fadd_rn(acc, rnq_in<T, VEC>(j, x, r, v, v < nvec, f));
@@ -199,24 +217,25 @@ __global__ void __launch_bounds__(256) rnq_kernel(const mlaf_rms_norm_quant_job 
     }
 }
 
-/* The launch of one format: the shape (NV, BS) from nvec alone, the vector or element path. */
+/* The launch of one format: the shape from nvec alone, the vector or element path. */
 template <typename T, int F>
 cudaError_t rnq_launch(const mlaf_rms_norm_quant_job *j, cudaStream_t stream) {
     constexpr int W = mlaf_vec<T>::W;
     const int64_t es = sizeof(T);
     const int32_t nvec = (int32_t)((j->K + W - 1) / W);
-    const int NV = nvec <= 512 ? 2 : nvec <= 1024 ? 4 : nvec <= 2048 ? 8 : 0;
-    const int bs = NV ? ((nvec + NV - 1) / NV + 31) / 32 * 32 : 256;
+    const int NVC = nvec <= 512 ? 2 : nvec <= 1024 ? 4 : nvec <= 2048 ? 8 : 0; /* the canonical shape */
     const bool vec = j->K % W == 0 && mlaf_aligned(j->x, j->x_stride * es, 16) &&
                      (!j->residual || mlaf_aligned(j->residual, j->r_stride * es, 16)) &&
                      (!j->y || mlaf_aligned(j->y, j->y_stride * es, 16)) && mlaf_aligned(j->w, 0, 16) &&
                      (j->q.format == MLAF_GEMM_NONE || mlaf_aligned(j->q.data, j->q.data_stride, W));
+    /* vector rows up to 2048 vectors: one vector a thread (two past 1024), the canonical order kept */
+    const int NV = vec && NVC > 0 ? (nvec <= 1024 ? 1 : 2) : 0;
+    const int bs = NV ? ((nvec + NV - 1) / NV + 31) / 32 * 32 : NVC ? ((nvec + NVC - 1) / NVC + 31) / 32 * 32 : 256;
     const dim3 grid((unsigned)j->T), block((unsigned)bs);
-    if (!vec) mlaf_launch(rnq_kernel<T, F, 0, false>, grid, block, 0, stream, *j, nvec);
-    else if (NV == 2) mlaf_launch(rnq_kernel<T, F, 2, true>, grid, block, 0, stream, *j, nvec);
-    else if (NV == 4) mlaf_launch(rnq_kernel<T, F, 4, true>, grid, block, 0, stream, *j, nvec);
-    else if (NV == 8) mlaf_launch(rnq_kernel<T, F, 8, true>, grid, block, 0, stream, *j, nvec);
-    else mlaf_launch(rnq_kernel<T, F, 0, true>, grid, block, 0, stream, *j, nvec);
+    if (!vec) mlaf_launch(rnq_kernel<T, F, 0, false>, grid, block, 0, stream, *j, nvec, NVC);
+    else if (NV == 1) mlaf_launch(rnq_kernel<T, F, 1, true>, grid, block, 0, stream, *j, nvec, NVC);
+    else if (NV == 2) mlaf_launch(rnq_kernel<T, F, 2, true>, grid, block, 0, stream, *j, nvec, NVC);
+    else mlaf_launch(rnq_kernel<T, F, 0, true>, grid, block, 0, stream, *j, nvec, NVC);
     return cudaGetLastError();
 }
 
