@@ -175,6 +175,17 @@ static void fused_eq_unfused(mlaf_context *ctx) {
         }
 }
 
+/* Syncs after the calls (st their status) and downloads both calls' residual, y, e4m3 bytes and scales. */
+static mlaf_status sync_download(mlaf_context *ctx, mlaf_status st, mlaf_gbuf *gr, mlaf_gbuf *gy, mlaf_gbuf *gd,
+                                 mlaf_gbuf *gs) {
+    if (st == MLAF_OK) st = mlaf_context_sync(ctx);
+    for (int k = 0; k < 2 && st == MLAF_OK; k++)
+        if (mlaf_gbuf_download(&gr[k]) != MLAF_OK || mlaf_gbuf_download(&gy[k]) != MLAF_OK ||
+            mlaf_gbuf_download(&gd[k]) != MLAF_OK || mlaf_gbuf_download(&gs[k]) != MLAF_OK)
+            st = MLAF_ERR_DEVICE;
+    return st;
+}
+
 /* ---- PATHS: aligned rows and rows off by an element give the same bits ---------------------
  * (The CUDA backend takes its vector path for the first call and its element path for the second;
  * the CPU has one path.) */
@@ -212,11 +223,7 @@ static void paths(mlaf_context *ctx) {
             const mlaf_gemm_out q = {QF[qi].f, QF[qi].s, QF[qi].f ? &td : NULL, QF[qi].f ? &ts : NULL, 0.0f};
             st = mlaf_rms_norm_quant(ctx, &p, &tx, &tr, &tw, &ty, &q);
         }
-        if (st == MLAF_OK) st = mlaf_context_sync(ctx);
-        for (int k = 0; k < 2 && st == MLAF_OK; k++)
-            if (mlaf_gbuf_download(&gr[k]) != MLAF_OK || mlaf_gbuf_download(&gy[k]) != MLAF_OK ||
-                mlaf_gbuf_download(&gd[k]) != MLAF_OK || mlaf_gbuf_download(&gs[k]) != MLAF_OK)
-                st = MLAF_ERR_DEVICE;
+        st = sync_download(ctx, st, gr, gy, gd, gs);
         if (st != MLAF_OK) {
             tl_case(0, name, "%s: %s", mlaf_status_name(st), mlaf_context_last_error(ctx));
         } else {
@@ -279,11 +286,7 @@ static void any_t(mlaf_context *ctx) {
                     const mlaf_gemm_out q = {f, sc, &td, &ts, 0.0f};
                     st = mlaf_rms_norm_quant(ctx, &p, &tx, &tr, &tw, &ty, &q);
                 }
-                if (st == MLAF_OK) st = mlaf_context_sync(ctx);
-                for (int k = 0; k < 2 && st == MLAF_OK; k++)
-                    if (mlaf_gbuf_download(&gr[k]) != MLAF_OK || mlaf_gbuf_download(&gy[k]) != MLAF_OK ||
-                        mlaf_gbuf_download(&gd[k]) != MLAF_OK || mlaf_gbuf_download(&gs[k]) != MLAF_OK)
-                        st = MLAF_ERR_DEVICE;
+                st = sync_download(ctx, st, gr, gy, gd, gs);
                 if (st != MLAF_OK) {
                     tl_case(0, name, "%s: %s", mlaf_status_name(st), mlaf_context_last_error(ctx));
                 } else {
