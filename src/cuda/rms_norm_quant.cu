@@ -7,8 +7,8 @@
  * round_up(ceil(nvec / NVC), 32) threads, thread c owning vectors c + k * BSC. Per row:
  *   1. h = x, or round(x + residual) stored back into the residual (fp32 sum, one rounding);
  *      each vector's sum of h^2 (an fmaf chain from 0); canonical thread c adds those of its
- *      vectors in k order, the warps' sums by butterfly shuffles, the block's in warp order: one
- *      fixed order per (K, dtype), whatever T, the alignment or the call's outputs;
+ *      vectors in k order, the warps' sums by butterfly shuffles, the block's by warp 0's butterfly
+ *      over them: one fixed order per (K, dtype), whatever T, the alignment or the call's outputs;
  *   2. rstd = 1 / sqrt(sum / K + eps) (IEEE sqrt and division);
  *   3. y = (h * rstd) * w, rounded once to the dtype and stored; with a quantized output the
  *      rounded values go to the format's writer (gemm_writers.cuh).
@@ -31,20 +31,24 @@
 
 namespace {
 
-/* The block's sum of each thread's v, in a fixed order. sh: 33 floats of shared memory. */
-__device__ __forceinline__ float block_sum(float v, float *sh) {
+/* The sum of each thread's v over the first nw warps of the block, in a fixed order: warp sums, then
+ * warp 0's butterfly over them (zeros past nw; a sum of squares has no -0 to lose), not a serial
+ * chain of nw shared loads. sh: 33 floats of shared memory. */
+__device__ __forceinline__ float warps_sum(float v, int nw, float *sh) {
     v = mlaf_warp_sum(v);
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    if (lane == 0) sh[warp] = v;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (lane == 0 && warp < nw) sh[warp] = v;
     __syncthreads();
-    if (threadIdx.x == 0) {
-        float s = sh[0];
-        for (int w = 1; w < nw; w++) s = __fadd_rn(s, sh[w]);
-        sh[32] = s;
+    if (warp == 0) {
+        const float s = mlaf_warp_sum(lane < nw ? sh[lane] : 0.0f);
+        if (lane == 0) sh[32] = s;
     }
     __syncthreads();
     return sh[32];
 }
+
+/* The block's sum of each thread's v, in a fixed order. */
+__device__ __forceinline__ float block_sum(float v, float *sh) { return warps_sum(v, blockDim.x >> 5, sh); }
 
 /* The block's sum of squares in the order of the canonical shape (nvc vectors a thread over bsc
  * threads, see the launch) from the per-vector sums sq[v] (shared memory, written before the
@@ -58,17 +62,7 @@ __device__ __forceinline__ float canon_sum(const float *sq, int32_t nvec, int nv
             const int v = tid + k * bsc;
             if (v < nvec) acc = __fadd_rn(acc, sq[v]);
         }
-    acc = mlaf_warp_sum(acc);
-    const int lane = tid & 31, warp = tid >> 5, nw = bsc >> 5;
-    if (lane == 0 && warp < nw) sh[warp] = acc;
-    __syncthreads();
-    if (tid == 0) {
-        float s = sh[0];
-        for (int w = 1; w < nw; w++) s = __fadd_rn(s, sh[w]);
-        sh[32] = s;
-    }
-    __syncthreads();
-    return sh[32];
+    return warps_sum(acc, bsc >> 5, sh);
 }
 
 /* W values of a row at vector v: one 16-byte load, or up to W elements below K (zeros past it). */
