@@ -130,6 +130,16 @@ static void test_shapes(mlaf_context *ctx) {
         c = custom(896, 16, 1, 1, MLAF_SCORE_SIGMOID, MLAF_GROUP_TOP2_SUM, 1, dt, 64, 30);
         c.moe.n_shared_experts = 2;
         run_case(ctx, "E=896,top_k=16,S=2", &c);
+        /* past decode sizes (CUDA: the 896-expert router's mid- and large-T kernels) */
+        c = custom(896, 16, 1, 1, MLAF_SCORE_SIGMOID, MLAF_GROUP_TOP2_SUM, 1, dt, tl_quick() ? 300 : 1100, 33);
+        run_case(ctx, "E=896,top_k=16", &c);
+        c.nonfinite = 1;
+        run_case(ctx, "E=896,top_k=16,nonfinite", &c);
+        c = custom(896, 8, 1, 1, MLAF_SCORE_SOFTMAX, MLAF_GROUP_TOP2_SUM, 0, dt, 150, 34);
+        run_case(ctx, "E=896,softmax", &c);
+        c = custom(700, 6, 1, 1, MLAF_SCORE_SQRT_SOFTPLUS, MLAF_GROUP_TOP2_SUM, 1, dt, 200, 35);
+        c.want_scores = 1;
+        run_case(ctx, "E=700,sqrt_softplus,scores", &c);
         c = custom(1024, 8, 1, 1, MLAF_SCORE_SOFTMAX, MLAF_GROUP_TOP2_SUM, 0, dt, 17, 31);
         run_case(ctx, "E=1024,softmax", &c);
         c = custom(700, 6, 1, 1, MLAF_SCORE_SQRT_SOFTPLUS, MLAF_GROUP_TOP2_SUM, 1, dt, 5, 32);

@@ -4,7 +4,8 @@
  * the CPU exactly, ties included. A call takes the first of these that fits it:
  *   1. T <= 64, or up to one wave of full-occupancy blocks for routers of 97+ experts
  *      (DeepSeek-V3 on 132 SMs: 1056 tokens): the tiny kernel, one block per token, one thread
- *      per expert (moe_gate_tiny.cuh);
+ *      per expert (moe_gate_tiny.cuh); past that, one group of 513 .. 896 experts (Kimi-K3):
+ *      the team kernel with 28 experts a lane over 32 lanes (moe_gate_team.cuh);
  *   2. T >= 1024 (GLM-4.7-Flash: 4096; DeepSeek-V4: 8192) at a compiled shape (DeepSeek-V3 /
  *      R1, GLM-4.7-Flash, DeepSeek-V4's sqrt_softplus; no scores output, 16-byte rows): the
  *      solo kernel, one thread per token (moe_gate_solo.cuh);
@@ -61,6 +62,15 @@ bool try_team(const GateArgs &a, int sm_count, cudaStream_t stream) {
     const bool small_e = Sc::small_e_from_t > 0 && a.n_group == 1 && a.E <= 64;
     const int64_t solo_from = small_e ? Sc::small_e_from_t : Sc::solo_from_t;
     if (try_tiny<T, SF>(a, sm_count, stream)) return true;
+    /* one group of 513 .. 896 experts past decode sizes (Kimi-K3): 28 experts a lane, 32 lanes,
+     * three resident blocks (2.8-4x the general kernel's speed; dev/moe_gate/README.md) */
+    if (a.n_group == 1 && a.E > 512 && a.E <= 28 * 32) {
+        const int unit = fast_copy_unit<T>(a);
+        if (unit) {
+            launch_team<T, 28, 32, SF, 4096, 3>(a, unit, sm_count, stream);
+            return true;
+        }
+    }
     if constexpr (Sc::solo) {
         if (a.T >= solo_from && try_solo<T, SF>(a, sm_count, stream)) return true;
     }
