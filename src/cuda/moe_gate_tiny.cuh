@@ -13,7 +13,8 @@
  *      expert, 0 for padding.
  *   2. The unit's best two keys by two warp reductions; lane 0 writes the unit's group score
  *      and its second best. Barrier 1.
- *   3. Every warp alike: kept groups by a rank count and a ballot; tau = the ceil(k/2)-th
+ *   3. Every warp alike (in blocks of 24+ warps warp 0 alone, then a barrier: Kimi-K3's T = 1
+ *      3.16 against 4.08 us on an H100): kept groups by a rank count and a ballot; tau = the ceil(k/2)-th
  *      largest second best over kept units (a warp min when exactly ceil(k/2) are kept). Each
  *      of those holds two real experts >= tau, so the whole top k is >= tau.
  *   4. Candidates (kept unit, v >= tau; typically k plus a few) append their 64-bit key and
@@ -82,6 +83,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) moe_gate_tiny_kernel(const Gate
     __shared__ __align__(16) float s_w[kCap];
     __shared__ __align__(16) float s_sel[32]; /* weight of rank r */
     __shared__ int s_n;
+    __shared__ uint32_t s_kt[2]; /* kept units and tau, warp 0's (blocks of 24+ warps) */
 
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     const int64_t t = blockIdx.x;
@@ -151,38 +153,48 @@ __global__ void __launch_bounds__(NW * 32, MINB) moe_gate_tiny_kernel(const Gate
     }
     __syncthreads();
 
-    /* 3. kept units and the threshold (every warp the same) */
-    const int u = lane < NW ? lane : NW - 1;
-    const bool ul = lane < NW;
-    uint32_t k2s[NW];
-    tiny_load_words<NW>(s_k2, k2s);
-    const uint32_t k2u = s_k2[u];
-    uint32_t kept;
-    if (grouped) {
-        uint32_t gs[NW];
-        tiny_load_words<NW>(s_gs, gs);
-        const uint32_t gu = s_gs[u];
-        int better = 0;
+    /* 3. kept units and the threshold: every warp the same, or, in blocks of 24 or more warps,
+     * warp 0 alone and the others after one more barrier (a decode call is bound by the
+     * instructions its warps issue; dev/moe_gate/README.md) */
+    constexpr bool one = NW >= 24;
+    uint32_t kept = 0u, tau = 0u;
+    if (!one || w == 0) {
+        const int u = lane < NW ? lane : NW - 1;
+        const bool ul = lane < NW;
+        uint32_t k2s[NW];
+        tiny_load_words<NW>(s_k2, k2s);
+        const uint32_t k2u = s_k2[u];
+        if (grouped) {
+            uint32_t gs[NW];
+            tiny_load_words<NW>(s_gs, gs);
+            const uint32_t gu = s_gs[u];
+            int better = 0;
 #pragma unroll
-        for (int h = 0; h < NW; h++) better += (gs[h] > gu) || (gs[h] == gu && h < u);
-        kept = __ballot_sync(kFull, ul && better < a.topk_group);
-    } else {
-        kept = NW == 32 ? kFull : ((1u << NW) - 1u);
-    }
-    const bool ku = ul && ((kept >> u) & 1u);
-    const int jn = (a.top_k + 1) >> 1;
-    uint32_t tau;
-    if (__popc(kept) == jn) {
-        tau = warp_min_u32(ku ? k2u : 0xffffffffu);
-    } else {
-        int rk = 0;
+            for (int h = 0; h < NW; h++) better += (gs[h] > gu) || (gs[h] == gu && h < u);
+            kept = __ballot_sync(kFull, ul && better < a.topk_group);
+        } else {
+            kept = NW == 32 ? kFull : ((1u << NW) - 1u);
+        }
+        const bool ku = ul && ((kept >> u) & 1u);
+        const int jn = (a.top_k + 1) >> 1;
+        if (__popc(kept) == jn) {
+            tau = warp_min_u32(ku ? k2u : 0xffffffffu);
+        } else {
+            int rk = 0;
 #pragma unroll
-        for (int h = 0; h < NW; h++)
-            rk += ((kept >> h) & 1u) && (k2s[h] > k2u || (k2s[h] == k2u && h < u));
-        const unsigned sel = __ballot_sync(kFull, ku && rk == jn - 1);
-        tau = sel ? __shfl_sync(kFull, k2u, __ffs(sel) - 1) : 0u;
+            for (int h = 0; h < NW; h++)
+                rk += ((kept >> h) & 1u) && (k2s[h] > k2u || (k2s[h] == k2u && h < u));
+            const unsigned sel = __ballot_sync(kFull, ku && rk == jn - 1);
+            tau = sel ? __shfl_sync(kFull, k2u, __ffs(sel) - 1) : 0u;
+        }
+        tau = max(tau, 1u); /* real experts only (and all of them when tau says nothing) */
     }
-    tau = max(tau, 1u); /* real experts only (and all of them when tau says nothing) */
+    if constexpr (one) {
+        if (threadIdx.x == 0) s_kt[0] = kept, s_kt[1] = tau;
+        __syncthreads();
+        kept = s_kt[0];
+        tau = s_kt[1];
+    }
 
     /* 4. candidates into the block list */
     const bool cand = ((kept >> w) & 1u) && v >= tau;
