@@ -63,7 +63,7 @@ bool try_team(const GateArgs &a, int sm_count, cudaStream_t stream) {
     const int64_t solo_from = small_e ? Sc::small_e_from_t : Sc::solo_from_t;
     if (try_tiny<T, SF>(a, sm_count, stream)) return true;
     /* one group of 513 .. 896 experts past decode sizes (Kimi-K3): 28 experts a lane, 32 lanes,
-     * three resident blocks (2.8-4x the general kernel's speed; dev/moe_gate/README.md) */
+     * three resident blocks (2-4x the general kernel's speed; dev/moe_gate/README.md) */
     if (a.n_group == 1 && a.E > 512 && a.E <= 28 * 32) {
         const int unit = fast_copy_unit<T>(a);
         if (unit) {

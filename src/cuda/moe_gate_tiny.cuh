@@ -14,8 +14,8 @@
  *   2. The unit's best two keys by two warp reductions; lane 0 writes the unit's group score
  *      and its second best. Barrier 1.
  *   3. Every warp alike (in blocks of 24+ warps warp 0 alone, then a barrier: Kimi-K3's T = 1
- *      3.16 against 4.08 us on an H100): kept groups by a rank count and a ballot; tau = the ceil(k/2)-th
- *      largest second best over kept units (a warp min when exactly ceil(k/2) are kept). Each
+ *      3.16 against 4.08 us on an H100): kept groups by a rank count and a ballot; tau = the
+ *      ceil(k/2)-th largest second best over kept units (a warp min when exactly ceil(k/2) are kept). Each
  *      of those holds two real experts >= tau, so the whole top k is >= tau.
  *   4. Candidates (kept unit, v >= tau; typically k plus a few) append their 64-bit key and
  *      weight to a block list: one shared atomic per warp, a ballot prefix within it. Barrier 2.
