@@ -108,17 +108,28 @@ __device__ __forceinline__ int mlaf_ue8m0_exp_dev(float amax) {
     return u == 0x7f800000u ? 128 : (int)(u >> 23) - 135 + ((u & 0x7fffffu) > 0x600000u);
 }
 
-/* e4m3(v / s) of N values (4 or 8) as N / 4 little-endian words; v * (1 / s) when s is a normal
- * power of two with a normal reciprocal (x * 2^-e and x / 2^e are the same real, rounded once),
- * so the divisions stay off the UE8M0 scales' path. */
+/* e4m3(v / s) of N values (4 or 8) as N / 4 little-endian words, |v| <= 448 s (the values a scale was
+ * taken from). Three forms, one per call (uniform over a group), the same bytes as e4m3(RN(v / s)):
+ *   - s a normal power of two with a normal reciprocal: v * (1 / s), the same real rounded once;
+ *   - s in [2^-97, 2^126): q0 = RN(v r) with r = RN(1 / s), then RN(q0 + (v - q0 s) r) by two fmas
+ *     (Markstein: the correctly rounded quotient while v - q0 s does not underflow; where it does,
+ *     |v / s| < 2^-16 and both give e4m3 zero; q0 kept when it is zero, for the sign of -0).
+ *     dev/fp8_quotient.c checks the bytes over every bf16 v and every bf16 amax, and random f32;
+ *   - otherwise the IEEE division. */
 template <int N> __device__ __forceinline__ void mlaf_quant_e4m3(const float *v, float s, uint32_t *out) {
     const uint32_t u = __float_as_uint(s), ef = u >> 23;
-    const float r = __uint_as_float((254u - ef) << 23);
-    const bool mul = (u & 0x807fffffu) == 0u && ef >= 1u && ef <= 253u;
     float y[N];
-    if (mul) { /* two loops, not a select per value */
+    if ((u & 0x807fffffu) == 0u && ef >= 1u && ef <= 253u) {
+        const float r = __uint_as_float((254u - ef) << 23);
 #pragma unroll
         for (int k = 0; k < N; k++) y[k] = __fmul_rn(v[k], r);
+    } else if (ef >= 30u && ef <= 252u) {
+        const float r = __frcp_rn(s);
+#pragma unroll
+        for (int k = 0; k < N; k++) {
+            const float q0 = __fmul_rn(v[k], r);
+            y[k] = q0 == 0.0f ? q0 : __fmaf_rn(__fmaf_rn(-q0, s, v[k]), r, q0);
+        }
     } else {
 #pragma unroll
         for (int k = 0; k < N; k++) y[k] = __fdiv_rn(v[k], s);
