@@ -19,10 +19,10 @@
  *      then the 32-lane shapes, which alone serve smaller T (the shortest chain per token);
  *   7. everything else: the general kernel (moe_gate_warp.cuh), E up to 2048, any stride or
  *      alignment.
- * sqrt_softplus routers (DeepSeek-V4) take steps 1, 2, 3, 6 (from 16384 tokens with 2-byte
- * logits, 65536 with f32) and 7: every kernel ranks by that score in the general kernel's
- * accurate form (the same bits; the solo kernel computes it for its candidates only); the
- * warp-step kernel has sigmoid and softmax alone.
+ * sqrt_softplus routers (DeepSeek-V4) take steps 1, 2, 3, 6 (from 1024 tokens past 256 experts,
+ * else from 16384 tokens with 2-byte logits, 65536 with f32) and 7: every kernel ranks by that
+ * score in the general kernel's accurate form (the same bits; the solo kernel computes it for its
+ * candidates only); the warp-step kernel has sigmoid and softmax alone.
  * The score is a template argument of every kernel, chosen once per call (dispatch_score in the
  * entry); its per-score thresholds and which kernels have it are score_traits<SF>
  * (moe_gate_common.cuh).
@@ -76,7 +76,7 @@ bool try_team(const GateArgs &a, int sm_count, cudaStream_t stream) {
     }
     if (a.E <= 64 && a.T <= 64) return false; /* shorter chain in the general kernel */
     if (small_e && a.T < Sc::small_e_from_t) return false;
-    if (a.T < Sc::team_from_t((int)sizeof(T))) return false;
+    if (a.T < Sc::team_from_t((int)sizeof(T), a.E)) return false;
     const int unit = fast_copy_unit<T>(a);
     if (unit == 0) return false;
     if constexpr (Sc::warp_step) {

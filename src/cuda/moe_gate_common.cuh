@@ -245,8 +245,8 @@ __device__ __forceinline__ float sqrt_softplus_margin(float tau, float bmax) {
  *   solo_from_t    calls from this many tokens take the solo kernel where it fits;
  *   small_e_from_t one group of <= 64 experts: the solo kernel from this T, the general kernel
  *                  below it (0: no such rule);
- *   team_from_t(b) the team kernel from this many tokens with b-byte logits (below: the general
- *                  kernel, whose chain is the shorter one there). */
+ *   team_from_t(b, E) the team kernel from this many tokens with b-byte logits and E experts
+ *                  (below: the general kernel, whose chain is the shorter one there). */
 template <mlaf_score_func SF> struct score_traits;
 
 template <> struct score_traits<MLAF_SCORE_SIGMOID> {
@@ -255,7 +255,7 @@ template <> struct score_traits<MLAF_SCORE_SIGMOID> {
     /* GLM-4.7-Flash (64 experts, one group): below this T the general kernel's warp per token
      * is the shorter chain */
     static constexpr int64_t small_e_from_t = 4096;
-    static constexpr int64_t team_from_t(int) { return 0; }
+    static constexpr int64_t team_from_t(int, int) { return 0; }
     static __device__ __forceinline__ float exact(float x) { return 1.0f / (1.0f + expf(-x)); }
     static __device__ __forceinline__ float fast(float x) { return sigmoid_fast(x); }
     static __device__ __forceinline__ float quick(float x) {
@@ -268,16 +268,19 @@ template <> struct score_traits<MLAF_SCORE_SIGMOID> {
 template <> struct score_traits<MLAF_SCORE_SOFTMAX> {
     static constexpr bool row_wise = true, filtered = false, warp_step = true, solo = false;
     static constexpr int64_t solo_from_t = 1024, small_e_from_t = 0;
-    static constexpr int64_t team_from_t(int) { return 0; }
+    static constexpr int64_t team_from_t(int, int) { return 0; }
 };
 
 template <> struct score_traits<MLAF_SCORE_SQRT_SOFTPLUS> {
     static constexpr bool row_wise = false, filtered = true, warp_step = false, solo = true;
     /* below, the solo kernel's per-token chain is longer than the general kernel's whole call */
     static constexpr int64_t solo_from_t = 8192, small_e_from_t = 0;
-    /* the team kernel from 16384 tokens (2-byte logits) / 65536 (f32); below, the general
-     * kernel, whose score chain is the shorter one there */
-    static constexpr int64_t team_from_t(int elem_bytes) { return elem_bytes == 2 ? 16384 : 65536; }
+    /* the team kernel from 1024 tokens past 256 experts (DeepSeek-V4.1-Flash's 384: the general
+     * kernel's lanes hold 12 experts), else from 16384 tokens (2-byte logits) / 65536 (f32); below,
+     * the general kernel, whose score chain is the shorter one there */
+    static constexpr int64_t team_from_t(int elem_bytes, int E) {
+        return E > 256 ? 1024 : elem_bytes == 2 ? 16384 : 65536;
+    }
     /* every kernel's form is the general kernel's accurate one (the same bits everywhere) */
     static __device__ __forceinline__ float exact(float x) { return sqrt_softplus_f(x); }
     static __device__ __forceinline__ float fast(float x) { return sqrt_softplus_f(x); }
